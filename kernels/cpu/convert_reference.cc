@@ -1,0 +1,109 @@
+// Scalar reference conversions, written from the definition of each format and shared by all
+// formats: find the quantum (ulp) of the value's binade in the target format, round the value
+// to an integer multiple of it (ties to even), then encode sign, exponent and fraction. FP64
+// holds every intermediate exactly (an FP32 value has 24 significant bits).
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+#include "ampscope/check.h"
+#include "ampscope/convert.h"
+
+namespace ampscope {
+namespace {
+
+std::uint32_t nan_bits(std::uint32_t sign, std::uint32_t fp32_frac, const FormatInfo& f) {
+  if (f.format == Format::kE4M3) return (sign << 7) | 0x7Fu;  // S.1111.111, the only NaN
+  const int m = f.mantissa_bits;
+  const std::uint32_t quiet = 1u << (m - 1);
+  const std::uint32_t payload = fp32_frac >> (23 - m);
+  const std::uint32_t exp_all_ones = ((1u << f.exponent_bits) - 1) << m;
+  return (sign << (f.total_bits - 1)) | exp_all_ones | quiet | payload;
+}
+
+std::uint32_t inf_or_max_bits(std::uint32_t sign, const FormatInfo& f, bool saturate) {
+  const int m = f.mantissa_bits;
+  const std::uint32_t sign_bit = sign << (f.total_bits - 1);
+  if (saturate || !f.has_inf) {
+    if (!saturate) return nan_bits(sign, 0, f);  // E4M3 fn: overflow is NaN
+    // Largest finite: IEEE-like = exponent all-ones minus one, fraction all ones;
+    // E4M3 fn = exponent all ones, fraction 110.
+    const std::uint32_t max_mag = f.has_inf ? (((1u << f.exponent_bits) - 2) << m) | ((1u << m) - 1)
+                                            : (((1u << f.exponent_bits) - 1) << m) | ((1u << m) - 2);
+    return sign_bit | max_mag;
+  }
+  return sign_bit | (((1u << f.exponent_bits) - 1) << m);
+}
+
+// Rounds a positive finite double to an integer, ties to even.
+double round_half_even(double v) {
+  const double fl = std::floor(v);
+  const double frac = v - fl;
+  if (frac > 0.5) return fl + 1.0;
+  if (frac < 0.5) return fl;
+  return std::fmod(fl, 2.0) == 0.0 ? fl : fl + 1.0;
+}
+
+}  // namespace
+
+std::uint32_t encode(float x, Format format, OverflowMode mode) {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
+  if (format == Format::kFP32) return u;
+  const FormatInfo& f = format_info(format);
+  const std::uint32_t sign = u >> 31;
+  const std::uint32_t a = u & 0x7FFFFFFFu;
+  const bool saturate = mode == OverflowMode::kSaturating;
+  if (a > 0x7F800000u) return nan_bits(sign, a & 0x7FFFFFu, f);
+  if (a == 0x7F800000u) return inf_or_max_bits(sign, f, saturate);
+  const std::uint32_t sign_bit = sign << (f.total_bits - 1);
+  const double v = std::fabs(static_cast<double>(x));
+  if (v == 0.0) return sign_bit;
+
+  int e = 0;
+  std::frexp(v, &e);  // v = m * 2^e, m in [0.5, 1)
+  const int binade = e - 1;
+  const int quantum_exp = std::max(binade, f.min_normal_exponent) - f.mantissa_bits;
+  const double q = std::ldexp(round_half_even(std::ldexp(v, -quantum_exp)), quantum_exp);
+  if (q > f.max_finite) return inf_or_max_bits(sign, f, saturate);
+  if (q == 0.0) return sign_bit;  // underflow to a signed zero
+
+  const int m = f.mantissa_bits;
+  if (q < f.min_normal()) {
+    const auto frac = static_cast<std::uint32_t>(std::ldexp(q, -f.min_subnormal_exponent));
+    return sign_bit | frac;
+  }
+  std::frexp(q, &e);
+  const int qb = e - 1;
+  const auto frac = static_cast<std::uint32_t>(std::ldexp(q, m - qb)) - (1u << m);
+  const auto biased = static_cast<std::uint32_t>(qb + f.bias);
+  return sign_bit | (biased << m) | frac;
+}
+
+float decode(std::uint32_t bits, Format format) {
+  if (format == Format::kFP32) return std::bit_cast<float>(bits);
+  const FormatInfo& f = format_info(format);
+  const int m = f.mantissa_bits;
+  const std::uint32_t sign = (bits >> (f.total_bits - 1)) & 1u;
+  const std::uint32_t exp_field = (bits >> m) & ((1u << f.exponent_bits) - 1);
+  const std::uint32_t frac = bits & ((1u << m) - 1);
+  const std::uint32_t exp_all_ones = (1u << f.exponent_bits) - 1;
+  const std::uint32_t fp32_sign = sign << 31;
+  const bool is_nan = f.has_inf ? (exp_field == exp_all_ones && frac != 0)
+                                : (exp_field == exp_all_ones && frac == (1u << m) - 1);
+  if (is_nan) return std::bit_cast<float>(fp32_sign | 0x7FC00000u | (frac << (23 - m)));
+  if (f.has_inf && exp_field == exp_all_ones) {
+    return std::bit_cast<float>(fp32_sign | 0x7F800000u);
+  }
+  double v;
+  if (exp_field == 0) {
+    v = std::ldexp(static_cast<double>(frac), f.min_subnormal_exponent);
+  } else {
+    v = std::ldexp(static_cast<double>(frac + (1u << m)), static_cast<int>(exp_field) - f.bias - m);
+  }
+  const float r = static_cast<float>(v);  // exact: every narrow value is an FP32 value
+  return sign ? -r : r;
+}
+
+float round_to(float x, Format f, OverflowMode mode) { return decode(encode(x, f, mode), f); }
+
+}  // namespace ampscope

@@ -1,0 +1,99 @@
+// compute_stats: validation, run-time kernel dispatch and the split of large tensors over the
+// bounded pool; predict_from_histogram: the binade-resolution what-if analysis.
+#include <algorithm>
+#include <cmath>
+
+#include "ampscope/check.h"
+#include "stats_internal.h"
+#include "thread_pool.h"
+
+namespace ampscope {
+namespace detail {
+
+void stats_kernel_scalar(const void* data, std::size_t n, Format dtype,
+                         std::span<const TargetThresholds> th, StatsAccumulator& acc) {
+  acc.numel += n;
+  for (std::size_t i = 0; i < n; ++i) accumulate_one(acc, widen_to_fp32_bits(data, i, dtype), th);
+}
+
+namespace {
+
+using Kernel = void (*)(const void*, std::size_t, Format, std::span<const TargetThresholds>,
+                        StatsAccumulator&);
+
+Kernel select_kernel(SimdLevel level) {
+  switch (clamp_simd_level(level)) {
+    case SimdLevel::kAvx512:
+      return stats_kernel_avx512;
+    case SimdLevel::kAvx2:
+      return stats_kernel_avx2;
+    case SimdLevel::kScalar:
+      break;
+  }
+  return stats_kernel_scalar;
+}
+
+// Work is split in pieces of this many elements (a multiple of every vector width) so that
+// threads share the load evenly and each piece is long enough to amortise the dispatch.
+constexpr std::size_t kPieceElements = std::size_t{1} << 18;
+
+}  // namespace
+}  // namespace detail
+
+TensorStats compute_stats(const void* data, std::size_t n, Format dtype,
+                          std::span<const TargetSpec> targets, const StatsOptions& options) {
+  using namespace detail;
+  AMPSCOPE_CHECK(is_stats_storage_format(dtype), "statistics read fp32, fp16 or bf16 storage, ",
+                 "not ", format_name(dtype));
+  AMPSCOPE_CHECK(n == 0 || data != nullptr, "null data pointer for ", n, " elements");
+  const std::vector<TargetThresholds> th = compute_thresholds(targets);
+  const Kernel kernel = select_kernel(options.simd.value_or(active_simd_level()));
+  const int max_threads = options.max_threads > 0 ? options.max_threads : pool_size();
+
+  if (n < options.parallel_threshold || max_threads == 1 || n <= kPieceElements) {
+    StatsAccumulator acc(targets.size());
+    kernel(data, n, dtype, th, acc);
+    return acc.finish(targets);
+  }
+  const std::size_t pieces = (n + kPieceElements - 1) / kPieceElements;
+  const int workers = std::min<int>(max_threads, static_cast<int>(pieces));
+  // One accumulator per worker slot, pieces handed out dynamically.
+  std::vector<StatsAccumulator> accs(pieces, StatsAccumulator(targets.size()));
+  const std::size_t elem = static_cast<std::size_t>(storage_bytes(dtype));
+  parallel_for(pieces, workers, [&](std::size_t p) {
+    const std::size_t begin = p * kPieceElements;
+    const std::size_t count = std::min(kPieceElements, n - begin);
+    kernel(static_cast<const char*>(data) + begin * elem, count, dtype, th, accs[p]);
+  });
+  for (std::size_t p = 1; p < pieces; ++p) accs[0].merge(accs[p]);
+  return accs[0].finish(targets);
+}
+
+WhatIf predict_from_histogram(const BinadeHistogram& histogram, Format format, int scale_log2,
+                              int histogram_scale_log2) {
+  const int shift = scale_log2 - histogram_scale_log2;
+  AMPSCOPE_CHECK(std::abs(shift) <= 2 * kMaxScaleLog2, "scale shift ", shift, " out of range");
+  const FormatInfo& f = format_info(format);
+  const double ufl = 0.5 * f.min_subnormal();
+  const double sub_hi = f.min_normal() - 0.5 * f.min_subnormal();
+  auto ovf = [&](double y) {
+    return f.overflow_inclusive ? y >= f.overflow_threshold : y > f.overflow_threshold;
+  };
+  WhatIf w;
+  for (std::size_t i = 0; i < histogram.counts.size(); ++i) {
+    const std::uint64_t c = histogram.counts[i];
+    if (c == 0) continue;
+    // The bin holds values in [lo, 2 lo) after the shift.
+    const double lo = std::ldexp(1.0, histogram.min_exponent + static_cast<int>(i) + shift);
+    const double hi = 2.0 * lo;
+    if (ovf(lo)) w.overflow.lower += c;
+    if (hi > f.overflow_threshold) w.overflow.upper += c;  // some y < hi may exceed it
+    if (hi <= ufl) w.underflow.lower += c;
+    if (lo <= ufl) w.underflow.upper += c;
+    if (lo > ufl && hi <= sub_hi) w.subnormal.lower += c;
+    if (hi > ufl && lo < sub_hi) w.subnormal.upper += c;
+  }
+  return w;
+}
+
+}  // namespace ampscope

@@ -1,0 +1,7 @@
+#include "stats_internal.h"
+namespace ampscope::detail {
+void stats_kernel_avx2(const void* data, std::size_t n, Format dtype,
+                       std::span<const TargetThresholds> th, StatsAccumulator& acc) {
+  stats_kernel_scalar(data, n, dtype, th, acc);
+}
+}
