@@ -16,6 +16,22 @@ void stats_kernel_scalar(const void* data, std::size_t n, Format dtype,
   for (std::size_t i = 0; i < n; ++i) accumulate_one(acc, widen_to_fp32_bits(data, i, dtype), th);
 }
 
+void finish_scalar(const void* data, std::size_t n, std::size_t full, Format dtype,
+                   std::span<const TargetThresholds> th, std::size_t vector_targets,
+                   StatsAccumulator& acc) {
+  if (th.size() > vector_targets) {
+    const std::span<const TargetThresholds> rest = th.subspan(vector_targets);
+    StatsAccumulator extra(rest.size());
+    for (std::size_t i = 0; i < full; ++i) {
+      accumulate_one(extra, widen_to_fp32_bits(data, i, dtype), rest);
+    }
+    for (std::size_t t = 0; t < rest.size(); ++t) {
+      for (int k = 0; k < 3; ++k) acc.target_counts[vector_targets + t][k] += extra.target_counts[t][k];
+    }
+  }
+  for (std::size_t i = full; i < n; ++i) accumulate_one(acc, widen_to_fp32_bits(data, i, dtype), th);
+}
+
 namespace {
 
 using Kernel = void (*)(const void*, std::size_t, Format, std::span<const TargetThresholds>,

@@ -140,7 +140,7 @@ bool is_subnormal_in(double v, const TargetSpec& t) {
 }
 
 namespace {
-double value_of(std::uint32_t abs_bits) { return std::bit_cast<float>(abs_bits); }
+double value_of(std::uint32_t abs_bits) { return fp32_abs_bits_to_double(abs_bits); }
 
 // Smallest a in [lo, hi) with pred(a) for a monotone (false...true) predicate; hi if none.
 template <typename Pred>
@@ -203,9 +203,8 @@ TensorStats StatsAccumulator::finish(std::span<const TargetSpec> targets) const 
   s.nan = nan;
   s.pos_inf = pos_inf;
   s.neg_inf = neg_inf;
-  s.max_abs = static_cast<double>(std::bit_cast<float>(max_abs_bits));
-  s.min_abs_nonzero =
-      min_abs_bits == 0xFFFFFFFFu ? 0.0 : static_cast<double>(std::bit_cast<float>(min_abs_bits));
+  s.max_abs = fp32_abs_bits_to_double(max_abs_bits);
+  s.min_abs_nonzero = min_abs_bits == 0xFFFFFFFFu ? 0.0 : fp32_abs_bits_to_double(min_abs_bits);
   s.sum = sum;
   s.sum_sq = sum_sq;
   s.histogram = BinadeHistogram::from_dense(hist);

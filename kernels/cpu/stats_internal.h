@@ -8,6 +8,7 @@
 #pragma once
 
 #include <array>
+#include <cstring>
 #include <bit>
 #include <cstdint>
 #include <span>
@@ -45,6 +46,18 @@ inline int binade_of_bits(std::uint32_t abs_bits) {
   if (biased != 0) return biased - 127;
   // Subnormal: value = frac * 2^-149.
   return -149 + (31 - std::countl_zero(abs_bits));
+}
+
+// The exact value of finite FP32 magnitude bits as FP64, without an FP32 -> FP64 conversion
+// instruction: under DAZ (which a host framework may set) that conversion reads FP32
+// subnormals as zero.
+inline double fp32_abs_bits_to_double(std::uint32_t abs_bits) {
+  if (abs_bits < kMinNormalBits) return static_cast<double>(abs_bits) * 0x1p-149;
+  double d;
+  const std::uint64_t b = (static_cast<std::uint64_t>((abs_bits >> 23) + (1023 - 127)) << 52) |
+                          (static_cast<std::uint64_t>(abs_bits & 0x7FFFFFu) << 29);
+  std::memcpy(&d, &b, 8);
+  return d;
 }
 
 struct StatsAccumulator {
@@ -85,9 +98,9 @@ inline void accumulate_one(StatsAccumulator& acc, std::uint32_t bits,
   }
   acc.max_abs_bits = a > acc.max_abs_bits ? a : acc.max_abs_bits;
   acc.min_abs_bits = a < acc.min_abs_bits ? a : acc.min_abs_bits;
-  const double v = static_cast<double>(std::bit_cast<float>(bits));
-  acc.sum += v;
-  acc.sum_sq += v * v;
+  const double m = fp32_abs_bits_to_double(a);
+  acc.sum += (bits >> 31) ? -m : m;
+  acc.sum_sq += m * m;
   ++acc.hist[binade_of_bits(a) - kHistogramMinExponent];
   for (std::size_t i = 0; i < th.size(); ++i) {
     acc.target_counts[i][0] += a >= th[i].ovf_lo;
@@ -129,6 +142,44 @@ inline std::uint32_t widen_to_fp32_bits(const void* data, std::size_t i, Format 
     }
   }
 }
+
+// Shared by the vector kernels ------------------------------------------------------------
+
+inline constexpr std::size_t kChunk = 2048;  // elements per exponent-byte buffer
+inline constexpr std::size_t kFoldEvery = std::size_t{1} << 24;  // uint32 tables cannot overflow
+inline constexpr std::size_t kMaxVecTargets = 4;  // counted in registers; more go the scalar way
+
+// Histogram of FP32 biased-exponent bytes in four interleaved tables: consecutive values
+// usually share a binade, and one table would serialise their increments on store-to-load
+// forwarding.
+struct ByteHistogram {
+  alignas(64) std::uint32_t t[4][256];
+  void clear() { std::memset(t, 0, sizeof(t)); }
+  void add(const std::uint8_t* bytes, std::size_t n) {
+    std::size_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+      ++t[0][bytes[j]];
+      ++t[1][bytes[j + 1]];
+      ++t[2][bytes[j + 2]];
+      ++t[3][bytes[j + 3]];
+    }
+    for (; j < n; ++j) ++t[0][bytes[j]];
+  }
+  // Biased exponents 1..254 are the normal binades -126..127.
+  void fold_into(StatsAccumulator& acc) {
+    for (int b = 1; b < 255; ++b) {
+      acc.hist[static_cast<std::size_t>(b - 127 - kHistogramMinExponent)] +=
+          std::uint64_t{t[0][b]} + t[1][b] + t[2][b] + t[3][b];
+    }
+    clear();
+  }
+};
+
+// After the vector loop over [0, full): counts targets past kMaxVecTargets (if any) for those
+// elements with the scalar path, then does the tail [full, n) with all targets.
+void finish_scalar(const void* data, std::size_t n, std::size_t full, Format dtype,
+                   std::span<const TargetThresholds> th, std::size_t vector_targets,
+                   StatsAccumulator& acc);
 
 // The kernels. Each processes elements [0, n) of `data` into acc.
 void stats_kernel_scalar(const void* data, std::size_t n, Format dtype,
