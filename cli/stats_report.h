@@ -1,0 +1,36 @@
+// The two renderings of `ampscope stats`: a report for people and one JSON object for scripts.
+// Both are pure functions of the statistics; they do no I/O besides writing to `out`.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "ampscope/formats.h"
+#include "ampscope/tensor_stats.h"
+
+namespace ampscope::cli {
+
+// What the report says about the tensor besides its statistics.
+struct TensorInfo {
+  std::string path;
+  std::string descr;             // the file's dtype as written, e.g. "<u2"
+  Format dtype = Format::kFP32;  // how the elements were read
+  std::vector<std::uint64_t> shape;
+  bool fortran_order = false;
+};
+
+// The readable report: counts with shares, extrema, mean and RMS, the dynamic range, the binade
+// histogram against the FP16/BF16/E4M3/E5M2 ranges, and a table of the targets.
+void print_stats_text(std::ostream& out, const TensorInfo& info, const TensorStats& stats);
+
+// One line of JSON: the TensorStats fields under their own names, plus "dtype" and "shape".
+// Doubles are written so that they parse back to the same value.
+void print_stats_json(std::ostream& out, const TensorInfo& info, const TensorStats& stats);
+
+// How the bulk of binade e (values in [2^e, 2^(e+1)), at scale 1) fares in format f:
+// 'N' normal, 's' subnormal, '0' rounds to zero, 'X' overflows. Exposed for tests.
+char binade_mark(int e, Format f);
+
+}  // namespace ampscope::cli
