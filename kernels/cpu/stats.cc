@@ -37,21 +37,18 @@ namespace {
 using Kernel = void (*)(const void*, std::size_t, Format, std::span<const TargetThresholds>,
                         StatsAccumulator&);
 
-Kernel select_kernel(SimdLevel level) {
-  switch (clamp_simd_level(level)) {
-    case SimdLevel::kAvx512:
-      return stats_kernel_avx512;
-    case SimdLevel::kAvx2:
-      return stats_kernel_avx2;
-    case SimdLevel::kScalar:
-      break;
+Kernel select_kernel(SimdLevel level, Format dtype, std::size_t part_elements,
+                     const StatsOptions& options) {
+  const SimdLevel l = clamp_simd_level(level);
+  if (l == SimdLevel::kScalar) return stats_kernel_scalar;
+  if (dtype != Format::kFP32 && part_elements >= options.pattern_histogram_threshold) {
+    return stats_kernel_pattern16;
   }
-  return stats_kernel_scalar;
+  return l == SimdLevel::kAvx512 ? stats_kernel_avx512 : stats_kernel_avx2;
 }
 
-// Work is split in pieces of this many elements (a multiple of every vector width) so that
-// threads share the load evenly and each piece is long enough to amortise the dispatch.
-constexpr std::size_t kPieceElements = std::size_t{1} << 18;
+// The smallest part handed to a thread (parallel_threshold decides whether to split at all).
+constexpr std::size_t kMinPart = 1024;
 
 }  // namespace
 }  // namespace detail
@@ -63,25 +60,27 @@ TensorStats compute_stats(const void* data, std::size_t n, Format dtype,
                  "not ", format_name(dtype));
   AMPSCOPE_CHECK(n == 0 || data != nullptr, "null data pointer for ", n, " elements");
   const std::vector<TargetThresholds> th = compute_thresholds(targets);
-  const Kernel kernel = select_kernel(options.simd.value_or(active_simd_level()));
+  const SimdLevel level = options.simd.value_or(active_simd_level());
   const int max_threads = options.max_threads > 0 ? options.max_threads : pool_size();
-
-  if (n < options.parallel_threshold || max_threads == 1 || n <= kPieceElements) {
+  const bool parallel = n >= options.parallel_threshold && max_threads > 1 && n >= 2 * kMinPart;
+  if (!parallel) {
     StatsAccumulator acc(targets.size());
-    kernel(data, n, dtype, th, acc);
+    select_kernel(level, dtype, n, options)(data, n, dtype, th, acc);
     return acc.finish(targets);
   }
-  const std::size_t pieces = (n + kPieceElements - 1) / kPieceElements;
-  const int workers = std::min<int>(max_threads, static_cast<int>(pieces));
-  // One accumulator per worker slot, pieces handed out dynamically.
-  std::vector<StatsAccumulator> accs(pieces, StatsAccumulator(targets.size()));
+  // One contiguous part per worker: the pattern kernel keeps a table per thread and folds it
+  // once per part, so fewer, larger parts are cheaper than many small ones.
+  const std::size_t parts = std::min<std::size_t>(static_cast<std::size_t>(max_threads), n / kMinPart);
+  const std::size_t part_len = (n + parts - 1) / parts;
+  const Kernel kernel = select_kernel(level, dtype, part_len, options);
+  std::vector<StatsAccumulator> accs(parts, StatsAccumulator(targets.size()));
   const std::size_t elem = static_cast<std::size_t>(storage_bytes(dtype));
-  parallel_for(pieces, workers, [&](std::size_t p) {
-    const std::size_t begin = p * kPieceElements;
-    const std::size_t count = std::min(kPieceElements, n - begin);
+  parallel_for(parts, static_cast<int>(parts), [&](std::size_t p) {
+    const std::size_t begin = p * part_len;
+    const std::size_t count = begin < n ? std::min(part_len, n - begin) : 0;
     kernel(static_cast<const char*>(data) + begin * elem, count, dtype, th, accs[p]);
   });
-  for (std::size_t p = 1; p < pieces; ++p) accs[0].merge(accs[p]);
+  for (std::size_t p = 1; p < parts; ++p) accs[0].merge(accs[p]);
   return accs[0].finish(targets);
 }
 

@@ -188,5 +188,8 @@ void stats_kernel_avx2(const void* data, std::size_t n, Format dtype,
                        std::span<const TargetThresholds> th, StatsAccumulator& acc);
 void stats_kernel_avx512(const void* data, std::size_t n, Format dtype,
                          std::span<const TargetThresholds> th, StatsAccumulator& acc);
+// FP16/BF16 only: histogram of the raw 16-bit patterns, folded once per call.
+void stats_kernel_pattern16(const void* data, std::size_t n, Format dtype,
+                            std::span<const TargetThresholds> th, StatsAccumulator& acc);
 
 }  // namespace ampscope::detail

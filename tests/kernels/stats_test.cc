@@ -99,6 +99,15 @@ void check_all_paths(const Tensor& t, std::span<const TargetSpec> targets = kTar
     threaded.max_threads = 4;
     threaded.parallel_threshold = 1;
     expect_same_stats(compute_stats(t.data(), t.n, t.dtype, targets, threaded), want);
+    if (t.dtype != Format::kFP32) {
+      SCOPED_TRACE("pattern histogram");
+      StatsOptions pattern = single;
+      pattern.pattern_histogram_threshold = 1;
+      expect_same_stats(compute_stats(t.data(), t.n, t.dtype, targets, pattern), want);
+      pattern.max_threads = 3;
+      pattern.parallel_threshold = 1;
+      expect_same_stats(compute_stats(t.data(), t.n, t.dtype, targets, pattern), want);
+    }
   }
 }
 

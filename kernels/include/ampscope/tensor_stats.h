@@ -102,6 +102,10 @@ struct StatsOptions {
   std::size_t parallel_threshold = std::size_t{1} << 20;
   // Kernel level; nullopt = active_simd_level().
   std::optional<SimdLevel> simd;
+  // FP16/BF16 parts of at least this many elements are measured by counting their raw 16-bit
+  // patterns (65,536 possible values) and folding the counts once, instead of element-wise
+  // vector code; below it the fold would cost more than it saves. Not used at kScalar.
+  std::size_t pattern_histogram_threshold = std::size_t{1} << 16;
 };
 
 // The dispatched, possibly multi-threaded, implementation. `data` points to n elements of

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The statistics benchmark behind `./run bench`:
+#
+#   bench/run_bench.sh BUILD_DIR
+#
+# BUILD_DIR must already hold the built target ampscope_stats_bench (configure with
+# -DCMAKE_BUILD_TYPE=Release; the build type is recorded in the results). Runs the C++
+# benchmark, then the PyTorch peer with the same buffer size and thread count, then merges the
+# fragments into BUILD_DIR/bench/results.json (keeping keys other benchmarks wrote there) and
+# prints the table. Fails only if the C++ benchmark or the merge fails; a missing or failing
+# PyTorch shows as "n/a". Takes about 2-3 minutes on 2 cores with the defaults.
+#
+# Environment (all optional):
+#   AMPSCOPE_BENCH_PYTHON        interpreter with torch for the peer  (default /usr/bin/python3)
+#   AMPSCOPE_BENCH_BUFFER_MIB    bytes per buffer in MiB, keep it above the LLC  (default 256)
+#   AMPSCOPE_BENCH_REPS          timed compute_stats / memory-read calls (median)  (default 5)
+#   AMPSCOPE_BENCH_SIMD_REPS     timed calls per SIMD level                        (default 3)
+#   AMPSCOPE_BENCH_THREADS       threads for both (default: the kernels' pool size)
+#   AMPSCOPE_BENCH_TARGETS       what-if targets                        (default fp16@0,e4m3@0)
+#   AMPSCOPE_BENCH_TORCH_DTYPES  dtypes for the peer                    (default fp32,fp16,bf16)
+#   AMPSCOPE_BENCH_TORCH_REPS    most timed calls per dtype for the peer           (default 3)
+#   AMPSCOPE_BENCH_TORCH_BUDGET_S  seconds after which the peer stops repeating    (default 20)
+#   AMPSCOPE_SIMD                caps the SIMD level of the kernels (scalar|avx2|avx512)
+set -euo pipefail
+
+if [[ $# -ne 1 ]]; then
+  echo "usage: $0 BUILD_DIR" >&2
+  exit 2
+fi
+build_dir=$1
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+bench_bin=$build_dir/bench/ampscope_stats_bench
+if [[ ! -x $bench_bin ]]; then
+  echo "$0: $bench_bin not found; build the target ampscope_stats_bench in $build_dir" >&2
+  exit 2
+fi
+python=${AMPSCOPE_BENCH_PYTHON:-/usr/bin/python3}
+out_dir=$build_dir/bench
+fragments=$out_dir/fragments
+mkdir -p "$fragments"
+rm -f "$fragments"/stats.json "$fragments"/stats_torch.json "$fragments"/stats_summary.json
+
+"$bench_bin" \
+  --buffer-mib "${AMPSCOPE_BENCH_BUFFER_MIB:-256}" \
+  --reps "${AMPSCOPE_BENCH_REPS:-5}" \
+  --simd-reps "${AMPSCOPE_BENCH_SIMD_REPS:-3}" \
+  --threads "${AMPSCOPE_BENCH_THREADS:-0}" \
+  --targets "${AMPSCOPE_BENCH_TARGETS:-fp16@0,e4m3@0}" \
+  --out "$fragments/stats.json"
+
+# The peer gets exactly the buffer size and thread count the C++ run used.
+read -r buffer_bytes threads < <("$python" -c \
+  'import json, sys; d = json.load(open(sys.argv[1]))
+print(d["stats_buffer_bytes"], d["stats_threads"])' "$fragments/stats.json")
+echo "pytorch peer: $buffer_bytes bytes per tensor, $threads threads"
+if ! "$python" "$here/peers/torch_stats.py" \
+    --buffer-bytes "$buffer_bytes" --threads "$threads" \
+    --dtypes "${AMPSCOPE_BENCH_TORCH_DTYPES:-fp32,fp16,bf16}" \
+    --reps "${AMPSCOPE_BENCH_TORCH_REPS:-3}" \
+    --budget-s "${AMPSCOPE_BENCH_TORCH_BUDGET_S:-20}" \
+    --out "$fragments/stats_torch.json"; then
+  echo "$0: the PyTorch peer failed; its figures are left out" >&2
+  echo '{"torch_error": "the peer script failed"}' > "$fragments/stats_torch.json"
+fi
+
+"$python" "$here/stats_report.py" "$fragments/stats.json" "$fragments/stats_torch.json" \
+  "$fragments/stats_summary.json"
+"$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/stats.json" \
+  "$fragments/stats_torch.json" "$fragments/stats_summary.json"
+echo "results: $out_dir/results.json"
