@@ -1,0 +1,119 @@
+// The CPU back end's precision contract (backend.h): inputs rounded to the compute format,
+// FP32 accumulation, results rounded to the compute format and stored in 16 bits, overflow to
+// Inf as on hardware, accumulation of rounded contributions. Inputs are chosen so that every
+// FP32 sum is exact, which makes the expected values independent of BLAS summation order.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "ampscope/convert.h"
+#include "ampscope/trainer/backend.h"
+
+namespace ampscope::trainer {
+namespace {
+
+class BackendPrecisionTest : public ::testing::TestWithParam<Format> {
+ protected:
+  std::unique_ptr<Backend> be_ = make_cpu_backend({.blas_threads = 1});
+};
+
+TEST_P(BackendPrecisionTest, MatmulRoundsInputsAndOutputToTheComputeFormat) {
+  const Format f = GetParam();
+  const std::int64_t N = 3, C = 5, OC = 4;
+  std::vector<float> x(N * C), w(OC * C);
+  // 1 + 2^-13 is not representable in FP16 (10 fraction bits) or BF16 (7): it rounds to 1.
+  for (std::int64_t i = 0; i < N * C; ++i) x[i] = (1.0f + 0x1p-13f) * static_cast<float>(i % 7 - 3);
+  for (std::int64_t i = 0; i < OC * C; ++i) w[i] = 0.125f * static_cast<float>(i % 5 - 2) + 0x1p-14f;
+  std::vector<std::uint16_t> out(N * OC);
+  be_->matmul_forward(Tensor(out.data(), f, {N, OC}), Tensor(x.data(), Format::kFP32, {N, C}),
+                      Tensor(w.data(), Format::kFP32, {OC, C}), Tensor{}, f);
+  for (std::int64_t i = 0; i < N; ++i) {
+    for (std::int64_t j = 0; j < OC; ++j) {
+      double acc = 0.0;
+      for (std::int64_t k = 0; k < C; ++k) {
+        acc += static_cast<double>(round_to(x[i * C + k], f)) * round_to(w[j * C + k], f);
+      }
+      const float expected = round_to(static_cast<float>(acc), f);
+      EXPECT_EQ(decode(out[i * OC + j], f), expected) << i << "," << j;
+    }
+  }
+}
+
+TEST_P(BackendPrecisionTest, ResultsAboveMaxFiniteBecomeInfOnlyInFp16) {
+  const Format f = GetParam();
+  std::vector<float> x = {300.0f, 300.0f}, w = {128.0f, 128.0f};  // 76800 > 65504
+  std::uint16_t out = 0;
+  be_->matmul_forward(Tensor(&out, f, {1, 1}), Tensor(x.data(), Format::kFP32, {1, 2}),
+                      Tensor(w.data(), Format::kFP32, {1, 2}), Tensor{}, f);
+  if (f == Format::kFP16) {
+    EXPECT_TRUE(std::isinf(decode(out, f)));
+  } else {
+    EXPECT_EQ(decode(out, f), 76800.0f);
+  }
+}
+
+TEST_P(BackendPrecisionTest, WeightGradContributionsAreRoundedThenAccumulatedInFp32) {
+  const Format f = GetParam();
+  // dW (1,1) = sum_n dout[n] * x[n] = 1 + 2^-13 (not representable in f): rounds to 1.
+  std::vector<float> dout = {1.0f, 0x1p-13f}, x = {1.0f, 1.0f}, w = {1.0f};
+  std::vector<float> dw = {0.5f};
+  be_->matmul_backward(Tensor{}, Tensor(dw.data(), Format::kFP32, {1, 1}), Tensor{},
+                       Tensor(dout.data(), Format::kFP32, {2, 1}),
+                       Tensor(x.data(), Format::kFP32, {2, 1}),
+                       Tensor(w.data(), Format::kFP32, {1, 1}), f);
+  EXPECT_EQ(dw[0], 1.5f);
+  // The same in FP32 keeps the small part.
+  be_->matmul_backward(Tensor{}, Tensor(dw.data(), Format::kFP32, {1, 1}), Tensor{},
+                       Tensor(dout.data(), Format::kFP32, {2, 1}),
+                       Tensor(x.data(), Format::kFP32, {2, 1}),
+                       Tensor(w.data(), Format::kFP32, {1, 1}), Format::kFP32);
+  EXPECT_EQ(dw[0], 2.5f + 0x1p-13f);
+}
+
+TEST_P(BackendPrecisionTest, SmallGradientsUnderflowToZeroInFp16Storage) {
+  const Format f = GetParam();
+  std::vector<float> probs = {0.5f, 0.5f};
+  std::int32_t target = 0;
+  std::vector<std::uint16_t> dlogits(2);
+  // (p - y) * dloss = +-0.5 * 2^-26: below FP16's smallest subnormal 2^-24, normal in BF16.
+  be_->cross_entropy_backward(Tensor(dlogits.data(), f, {1, 2}),
+                              Tensor(probs.data(), Format::kFP32, {1, 2}), &target, 0x1p-26f,
+                              Format::kFP32);
+  if (f == Format::kFP16) {
+    EXPECT_EQ(decode(dlogits[1], f), 0.0f);
+  } else {
+    EXPECT_EQ(decode(dlogits[1], f), 0x1p-27f);
+  }
+}
+
+TEST_P(BackendPrecisionTest, UnscaleFindsInfAndNaN) {
+  const Format f = GetParam();
+  std::vector<float> g = {4.0f, 8.0f, INFINITY};
+  std::vector<std::uint16_t> h(3);
+  convert_from_fp32(g.data(), h.data(), 3, f);
+  float found = 0.0f;
+  be_->unscale_and_check(Tensor(h.data(), f, {3}), 0.25f, Tensor(&found, Format::kFP32, {1}));
+  EXPECT_EQ(found, 1.0f);
+  EXPECT_EQ(decode(h[0], f), 1.0f);
+  EXPECT_EQ(decode(h[1], f), 2.0f);
+  found = 0.0f;
+  g = {4.0f, 8.0f, 16.0f};
+  convert_from_fp32(g.data(), h.data(), 3, f);
+  be_->unscale_and_check(Tensor(h.data(), f, {3}), 0.25f, Tensor(&found, Format::kFP32, {1}));
+  EXPECT_EQ(found, 0.0f);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, BackendPrecisionTest,
+                         ::testing::Values(Format::kFP16, Format::kBF16),
+                         [](const auto& info) { return std::string(format_name(info.param)); });
+
+TEST(TensorTest, SixteenBitTensorsUseTwoBytesPerElement) {
+  EXPECT_EQ(Tensor(nullptr, Format::kFP16, {3, 5}).bytes(), 30u);
+  EXPECT_EQ(Tensor(nullptr, Format::kBF16, {3, 5}).bytes(), 30u);
+  EXPECT_EQ(Tensor(nullptr, Format::kFP32, {3, 5}).bytes(), 60u);
+}
+
+}  // namespace
+}  // namespace ampscope::trainer

@@ -1,0 +1,169 @@
+// ampscope-train as a real process: bad input gives one line on stderr and a non-zero exit;
+// --help works; --log-json writes the documented fields; fault injection and checkpoint/resume
+// work through the command line.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("ampscope_cli_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  static std::string read(const fs::path& p) {
+    std::ifstream f(p);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }
+
+  Result run(const std::string& args) {
+    const fs::path out = dir_ / "stdout", err = dir_ / "stderr";
+    const std::string cmd = std::string("'") + AMPSCOPE_TRAIN_BIN + "' " + args + " >'" +
+                            out.string() + "' 2>'" + err.string() + "' </dev/null";
+    const int status = std::system(cmd.c_str());
+    Result r;
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = read(out);
+    r.err = read(err);
+    return r;
+  }
+
+  // A model small enough that a step takes about a millisecond.
+  static std::string tiny() {
+    return "--context 16 --width 16 --heads 2 --layers 1 --batch 4 --threads 1 --quiet ";
+  }
+
+  std::vector<nlohmann::json> log_lines(const fs::path& p) {
+    std::vector<nlohmann::json> v;
+    std::ifstream f(p);
+    for (std::string line; std::getline(f, line);) v.push_back(nlohmann::json::parse(line));
+    return v;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(CliTest, BadInputGivesOneLineErrorAndNonZeroExit) {
+  std::ofstream(dir_ / "empty.txt").close();
+  std::ofstream(dir_ / "one_char.txt") << "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+  std::ofstream(dir_ / "short.txt") << "abcdefgh";
+  const std::vector<std::string> bad = {
+      "--bogus",
+      "--steps 0",
+      "--steps abc",
+      "--batch 0",
+      "--lr -1",
+      "--precision fp64",
+      "--scaler sometimes",
+      "--width 30 --heads 4",
+      "--data " + (dir_ / "missing.txt").string(),
+      "--data " + (dir_ / "empty.txt").string(),
+      "--data " + (dir_ / "one_char.txt").string(),
+      "--data " + (dir_ / "short.txt").string(),
+      "--inject-nan no.such.tensor@1",
+      "--inject-nan h0.mlp.fc",
+      "--inject-nan h0.mlp.fc@-2",
+      "--fp32-layer h9.mlp.fc",
+      "--resume",
+      "--resume --checkpoint-dir " + (dir_ / "nothing").string(),
+      "--init-scale 0",
+      "--precision amp-fp16 --scaler hysteresis --init-scale 0.5",  // below min_scale 1
+      "extra_positional",
+  };
+  for (const auto& args : bad) {
+    const Result r = run(tiny() + args);
+    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_TRUE(r.out.empty()) << args << ": " << r.out;
+    ASSERT_FALSE(r.err.empty()) << args;
+    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << args << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("ampscope-train: error: ", 0), 0u) << args << ": " << r.err;
+  }
+}
+
+TEST_F(CliTest, HelpListsTheFlags) {
+  const Result r = run("--help");
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* flag : {"--precision", "--steps", "--seed", "--batch", "--accum", "--lr",
+                           "--data", "--checkpoint-dir", "--resume", "--log-json", "--context",
+                           "--width", "--heads", "--layers", "--inject-nan", "--grad-shrink"}) {
+    EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
+  }
+}
+
+TEST_F(CliTest, LogJsonHasEveryFieldAndInjectedOverflowIsSkipped) {
+  const fs::path log = dir_ / "log.jsonl";
+  const Result r = run(tiny() + "--precision amp-fp16 --steps 6 --eval-every 3 --inject-overflow 2 "
+                       "--log-json '" + log.string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto lines = log_lines(log);
+  ASSERT_EQ(lines.size(), 6u);
+  for (const auto& j : lines) {
+    for (const char* key : {"step", "loss", "loss_scale", "scale_after", "found_inf", "skipped",
+                            "grad_norm", "lr", "tokens", "step_time_s"}) {
+      EXPECT_TRUE(j.contains(key)) << key << " in " << j.dump();
+    }
+    EXPECT_EQ(j["tokens"], 64);
+  }
+  EXPECT_TRUE(lines[2]["skipped"].get<bool>());
+  EXPECT_EQ(lines[2]["scale_after"].get<double>(), 32768.0);
+  EXPECT_FALSE(lines[3]["skipped"].get<bool>());
+  EXPECT_TRUE(lines[2].contains("val_loss"));
+  EXPECT_FALSE(lines[3].contains("val_loss"));
+  EXPECT_TRUE(lines[5].contains("val_loss"));
+  EXPECT_NE(r.out.find("skipped 1"), std::string::npos) << r.out;
+}
+
+TEST_F(CliTest, ResumeContinuesTheRunBitForBit) {
+  const std::string ck = "--checkpoint-dir '" + (dir_ / "ck").string() + "' ";
+  const std::string common = tiny() + "--precision amp-bf16 --steps 6 --accum 2 ";
+  ASSERT_EQ(run(common + "--log-json '" + (dir_ / "straight.jsonl").string() + "'").exit_code, 0);
+  // Interrupted after 3 steps (the checkpoint at exit), then resumed to 6.
+  ASSERT_EQ(run(common + ck + "--stop-at 3").exit_code, 0);
+  const Result r = run(common + ck + "--resume --log-json '" + (dir_ / "b.jsonl").string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto straight = log_lines(dir_ / "straight.jsonl");
+  const auto resumed = log_lines(dir_ / "b.jsonl");
+  ASSERT_EQ(resumed.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(resumed[i]["step"], straight[i + 3]["step"]);
+    EXPECT_EQ(resumed[i]["loss"], straight[i + 3]["loss"]) << i;
+    EXPECT_EQ(resumed[i]["grad_norm"], straight[i + 3]["grad_norm"]) << i;
+  }
+}
+
+TEST_F(CliTest, TrainsOnATextFile) {
+  std::ofstream f(dir_ / "text.txt");
+  for (int i = 0; i < 200; ++i) f << "hello world, this is line " << i % 10 << ".\n";
+  f.close();
+  const Result r =
+      run(tiny() + "--precision fp32 --steps 3 --data '" + (dir_ / "text.txt").string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("text.txt"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("steps 3"), std::string::npos) << r.out;
+}
+
+}  // namespace

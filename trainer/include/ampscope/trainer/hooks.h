@@ -1,0 +1,116 @@
+// Hooks through which an observer (the ampscope agent, a test, a logger) watches and steers a
+// training run. The trainer depends on nothing outside these interfaces; the agent defines its
+// own and one small adapter (in ampscope-train's main) connects the two.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "ampscope/formats.h"
+#include "ampscope/trainer/backend.h"
+
+namespace ampscope::trainer {
+
+// DESIGN.md roles.
+enum class TensorRole : std::uint8_t {
+  kWeight = 0,          // the copy the forward pass reads (FP16/BF16 in AMP)
+  kMasterWeight = 1,    // FP32 master weights (AMP only)
+  kActivation = 2,
+  kActivationGrad = 3,
+  kWeightGrad = 4,
+  kOptimizerState = 5,
+  kLoss = 6,
+};
+std::string_view role_name(TensorRole role);
+
+enum class TensorPhase : std::uint8_t {
+  kStepStart = 0,     // weights before the first micro-batch
+  kForward = 1,
+  kBackward = 2,      // activation grads per micro-batch; weight grads after the last one
+  kAfterUnscale = 3,  // weight grads after unscaling (before clipping)
+};
+
+// A tensor as the observer sees it. `data` is only valid during the callback and points to
+// device memory when device != kCpu (then `stream` is the back end's native stream handle and
+// any work on the data must be ordered on it). Values are as stored: `scale` is the loss scale
+// they carry (the scale used this step for gradients before unscaling, 1 otherwise).
+struct TensorView {
+  std::string_view name;
+  TensorRole role = TensorRole::kActivation;
+  TensorPhase phase = TensorPhase::kForward;
+  Format dtype = Format::kFP32;
+  const void* data = nullptr;
+  std::span<const std::int64_t> shape;
+  Device device = Device::kCpu;
+  void* stream = nullptr;
+  float scale = 1.0f;
+  std::int64_t step = 0;
+  int micro_step = 0;
+  int order = 0;  // position in execution order within the step, from 0
+};
+
+// Called on the training thread, synchronously, in execution order. Implementations must not
+// throw and should return quickly (copy what they need).
+class TensorObserver {
+ public:
+  virtual ~TensorObserver() = default;
+  // Asked once at the start of each step; false skips every on_tensor call of that step.
+  virtual bool observe_step(std::int64_t step) = 0;
+  virtual void on_tensor(const TensorView& tensor) = 0;
+};
+
+// One optimizer step (one effective batch).
+struct StepEvent {
+  std::int64_t step = 0;       // 0-based index of this step
+  double loss = 0.0;           // mean unscaled training loss over the effective batch
+  float loss_scale = 1.0f;     // scale used for this step's backward
+  float scale_after = 1.0f;    // scale after the scaler's update
+  bool found_inf = false;
+  bool skipped = false;        // optimizer step not applied (found_inf)
+  double grad_norm = 0.0;      // global L2 norm after unscaling, before clipping
+  float lr = 0.0f;             // the learning rate of this step (not applied when skipped)
+  std::int64_t tokens = 0;     // tokens in the effective batch
+  double step_time_s = 0.0;
+  std::int64_t optimizer_steps = 0;  // applied updates so far, after this step
+  std::vector<std::string> fp32_layers;  // layers computed in FP32 this step
+};
+
+class StepListener {
+ public:
+  virtual ~StepListener() = default;
+  virtual void on_step(const StepEvent& event) = 0;
+};
+
+// Layers that compute in FP32 from a given step on (the policy engine's FP32 fallback). Named
+// layers are matmul-like producers: "h{i}.attn.qkv", "h{i}.attn.core", "h{i}.attn.proj",
+// "h{i}.mlp.fc", "h{i}.mlp.gelu", "h{i}.mlp.proj", "lm_head"; "*" means every layer.
+// Thread safety: every member is safe to call from any thread; the trainer reads the set once
+// per step, so a change takes effect at the next step boundary at the earliest.
+class Fp32OverrideSet {
+ public:
+  explicit Fp32OverrideSet(std::vector<std::string> valid_layers = {});
+
+  // Adds (or moves) `layer` to FP32 from `from_step` on. Returns an empty string on success,
+  // otherwise a one-line reason (unknown layer, negative step).
+  std::string add(std::string_view layer, std::int64_t from_step);
+  bool remove(std::string_view layer);
+  void clear();
+  bool active(std::string_view layer, std::int64_t step) const;
+  // The layers active at `step`, sorted.
+  std::vector<std::string> active_layers(std::int64_t step) const;
+  // Every entry with its first step.
+  std::vector<std::pair<std::string, std::int64_t>> entries() const;
+  const std::vector<std::string>& valid_layers() const { return valid_; }
+
+ private:
+  std::vector<std::string> valid_;
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, std::int64_t> from_step_;
+};
+
+}  // namespace ampscope::trainer

@@ -1,0 +1,146 @@
+// A GPT-style decoder with hand-written forward and backward passes:
+//   token + position embeddings, n_layer blocks of
+//     LayerNorm -> causal multi-head self-attention -> residual add,
+//     LayerNorm -> GELU MLP (4C) -> residual add,
+//   final LayerNorm, LM head tied to the token embedding, cross-entropy loss.
+// Every operation goes through a Backend (backend.h); the PrecisionPolicy decides each tensor's
+// storage and each operation's compute format, and the Fp32OverrideSet can move single layers
+// to FP32 at a step boundary.
+//
+// Parameters, their gradients and the AdamW moments live in one buffer each (in the policy's
+// param format); in AMP a second buffer holds the compute-format copy of every parameter that
+// the forward pass reads (refreshed after each update).
+// Thread safety: one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ampscope/trainer/backend.h"
+#include "ampscope/trainer/data.h"
+#include "ampscope/trainer/hooks.h"
+#include "ampscope/trainer/precision.h"
+
+namespace ampscope::trainer {
+
+struct GptConfig {
+  int vocab_size = 0;
+  int context = 64;    // maximum sequence length (the position table's rows)
+  int n_embd = 128;
+  int n_head = 4;
+  int n_layer = 4;
+};
+// Empty when valid, otherwise a one-line reason naming the field.
+std::string validate(const GptConfig& config);
+
+struct ParamInfo {
+  std::string name;          // e.g. "h0.attn.qkv.weight"
+  std::vector<std::int64_t> shape;
+  std::int64_t offset = 0;   // elements from the start of the parameter buffer
+  std::int64_t numel = 0;
+  bool decay = false;        // weight decay applies (2-D weights)
+};
+
+// Fault injection into a named tensor at a step (first micro-batch for activations and
+// activation grads; after the last micro-batch's backward for weight grads).
+struct Injection {
+  enum class Kind { kNaN, kInf, kOverflow };
+  Kind kind = Kind::kNaN;
+  std::string tensor;  // activation name, or "<name>.grad" for its gradient
+  std::int64_t step = 0;
+};
+
+// Everything the model needs to know about the step it runs in.
+struct StepContext {
+  std::int64_t step = 0;
+  int micro_step = 0;
+  float loss_scale = 1.0f;
+  const Fp32OverrideSet* overrides = nullptr;
+  TensorObserver* observer = nullptr;  // null or not observing this step: no callbacks
+  const std::vector<Injection>* injections = nullptr;
+  int* order = nullptr;  // running execution-order index within the step
+};
+
+class Gpt {
+ public:
+  // Allocates parameters, gradients, moments and activations for batches of up to max_batch
+  // sequences of config.context tokens. Throws ampscope::Error on an invalid config.
+  Gpt(const GptConfig& config, PrecisionMode mode, Backend& backend, int max_batch);
+  ~Gpt();
+  Gpt(const Gpt&) = delete;
+  Gpt& operator=(const Gpt&) = delete;
+
+  // GPT-2 initialisation: N(0, 0.02), residual projections N(0, 0.02 / sqrt(2 n_layer)),
+  // biases 0, LayerNorm weights 1.
+  void init_weights(std::uint64_t seed);
+
+  const GptConfig& config() const { return config_; }
+  PrecisionMode mode() const { return mode_; }
+  const PrecisionPolicy& policy() const { return policy_; }
+  const std::vector<ParamInfo>& params() const { return params_; }
+  std::int64_t num_parameters() const { return num_params_; }
+  // Layers an Fp32OverrideSet may name.
+  std::vector<std::string> layer_names() const;
+  // Tensors an Injection may name: activations, and "<name>.grad" for activation and weight
+  // gradients.
+  std::vector<std::string> injectable_tensors() const;
+
+  // Forward pass of one micro-batch (inputs/targets: (B,T), B <= max_batch, T == context).
+  // Returns the mean loss over its B*T tokens (unscaled).
+  double forward(const Batch& batch, const StepContext& ctx);
+  // Backward pass of the last forward, accumulating into the gradients. dloss multiplies the
+  // gradient of the mean loss (loss scale, 1/accum, shrink factor).
+  void backward(float dloss, const StepContext& ctx);
+  // Emits the weight gradients to the observer and applies weight-grad injections (after the
+  // last micro-batch of a step).
+  void finish_backward(const StepContext& ctx);
+
+  void zero_grads();
+  // Copies master (param-format) values into the compute copy (AMP; no-op otherwise).
+  void refresh_compute_weights();
+  // Emits weights (and master weights) at the start of a step.
+  void emit_weights(const StepContext& ctx);
+  // Emits the weight gradients after unscaling.
+  void emit_unscaled_grads(const StepContext& ctx);
+
+  // Whole-buffer views (param format).
+  Tensor param_buffer() const;
+  Tensor grad_buffer() const;
+  Tensor m_buffer() const;
+  Tensor v_buffer() const;
+  Tensor param(std::size_t i) const;
+  Tensor grad(std::size_t i) const;
+  Tensor m(std::size_t i) const;
+  Tensor v(std::size_t i) const;
+  // Per-token losses of the last forward (B*T host copy).
+  std::vector<float> last_losses() const;
+  // FP32 host copies (for checkpoints and tests).
+  std::vector<float> host_values(const Tensor& t) const;
+  void set_from_host(const Tensor& t, const std::vector<float>& values);
+
+  Backend& backend() { return backend_; }
+
+ private:
+  struct Activations;
+  struct Layer;
+  void emit(const StepContext& ctx, const std::string& name, TensorRole role, TensorPhase phase,
+            const Tensor& t, float scale);
+  Format compute_for(const StepContext& ctx, const std::string& layer) const;
+  Tensor act(const std::unique_ptr<Buffer>& buf, Format dtype,
+             std::initializer_list<std::int64_t> shape) const;
+
+  GptConfig config_;
+  PrecisionMode mode_;
+  PrecisionPolicy policy_;
+  Backend& backend_;
+  int max_batch_;
+  std::vector<ParamInfo> params_;
+  std::int64_t num_params_ = 0;
+  std::unique_ptr<Buffer> params_mem_, compute_mem_, grads_mem_, m_mem_, v_mem_;
+  std::unique_ptr<Activations> acts_;
+  int cur_batch_ = 0;
+};
+
+}  // namespace ampscope::trainer

@@ -1,0 +1,105 @@
+// The mixed-precision training loop around Gpt: gradient accumulation, loss scaling, unscaling
+// with a found_inf check, global-norm clipping, AdamW on FP32 master weights, the LR schedule,
+// validation, checkpoints and fault injection.
+//
+// One step() is one effective batch:
+//   scale = scaler.begin_step(step)                    (fixed for the whole effective batch)
+//   for each of `accum` micro-batches: forward, backward with dloss = scale * shrink / accum
+//   grads *= 1/scale (inv computed in FP64, cast to FP32), found_inf = any non-finite
+//   found_inf: skip the update, the LR schedule does not advance
+//   else: clip to grad_clip by the global norm, AdamW at lr = schedule(applied updates)
+//   scaler.end_step(found_inf)                         (once per effective batch)
+// Every mode checks found_inf and skips a non-finite update; FP32 and BF16 simply do so with a
+// static scale of 1.
+// Thread safety: the Trainer runs on one thread; scaler() and fp32_overrides() may be used from
+// others (see their headers).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ampscope/trainer/backend.h"
+#include "ampscope/trainer/data.h"
+#include "ampscope/trainer/hooks.h"
+#include "ampscope/trainer/loss_scaler.h"
+#include "ampscope/trainer/lr_schedule.h"
+#include "ampscope/trainer/model.h"
+#include "ampscope/trainer/precision.h"
+
+namespace ampscope::trainer {
+
+struct TrainerConfig {
+  GptConfig model;  // vocab_size 0: taken from the corpus
+  PrecisionMode precision = PrecisionMode::kFP32;
+  std::optional<ScalerConfig> scaler;  // unset: default_scaler(precision)
+  int batch = 8;
+  int accum = 1;
+  std::int64_t steps = 200;
+  std::uint64_t seed = 1;
+  float lr = 3e-3f;
+  float min_lr = 3e-4f;
+  std::int64_t warmup_steps = 20;
+  float weight_decay = 0.1f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float grad_clip = 1.0f;  // 0 disables clipping
+  double val_fraction = 0.1;
+  std::vector<Injection> injections;
+  float grad_shrink = 1.0f;  // multiplies every gradient (induces underflow in FP16)
+};
+
+// Dynamic (PyTorch defaults) for amp-fp16; static 1 for fp32, fp16 and amp-bf16.
+ScalerConfig default_scaler(PrecisionMode mode);
+// Empty when valid, otherwise a one-line reason naming the field.
+std::string validate(const TrainerConfig& config);
+
+class Trainer {
+ public:
+  // Throws ampscope::Error with a one-line message on an invalid configuration or corpus.
+  Trainer(const TrainerConfig& config, const Corpus& corpus, std::unique_ptr<Backend> backend);
+  ~Trainer();
+
+  StepEvent step();
+  // Mean loss over `batches` fixed validation batches (forward only, no observer calls).
+  double evaluate(int batches);
+
+  void set_observer(TensorObserver* observer) { observer_ = observer; }
+  void add_step_listener(StepListener* listener) { listeners_.push_back(listener); }
+  ScalerHandle& scaler() { return scaler_; }
+  Fp32OverrideSet& fp32_overrides() { return overrides_; }
+
+  std::int64_t next_step() const { return step_; }
+  std::int64_t optimizer_steps() const { return updates_; }
+  const TrainerConfig& config() const { return config_; }
+  const Gpt& model() const { return *model_; }
+  Gpt& model() { return *model_; }
+  const LrSchedule& lr_schedule() const { return schedule_; }
+
+  // Writes weights, moments, scaler state, step, applied updates, data position and config
+  // to `path` atomically (temporary file + rename), with a CRC-32 over the contents.
+  void save_checkpoint(const std::string& path) const;
+  // Restores a checkpoint written by a trainer of the same model shape and precision. Throws
+  // ampscope::Error with a one-line reason otherwise.
+  void load_checkpoint(const std::string& path);
+
+ private:
+  TrainerConfig config_;
+  std::unique_ptr<Backend> backend_;
+  DataLoader loader_;  // before model_: a corpus too short fails before any allocation
+  std::unique_ptr<Gpt> model_;
+  ScalerHandle scaler_;
+  Fp32OverrideSet overrides_;
+  LrSchedule schedule_;
+  TensorObserver* observer_ = nullptr;
+  std::vector<StepListener*> listeners_;
+  std::unique_ptr<Buffer> scalars_;  // found_inf, sum_sq on the device
+  std::int64_t step_ = 0;
+  std::int64_t updates_ = 0;
+  Batch batch_;
+};
+
+}  // namespace ampscope::trainer

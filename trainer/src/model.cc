@@ -1,0 +1,554 @@
+// The GPT model: parameter layout, activation storage and the hand-written forward and backward
+// passes, all through the Backend. Activation buffers are sized for FP32 so that a layer moved
+// to FP32 by an override needs no reallocation; each step records the dtype it stored.
+#include "ampscope/trainer/model.h"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "ampscope/check.h"
+#include "ampscope/convert.h"
+#include "ampscope/trainer/rng.h"
+
+namespace ampscope::trainer {
+
+std::string validate(const GptConfig& c) {
+  std::ostringstream os;
+  if (c.vocab_size < 2) {
+    os << "vocab_size must be >= 2, got " << c.vocab_size;
+  } else if (c.context < 1) {
+    os << "context must be >= 1, got " << c.context;
+  } else if (c.n_embd < 1) {
+    os << "n_embd must be >= 1, got " << c.n_embd;
+  } else if (c.n_head < 1 || c.n_embd % c.n_head != 0) {
+    os << "n_head must divide n_embd (" << c.n_embd << "), got " << c.n_head;
+  } else if (c.n_layer < 1) {
+    os << "n_layer must be >= 1, got " << c.n_layer;
+  }
+  return os.str();
+}
+
+// Per-block parameter indices, activation buffers and the views (with dtypes) of the last
+// forward pass.
+struct Gpt::Layer {
+  std::string prefix;  // "h0"
+  std::size_t ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
+  std::unique_ptr<Buffer> ln1_b, ln1_mean_b, ln1_rstd_b, qkv_b, scores_b, probs_b, ctx_b, proj_b,
+      res1_b, ln2_b, ln2_mean_b, ln2_rstd_b, fc_b, gelu_b, fcproj_b, res2_b;
+  Tensor ln1, ln1_mean, ln1_rstd, qkv, scores, probs, ctx, proj, res1, ln2, ln2_mean, ln2_rstd, fc,
+      gelu, fcproj, res2;
+  Format c_qkv = Format::kFP32, c_core = Format::kFP32, c_softmax = Format::kFP32,
+         c_proj = Format::kFP32, c_fc = Format::kFP32, c_gelu = Format::kFP32,
+         c_fcproj = Format::kFP32;
+};
+
+struct Gpt::Activations {
+  std::vector<Layer> layers;
+  std::size_t wte = 0, wpe = 0, lnfw = 0, lnfb = 0;
+  std::unique_ptr<Buffer> tokens_b, targets_b, encoded_b, lnf_b, lnf_mean_b, lnf_rstd_b, logits_b,
+      ce_probs_b, losses_b;
+  // Gradient buffers, reused across blocks.
+  std::unique_ptr<Buffer> dres_b, dln_b, dqkv_b, dctx_b, dfc_b, dgelu_b, dlogits_b;
+  Tensor encoded, lnf, lnf_mean, lnf_rstd, logits, ce_probs, losses;
+  Format c_head = Format::kFP32;
+  const std::int32_t* tokens = nullptr;
+  const std::int32_t* targets = nullptr;
+  std::vector<bool> in_matmul;  // per parameter: read by a matmul in the compute format
+};
+
+Tensor Gpt::act(const std::unique_ptr<Buffer>& buf, Format dtype,
+                std::initializer_list<std::int64_t> shape) const {
+  Tensor t(buf->data(), dtype, shape, backend_.device());
+  AMPSCOPE_CHECK(t.bytes() <= buf->bytes(), "activation of ", t.bytes(), " bytes in a buffer of ",
+                 buf->bytes());
+  return t;
+}
+
+Gpt::Gpt(const GptConfig& config, PrecisionMode mode, Backend& backend, int max_batch)
+    : config_(config),
+      mode_(mode),
+      policy_(PrecisionPolicy::for_mode(mode)),
+      backend_(backend),
+      max_batch_(max_batch),
+      acts_(std::make_unique<Activations>()) {
+  const std::string err = validate(config);
+  AMPSCOPE_CHECK(err.empty(), "invalid model config: ", err);
+  AMPSCOPE_CHECK(max_batch >= 1, "max_batch must be >= 1, got ", max_batch);
+  const std::int64_t V = config.vocab_size, T = config.context, C = config.n_embd;
+  auto add = [this](std::string name, std::vector<std::int64_t> shape, bool matmul) {
+    ParamInfo p;
+    p.name = std::move(name);
+    p.numel = 1;
+    for (auto d : shape) p.numel *= d;
+    p.decay = shape.size() >= 2;
+    p.shape = std::move(shape);
+    p.offset = num_params_;
+    num_params_ += p.numel;
+    params_.push_back(std::move(p));
+    acts_->in_matmul.push_back(matmul);
+    return params_.size() - 1;
+  };
+  auto& a = *acts_;
+  a.wte = add("wte", {V, C}, true);  // also the LM head
+  a.wpe = add("wpe", {T, C}, false);
+  for (int l = 0; l < config.n_layer; ++l) {
+    Layer L;
+    L.prefix = "h" + std::to_string(l);
+    const std::string& p = L.prefix;
+    L.ln1w = add(p + ".ln1.weight", {C}, false);
+    L.ln1b = add(p + ".ln1.bias", {C}, false);
+    L.qkvw = add(p + ".attn.qkv.weight", {3 * C, C}, true);
+    L.qkvb = add(p + ".attn.qkv.bias", {3 * C}, true);
+    L.projw = add(p + ".attn.proj.weight", {C, C}, true);
+    L.projb = add(p + ".attn.proj.bias", {C}, true);
+    L.ln2w = add(p + ".ln2.weight", {C}, false);
+    L.ln2b = add(p + ".ln2.bias", {C}, false);
+    L.fcw = add(p + ".mlp.fc.weight", {4 * C, C}, true);
+    L.fcb = add(p + ".mlp.fc.bias", {4 * C}, true);
+    L.fcprojw = add(p + ".mlp.proj.weight", {C, 4 * C}, true);
+    L.fcprojb = add(p + ".mlp.proj.bias", {C}, true);
+    a.layers.push_back(std::move(L));
+  }
+  a.lnfw = add("lnf.weight", {C}, false);
+  a.lnfb = add("lnf.bias", {C}, false);
+
+  const auto n = static_cast<std::size_t>(num_params_);
+  const std::size_t pbytes = n * static_cast<std::size_t>(storage_bytes(policy_.param));
+  params_mem_ = backend_.allocate(pbytes);
+  grads_mem_ = backend_.allocate(pbytes);
+  m_mem_ = backend_.allocate(pbytes);
+  v_mem_ = backend_.allocate(pbytes);
+  if (policy_.master_weights) {
+    compute_mem_ = backend_.allocate(n * static_cast<std::size_t>(storage_bytes(policy_.compute)));
+  }
+
+  // Activations: FP32-sized so any layer can switch to FP32.
+  const std::int64_t BT = static_cast<std::int64_t>(max_batch) * T;
+  const std::int64_t NH = config.n_head;
+  auto f32 = [this](std::int64_t elems) {
+    return backend_.allocate(static_cast<std::size_t>(elems) * sizeof(float));
+  };
+  a.tokens_b = backend_.allocate(static_cast<std::size_t>(BT) * sizeof(std::int32_t));
+  a.targets_b = backend_.allocate(static_cast<std::size_t>(BT) * sizeof(std::int32_t));
+  a.encoded_b = f32(BT * C);
+  for (auto& L : a.layers) {
+    L.ln1_b = f32(BT * C);
+    L.ln1_mean_b = f32(BT);
+    L.ln1_rstd_b = f32(BT);
+    L.qkv_b = f32(BT * 3 * C);
+    L.scores_b = f32(BT * NH * T);
+    L.probs_b = f32(BT * NH * T);
+    L.ctx_b = f32(BT * C);
+    L.proj_b = f32(BT * C);
+    L.res1_b = f32(BT * C);
+    L.ln2_b = f32(BT * C);
+    L.ln2_mean_b = f32(BT);
+    L.ln2_rstd_b = f32(BT);
+    L.fc_b = f32(BT * 4 * C);
+    L.gelu_b = f32(BT * 4 * C);
+    L.fcproj_b = f32(BT * C);
+    L.res2_b = f32(BT * C);
+  }
+  a.lnf_b = f32(BT * C);
+  a.lnf_mean_b = f32(BT);
+  a.lnf_rstd_b = f32(BT);
+  a.logits_b = f32(BT * V);
+  a.ce_probs_b = f32(BT * V);
+  a.losses_b = f32(BT);
+  a.dres_b = f32(BT * C);
+  a.dln_b = f32(BT * C);
+  a.dqkv_b = f32(BT * 3 * C);
+  a.dctx_b = f32(BT * C);
+  a.dfc_b = f32(BT * 4 * C);
+  a.dgelu_b = f32(BT * 4 * C);
+  a.dlogits_b = f32(BT * V);
+}
+
+Gpt::~Gpt() = default;
+
+std::vector<std::string> Gpt::layer_names() const {
+  std::vector<std::string> names;
+  for (const auto& L : acts_->layers) {
+    for (const char* s : {".attn.qkv", ".attn.core", ".attn.proj", ".mlp.fc", ".mlp.gelu",
+                          ".mlp.proj"}) {
+      names.push_back(L.prefix + s);
+    }
+  }
+  names.push_back("lm_head");
+  return names;
+}
+
+std::vector<std::string> Gpt::injectable_tensors() const {
+  std::vector<std::string> names = {"embed", "embed.grad"};
+  for (const auto& L : acts_->layers) {
+    for (const char* s : {".ln1", ".attn.qkv", ".attn.context", ".res1", ".ln2", ".mlp.fc",
+                          ".mlp.gelu", ".res2"}) {
+      names.push_back(L.prefix + s);
+      names.push_back(L.prefix + s + ".grad");
+    }
+    for (const char* s : {".attn.scores", ".attn.probs", ".attn.proj", ".mlp.proj"}) {
+      names.push_back(L.prefix + s);
+    }
+  }
+  for (const char* s : {"lnf", "lnf.grad", "logits", "logits.grad"}) names.push_back(s);
+  for (const auto& p : params_) names.push_back(p.name + ".grad");
+  return names;
+}
+
+namespace {
+Tensor slice(Buffer& buf, Format dtype, const ParamInfo& p, Device device) {
+  Tensor t;
+  t.data = static_cast<std::byte*>(buf.data()) + p.offset * storage_bytes(dtype);
+  t.dtype = dtype;
+  t.device = device;
+  t.rank = static_cast<int>(p.shape.size());
+  for (std::size_t i = 0; i < p.shape.size(); ++i) t.dims[i] = p.shape[i];
+  return t;
+}
+Tensor whole(Buffer& buf, Format dtype, std::int64_t n, Device device) {
+  return Tensor(buf.data(), dtype, {n}, device);
+}
+}  // namespace
+
+Tensor Gpt::param_buffer() const {
+  return whole(*params_mem_, policy_.param, num_params_, backend_.device());
+}
+Tensor Gpt::grad_buffer() const {
+  return whole(*grads_mem_, policy_.param, num_params_, backend_.device());
+}
+Tensor Gpt::m_buffer() const {
+  return whole(*m_mem_, policy_.param, num_params_, backend_.device());
+}
+Tensor Gpt::v_buffer() const {
+  return whole(*v_mem_, policy_.param, num_params_, backend_.device());
+}
+Tensor Gpt::param(std::size_t i) const {
+  return slice(*params_mem_, policy_.param, params_[i], backend_.device());
+}
+Tensor Gpt::grad(std::size_t i) const {
+  return slice(*grads_mem_, policy_.param, params_[i], backend_.device());
+}
+Tensor Gpt::m(std::size_t i) const {
+  return slice(*m_mem_, policy_.param, params_[i], backend_.device());
+}
+Tensor Gpt::v(std::size_t i) const {
+  return slice(*v_mem_, policy_.param, params_[i], backend_.device());
+}
+
+std::vector<float> Gpt::host_values(const Tensor& t) const {
+  std::vector<std::byte> raw(t.bytes());
+  backend_.copy_to_host(raw.data(), t.data, raw.size());
+  std::vector<float> out(static_cast<std::size_t>(t.numel()));
+  convert_to_fp32(raw.data(), out.data(), out.size(), t.dtype);
+  return out;
+}
+
+void Gpt::set_from_host(const Tensor& t, const std::vector<float>& values) {
+  AMPSCOPE_CHECK(static_cast<std::int64_t>(values.size()) == t.numel(), "expected ", t.numel(),
+                 " values, got ", values.size());
+  std::vector<std::byte> raw(t.bytes());
+  convert_from_fp32(values.data(), raw.data(), values.size(), t.dtype);
+  backend_.copy_from_host(t.data, raw.data(), raw.size());
+}
+
+void Gpt::init_weights(std::uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> values(static_cast<std::size_t>(num_params_));
+  const double proj_std = 0.02 / std::sqrt(2.0 * config_.n_layer);
+  for (const auto& p : params_) {
+    float* dst = values.data() + p.offset;
+    const bool is_bias = p.name.ends_with(".bias");
+    const bool is_ln_weight = p.name.ends_with(".weight") && p.shape.size() == 1;
+    const bool is_residual_proj = p.name.ends_with("attn.proj.weight") ||
+                                  p.name.ends_with("mlp.proj.weight");
+    for (std::int64_t i = 0; i < p.numel; ++i) {
+      if (is_bias) {
+        dst[i] = 0.0f;
+      } else if (is_ln_weight) {
+        dst[i] = 1.0f;
+      } else {
+        dst[i] = static_cast<float>(rng.normal() * (is_residual_proj ? proj_std : 0.02));
+      }
+    }
+  }
+  set_from_host(param_buffer(), values);
+  backend_.fill(m_buffer(), 0.0f);
+  backend_.fill(v_buffer(), 0.0f);
+  zero_grads();
+  refresh_compute_weights();
+}
+
+void Gpt::zero_grads() { backend_.fill(grad_buffer(), 0.0f); }
+
+void Gpt::refresh_compute_weights() {
+  if (!policy_.master_weights) return;
+  backend_.convert(whole(*compute_mem_, policy_.compute, num_params_, backend_.device()),
+                   param_buffer());
+}
+
+Format Gpt::compute_for(const StepContext& ctx, const std::string& layer) const {
+  if (policy_.compute == Format::kFP32) return Format::kFP32;
+  if (ctx.overrides != nullptr && ctx.overrides->active(layer, ctx.step)) return Format::kFP32;
+  return policy_.compute;
+}
+
+void Gpt::emit(const StepContext& ctx, const std::string& name, TensorRole role,
+               TensorPhase phase, const Tensor& t, float scale) {
+  if (ctx.injections != nullptr) {
+    const bool grad = role == TensorRole::kActivationGrad || role == TensorRole::kWeightGrad;
+    const bool weight_grad_now = role == TensorRole::kWeightGrad && phase == TensorPhase::kBackward;
+    const bool act_now = (role == TensorRole::kActivation || role == TensorRole::kActivationGrad) &&
+                         ctx.micro_step == 0;
+    for (const auto& inj : *ctx.injections) {
+      if (inj.step != ctx.step || !(weight_grad_now || act_now)) continue;
+      const bool match = grad ? inj.tensor.size() == name.size() + 5 &&
+                                    inj.tensor.starts_with(name) && inj.tensor.ends_with(".grad")
+                              : inj.tensor == name;
+      if (!match) continue;
+      float value = std::numeric_limits<float>::quiet_NaN();
+      if (inj.kind == Injection::Kind::kInf) value = std::numeric_limits<float>::infinity();
+      if (inj.kind == Injection::Kind::kOverflow) {
+        // Twice the largest finite value of the tensor's format: stored, it becomes Inf.
+        value = static_cast<float>(2.0 * format_info(t.dtype).max_finite);
+      }
+      backend_.set_element(t, 0, value);
+    }
+  }
+  if (ctx.observer == nullptr) return;
+  TensorView v;
+  v.name = name;
+  v.role = role;
+  v.phase = phase;
+  v.dtype = t.dtype;
+  v.data = t.data;
+  v.shape = std::span<const std::int64_t>(t.dims.data(), static_cast<std::size_t>(t.rank));
+  v.device = t.device;
+  v.stream = backend_.stream().native_handle();
+  v.scale = scale;
+  v.step = ctx.step;
+  v.micro_step = ctx.micro_step;
+  v.order = ctx.order != nullptr ? (*ctx.order)++ : 0;
+  ctx.observer->on_tensor(v);
+}
+
+void Gpt::emit_weights(const StepContext& ctx) {
+  const auto& a = *acts_;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (policy_.master_weights) {
+      emit(ctx, params_[i].name, TensorRole::kMasterWeight, TensorPhase::kStepStart, param(i), 1);
+      if (a.in_matmul[i]) {
+        emit(ctx, params_[i].name, TensorRole::kWeight, TensorPhase::kStepStart,
+             slice(*compute_mem_, policy_.compute, params_[i], backend_.device()), 1);
+      }
+    } else {
+      emit(ctx, params_[i].name, TensorRole::kWeight, TensorPhase::kStepStart, param(i), 1);
+    }
+  }
+}
+
+void Gpt::finish_backward(const StepContext& ctx) {
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    emit(ctx, params_[i].name, TensorRole::kWeightGrad, TensorPhase::kBackward, grad(i),
+         ctx.loss_scale);
+  }
+}
+
+void Gpt::emit_unscaled_grads(const StepContext& ctx) {
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    emit(ctx, params_[i].name, TensorRole::kWeightGrad, TensorPhase::kAfterUnscale, grad(i), 1);
+  }
+}
+
+double Gpt::forward(const Batch& batch, const StepContext& ctx) {
+  auto& a = *acts_;
+  const std::int64_t B = batch.batch, T = batch.context, C = config_.n_embd,
+                     V = config_.vocab_size;
+  AMPSCOPE_CHECK(B >= 1 && B <= max_batch_, "batch of ", B, " outside [1, ", max_batch_, "]");
+  AMPSCOPE_CHECK(T == config_.context, "sequence length ", T, ", model context ",
+                 config_.context);
+  cur_batch_ = static_cast<int>(B);
+  const auto bt_bytes = static_cast<std::size_t>(B * T) * sizeof(std::int32_t);
+  backend_.copy_from_host(a.tokens_b->data(), batch.inputs.data(), bt_bytes);
+  backend_.copy_from_host(a.targets_b->data(), batch.targets.data(), bt_bytes);
+  a.tokens = static_cast<const std::int32_t*>(a.tokens_b->data());
+  a.targets = static_cast<const std::int32_t*>(a.targets_b->data());
+  const PrecisionPolicy& pp = policy_;
+  auto weight = [&](std::size_t i, Format c) {
+    if (!pp.master_weights || c == Format::kFP32) return param(i);
+    return slice(*compute_mem_, pp.compute, params_[i], backend_.device());
+  };
+  auto fwd = [&](const std::string& name, const Tensor& t) {
+    emit(ctx, name, TensorRole::kActivation, TensorPhase::kForward, t, 1.0f);
+  };
+
+  a.encoded = act(a.encoded_b, pp.residual, {B, T, C});
+  backend_.embedding_forward(a.encoded, a.tokens, param(a.wte), param(a.wpe));
+  fwd("embed", a.encoded);
+  Tensor x = a.encoded;
+  for (auto& L : a.layers) {
+    const std::string& p = L.prefix;
+    L.ln1 = act(L.ln1_b, pp.fp32_ops, {B, T, C});
+    L.ln1_mean = act(L.ln1_mean_b, Format::kFP32, {B, T});
+    L.ln1_rstd = act(L.ln1_rstd_b, Format::kFP32, {B, T});
+    backend_.layernorm_forward(L.ln1, L.ln1_mean, L.ln1_rstd, x, param(L.ln1w), param(L.ln1b),
+                               pp.fp32_ops);
+    fwd(p + ".ln1", L.ln1);
+
+    L.c_qkv = compute_for(ctx, p + ".attn.qkv");
+    L.qkv = act(L.qkv_b, L.c_qkv, {B, T, 3 * C});
+    backend_.matmul_forward(L.qkv, L.ln1, weight(L.qkvw, L.c_qkv), weight(L.qkvb, L.c_qkv),
+                            L.c_qkv);
+    fwd(p + ".attn.qkv", L.qkv);
+
+    L.c_core = compute_for(ctx, p + ".attn.core");
+    L.c_softmax = L.c_core == Format::kFP32 ? Format::kFP32 : pp.fp32_ops;
+    const std::int64_t NH = config_.n_head;
+    L.scores = act(L.scores_b, L.c_core, {B, NH, T, T});
+    L.probs = act(L.probs_b, L.c_softmax, {B, NH, T, T});
+    L.ctx = act(L.ctx_b, L.c_core, {B, T, C});
+    backend_.attention_forward(L.ctx, L.scores, L.probs, L.qkv, config_.n_head, L.c_core,
+                               L.c_softmax);
+    fwd(p + ".attn.scores", L.scores);
+    fwd(p + ".attn.probs", L.probs);
+    fwd(p + ".attn.context", L.ctx);
+
+    L.c_proj = compute_for(ctx, p + ".attn.proj");
+    L.proj = act(L.proj_b, L.c_proj, {B, T, C});
+    backend_.matmul_forward(L.proj, L.ctx, weight(L.projw, L.c_proj), weight(L.projb, L.c_proj),
+                            L.c_proj);
+    fwd(p + ".attn.proj", L.proj);
+
+    L.res1 = act(L.res1_b, pp.residual, {B, T, C});
+    backend_.add(L.res1, x, L.proj, pp.residual);
+    fwd(p + ".res1", L.res1);
+
+    L.ln2 = act(L.ln2_b, pp.fp32_ops, {B, T, C});
+    L.ln2_mean = act(L.ln2_mean_b, Format::kFP32, {B, T});
+    L.ln2_rstd = act(L.ln2_rstd_b, Format::kFP32, {B, T});
+    backend_.layernorm_forward(L.ln2, L.ln2_mean, L.ln2_rstd, L.res1, param(L.ln2w),
+                               param(L.ln2b), pp.fp32_ops);
+    fwd(p + ".ln2", L.ln2);
+
+    L.c_fc = compute_for(ctx, p + ".mlp.fc");
+    L.fc = act(L.fc_b, L.c_fc, {B, T, 4 * C});
+    backend_.matmul_forward(L.fc, L.ln2, weight(L.fcw, L.c_fc), weight(L.fcb, L.c_fc), L.c_fc);
+    fwd(p + ".mlp.fc", L.fc);
+
+    L.c_gelu = compute_for(ctx, p + ".mlp.gelu");
+    L.gelu = act(L.gelu_b, L.c_gelu, {B, T, 4 * C});
+    backend_.gelu_forward(L.gelu, L.fc, L.c_gelu);
+    fwd(p + ".mlp.gelu", L.gelu);
+
+    L.c_fcproj = compute_for(ctx, p + ".mlp.proj");
+    L.fcproj = act(L.fcproj_b, L.c_fcproj, {B, T, C});
+    backend_.matmul_forward(L.fcproj, L.gelu, weight(L.fcprojw, L.c_fcproj),
+                            weight(L.fcprojb, L.c_fcproj), L.c_fcproj);
+    fwd(p + ".mlp.proj", L.fcproj);
+
+    L.res2 = act(L.res2_b, pp.residual, {B, T, C});
+    backend_.add(L.res2, L.res1, L.fcproj, pp.residual);
+    fwd(p + ".res2", L.res2);
+    x = L.res2;
+  }
+  a.lnf = act(a.lnf_b, pp.fp32_ops, {B, T, C});
+  a.lnf_mean = act(a.lnf_mean_b, Format::kFP32, {B, T});
+  a.lnf_rstd = act(a.lnf_rstd_b, Format::kFP32, {B, T});
+  backend_.layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, param(a.lnfw), param(a.lnfb),
+                             pp.fp32_ops);
+  fwd("lnf", a.lnf);
+
+  a.c_head = compute_for(ctx, "lm_head");
+  a.logits = act(a.logits_b, a.c_head, {B, T, V});
+  backend_.matmul_forward(a.logits, a.lnf, weight(a.wte, a.c_head), Tensor{}, a.c_head);
+  fwd("logits", a.logits);
+
+  a.ce_probs = act(a.ce_probs_b, pp.fp32_ops, {B, T, V});
+  a.losses = act(a.losses_b, pp.fp32_ops, {B, T});
+  backend_.cross_entropy_forward(a.losses, a.ce_probs, a.logits, a.targets, pp.fp32_ops);
+  emit(ctx, "loss", TensorRole::kLoss, TensorPhase::kForward, a.losses, 1.0f);
+
+  double sum = 0.0;
+  for (float l : host_values(a.losses)) sum += l;
+  return sum / static_cast<double>(B * T);
+}
+
+void Gpt::backward(float dloss, const StepContext& ctx) {
+  auto& a = *acts_;
+  const PrecisionPolicy& pp = policy_;
+  const std::int64_t B = cur_batch_, T = config_.context, C = config_.n_embd,
+                     V = config_.vocab_size;
+  auto weight = [&](std::size_t i, Format c) {
+    if (!pp.master_weights || c == Format::kFP32) return param(i);
+    return slice(*compute_mem_, pp.compute, params_[i], backend_.device());
+  };
+  auto bwd = [&](const std::string& name, const Tensor& t) {
+    emit(ctx, name, TensorRole::kActivationGrad, TensorPhase::kBackward, t, ctx.loss_scale);
+  };
+
+  // The mean over B*T tokens: each token's loss gradient carries dloss / (B*T).
+  const float per_token = dloss / static_cast<float>(B * T);
+  Tensor dlogits = act(a.dlogits_b, a.logits.dtype, {B, T, V});
+  backend_.cross_entropy_backward(dlogits, a.ce_probs, a.targets, per_token, pp.fp32_ops);
+  bwd("logits", dlogits);
+
+  Tensor dlnf = act(a.dln_b, a.lnf.dtype, {B, T, C});
+  backend_.matmul_backward(dlnf, grad(a.wte), Tensor{}, dlogits, a.lnf, weight(a.wte, a.c_head),
+                           a.c_head);
+  bwd("lnf", dlnf);
+
+  Tensor dres = act(a.dres_b, pp.residual, {B, T, C});
+  backend_.fill(dres, 0.0f);
+  const Tensor& x_last = a.layers.back().res2;
+  backend_.layernorm_backward(dres, grad(a.lnfw), grad(a.lnfb), dlnf, x_last, param(a.lnfw),
+                              a.lnf_mean, a.lnf_rstd, pp.fp32_ops);
+  bwd(a.layers.back().prefix + ".res2", dres);
+
+  for (std::size_t li = a.layers.size(); li-- > 0;) {
+    Layer& L = a.layers[li];
+    const std::string& p = L.prefix;
+    const Tensor& x_in = li == 0 ? a.encoded : a.layers[li - 1].res2;
+
+    Tensor dgelu = act(a.dgelu_b, L.gelu.dtype, {B, T, 4 * C});
+    backend_.matmul_backward(dgelu, grad(L.fcprojw), grad(L.fcprojb), dres, L.gelu,
+                             weight(L.fcprojw, L.c_fcproj), L.c_fcproj);
+    bwd(p + ".mlp.gelu", dgelu);
+
+    Tensor dfc = act(a.dfc_b, L.fc.dtype, {B, T, 4 * C});
+    backend_.gelu_backward(dfc, dgelu, L.fc, L.c_gelu);
+    bwd(p + ".mlp.fc", dfc);
+
+    Tensor dln2 = act(a.dln_b, L.ln2.dtype, {B, T, C});
+    backend_.matmul_backward(dln2, grad(L.fcw), grad(L.fcb), dfc, L.ln2, weight(L.fcw, L.c_fc),
+                             L.c_fc);
+    bwd(p + ".ln2", dln2);
+
+    backend_.layernorm_backward(dres, grad(L.ln2w), grad(L.ln2b), dln2, L.res1, param(L.ln2w),
+                                L.ln2_mean, L.ln2_rstd, pp.fp32_ops);
+    bwd(p + ".res1", dres);
+
+    Tensor dctx = act(a.dctx_b, L.ctx.dtype, {B, T, C});
+    backend_.matmul_backward(dctx, grad(L.projw), grad(L.projb), dres, L.ctx,
+                             weight(L.projw, L.c_proj), L.c_proj);
+    bwd(p + ".attn.context", dctx);
+
+    Tensor dqkv = act(a.dqkv_b, L.qkv.dtype, {B, T, 3 * C});
+    backend_.attention_backward(dqkv, dctx, L.qkv, L.probs, config_.n_head, L.c_core,
+                                L.c_softmax);
+    bwd(p + ".attn.qkv", dqkv);
+
+    Tensor dln1 = act(a.dln_b, L.ln1.dtype, {B, T, C});
+    backend_.matmul_backward(dln1, grad(L.qkvw), grad(L.qkvb), dqkv, L.ln1,
+                             weight(L.qkvw, L.c_qkv), L.c_qkv);
+    bwd(p + ".ln1", dln1);
+
+    backend_.layernorm_backward(dres, grad(L.ln1w), grad(L.ln1b), dln1, x_in, param(L.ln1w),
+                                L.ln1_mean, L.ln1_rstd, pp.fp32_ops);
+    bwd(li == 0 ? std::string("embed") : a.layers[li - 1].prefix + ".res2", dres);
+  }
+  backend_.embedding_backward(grad(a.wte), grad(a.wpe), dres, a.tokens);
+}
+
+std::vector<float> Gpt::last_losses() const { return host_values(acts_->losses); }
+
+}  // namespace ampscope::trainer
