@@ -1,0 +1,28 @@
+// Binade arithmetic shared by the engine's sources: exact log2 of doubles and the estimate of
+// where an overflowed tensor's values really lay.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "ampscope/tensor_stats.h"
+
+namespace ampscope::policy::detail {
+
+// floor(log2(x)) for finite x > 0, exact (frexp, no rounding).
+int floor_log2(double x);
+// ceil(log2(x)) for finite x > 0, exact.
+int ceil_log2(double x);
+bool is_power_of_two(double x);
+// 2^k as a double (k in [-1074, 1023]).
+double pow2(int k);
+// "2^k" for powers of two, the plain number otherwise.
+std::string scale_text(double scale);
+
+// Bin of the value at `fraction` of the way up the histogram (0: lowest bin holding a value,
+// 0.5: median), counting `above` extra values that lie above every bin. nullopt when the
+// position falls among the `above` values or the histogram is empty.
+std::optional<int> quantile_bin(const BinadeHistogram& h, std::uint64_t above, double fraction);
+
+}  // namespace ampscope::policy::detail
