@@ -2,6 +2,7 @@
 // formats: find the quantum (ulp) of the value's binade in the target format, round the value
 // to an integer multiple of it (ties to even), then encode sign, exponent and fraction. FP64
 // holds every intermediate exactly (an FP32 value has 24 significant bits).
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -56,7 +57,11 @@ std::uint32_t encode(float x, Format format, OverflowMode mode) {
   if (a > 0x7F800000u) return nan_bits(sign, a & 0x7FFFFFu, f);
   if (a == 0x7F800000u) return inf_or_max_bits(sign, f, saturate);
   const std::uint32_t sign_bit = sign << (f.total_bits - 1);
-  const double v = std::fabs(static_cast<double>(x));
+  // |x| from its bits rather than by converting x: with DAZ set (the host process may have
+  // called torch.set_flush_denormal(True)) cvtss2sd reads an FP32 subnormal as zero, and BF16
+  // would lose its subnormals.
+  const double v = a < 0x00800000u ? std::ldexp(static_cast<double>(a), -149)
+                                   : static_cast<double>(std::bit_cast<float>(a));
   if (v == 0.0) return sign_bit;
 
   int e = 0;
@@ -68,7 +73,9 @@ std::uint32_t encode(float x, Format format, OverflowMode mode) {
   if (q == 0.0) return sign_bit;  // underflow to a signed zero
 
   const int m = f.mantissa_bits;
-  if (q < f.min_normal()) {
+  // ldexp, not f.min_normal(): FormatInfo::exp2i is a loop (126 multiplications for BF16) when
+  // it runs at run time.
+  if (q < std::ldexp(1.0, f.min_normal_exponent)) {
     const auto frac = static_cast<std::uint32_t>(std::ldexp(q, -f.min_subnormal_exponent));
     return sign_bit | frac;
   }
@@ -100,7 +107,11 @@ float decode(std::uint32_t bits, Format format) {
   } else {
     v = std::ldexp(static_cast<double>(frac + (1u << m)), static_cast<int>(exp_field) - f.bias - m);
   }
-  const float r = static_cast<float>(v);  // exact: every narrow value is an FP32 value
+  // Exact: every narrow value is an FP32 value. FP32 subnormals (BF16's) are assembled from
+  // bits, since with FTZ set cvtsd2ss would flush them to zero.
+  const float r = v < 0x1p-126
+                      ? std::bit_cast<float>(static_cast<std::uint32_t>(std::ldexp(v, 149)))
+                      : static_cast<float>(v);
   return sign ? -r : r;
 }
 
