@@ -32,25 +32,9 @@ AMPSCOPE_AVX2_FN inline unsigned mask_of(__m256i m) {
 
 AMPSCOPE_AVX2_FN void fix_up_rare(__m256i bits, unsigned nonfinite, unsigned subnormal,
                                   StatsAccumulator& acc) {
-  alignas(32) std::uint32_t lanes[kLanes];
+  alignas(64) std::uint32_t lanes[kLanes];
   _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), bits);
-  for (unsigned m = nonfinite; m != 0; m &= m - 1) {
-    const std::uint32_t u = lanes[__builtin_ctz(m)];
-    if ((u & kAbsMask) > kInfBits) {
-      ++acc.nan;
-    } else if (u >> 31) {
-      ++acc.neg_inf;
-    } else {
-      ++acc.pos_inf;
-    }
-  }
-  for (unsigned m = subnormal; m != 0; m &= m - 1) {
-    const std::uint32_t a = lanes[__builtin_ctz(m)] & kAbsMask;
-    ++acc.hist[static_cast<std::size_t>(binade_of_bits(a) - kHistogramMinExponent)];
-    const double v = fp32_abs_bits_to_double(a);  // exact even under DAZ
-    acc.sum += (lanes[__builtin_ctz(m)] >> 31) ? -v : v;
-    acc.sum_sq += v * v;
-  }
+  fix_up_rare_lanes(lanes, nonfinite, subnormal, acc);
 }
 
 AMPSCOPE_AVX2_FN void run(const char* data, std::size_t n, Format dtype,

@@ -42,30 +42,11 @@ AMPSCOPE_AVX512_FN inline __m512i load_fp32_bits(const char* p) {
   }
 }
 
-// Scalar fix-up: non-finite lanes are classified; FP32-subnormal lanes get their histogram bin
-// and their exact contribution to the sums (the rest was done by the vector code).
 AMPSCOPE_AVX512_FN void fix_up_rare(__m512i bits, __mmask16 nonfinite, __mmask16 subnormal,
                                     StatsAccumulator& acc) {
   alignas(64) std::uint32_t lanes[kLanes];
   _mm512_store_si512(lanes, bits);
-  for (unsigned m = nonfinite; m != 0; m &= m - 1) {
-    const std::uint32_t u = lanes[__builtin_ctz(m)];
-    const std::uint32_t a = u & kAbsMask;
-    if (a > kInfBits) {
-      ++acc.nan;
-    } else if (u >> 31) {
-      ++acc.neg_inf;
-    } else {
-      ++acc.pos_inf;
-    }
-  }
-  for (unsigned m = subnormal; m != 0; m &= m - 1) {
-    const std::uint32_t a = lanes[__builtin_ctz(m)] & kAbsMask;
-    ++acc.hist[static_cast<std::size_t>(binade_of_bits(a) - kHistogramMinExponent)];
-    const double v = fp32_abs_bits_to_double(a);  // exact even under DAZ
-    acc.sum += (lanes[__builtin_ctz(m)] >> 31) ? -v : v;
-    acc.sum_sq += v * v;
-  }
+  fix_up_rare_lanes(lanes, nonfinite, subnormal, acc);
 }
 
 // Histogram of one chunk's exponent bytes (nb a multiple of 16, at most kChunk). Values within a

@@ -175,6 +175,31 @@ struct ByteHistogram {
   }
 };
 
+// Scalar fix-up for the rare lanes of one vector (stored to `lanes`): non-finite lanes are
+// classified; FP32-subnormal lanes get their histogram bin and their exact contribution to the
+// sums (a DAZ-proof conversion). Everything else about those lanes was done by the vector code.
+inline void fix_up_rare_lanes(const std::uint32_t* lanes, unsigned nonfinite, unsigned subnormal,
+                              StatsAccumulator& acc) {
+  for (unsigned m = nonfinite; m != 0; m &= m - 1) {
+    const std::uint32_t u = lanes[__builtin_ctz(m)];
+    if ((u & kAbsMask) > kInfBits) {
+      ++acc.nan;
+    } else if (u >> 31) {
+      ++acc.neg_inf;
+    } else {
+      ++acc.pos_inf;
+    }
+  }
+  for (unsigned m = subnormal; m != 0; m &= m - 1) {
+    const std::uint32_t u = lanes[__builtin_ctz(m)];
+    const std::uint32_t a = u & kAbsMask;
+    ++acc.hist[static_cast<std::size_t>(binade_of_bits(a) - kHistogramMinExponent)];
+    const double v = fp32_abs_bits_to_double(a);
+    acc.sum += (u >> 31) ? -v : v;
+    acc.sum_sq += v * v;
+  }
+}
+
 // After the vector loop over [0, full): counts targets past kMaxVecTargets (if any) for those
 // elements with the scalar path, then does the tail [full, n) with all targets.
 void finish_scalar(const void* data, std::size_t n, std::size_t full, Format dtype,
