@@ -68,3 +68,38 @@ fi
 "$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/stats.json" \
   "$fragments/stats_torch.json" "$fragments/stats_summary.json"
 echo "results: $out_dir/results.json"
+
+# ---- Trainer benchmark ----------------------------------------------------------------------
+# ampscope-train (fp32 and amp-bf16) against the same GPT, batch and thread count written in
+# PyTorch (bench/peers/torch_gpt.py: fp32 and bf16 autocast), runs alternating so both see the
+# same load; writes trainer_tokens_per_s_*, trainer_torch_tokens_per_s_* and
+# trainer_vs_torch_speedup_{fp32,bf16} into results.json. About a minute on 2 cores. A missing
+# or failing PyTorch shows as "n/a"; a failing ampscope-train fails the script.
+#
+# Environment (all optional):
+#   AMPSCOPE_BENCH_TRAINER_THREADS  threads for both sides (default: all logical cores, which is
+#                                   what ampscope-train uses by default)
+#   AMPSCOPE_BENCH_TRAINER_ROUNDS   alternations of the four runs (default 3)
+#   AMPSCOPE_BENCH_TRAINER_COMPARE  another ampscope-train (e.g. a build before a back-end
+#                                   change) measured in the same rounds, reported as compare
+train_bin=$build_dir/trainer/ampscope-train
+if [[ ! -x $train_bin ]]; then
+  echo "$0: $train_bin not found; build the target ampscope-train in $build_dir" >&2
+  exit 2
+fi
+rm -f "$fragments"/trainer.json "$fragments"/trainer_summary.json
+build_type=$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$build_dir/CMakeCache.txt" 2>/dev/null || true)
+compare=${AMPSCOPE_BENCH_TRAINER_COMPARE:-}
+"$python" "$here/trainer_bench.py" \
+  --train-bin "$train_bin" \
+  --python "$python" \
+  --threads "${AMPSCOPE_BENCH_TRAINER_THREADS:-0}" \
+  --rounds "${AMPSCOPE_BENCH_TRAINER_ROUNDS:-3}" \
+  --build-type "${build_type:-unspecified}" \
+  ${compare:+--compare-bin "$compare"} \
+  --out "$fragments/trainer.json"
+"$python" "$here/trainer_report.py" "$fragments/trainer.json" "$fragments/trainer_summary.json"
+"$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/trainer.json" \
+  "$fragments/trainer_summary.json"
+echo "results: $out_dir/results.json"
+

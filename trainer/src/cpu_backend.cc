@@ -5,21 +5,42 @@
 // cores do), rounds results to the compute format and stores them in the output's dtype with
 // ampscope::convert_from_fp32 / round_through (round to nearest even, overflow to Inf).
 // Working copies come from a pool so steady-state steps do not allocate.
+//
+// Speed (bench/trainer_bench.py measures it against PyTorch):
+//   - The loops outside the matmuls are vector kernels (cpu_vector_kernels.h) of the SIMD level
+//     ampscope::active_simd_level() picks (AMPSCOPE_SIMD caps it).
+//   - They run on the OpenBLAS thread count (worker_pool.h): the calling thread and the workers
+//     claim fixed-size chunks, rows or heads. Task boundaries and the order in which partial
+//     sums are combined depend only on the shapes, so results do not depend on the thread
+//     count or on which thread ran what (resumed runs stay bit-exact), and a worker the OS is
+//     slow to schedule costs nothing: the caller takes its tasks.
+//   - A 16-bit output computed in its own format is rounded once, by the store; an FP32
+//     output computed in FP32 is written in place.
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "ampscope/check.h"
 #include "ampscope/convert.h"
+#include "ampscope/cpu_features.h"
 #include "ampscope/trainer/backend.h"
+#include "cpu_vector_kernels.h"
+#include "worker_pool.h"
 
 namespace ampscope::trainer {
 namespace {
+
+using detail::Kernels;
+using detail::WorkerPool;
+namespace vk = detail::vk;
 
 class CpuBuffer final : public Buffer {
  public:
@@ -47,6 +68,7 @@ class CpuStream final : public Stream {
 };
 
 // Reusable FP32 working buffers; a handle returns its vector to the pool when it goes away.
+// Used from the calling thread only: parallel tasks get their scratch before they start.
 class ScratchPool {
  public:
   class Handle {
@@ -86,21 +108,50 @@ class ScratchPool {
   std::vector<std::vector<float>> free_;
 };
 
+// Elements per parallel task of the elementwise passes (64 KiB of FP32): large enough to
+// amortise a task, small enough to keep a task's arrays in L2 and both cores busy.
+constexpr std::size_t kChunk = 16384;
+
+// fn(begin, end) over [0, n) in kChunk pieces on the workers.
+template <class Fn>
+void for_chunks(WorkerPool& workers, std::size_t n, const Fn& fn) {
+  const std::size_t tasks = (n + kChunk - 1) / kChunk;
+  workers.run(tasks, [&](std::size_t t, int) { fn(t * kChunk, std::min(n, (t + 1) * kChunk)); });
+}
+
+// Rows per task for row-wise work on rows of `width` elements.
+std::size_t rows_per_task(std::int64_t width) {
+  return std::max<std::size_t>(1,
+                               kChunk / static_cast<std::size_t>(std::max<std::int64_t>(width, 1)));
+}
+
+std::byte* at(void* base, std::size_t index, Format dtype) {
+  return static_cast<std::byte*>(base) + index * static_cast<std::size_t>(storage_bytes(dtype));
+}
+
+// What an operation works with: scratch memory, the workers and the vector kernels.
+struct Exec {
+  ScratchPool& scratch;
+  WorkerPool& workers;
+  const Kernels& k;
+};
 
 // Values of `t` as FP32, rounded to `compute`.
 class In {
  public:
-  In(const Tensor& t, Format compute, ScratchPool& pool) {
+  In(const Tensor& t, Format compute, Exec& ex) {
     const auto n = static_cast<std::size_t>(t.numel());
     const bool needs_round = compute != Format::kFP32 && compute != t.dtype;
     if (t.dtype == Format::kFP32 && !needs_round) {
       ptr_ = static_cast<const float*>(t.data);
       return;
     }
-    scratch_ = std::make_unique<ScratchPool::Handle>(pool.get(n));
+    scratch_ = std::make_unique<ScratchPool::Handle>(ex.scratch.get(n));
     float* s = scratch_->data();
-    convert_to_fp32(t.data, s, n, t.dtype);
-    if (needs_round) round_through(s, n, compute);
+    for_chunks(ex.workers, n, [&](std::size_t b, std::size_t e) {
+      convert_to_fp32(at(t.data, b, t.dtype), s + b, e - b, t.dtype);
+      if (needs_round) round_through(s + b, e - b, compute);
+    });
     ptr_ = s;
   }
   const float* get() const { return ptr_; }
@@ -112,48 +163,83 @@ class In {
 };
 
 // An FP32 target for a result of `t`; commit() rounds it to `compute` and stores it in t.dtype.
-// With accumulate, the FP32 target starts at zero and commit() adds it into t.
+//   kStore: the caller writes every element.
+//   kAccumulate: the FP32 target starts at zero, the caller adds the contribution into it, and
+//     commit() adds that into t (out = store(out + round(contribution))).
+//   kAccumulateOnce: kAccumulate where the caller adds one term per element. For an FP32 t
+//     computed in FP32, out + term is the same whether or not it goes through a zeroed
+//     scratch, so the caller adds straight into t.
+enum class OutMode { kStore, kAccumulate, kAccumulateOnce };
+
 class Out {
  public:
-  Out(const Tensor& t, Format compute, ScratchPool& pool, bool accumulate = false)
-      : t_(t), compute_(compute), accumulate_(accumulate), n_(static_cast<std::size_t>(t.numel())) {
-    if (t.dtype == Format::kFP32 && !accumulate) {
+  Out(const Tensor& t, Format compute, Exec& ex, OutMode mode = OutMode::kStore)
+      : t_(t), compute_(compute), ex_(ex), n_(static_cast<std::size_t>(t.numel())) {
+    const bool fp32_target = t.dtype == Format::kFP32;
+    accumulate_ = mode != OutMode::kStore;
+    if (fp32_target && (mode == OutMode::kStore ||
+                        (mode == OutMode::kAccumulateOnce && compute == Format::kFP32))) {
       ptr_ = static_cast<float*>(t.data);
-    } else {
-      scratch_ = std::make_unique<ScratchPool::Handle>(pool.get(n_));
-      ptr_ = scratch_->data();
-      if (accumulate) std::fill(ptr_, ptr_ + n_, 0.0f);
+      direct_ = true;
+      return;
     }
-    pool_ = &pool;
+    scratch_ = std::make_unique<ScratchPool::Handle>(ex.scratch.get(n_));
+    ptr_ = scratch_->data();
+    if (accumulate_) {
+      for_chunks(ex.workers, n_,
+                 [&](std::size_t b, std::size_t e) { std::fill(ptr_ + b, ptr_ + e, 0.0f); });
+    }
   }
   float* get() { return ptr_; }
   float& operator[](std::size_t i) { return ptr_[i]; }
 
   void commit() {
-    if (compute_ != Format::kFP32) round_through(ptr_, n_, compute_);
+    // A store into t.dtype rounds as the compute format does when they are the same.
+    const bool round = compute_ != Format::kFP32 && compute_ != t_.dtype;
     if (!accumulate_) {
-      if (t_.dtype != Format::kFP32) convert_from_fp32(ptr_, t_.data, n_, t_.dtype);
+      if (direct_) {
+        if (round) {
+          for_chunks(ex_.workers, n_, [&](std::size_t b, std::size_t e) {
+            round_through(ptr_ + b, e - b, compute_);
+          });
+        }
+        return;
+      }
+      for_chunks(ex_.workers, n_, [&](std::size_t b, std::size_t e) {
+        if (round) round_through(ptr_ + b, e - b, compute_);
+        convert_from_fp32(ptr_ + b, at(t_.data, b, t_.dtype), e - b, t_.dtype);
+      });
       return;
     }
+    if (direct_) return;
+    const bool round_sum = compute_ != Format::kFP32;
     if (t_.dtype == Format::kFP32) {
       auto* o = static_cast<float*>(t_.data);
-      for (std::size_t i = 0; i < n_; ++i) o[i] += ptr_[i];
+      for_chunks(ex_.workers, n_, [&](std::size_t b, std::size_t e) {
+        if (round_sum) round_through(ptr_ + b, e - b, compute_);
+        ex_.k.add(o + b, ptr_ + b, o + b, e - b);
+      });
       return;
     }
-    auto cur = pool_->get(n_);
-    convert_to_fp32(t_.data, cur.data(), n_, t_.dtype);
-    for (std::size_t i = 0; i < n_; ++i) cur.data()[i] += ptr_[i];
-    convert_from_fp32(cur.data(), t_.data, n_, t_.dtype);
+    auto cur = ex_.scratch.get(n_);
+    for_chunks(ex_.workers, n_, [&](std::size_t b, std::size_t e) {
+      if (round_sum) round_through(ptr_ + b, e - b, compute_);
+      float* c = cur.data() + b;
+      convert_to_fp32(at(t_.data, b, t_.dtype), c, e - b, t_.dtype);
+      ex_.k.add(c, ptr_ + b, c, e - b);
+      convert_from_fp32(c, at(t_.data, b, t_.dtype), e - b, t_.dtype);
+    });
   }
 
  private:
   Tensor t_;
   Format compute_;
-  bool accumulate_;
+  Exec& ex_;
   std::size_t n_;
+  bool accumulate_ = false;
+  bool direct_ = false;
   float* ptr_ = nullptr;
   std::unique_ptr<ScratchPool::Handle> scratch_;
-  ScratchPool* pool_ = nullptr;
 };
 
 void check_same_numel(const Tensor& a, const Tensor& b, const char* what) {
@@ -161,20 +247,17 @@ void check_same_numel(const Tensor& a, const Tensor& b, const char* what) {
                  b.numel());
 }
 
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
-
-// tanh through one expf: glibc's expf is several times faster than tanhf, and GELU dominated
-// the profile. Absolute error ~1e-7 near 0 (cancellation), which GELU's 0.5 x (1 + t) absorbs.
-inline float fast_tanh(float u) {
-  const float e = std::exp(2.0f * std::min(u, 40.0f));
-  return 1.0f - 2.0f / (e + 1.0f);
+int resolve_threads(int requested) {
+  if (requested > 0) openblas_set_num_threads(requested);
+  return std::max(1, requested > 0 ? requested : openblas_get_num_threads());
 }
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(const CpuBackendOptions& options) {
-    if (options.blas_threads > 0) openblas_set_num_threads(options.blas_threads);
-  }
+  explicit CpuBackend(const CpuBackendOptions& options)
+      : workers_(resolve_threads(options.blas_threads)),
+        kernels_(detail::kernels_for(active_simd_level())),
+        ex_{pool_, workers_, kernels_} {}
 
   Device device() const override { return Device::kCpu; }
   std::string name() const override { return "cpu"; }
@@ -192,36 +275,51 @@ class CpuBackend final : public Backend {
   void fill(const Tensor& t, float value) override {
     const auto n = static_cast<std::size_t>(t.numel());
     if (t.dtype == Format::kFP32) {
-      std::fill_n(static_cast<float*>(t.data), n, value);
+      auto* p = static_cast<float*>(t.data);
+      for_chunks(workers_, n,
+                 [&](std::size_t b, std::size_t e) { std::fill(p + b, p + e, value); });
       return;
     }
-    auto s = pool_.get(n);
-    std::fill_n(s.data(), n, value);
-    convert_from_fp32(s.data(), t.data, n, t.dtype);
+    AMPSCOPE_CHECK(storage_bytes(t.dtype) == 2, "fill: tensors are FP32, FP16 or BF16, found ",
+                   format_name(t.dtype));
+    std::uint16_t bits = 0;
+    convert_from_fp32(&value, &bits, 1, t.dtype);
+    auto* p = static_cast<std::uint16_t*>(t.data);
+    for_chunks(workers_, n, [&](std::size_t b, std::size_t e) { std::fill(p + b, p + e, bits); });
   }
 
   void convert(const Tensor& dst, const Tensor& src) override {
     check_same_numel(dst, src, "convert");
-    In in(src, Format::kFP32, pool_);
-    convert_from_fp32(in.get(), dst.data, static_cast<std::size_t>(dst.numel()), dst.dtype);
+    const auto n = static_cast<std::size_t>(dst.numel());
+    if (src.dtype == Format::kFP32) {
+      const auto* s = static_cast<const float*>(src.data);
+      for_chunks(workers_, n, [&](std::size_t b, std::size_t e) {
+        convert_from_fp32(s + b, at(dst.data, b, dst.dtype), e - b, dst.dtype);
+      });
+      return;
+    }
+    In in(src, Format::kFP32, ex_);
+    for_chunks(workers_, n, [&](std::size_t b, std::size_t e) {
+      convert_from_fp32(in.get() + b, at(dst.data, b, dst.dtype), e - b, dst.dtype);
+    });
   }
 
   void add(const Tensor& out, const Tensor& a, const Tensor& b, Format compute) override {
     check_same_numel(out, a, "add");
     check_same_numel(out, b, "add");
-    In x(a, compute, pool_), y(b, compute, pool_);
-    Out o(out, compute, pool_);
+    In x(a, compute, ex_), y(b, compute, ex_);
+    Out o(out, compute, ex_);
     const auto n = static_cast<std::size_t>(out.numel());
-    for (std::size_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
+    for_chunks(workers_, n, [&](std::size_t lo, std::size_t hi) {
+      kernels_.add(x.get() + lo, y.get() + lo, o.get() + lo, hi - lo);
+    });
     o.commit();
   }
 
   void set_element(const Tensor& t, std::int64_t index, float value) override {
     AMPSCOPE_CHECK(index >= 0 && index < t.numel(), "index ", index, " outside [0, ", t.numel(),
                    ")");
-    convert_from_fp32(&value,
-                      static_cast<std::byte*>(t.data) + index * storage_bytes(t.dtype), 1,
-                      t.dtype);
+    convert_from_fp32(&value, at(t.data, static_cast<std::size_t>(index), t.dtype), 1, t.dtype);
   }
 
   void embedding_forward(const Tensor& out, const std::int32_t* tokens, const Tensor& wte,
@@ -229,33 +327,37 @@ class CpuBackend final : public Backend {
     const std::int64_t B = out.dim(0), T = out.dim(1), C = out.dim(2), V = wte.dim(0);
     AMPSCOPE_CHECK(wte.dim(1) == C && wpe.dim(1) == C && wpe.dim(0) >= T,
                    "embedding tables do not match the output shape");
-    In e(wte, Format::kFP32, pool_), p(wpe, Format::kFP32, pool_);
-    Out o(out, out.dtype, pool_);
     for (std::int64_t bt = 0; bt < B * T; ++bt) {
-      const std::int32_t tok = tokens[bt];
-      AMPSCOPE_CHECK(tok >= 0 && tok < V, "token ", tok, " outside the vocabulary of ", V);
-      const float* er = e.get() + tok * C;
-      const float* pr = p.get() + (bt % T) * C;
-      float* orow = o.get() + bt * C;
-      for (std::int64_t c = 0; c < C; ++c) orow[c] = er[c] + pr[c];
+      AMPSCOPE_CHECK(tokens[bt] >= 0 && tokens[bt] < V, "token ", tokens[bt],
+                     " outside the vocabulary of ", V);
     }
+    In e(wte, Format::kFP32, ex_), p(wpe, Format::kFP32, ex_);
+    Out o(out, out.dtype, ex_);
+    const std::size_t rows = rows_per_task(C);
+    const auto N = static_cast<std::size_t>(B * T);
+    workers_.run((N + rows - 1) / rows, [&](std::size_t task, int) {
+      for (std::size_t bt = task * rows; bt < std::min(N, (task + 1) * rows); ++bt) {
+        kernels_.add(e.get() + tokens[bt] * C, p.get() + static_cast<std::int64_t>(bt) % T * C,
+                     o.get() + bt * C, static_cast<std::size_t>(C));
+      }
+    });
     o.commit();
   }
 
   void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                           const std::int32_t* tokens) override {
     const std::int64_t B = dout.dim(0), T = dout.dim(1), C = dout.dim(2);
-    In d(dout, Format::kFP32, pool_);
-    Out we(dwte, dwte.dtype, pool_, /*accumulate=*/true);
-    Out pe(dwpe, dwpe.dtype, pool_, /*accumulate=*/true);
+    In d(dout, Format::kFP32, ex_);
+    Out we(dwte, dwte.dtype, ex_, OutMode::kAccumulate);
+    Out pe(dwpe, dwpe.dtype, ex_, OutMode::kAccumulate);
+    const auto uc = static_cast<std::size_t>(C);
+    // Rows of the same token or position add up in token order, on this thread.
     for (std::int64_t bt = 0; bt < B * T; ++bt) {
       const float* dr = d.get() + bt * C;
       float* wr = we.get() + tokens[bt] * C;
       float* pr = pe.get() + (bt % T) * C;
-      for (std::int64_t c = 0; c < C; ++c) {
-        wr[c] += dr[c];
-        pr[c] += dr[c];
-      }
+      kernels_.add(wr, dr, wr, uc);
+      kernels_.add(pr, dr, pr, uc);
     }
     we.commit();
     pe.commit();
@@ -266,24 +368,17 @@ class CpuBackend final : public Backend {
                          Format compute) override {
     const std::int64_t C = inp.dim(inp.rank - 1), N = inp.numel() / C;
     check_same_numel(out, inp, "layernorm_forward");
-    In x(inp, compute, pool_), w(weight, compute, pool_), b(bias, compute, pool_);
-    Out o(out, compute, pool_);
+    In x(inp, compute, ex_), w(weight, compute, ex_), b(bias, compute, ex_);
+    Out o(out, compute, ex_);
     auto* mu = static_cast<float*>(mean.data);
     auto* rs = static_cast<float*>(rstd.data);
-    for (std::int64_t i = 0; i < N; ++i) {
-      const float* xr = x.get() + i * C;
-      float m = 0.0f;
-      for (std::int64_t c = 0; c < C; ++c) m += xr[c];
-      m /= static_cast<float>(C);
-      float var = 0.0f;
-      for (std::int64_t c = 0; c < C; ++c) var += (xr[c] - m) * (xr[c] - m);
-      var /= static_cast<float>(C);
-      const float r = 1.0f / std::sqrt(var + 1e-5f);
-      float* orow = o.get() + i * C;
-      for (std::int64_t c = 0; c < C; ++c) orow[c] = (xr[c] - m) * r * w[c] + b[c];
-      mu[i] = m;
-      rs[i] = r;
-    }
+    const std::size_t rows = rows_per_task(C);
+    const auto uc = static_cast<std::size_t>(C), un = static_cast<std::size_t>(N);
+    workers_.run((un + rows - 1) / rows, [&](std::size_t task, int) {
+      const std::size_t r0 = task * rows, r1 = std::min(un, r0 + rows);
+      kernels_.layernorm_forward(x.get() + r0 * uc, w.get(), b.get(), o.get() + r0 * uc, mu + r0,
+                                 rs + r0, r1 - r0, uc);
+    });
     o.commit();
   }
 
@@ -291,31 +386,28 @@ class CpuBackend final : public Backend {
                           const Tensor& dout, const Tensor& inp, const Tensor& weight,
                           const Tensor& mean, const Tensor& rstd, Format compute) override {
     const std::int64_t C = inp.dim(inp.rank - 1), N = inp.numel() / C;
-    In x(inp, compute, pool_), w(weight, compute, pool_), d(dout, compute, pool_);
-    Out di(dinp, compute, pool_, true), dw(dweight, compute, pool_, true),
-        db(dbias, compute, pool_, true);
+    In x(inp, compute, ex_), w(weight, compute, ex_), d(dout, compute, ex_);
+    Out di(dinp, compute, ex_, OutMode::kAccumulateOnce);
+    Out dw(dweight, compute, ex_, OutMode::kAccumulate),
+        db(dbias, compute, ex_, OutMode::kAccumulate);
     const auto* mu = static_cast<const float*>(mean.data);
     const auto* rs = static_cast<const float*>(rstd.data);
-    for (std::int64_t i = 0; i < N; ++i) {
-      const float* xr = x.get() + i * C;
-      const float* dr = d.get() + i * C;
-      float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-      for (std::int64_t c = 0; c < C; ++c) {
-        const float norm = (xr[c] - mu[i]) * rs[i];
-        const float dnorm = w[c] * dr[c];
-        dnorm_mean += dnorm;
-        dnorm_norm_mean += dnorm * norm;
-      }
-      dnorm_mean /= static_cast<float>(C);
-      dnorm_norm_mean /= static_cast<float>(C);
-      float* dir = di.get() + i * C;
-      for (std::int64_t c = 0; c < C; ++c) {
-        const float norm = (xr[c] - mu[i]) * rs[i];
-        const float dnorm = w[c] * dr[c];
-        db[c] += dr[c];
-        dw[c] += norm * dr[c];
-        dir[c] = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rs[i];
-      }
+    const std::size_t rows = rows_per_task(C);
+    const auto uc = static_cast<std::size_t>(C), un = static_cast<std::size_t>(N);
+    const std::size_t tasks = (un + rows - 1) / rows;
+    // Each task sums its rows' dweight and dbias terms; the task sums are added in task order.
+    auto partial = pool_.get(tasks * 2 * uc);
+    std::fill_n(partial.data(), tasks * 2 * uc, 0.0f);
+    workers_.run(tasks, [&](std::size_t task, int) {
+      const std::size_t r0 = task * rows, r1 = std::min(un, r0 + rows);
+      float* pw = partial.data() + task * 2 * uc;
+      kernels_.layernorm_backward(x.get() + r0 * uc, w.get(), d.get() + r0 * uc, mu + r0, rs + r0,
+                                  di.get() + r0 * uc, pw, pw + uc, r1 - r0, uc);
+    });
+    for (std::size_t task = 0; task < tasks; ++task) {
+      const float* pw = partial.data() + task * 2 * uc;
+      kernels_.add(dw.get(), pw, dw.get(), uc);
+      kernels_.add(db.get(), pw + uc, db.get(), uc);
     }
     di.commit();
     dw.commit();
@@ -325,20 +417,22 @@ class CpuBackend final : public Backend {
   void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
                       const Tensor& bias, Format compute) override {
     const std::int64_t C = inp.dim(inp.rank - 1), N = inp.numel() / C, OC = weight.dim(0);
-    AMPSCOPE_CHECK(weight.dim(1) == C, "matmul weight has ", weight.dim(1), " columns, input ",
-                   C);
+    AMPSCOPE_CHECK(weight.dim(1) == C, "matmul weight has ", weight.dim(1), " columns, input ", C);
     AMPSCOPE_CHECK(out.numel() == N * OC, "matmul output has ", out.numel(), " elements, expected ",
                    N * OC);
-    In x(inp, compute, pool_), w(weight, compute, pool_);
-    Out o(out, compute, pool_);
+    In x(inp, compute, ex_), w(weight, compute, ex_);
+    Out o(out, compute, ex_);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(N), int(OC), int(C), 1.0f, x.get(),
                 int(C), w.get(), int(C), 0.0f, o.get(), int(OC));
     if (!bias.empty()) {
-      In b(bias, compute, pool_);
-      for (std::int64_t i = 0; i < N; ++i) {
-        float* orow = o.get() + i * OC;
-        for (std::int64_t j = 0; j < OC; ++j) orow[j] += b[j];
-      }
+      In b(bias, compute, ex_);
+      const std::size_t rows = rows_per_task(OC);
+      const auto uoc = static_cast<std::size_t>(OC), un = static_cast<std::size_t>(N);
+      workers_.run((un + rows - 1) / rows, [&](std::size_t task, int) {
+        for (std::size_t i = task * rows; i < std::min(un, (task + 1) * rows); ++i) {
+          kernels_.add(o.get() + i * uoc, b.get(), o.get() + i * uoc, uoc);
+        }
+      });
     }
     o.commit();
   }
@@ -347,81 +441,78 @@ class CpuBackend final : public Backend {
                        const Tensor& dout, const Tensor& inp, const Tensor& weight,
                        Format compute) override {
     const std::int64_t C = inp.dim(inp.rank - 1), N = inp.numel() / C, OC = weight.dim(0);
-    In d(dout, compute, pool_);
+    In d(dout, compute, ex_);
     if (!dinp.empty()) {
-      In w(weight, compute, pool_);
-      Out di(dinp, compute, pool_);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(N), int(C), int(OC), 1.0f,
-                  d.get(), int(OC), w.get(), int(C), 0.0f, di.get(), int(C));
+      In w(weight, compute, ex_);
+      Out di(dinp, compute, ex_);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(N), int(C), int(OC), 1.0f, d.get(),
+                  int(OC), w.get(), int(C), 0.0f, di.get(), int(C));
       di.commit();
     }
     {
-      In x(inp, compute, pool_);
-      Out dw(dweight, compute, pool_, true);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(OC), int(C), int(N), 1.0f,
-                  d.get(), int(OC), x.get(), int(C), 0.0f, dw.get(), int(C));
+      In x(inp, compute, ex_);
+      Out dw(dweight, compute, ex_, OutMode::kAccumulate);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(OC), int(C), int(N), 1.0f, d.get(),
+                  int(OC), x.get(), int(C), 0.0f, dw.get(), int(C));
       dw.commit();
     }
     if (!dbias.empty()) {
-      Out db(dbias, compute, pool_, true);
-      for (std::int64_t i = 0; i < N; ++i) {
-        const float* dr = d.get() + i * OC;
-        for (std::int64_t j = 0; j < OC; ++j) db[j] += dr[j];
-      }
+      Out db(dbias, compute, ex_, OutMode::kAccumulate);
+      kernels_.add_column_sums(d.get(), static_cast<std::size_t>(N), static_cast<std::size_t>(OC),
+                               db.get());
       db.commit();
     }
   }
 
   void attention_forward(const Tensor& out, const Tensor& scores, const Tensor& probs,
                          const Tensor& qkv, int n_head, Format compute, Format softmax) override {
-    const std::int64_t B = qkv.dim(0), T = qkv.dim(1), C3 = qkv.dim(2), C = C3 / 3,
-                       NH = n_head, hs = C / NH;
+    const std::int64_t B = qkv.dim(0), T = qkv.dim(1), C3 = qkv.dim(2), C = C3 / 3, NH = n_head,
+                       hs = C / NH;
     AMPSCOPE_CHECK(C % NH == 0, "channels ", C, " not divisible by ", NH, " heads");
     const float alpha = 1.0f / std::sqrt(static_cast<float>(hs));
-    In x(qkv, compute, pool_);
-    Out s(scores, compute, pool_);
-    Out p(probs, softmax, pool_);
-    Out o(out, compute, pool_);
+    In x(qkv, compute, ex_);
+    Out s(scores, compute, ex_);
+    Out p(probs, softmax, ex_);
+    Out o(out, compute, ex_);
     const bool round_p = compute != Format::kFP32 && compute != softmax;
-    auto pc = pool_.get(static_cast<std::size_t>(T * T));
-    for (std::int64_t b = 0; b < B; ++b) {
-      for (std::int64_t h = 0; h < NH; ++h) {
-        const float* q = x.get() + b * T * C3 + h * hs;
-        const float* k = q + C;
-        const float* v = q + 2 * C;
-        float* sr = s.get() + (b * NH + h) * T * T;
-        float* pr = p.get() + (b * NH + h) * T * T;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(T), int(hs), alpha, q,
-                    int(C3), k, int(C3), 0.0f, sr, int(T));
-        for (std::int64_t i = 0; i < T; ++i) {
-          float* srow = sr + i * T;
-          for (std::int64_t j = i + 1; j < T; ++j) srow[j] = 0.0f;
-          // The stored scores are what the softmax reads.
-          if (compute != Format::kFP32) round_through(srow, static_cast<std::size_t>(i + 1), compute);
-          float mx = -INFINITY;
-          for (std::int64_t j = 0; j <= i; ++j) mx = std::max(mx, srow[j]);
-          float sum = 0.0f;
-          float* prow = pr + i * T;
-          for (std::int64_t j = 0; j <= i; ++j) {
-            prow[j] = std::exp(srow[j] - mx);
-            sum += prow[j];
-          }
-          const float inv = 1.0f / sum;
-          for (std::int64_t j = 0; j <= i; ++j) prow[j] *= inv;
-          for (std::int64_t j = i + 1; j < T; ++j) prow[j] = 0.0f;
-        }
-        // The product reads probs rounded to the softmax format, then to compute.
-        if (softmax != Format::kFP32) round_through(pr, static_cast<std::size_t>(T * T), softmax);
-        const float* pm = pr;
-        if (round_p) {
-          std::copy_n(pr, T * T, pc.data());
-          round_through(pc.data(), static_cast<std::size_t>(T * T), compute);
-          pm = pc.data();
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(T), int(hs), int(T), 1.0f, pm,
-                    int(T), v, int(C3), 0.0f, o.get() + b * T * C + h * hs, int(C));
+    const auto TT = static_cast<std::size_t>(T * T);
+    auto pc = pool_.get(TT * static_cast<std::size_t>(workers_.threads()));
+    for_heads(B * NH, T * T * hs, [&](std::size_t task, int slot) {
+      const auto b = static_cast<std::int64_t>(task) / NH, h = static_cast<std::int64_t>(task) % NH;
+      const float* q = x.get() + b * T * C3 + h * hs;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      float* sr = s.get() + (b * NH + h) * T * T;
+      float* pr = p.get() + (b * NH + h) * T * T;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(T), int(hs), alpha, q,
+                  int(C3), k, int(C3), 0.0f, sr, int(T));
+      for (std::int64_t i = 0; i < T; ++i) std::fill(sr + i * T + i + 1, sr + (i + 1) * T, 0.0f);
+      // The stored scores are what the softmax reads.
+      if (compute != Format::kFP32) round_through(sr, TT, compute);
+      for (std::int64_t i = 0; i < T; ++i) {
+        const float* srow = sr + i * T;
+        float* prow = pr + i * T;
+        float mx = -INFINITY;
+        for (std::int64_t j = 0; j <= i; ++j) mx = std::max(mx, srow[j]);
+        kernels_.exp_shifted(srow, mx, 0.0f, prow, static_cast<std::size_t>(i + 1));
+        float sum = 0.0f;
+        for (std::int64_t j = 0; j <= i; ++j) sum += prow[j];
+        const float inv = 1.0f / sum;
+        for (std::int64_t j = 0; j <= i; ++j) prow[j] *= inv;
+        std::fill(prow + i + 1, prow + T, 0.0f);
       }
-    }
+      // The product reads probs rounded to the softmax format, then to compute.
+      if (softmax != Format::kFP32) round_through(pr, TT, softmax);
+      const float* pm = pr;
+      if (round_p) {
+        float* own = pc.data() + static_cast<std::size_t>(slot) * TT;
+        std::copy_n(pr, TT, own);
+        round_through(own, TT, compute);
+        pm = own;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(T), int(hs), int(T), 1.0f, pm,
+                  int(T), v, int(C3), 0.0f, o.get() + b * T * C + h * hs, int(C));
+    });
     s.commit();
     p.commit();
     o.commit();
@@ -430,108 +521,107 @@ class CpuBackend final : public Backend {
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                           const Tensor& probs, int n_head, Format compute,
                           Format softmax) override {
-    const std::int64_t B = qkv.dim(0), T = qkv.dim(1), C3 = qkv.dim(2), C = C3 / 3,
-                       NH = n_head, hs = C / NH;
+    const std::int64_t B = qkv.dim(0), T = qkv.dim(1), C3 = qkv.dim(2), C = C3 / 3, NH = n_head,
+                       hs = C / NH;
     const float alpha = 1.0f / std::sqrt(static_cast<float>(hs));
-    In x(qkv, compute, pool_), d(dout, compute, pool_), p(probs, softmax, pool_);
-    Out dx(dqkv, compute, pool_);
+    In x(qkv, compute, ex_), d(dout, compute, ex_), p(probs, softmax, ex_);
+    Out dx(dqkv, compute, ex_);
     const auto TT = static_cast<std::size_t>(T * T);
-    auto dp = pool_.get(TT), ds = pool_.get(TT), pc = pool_.get(TT);
+    auto scratch = pool_.get(3 * TT * static_cast<std::size_t>(workers_.threads()));
     const bool round_p = compute != Format::kFP32 && compute != softmax;
-    for (std::int64_t b = 0; b < B; ++b) {
-      for (std::int64_t h = 0; h < NH; ++h) {
-        const float* q = x.get() + b * T * C3 + h * hs;
-        const float* k = q + C;
-        const float* v = q + 2 * C;
-        float* dq = dx.get() + b * T * C3 + h * hs;
-        float* dk = dq + C;
-        float* dv = dq + 2 * C;
-        const float* dctx = d.get() + b * T * C + h * hs;
-        const float* pr = p.get() + (b * NH + h) * T * T;
-        const float* pm = pr;
-        if (round_p) {
-          std::copy_n(pr, TT, pc.data());
-          round_through(pc.data(), TT, compute);
-          pm = pc.data();
-        }
-        // dP = dctx v^T, dV = P^T dctx (in compute).
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(T), int(hs), 1.0f, dctx,
-                    int(C), v, int(C3), 0.0f, dp.data(), int(T));
-        if (compute != Format::kFP32) round_through(dp.data(), TT, compute);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(T), int(hs), int(T), 1.0f, pm,
-                    int(T), dctx, int(C), 0.0f, dv, int(C3));
-        // Softmax backward in the softmax format; the result is the gradient of the scores,
-        // which are stored in compute.
-        for (std::int64_t i = 0; i < T; ++i) {
-          const float* prow = pr + i * T;
-          const float* dprow = dp.data() + i * T;
-          float* dsrow = ds.data() + i * T;
-          float dot = 0.0f;
-          for (std::int64_t j = 0; j <= i; ++j) dot += prow[j] * dprow[j];
-          for (std::int64_t j = 0; j <= i; ++j) dsrow[j] = prow[j] * (dprow[j] - dot);
-          for (std::int64_t j = i + 1; j < T; ++j) dsrow[j] = 0.0f;
-        }
-        if (softmax != Format::kFP32) round_through(ds.data(), TT, softmax);
-        if (compute != Format::kFP32) round_through(ds.data(), TT, compute);
-        // dQ = alpha dS k, dK = alpha dS^T q.
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(T), int(hs), int(T), alpha,
-                    ds.data(), int(T), k, int(C3), 0.0f, dq, int(C3));
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(T), int(hs), int(T), alpha,
-                    ds.data(), int(T), q, int(C3), 0.0f, dk, int(C3));
+    for_heads(B * NH, T * T * hs, [&](std::size_t task, int slot) {
+      const auto b = static_cast<std::int64_t>(task) / NH, h = static_cast<std::int64_t>(task) % NH;
+      float* dp = scratch.data() + static_cast<std::size_t>(slot) * 3 * TT;
+      float* ds = dp + TT;
+      float* pc = ds + TT;
+      const float* q = x.get() + b * T * C3 + h * hs;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      float* dq = dx.get() + b * T * C3 + h * hs;
+      float* dk = dq + C;
+      float* dv = dq + 2 * C;
+      const float* dctx = d.get() + b * T * C + h * hs;
+      const float* pr = p.get() + (b * NH + h) * T * T;
+      const float* pm = pr;
+      if (round_p) {
+        std::copy_n(pr, TT, pc);
+        round_through(pc, TT, compute);
+        pm = pc;
       }
-    }
+      // dP = dctx v^T, dV = P^T dctx (in compute).
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(T), int(hs), 1.0f, dctx,
+                  int(C), v, int(C3), 0.0f, dp, int(T));
+      if (compute != Format::kFP32) round_through(dp, TT, compute);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(T), int(hs), int(T), 1.0f, pm,
+                  int(T), dctx, int(C), 0.0f, dv, int(C3));
+      // Softmax backward in the softmax format; the result is the gradient of the scores,
+      // which are stored in compute.
+      for (std::int64_t i = 0; i < T; ++i) {
+        const float* prow = pr + i * T;
+        const float* dprow = dp + i * T;
+        float* dsrow = ds + i * T;
+        float dot = 0.0f;
+        for (std::int64_t j = 0; j <= i; ++j) dot += prow[j] * dprow[j];
+        for (std::int64_t j = 0; j <= i; ++j) dsrow[j] = prow[j] * (dprow[j] - dot);
+        std::fill(dsrow + i + 1, dsrow + T, 0.0f);
+      }
+      if (softmax != Format::kFP32) round_through(ds, TT, softmax);
+      if (compute != Format::kFP32) round_through(ds, TT, compute);
+      // dQ = alpha dS k, dK = alpha dS^T q.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(T), int(hs), int(T), alpha, ds,
+                  int(T), k, int(C3), 0.0f, dq, int(C3));
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(T), int(hs), int(T), alpha, ds,
+                  int(T), q, int(C3), 0.0f, dk, int(C3));
+    });
     dx.commit();
   }
 
   void gelu_forward(const Tensor& out, const Tensor& inp, Format compute) override {
     check_same_numel(out, inp, "gelu_forward");
-    In x(inp, compute, pool_);
-    Out o(out, compute, pool_);
-    const auto n = static_cast<std::size_t>(inp.numel());
-    for (std::size_t i = 0; i < n; ++i) {
-      const float v = x[i];
-      const float cube = 0.044715f * v * v * v;
-      o[i] = 0.5f * v * (1.0f + fast_tanh(kGeluScale * (v + cube)));
-    }
+    In x(inp, compute, ex_);
+    Out o(out, compute, ex_);
+    for_chunks(workers_, static_cast<std::size_t>(inp.numel()), [&](std::size_t b, std::size_t e) {
+      kernels_.gelu_forward(x.get() + b, o.get() + b, e - b);
+    });
     o.commit();
   }
 
   void gelu_backward(const Tensor& dinp, const Tensor& dout, const Tensor& inp,
                      Format compute) override {
-    In x(inp, compute, pool_), d(dout, compute, pool_);
-    Out di(dinp, compute, pool_);
-    const auto n = static_cast<std::size_t>(inp.numel());
-    for (std::size_t i = 0; i < n; ++i) {
-      const float v = x[i];
-      const float cube = 0.044715f * v * v * v;
-      const float t = fast_tanh(kGeluScale * (v + cube));
-      const float sech2 = 1.0f - t * t;
-      const float grad =
-          0.5f * (1.0f + t) + 0.5f * v * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * v * v);
-      di[i] = grad * d[i];
-    }
+    In x(inp, compute, ex_), d(dout, compute, ex_);
+    Out di(dinp, compute, ex_);
+    for_chunks(workers_, static_cast<std::size_t>(inp.numel()), [&](std::size_t b, std::size_t e) {
+      kernels_.gelu_backward(x.get() + b, d.get() + b, di.get() + b, e - b);
+    });
     di.commit();
   }
 
   void cross_entropy_forward(const Tensor& losses, const Tensor& probs, const Tensor& logits,
                              const std::int32_t* targets, Format compute) override {
     const std::int64_t V = logits.dim(logits.rank - 1), N = logits.numel() / V;
-    In x(logits, compute, pool_);
-    Out p(probs, compute, pool_);
-    Out l(losses, compute, pool_);
     for (std::int64_t i = 0; i < N; ++i) {
-      const float* xr = x.get() + i * V;
-      float* pr = p.get() + i * V;
-      float mx = -INFINITY;
-      for (std::int64_t j = 0; j < V; ++j) mx = std::max(mx, xr[j]);
-      float sum = 0.0f;
-      for (std::int64_t j = 0; j < V; ++j) sum += std::exp(xr[j] - mx);
-      const float log_sum = std::log(sum);
-      for (std::int64_t j = 0; j < V; ++j) pr[j] = std::exp(xr[j] - mx - log_sum);
-      const std::int32_t t = targets[i];
-      AMPSCOPE_CHECK(t >= 0 && t < V, "target ", t, " outside the vocabulary of ", V);
-      l[static_cast<std::size_t>(i)] = log_sum + mx - xr[t];
+      AMPSCOPE_CHECK(targets[i] >= 0 && targets[i] < V, "target ", targets[i],
+                     " outside the vocabulary of ", V);
     }
+    In x(logits, compute, ex_);
+    Out p(probs, compute, ex_);
+    Out l(losses, compute, ex_);
+    const std::size_t rows = rows_per_task(V);
+    const auto uv = static_cast<std::size_t>(V), un = static_cast<std::size_t>(N);
+    workers_.run((un + rows - 1) / rows, [&](std::size_t task, int) {
+      for (std::size_t i = task * rows; i < std::min(un, (task + 1) * rows); ++i) {
+        const float* xr = x.get() + i * uv;
+        float* pr = p.get() + i * uv;
+        float mx = -INFINITY;
+        for (std::size_t j = 0; j < uv; ++j) mx = std::max(mx, xr[j]);
+        kernels_.exp_shifted(xr, mx, 0.0f, pr, uv);
+        float sum = 0.0f;
+        for (std::size_t j = 0; j < uv; ++j) sum += pr[j];
+        const float log_sum = std::log(sum);
+        kernels_.exp_shifted(xr, mx, log_sum, pr, uv);
+        l[i] = log_sum + mx - xr[targets[i]];
+      }
+    });
     p.commit();
     l.commit();
   }
@@ -539,44 +629,54 @@ class CpuBackend final : public Backend {
   void cross_entropy_backward(const Tensor& dlogits, const Tensor& probs,
                               const std::int32_t* targets, float dloss, Format compute) override {
     const std::int64_t V = probs.dim(probs.rank - 1), N = probs.numel() / V;
-    In p(probs, Format::kFP32, pool_);
-    Out d(dlogits, compute, pool_);
-    for (std::int64_t i = 0; i < N; ++i) {
-      const float* pr = p.get() + i * V;
-      float* dr = d.get() + i * V;
-      for (std::int64_t j = 0; j < V; ++j) dr[j] = pr[j] * dloss;
-      dr[targets[i]] = (pr[targets[i]] - 1.0f) * dloss;
-    }
+    In p(probs, Format::kFP32, ex_);
+    Out d(dlogits, compute, ex_);
+    const std::size_t rows = rows_per_task(V);
+    const auto uv = static_cast<std::size_t>(V), un = static_cast<std::size_t>(N);
+    workers_.run((un + rows - 1) / rows, [&](std::size_t task, int) {
+      for (std::size_t i = task * rows; i < std::min(un, (task + 1) * rows); ++i) {
+        const float* pr = p.get() + i * uv;
+        float* dr = d.get() + i * uv;
+        kernels_.scale(pr, dloss, dr, uv);
+        dr[targets[i]] = (pr[targets[i]] - 1.0f) * dloss;
+      }
+    });
     d.commit();
   }
 
   void unscale_and_check(const Tensor& grads, float inv_scale, const Tensor& found_inf) override {
-    In g(grads, Format::kFP32, pool_);
-    Out o(grads, Format::kFP32, pool_);
+    In g(grads, Format::kFP32, ex_);
+    Out o(grads, Format::kFP32, ex_);
     const auto n = static_cast<std::size_t>(grads.numel());
-    bool bad = false;
-    for (std::size_t i = 0; i < n; ++i) {
-      const float v = g[i];
-      bad |= !std::isfinite(v);
-      o[i] = v * inv_scale;
-    }
+    std::atomic<bool> bad{false};
+    for_chunks(workers_, n, [&](std::size_t b, std::size_t e) {
+      if (kernels_.scale_and_check(g.get() + b, inv_scale, o.get() + b, e - b)) {
+        bad.store(true, std::memory_order_relaxed);
+      }
+    });
     o.commit();
-    if (bad) *static_cast<float*>(found_inf.data) = 1.0f;
+    if (bad.load()) *static_cast<float*>(found_inf.data) = 1.0f;
   }
 
   void sum_squares(const Tensor& sum_sq, const Tensor& x) override {
-    In g(x, Format::kFP32, pool_);
+    In g(x, Format::kFP32, ex_);
     const auto n = static_cast<std::size_t>(x.numel());
+    // FP64 sums per chunk, added in chunk order.
+    std::vector<double> partial((n + kChunk - 1) / kChunk, 0.0);
+    for_chunks(workers_, n, [&](std::size_t b, std::size_t e) {
+      partial[b / kChunk] = kernels_.sum_squares(g.get() + b, e - b);
+    });
     double acc = 0.0;
-    for (std::size_t i = 0; i < n; ++i) acc += static_cast<double>(g[i]) * g[i];
+    for (double s : partial) acc += s;
     *static_cast<float*>(sum_sq.data) = static_cast<float>(acc);
   }
 
   void scale(const Tensor& x, float factor) override {
-    In g(x, Format::kFP32, pool_);
-    Out o(x, Format::kFP32, pool_);
-    const auto n = static_cast<std::size_t>(x.numel());
-    for (std::size_t i = 0; i < n; ++i) o[i] = g[i] * factor;
+    In g(x, Format::kFP32, ex_);
+    Out o(x, Format::kFP32, ex_);
+    for_chunks(workers_, static_cast<std::size_t>(x.numel()), [&](std::size_t b, std::size_t e) {
+      kernels_.scale(g.get() + b, factor, o.get() + b, e - b);
+    });
     o.commit();
   }
 
@@ -585,32 +685,49 @@ class CpuBackend final : public Backend {
     check_same_numel(params, grads, "adamw");
     check_same_numel(params, m, "adamw");
     check_same_numel(params, v, "adamw");
-    In g(grads, Format::kFP32, pool_), pin(params, Format::kFP32, pool_),
-        min(m, Format::kFP32, pool_), vin(v, Format::kFP32, pool_);
-    Out po(params, Format::kFP32, pool_), mo(m, Format::kFP32, pool_),
-        vo(v, Format::kFP32, pool_);
-    const auto n = static_cast<std::size_t>(params.numel());
-    const float bc1 = 1.0f - std::pow(hp.beta1, static_cast<float>(hp.step));
-    const float bc2 = 1.0f - std::pow(hp.beta2, static_cast<float>(hp.step));
-    const float decay = 1.0f - hp.lr * hp.weight_decay;
-    for (std::size_t i = 0; i < n; ++i) {
-      const float gi = g[i];
-      const float mi = hp.beta1 * min[i] + (1.0f - hp.beta1) * gi;
-      const float vi = hp.beta2 * vin[i] + (1.0f - hp.beta2) * gi * gi;
-      const float mhat = mi / bc1;
-      const float vhat = vi / bc2;
-      po[i] = pin[i] * decay - hp.lr * mhat / (std::sqrt(vhat) + hp.eps);
-      mo[i] = mi;
-      vo[i] = vi;
-    }
+    In g(grads, Format::kFP32, ex_), pin(params, Format::kFP32, ex_), min(m, Format::kFP32, ex_),
+        vin(v, Format::kFP32, ex_);
+    Out po(params, Format::kFP32, ex_), mo(m, Format::kFP32, ex_), vo(v, Format::kFP32, ex_);
+    vk::AdamWScalars s;
+    s.beta1 = hp.beta1;
+    s.one_minus_beta1 = 1.0f - hp.beta1;
+    s.beta2 = hp.beta2;
+    s.one_minus_beta2 = 1.0f - hp.beta2;
+    s.bc1 = 1.0f - std::pow(hp.beta1, static_cast<float>(hp.step));
+    s.bc2 = 1.0f - std::pow(hp.beta2, static_cast<float>(hp.step));
+    s.decay = 1.0f - hp.lr * hp.weight_decay;
+    s.lr = hp.lr;
+    s.eps = hp.eps;
+    for_chunks(workers_, static_cast<std::size_t>(params.numel()),
+               [&](std::size_t b, std::size_t e) {
+                 kernels_.adamw(g.get() + b, pin.get() + b, min.get() + b, vin.get() + b,
+                                po.get() + b, mo.get() + b, vo.get() + b, e - b, s);
+               });
     po.commit();
     mo.commit();
     vo.commit();
   }
 
  private:
+  // fn(task, slot) for each (sequence, head). Heads run in parallel while OpenBLAS runs each of
+  // their products on one thread (it threads an sgemm above m*n*k = 65536 * 4, its default
+  // GEMM_MULTITHREAD_THRESHOLD); larger heads run one after another with each product on
+  // OpenBLAS's threads, rather than two levels of threads competing for the cores.
+  template <class Fn>
+  void for_heads(std::int64_t heads, std::int64_t product_mnk, const Fn& fn) {
+    const auto count = static_cast<std::size_t>(heads);
+    if (product_mnk <= 65536 * 4) {
+      workers_.run(count, fn);
+      return;
+    }
+    for (std::size_t i = 0; i < count; ++i) fn(i, 0);
+  }
+
   CpuStream stream_;
   ScratchPool pool_;
+  WorkerPool workers_;
+  Kernels kernels_;
+  Exec ex_;
 };
 
 }  // namespace
