@@ -103,3 +103,31 @@ compare=${AMPSCOPE_BENCH_TRAINER_COMPARE:-}
   "$fragments/trainer_summary.json"
 echo "results: $out_dir/results.json"
 
+# --- The agent's overhead on a training step (bench/agent_overhead.cc) ---------------------
+# One process, one run: blocks of steps without the agent, with it at default sampling and with
+# full statistics every step, interleaved; writes agent_overhead_ratio_default and
+# agent_overhead_ratio_full (targets <= 1.01 and <= 1.05) into results.json. About a minute on
+# 2 cores.
+#
+# Environment (all optional):
+#   AMPSCOPE_BENCH_AGENT_STEPS   steps per timed block (default 4)
+#   AMPSCOPE_BENCH_AGENT_ROUNDS  timed rounds, each one block per configuration (default 8)
+agent_bench=$build_dir/bench/ampscope_agent_bench
+if [[ ! -x $agent_bench ]]; then
+  echo "$0: $agent_bench not found; build the target ampscope_agent_bench in $build_dir" >&2
+  exit 2
+fi
+rm -f "$fragments"/agent.json
+"$agent_bench" --out "$fragments/agent.json" \
+  --steps-per-block "${AMPSCOPE_BENCH_AGENT_STEPS:-4}" \
+  --rounds "${AMPSCOPE_BENCH_AGENT_ROUNDS:-8}"
+"$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/agent.json"
+echo "results: $out_dir/results.json"
+
+# ---- Server ingest load (bench/server_load.cc) ------------------------------------------------
+# 64 concurrent agent streams on loopback against a real ampscope-server: tensor statistics per
+# second, p99 time to ack, peak server memory.
+rm -f "$fragments"/server.json
+"$build_dir/bench/ampscope_server_load" --out "$fragments/server.json"
+"$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/server.json"
+echo "results: $out_dir/results.json"

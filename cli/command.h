@@ -12,7 +12,8 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitBadInput = 1;
 inline constexpr int kExitUsage = 2;
 inline constexpr const char* kExitStatusHelp =
-    "Exit status: 0 on success, 1 when an input file cannot be used, 2 on a bad command line.";
+    "Exit status: 0 on success, 1 when an input file or the server cannot be used, 2 on a bad "
+    "command line.";
 
 // A command-line value CLI11 cannot check by itself (for example a malformed --target). The
 // message is one line that names the option and the value.

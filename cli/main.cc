@@ -7,7 +7,11 @@
 #include <string>
 
 #include "command.h"
+#include "cupti_check_command.h"
+#include "runs_command.h"
+#include "show_command.h"
 #include "stats_command.h"
+#include "tail_command.h"
 
 namespace {
 
@@ -37,6 +41,10 @@ void build_app(CLI::App& app) {
   app.footer(std::string(ampscope::cli::kExitStatusHelp) +
              "\nRun 'ampscope SUBCOMMAND --help' for a subcommand's options.");
   ampscope::cli::add_stats_command(app);
+  ampscope::cli::add_runs_command(app);
+  ampscope::cli::add_show_command(app);
+  ampscope::cli::add_tail_command(app);
+  ampscope::cli::add_cupti_check_command(app);
 }
 
 // CLI11 reports "ampscope frobnicate" as a missing subcommand; name the word instead.

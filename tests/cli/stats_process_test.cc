@@ -386,7 +386,7 @@ TEST_F(StatsProcessTest, BadCommandLinesExitWithUsageCode) {
   expect_one_line_failure({"stats"}, "FILE is required", 2);
   expect_one_line_failure({}, "A subcommand is required", 2);
   expect_one_line_failure({"stats", f4, "--bogus"}, "--bogus", 2);
-  expect_one_line_failure({"frobnicate"}, "unknown subcommand 'frobnicate' (expected stats)", 2);
+  expect_one_line_failure({"frobnicate"}, "unknown subcommand 'frobnicate' (expected stats", 2);
 }
 
 }  // namespace

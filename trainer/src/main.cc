@@ -17,8 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "agent_adapter.h"
 #include "ampscope/check.h"
 #include "ampscope/trainer/trainer.h"
+#include "cuda_backend.h"
 
 namespace {
 
@@ -26,6 +28,7 @@ using namespace ampscope::trainer;
 
 struct Options {
   std::string precision = "amp-fp16";
+  std::string device = "cpu";
   std::int64_t steps = 300;
   std::int64_t stop_at = 0;
   std::uint64_t seed = 1;
@@ -58,6 +61,7 @@ struct Options {
   std::string log_json;
   int threads = 0;
   bool quiet = false;
+  AgentFlags agent;
 };
 
 class UsageError : public std::runtime_error {
@@ -179,10 +183,22 @@ nlohmann::json to_json(const StepEvent& e) {
 
 int run(const Options& o) {
   const TrainerConfig config = to_config(o);
+  if (o.device == "cuda") {
+    if (std::string why = cuda_backend_unavailable_reason(); !why.empty()) {
+      throw UsageError("--device cuda: " + why);
+    }
+  }
   const Corpus corpus = o.data.empty() ? Corpus::synthetic() : Corpus::from_file(o.data);
-  CpuBackendOptions bo;
-  bo.blas_threads = o.threads;
-  Trainer trainer(config, corpus, make_cpu_backend(bo));
+  std::unique_ptr<Backend> backend;
+  if (o.device == "cuda") {
+    backend = make_cuda_backend();
+  } else {
+    CpuBackendOptions bo;
+    bo.blas_threads = o.threads;
+    backend = make_cpu_backend(bo);
+  }
+  const std::string backend_name = backend->name();
+  Trainer trainer(config, corpus, std::move(backend));
   for (const auto& spec : o.fp32_layers) {
     auto [name, step] = split_at_step(spec, "--fp32-layer", true);
     if (std::string e = trainer.fp32_overrides().add(name, step); !e.empty()) throw UsageError(e);
@@ -194,6 +210,8 @@ int run(const Options& o) {
     if (!std::filesystem::exists(ckpt)) throw UsageError("no checkpoint at '" + ckpt + "'");
     trainer.load_checkpoint(ckpt);
   }
+  // After the checkpoint: the agent's Hello reports the restored scaler.
+  const std::unique_ptr<AgentAdapter> agent = attach_agent(trainer, o.agent);
   std::ofstream log;
   if (!o.log_json.empty()) {
     log.open(o.log_json, std::ios::trunc);
@@ -204,7 +222,7 @@ int run(const Options& o) {
   std::fprintf(stderr, "ampscope-train: %s, %lld parameters, vocab %d (%s), %s, scaler %s\n",
                std::string(precision_name(config.precision)).c_str(),
                static_cast<long long>(trainer.model().num_parameters()),
-               trainer.config().model.vocab_size, corpus.source().c_str(), "cpu",
+               trainer.config().model.vocab_size, corpus.source().c_str(), backend_name.c_str(),
                std::string(scaler_kind_name(trainer.scaler().state().config.kind)).c_str());
   double train_time = 0.0;
   std::int64_t tokens = 0, skipped = 0, ran = 0;
@@ -240,6 +258,7 @@ int run(const Options& o) {
   }
   if (tty) std::fprintf(stderr, "\n");
   if (!ckpt.empty()) trainer.save_checkpoint(ckpt);
+  if (agent) agent->finish();
   const double tps = train_time > 0 ? static_cast<double>(tokens) / train_time : 0.0;
   std::printf("steps %lld | final loss %.4f | val loss %s | skipped %lld | scale %g | %.0f tok/s\n",
               static_cast<long long>(trainer.next_step()), last.loss,
@@ -257,6 +276,9 @@ int main(int argc, char** argv) {
                "ampscope-train"};
   app.add_option("--precision", o.precision, "fp32 | fp16 | amp-fp16 | amp-bf16")
       ->check(CLI::IsMember({"fp32", "fp16", "amp-fp16", "amp-bf16"}))
+      ->capture_default_str();
+  app.add_option("--device", o.device, "cpu | cuda (the first CUDA device)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   app.add_option("--steps", o.steps, "optimizer steps (effective batches)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
@@ -327,10 +349,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--fp32-layer", o.fp32_layers, "compute LAYER in FP32 from STEP: LAYER[@STEP]");
   app.add_option("--log-json", o.log_json, "write one JSON object per step to FILE");
-  app.add_option("--threads", o.threads, "OpenBLAS threads (0: its default)")
+  app.add_option("--threads", o.threads, "OpenBLAS threads for --device cpu (0: its default)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   app.add_flag("--quiet", o.quiet, "no progress line");
+  add_agent_flags(app, &o.agent);
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,121 @@
+// The agent's configuration: where to send, where to spool, what to measure and how often.
+//
+// Every setting has one key, and the three ways to set it use the same keys and the same
+// parser (set_option):
+//   code                  AgentConfig fields, or set_option(config, "sample_full_every", "50")
+//   environment           AMPSCOPE_<KEY in upper case>: AMPSCOPE_SERVER, AMPSCOPE_RUN_ID,
+//                         AMPSCOPE_TOKEN, AMPSCOPE_SPOOL_DIR, AMPSCOPE_SAMPLE_FULL_EVERY, ...
+//                         (apply_environment)
+//   command-line flags    --<key with '-' for '_'>, e.g. ampscope-train --server, --run-id,
+//                         --spool-dir, --sample-full-every (the trainer's adapter)
+// Later sources override earlier ones; ampscope-train applies code defaults, then the
+// environment, then its flags.
+//
+// Thread safety: plain values.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ampscope/agent/interfaces.h"
+#include "ampscope/formats.h"
+
+namespace ampscope::agent {
+
+// What to measure (issue 5 "Sampling").
+//   counts  every step: NaN, +-Inf, zero counts and max |x| of every tensor whose role is in
+//           count_roles: by default every gradient and the loss. Weight gradients after
+//           unscaling repeat the backward-phase ones and are left to full steps.
+//   full    every full_every steps (0: never), and around events: from the first non-finite
+//           tensor of a step on (that tensor included), and the whole step after a step that
+//           held a non-finite value or changed the loss scale: everything of counts plus
+//           min |x|, sums, the binade histogram and the exact overflow/underflow/subnormal
+//           counts against the run's compute format at the step's loss scale, for every
+//           tensor whose role is in full_roles.
+// The first offender is the first *measured* tensor that held a non-finite value. With the
+// defaults a fault born in the forward pass shows first in the loss (and the next step is a
+// full one); adding "activation" to count_roles finds the activation itself, for about one
+// more read of the forward pass's activations per step.
+struct SamplingConfig {
+  bool counts = true;
+  std::vector<TensorRole> count_roles = {TensorRole::kActivationGrad, TensorRole::kWeightGrad,
+                                         TensorRole::kLoss};
+  std::int64_t full_every = 100;
+  bool full_on_nonfinite = true;
+  bool full_on_scale_change = true;
+  std::vector<TensorRole> full_roles = {
+      TensorRole::kWeight,         TensorRole::kMasterWeight, TensorRole::kActivation,
+      TensorRole::kActivationGrad, TensorRole::kWeightGrad,   TensorRole::kOptimizerState,
+      TensorRole::kLoss};
+  // Tensors measured per step at most; the rest are counted in dropped_tensors.
+  int max_tensors_per_step = 4096;
+  // CUPTI tensor-core utilisation on every Nth step (0: off). GPU runs only.
+  std::int64_t cupti_every = 100;
+};
+
+// Where CPU tensors are measured: on the training thread during the callback, or on the
+// agent's worker thread from a copy (which the training thread makes; the copies of a step
+// are bounded by worker_max_bytes, beyond which samples are dropped and counted).
+enum class StatsThread : std::uint8_t { kCaller = 0, kWorker = 1 };
+
+struct AgentConfig {
+  // The run as the server sees it.
+  std::string server;  // host:port of ampscope-server; empty: measure and spool only
+  std::string run_id;  // required, 1..128 of [A-Za-z0-9._-]
+  std::uint32_t rank = 0;
+  std::uint32_t world_size = 1;
+  std::string token;  // sent as "authorization: Bearer <token>"; empty: none
+
+  // Durable transport.
+  std::string spool_dir;                           // empty: <temp>/ampscope-spool
+  std::uint64_t spool_max_bytes = 256ull << 20;     // beyond it reports are dropped, counted
+  std::uint64_t spool_segment_bytes = 4ull << 20;
+  std::size_t queue_steps = 256;                   // steps waiting for the worker, at most
+  std::size_t max_batch = 64;                      // reports per network flush
+  std::size_t max_in_flight = 256;                 // reports sent and not yet acknowledged
+  std::chrono::milliseconds backoff_initial{200};
+  std::chrono::milliseconds backoff_max{5000};
+  std::chrono::milliseconds connect_timeout{2000};
+  // Client keepalive: the server accepts pings every 10 s or slower (telemetry.proto).
+  std::chrono::milliseconds keepalive_time{30000};
+  std::chrono::milliseconds keepalive_timeout{10000};
+  std::chrono::milliseconds flush_timeout{10000};  // shutdown waits this long for acks
+  // The local scaler's configuration comes back when the server has been unreachable this
+  // long after a policy update changed it (0: never).
+  std::chrono::milliseconds policy_fallback_after{60000};
+
+  // Measurement.
+  SamplingConfig sampling;
+  StatsThread stats_thread = StatsThread::kCaller;
+  std::uint64_t worker_max_bytes = 256ull << 20;
+  bool nvtx = true;
+};
+
+// Sets one option from text. Keys (values):
+//   server, run_id, token, spool_dir (strings); token_file (reads the first line);
+//   rank, world_size, spool_max_bytes, spool_segment_bytes, queue_steps, max_batch,
+//   max_in_flight, worker_max_bytes (integers; sizes take K/M/G suffixes);
+//   backoff_initial_ms, backoff_max_ms, connect_timeout_ms, keepalive_time_ms,
+//   keepalive_timeout_ms, flush_timeout_ms, policy_fallback_after_ms (milliseconds);
+//   stats_thread (caller|worker); nvtx (bool);
+//   sample_counts, sample_full_on_nonfinite, sample_full_on_scale_change (bool: 1/0,
+//   true/false, on/off, yes/no); sample_full_every, sample_max_tensors, cupti_every (integers);
+//   sample_count_roles, sample_full_roles (comma-separated roles, or "all", or "none").
+// Keys may use '-' for '_'. Returns an empty string on success, otherwise one line naming the
+// key and the problem; the config is unchanged on failure.
+std::string set_option(AgentConfig& config, std::string_view key, std::string_view value);
+
+// Every key set_option knows, in documentation order.
+const std::vector<std::string_view>& option_keys();
+
+// Applies AMPSCOPE_<KEY> for every key that is set in the environment. Returns the first error
+// (naming the variable), or empty.
+std::string apply_environment(AgentConfig& config);
+
+// Empty when the configuration can be used, otherwise one line naming the field.
+std::string validate(const AgentConfig& config);
+
+}  // namespace ampscope::agent

@@ -1,0 +1,143 @@
+// The agent's own view of a training loop: what it is shown (tensors, steps) and what it may
+// steer (the loss scaler, the set of layers computed in FP32). The agent knows no particular
+// trainer; an adapter maps a trainer's hooks onto these types (ampscope-train's is
+// trainer/src/agent_adapter.cc).
+//
+// Ownership: views are borrowed for the duration of a call only. ScalerControl and
+// PrecisionOverrides are owned by the caller and must outlive the Agent they are attached to.
+// Thread safety: see each interface.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ampscope/formats.h"
+
+namespace ampscope::agent {
+
+// DESIGN.md roles.
+enum class TensorRole : std::uint8_t {
+  kWeight = 0,
+  kMasterWeight = 1,
+  kActivation = 2,
+  kActivationGrad = 3,
+  kWeightGrad = 4,
+  kOptimizerState = 5,
+  kLoss = 6,
+};
+inline constexpr int kNumTensorRoles = 7;
+std::string_view role_name(TensorRole role);
+std::optional<TensorRole> parse_role(std::string_view name);
+constexpr bool is_gradient(TensorRole r) {
+  return r == TensorRole::kActivationGrad || r == TensorRole::kWeightGrad;
+}
+
+// Where in the step a tensor is shown.
+enum class TensorPhase : std::uint8_t {
+  kUnknown = 0,
+  kStepStart = 1,     // weights before the first micro-batch
+  kForward = 2,
+  kBackward = 3,      // activation grads per micro-batch; weight grads after the last one
+  kAfterUnscale = 4,  // weight grads after unscaling, before clipping
+};
+
+enum class Device : std::uint8_t { kCpu = 0, kCuda = 1 };
+
+// One tensor at one point of a step. `data` holds numel elements of `dtype` storage (float, or
+// 16-bit patterns for FP16/BF16), dense, valid only during the call. On Device::kCuda it is a
+// device pointer and `stream` the cudaStream_t the data is ordered on.
+struct TensorView {
+  std::string_view name;
+  TensorRole role = TensorRole::kActivation;
+  TensorPhase phase = TensorPhase::kUnknown;
+  Format dtype = Format::kFP32;
+  const void* data = nullptr;
+  std::span<const std::int64_t> shape;  // numel is their product (1 for an empty shape)
+  Device device = Device::kCpu;
+  void* stream = nullptr;
+  double scale = 1.0;  // the loss scale the stored values carry (1 when unscaled)
+  int micro_step = 0;
+  int order = 0;  // execution order within the step, from 0
+};
+
+// One optimizer step (one effective batch), reported after it finished.
+struct StepInfo {
+  std::int64_t step = 0;
+  double loss = 0.0;
+  double loss_scale = 1.0;   // used this step
+  double scale_after = 1.0;  // after the scaler's update
+  bool found_inf = false;
+  bool skipped = false;
+  double grad_norm = 0.0;
+  double lr = 0.0;
+  std::int64_t tokens = 0;
+  double step_time_s = 0.0;
+  std::int64_t optimizer_steps = 0;
+  std::vector<std::string> fp32_layers;
+};
+
+enum class ScalerKind : std::uint8_t { kStatic = 0, kDynamic = 1, kHysteresis = 2 };
+
+// A loss scaler's configuration, as the Hello reports it and a fallback restores it.
+struct ScalerSettings {
+  ScalerKind kind = ScalerKind::kDynamic;
+  double scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  std::int64_t growth_interval = 2000;
+  int hysteresis = 0;        // 0: none
+  double min_scale = 0.0;    // 0: none
+  double max_scale = 0.0;    // 0: none
+};
+
+// A change to the scaler; unset fields keep their value.
+struct ScalerChange {
+  std::int64_t effective_from_step = 0;
+  std::optional<double> scale;
+  std::optional<double> growth_factor;
+  std::optional<double> backoff_factor;
+  std::optional<std::int64_t> growth_interval;
+  std::optional<int> hysteresis;
+  std::optional<double> min_scale;
+  std::optional<double> max_scale;
+};
+
+// The trainer's loss scaler as the agent steers it. The agent calls schedule() on the training
+// thread from Agent::begin_step(step) with effective_from_step == step, before the trainer
+// reads the step's scale, so a change governs exactly that step.
+// Thread safety: settings() may be called from any thread; schedule() from the training thread.
+class ScalerControl {
+ public:
+  virtual ~ScalerControl() = default;
+  virtual ScalerSettings settings() const = 0;
+  // Empty when accepted, otherwise a one-line reason (the scaler's own validation).
+  virtual std::string schedule(const ScalerChange& change) = 0;
+};
+
+// The set of layers computed in FP32 (the policy's FP32 fallback).
+// Thread safety: capable_layers() from any thread; replace() from the training thread, called
+// by Agent::begin_step(step) with from_step == step.
+class PrecisionOverrides {
+ public:
+  virtual ~PrecisionOverrides() = default;
+  // The layer names replace() accepts.
+  virtual std::vector<std::string> capable_layers() const = 0;
+  // Makes `layers` exactly the FP32 set from `from_step` on. Empty when accepted, otherwise a
+  // one-line reason; on failure nothing changes.
+  virtual std::string replace(const std::vector<std::string>& layers, std::int64_t from_step) = 0;
+};
+
+// Points of a step the trainer may mark for the NVTX timeline; the agent infers forward,
+// backward and unscale/check from the phases of the tensors it is shown.
+enum class StepPhase : std::uint8_t {
+  kForward = 0,
+  kBackward = 1,
+  kUnscaleCheck = 2,
+  kOptimizer = 3,
+};
+
+}  // namespace ampscope::agent

@@ -1,0 +1,279 @@
+#include "ampscope/agent/config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+
+namespace ampscope::agent {
+namespace {
+
+std::string normalise_key(std::string_view key) {
+  std::string k;
+  for (char c : key) {
+    k += c == '-' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  return k;
+}
+
+std::string trim(std::string_view v) {
+  while (!v.empty() && std::isspace(static_cast<unsigned char>(v.front()))) v.remove_prefix(1);
+  while (!v.empty() && std::isspace(static_cast<unsigned char>(v.back()))) v.remove_suffix(1);
+  return std::string(v);
+}
+
+bool parse_bool(std::string_view text, bool* out) {
+  std::string v = normalise_key(trim(text));
+  if (v == "1" || v == "true" || v == "on" || v == "yes") {
+    *out = true;
+  } else if (v == "0" || v == "false" || v == "off" || v == "no") {
+    *out = false;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Integers, with K/M/G (binary) suffixes for sizes.
+bool parse_int(std::string_view text, std::int64_t lo, std::int64_t hi, bool size_suffix,
+               std::int64_t* out) {
+  std::string v = trim(text);
+  std::int64_t factor = 1;
+  if (size_suffix && !v.empty()) {
+    const char s = static_cast<char>(std::toupper(static_cast<unsigned char>(v.back())));
+    if (s == 'K' || s == 'M' || s == 'G') {
+      factor = s == 'K' ? (1 << 10) : s == 'M' ? (1 << 20) : (1 << 30);
+      v.pop_back();
+    }
+  }
+  std::int64_t n = 0;
+  const auto r = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (r.ec != std::errc() || r.ptr != v.data() + v.size() || v.empty()) return false;
+  if (n > std::numeric_limits<std::int64_t>::max() / factor) return false;
+  n *= factor;
+  if (n < lo || n > hi) return false;
+  *out = n;
+  return true;
+}
+
+bool parse_roles(std::string_view text, std::vector<TensorRole>* out) {
+  std::string v = normalise_key(trim(text));
+  std::vector<TensorRole> roles;
+  if (v == "all") {
+    for (int i = 0; i < kNumTensorRoles; ++i) roles.push_back(static_cast<TensorRole>(i));
+  } else if (v != "none" && !v.empty()) {
+    std::size_t start = 0;
+    while (start <= v.size()) {
+      const std::size_t comma = std::min(v.find(',', start), v.size());
+      auto role = parse_role(trim(std::string_view(v).substr(start, comma - start)));
+      if (!role) return false;
+      if (std::find(roles.begin(), roles.end(), *role) == roles.end()) roles.push_back(*role);
+      start = comma + 1;
+    }
+  }
+  *out = std::move(roles);
+  return true;
+}
+
+struct Option {
+  std::string_view key;
+  std::string_view expected;  // for the error message
+  std::function<bool(AgentConfig&, std::string_view)> set;
+};
+
+template <typename T>
+std::function<bool(AgentConfig&, std::string_view)> integer(T AgentConfig::*field, std::int64_t lo,
+                                                            std::int64_t hi, bool sizes = false) {
+  return [=](AgentConfig& c, std::string_view v) {
+    std::int64_t n = 0;
+    if (!parse_int(v, lo, hi, sizes, &n)) return false;
+    c.*field = static_cast<T>(n);
+    return true;
+  };
+}
+
+std::function<bool(AgentConfig&, std::string_view)> millis(std::chrono::milliseconds AgentConfig::*f,
+                                                           std::int64_t lo, std::int64_t hi) {
+  return [=](AgentConfig& c, std::string_view v) {
+    std::int64_t n = 0;
+    if (!parse_int(v, lo, hi, false, &n)) return false;
+    c.*f = std::chrono::milliseconds(n);
+    return true;
+  };
+}
+
+std::function<bool(AgentConfig&, std::string_view)> text(std::string AgentConfig::*field) {
+  return [=](AgentConfig& c, std::string_view v) {
+    c.*field = trim(v);
+    return true;
+  };
+}
+
+constexpr std::int64_t kDay = 86400000;
+
+const std::vector<Option>& options() {
+  static const std::vector<Option> kOptions = {
+      {"server", "host:port", text(&AgentConfig::server)},
+      {"run_id", "a run id", text(&AgentConfig::run_id)},
+      {"rank", "an integer in [0, 65535]", integer(&AgentConfig::rank, 0, 65535)},
+      {"world_size", "an integer in [1, 65536]", integer(&AgentConfig::world_size, 1, 65536)},
+      {"token", "a token", text(&AgentConfig::token)},
+      {"token_file", "a readable file whose first line is the token",
+       [](AgentConfig& c, std::string_view v) {
+         std::ifstream in{std::string(trim(v))};
+         std::string line;
+         if (!in || !std::getline(in, line)) return false;
+         c.token = trim(line);
+         return !c.token.empty();
+       }},
+      {"spool_dir", "a directory", text(&AgentConfig::spool_dir)},
+      {"spool_max_bytes", "a size in [64K, 1T]",
+       integer(&AgentConfig::spool_max_bytes, 1 << 16, std::int64_t{1} << 40, true)},
+      {"spool_segment_bytes", "a size in [4K, 1G]",
+       integer(&AgentConfig::spool_segment_bytes, 1 << 12, 1 << 30, true)},
+      {"queue_steps", "an integer in [1, 1000000]",
+       integer(&AgentConfig::queue_steps, 1, 1000000)},
+      {"max_batch", "an integer in [1, 4096]", integer(&AgentConfig::max_batch, 1, 4096)},
+      {"max_in_flight", "an integer in [1, 65536]",
+       integer(&AgentConfig::max_in_flight, 1, 65536)},
+      {"backoff_initial_ms", "milliseconds in [1, 60000]",
+       millis(&AgentConfig::backoff_initial, 1, 60000)},
+      {"backoff_max_ms", "milliseconds in [1, 3600000]",
+       millis(&AgentConfig::backoff_max, 1, 3600000)},
+      {"connect_timeout_ms", "milliseconds in [10, 600000]",
+       millis(&AgentConfig::connect_timeout, 10, 600000)},
+      {"keepalive_time_ms", "milliseconds in [10000, 86400000] (the server's minimum is 10 s)",
+       millis(&AgentConfig::keepalive_time, 10000, kDay)},
+      {"keepalive_timeout_ms", "milliseconds in [1000, 600000]",
+       millis(&AgentConfig::keepalive_timeout, 1000, 600000)},
+      {"flush_timeout_ms", "milliseconds in [0, 86400000]",
+       millis(&AgentConfig::flush_timeout, 0, kDay)},
+      {"policy_fallback_after_ms", "milliseconds in [0, 86400000]",
+       millis(&AgentConfig::policy_fallback_after, 0, kDay)},
+      {"stats_thread", "caller or worker",
+       [](AgentConfig& c, std::string_view v) {
+         const std::string t = normalise_key(trim(v));
+         if (t == "caller") {
+           c.stats_thread = StatsThread::kCaller;
+         } else if (t == "worker") {
+           c.stats_thread = StatsThread::kWorker;
+         } else {
+           return false;
+         }
+         return true;
+       }},
+      {"worker_max_bytes", "a size in [0, 1T]",
+       integer(&AgentConfig::worker_max_bytes, 0, std::int64_t{1} << 40, true)},
+      {"nvtx", "a boolean", [](AgentConfig& c, std::string_view v) { return parse_bool(v, &c.nvtx); }},
+      {"sample_counts", "a boolean",
+       [](AgentConfig& c, std::string_view v) { return parse_bool(v, &c.sampling.counts); }},
+      {"sample_count_roles", "comma-separated roles, all or none",
+       [](AgentConfig& c, std::string_view v) { return parse_roles(v, &c.sampling.count_roles); }},
+      {"sample_full_every", "an integer >= 0 (0: never)",
+       [](AgentConfig& c, std::string_view v) {
+         std::int64_t n = 0;
+         if (!parse_int(v, 0, std::int64_t{1} << 40, false, &n)) return false;
+         c.sampling.full_every = n;
+         return true;
+       }},
+      {"sample_full_on_nonfinite", "a boolean",
+       [](AgentConfig& c, std::string_view v) {
+         return parse_bool(v, &c.sampling.full_on_nonfinite);
+       }},
+      {"sample_full_on_scale_change", "a boolean",
+       [](AgentConfig& c, std::string_view v) {
+         return parse_bool(v, &c.sampling.full_on_scale_change);
+       }},
+      {"sample_full_roles", "comma-separated roles, all or none",
+       [](AgentConfig& c, std::string_view v) { return parse_roles(v, &c.sampling.full_roles); }},
+      {"sample_max_tensors", "an integer in [0, 4096]",
+       [](AgentConfig& c, std::string_view v) {
+         std::int64_t n = 0;
+         if (!parse_int(v, 0, 4096, false, &n)) return false;
+         c.sampling.max_tensors_per_step = static_cast<int>(n);
+         return true;
+       }},
+      {"cupti_every", "an integer >= 0 (0: off)",
+       [](AgentConfig& c, std::string_view v) {
+         std::int64_t n = 0;
+         if (!parse_int(v, 0, std::int64_t{1} << 40, false, &n)) return false;
+         c.sampling.cupti_every = n;
+         return true;
+       }},
+  };
+  return kOptions;
+}
+
+bool valid_run_id(const std::string& id) {
+  if (id.empty() || id.size() > 128) return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+  });
+}
+
+}  // namespace
+
+std::string set_option(AgentConfig& config, std::string_view key, std::string_view value) {
+  const std::string k = normalise_key(key);
+  for (const Option& o : options()) {
+    if (o.key != k) continue;
+    AgentConfig copy = config;
+    if (!o.set(copy, value)) {
+      return std::string(k) + ": expected " + std::string(o.expected) + ", got '" +
+             std::string(value) + "'";
+    }
+    config = std::move(copy);
+    return {};
+  }
+  return "unknown agent option '" + std::string(key) + "'";
+}
+
+const std::vector<std::string_view>& option_keys() {
+  static const std::vector<std::string_view> kKeys = [] {
+    std::vector<std::string_view> keys;
+    for (const Option& o : options()) keys.push_back(o.key);
+    return keys;
+  }();
+  return kKeys;
+}
+
+std::string apply_environment(AgentConfig& config) {
+  for (std::string_view key : option_keys()) {
+    std::string var = "AMPSCOPE_";
+    for (char c : key) var += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    const char* value = std::getenv(var.c_str());
+    if (value == nullptr) continue;
+    if (std::string err = set_option(config, key, value); !err.empty()) return var + ": " + err;
+  }
+  return {};
+}
+
+std::string validate(const AgentConfig& c) {
+  if (!valid_run_id(c.run_id)) {
+    return "run_id: must be 1..128 characters of [A-Za-z0-9._-], got '" + c.run_id + "'";
+  }
+  if (c.rank >= c.world_size) {
+    return "rank: " + std::to_string(c.rank) + " must be below world_size " +
+           std::to_string(c.world_size);
+  }
+  if (!c.server.empty() && c.server.find(':') == std::string::npos) {
+    return "server: expected host:port, got '" + c.server + "'";
+  }
+  if (c.keepalive_time < std::chrono::milliseconds(10000)) {
+    return "keepalive_time_ms: the server accepts pings every 10000 ms or slower";
+  }
+  if (c.backoff_max < c.backoff_initial) return "backoff_max_ms: below backoff_initial_ms";
+  if (c.queue_steps == 0 || c.max_batch == 0 || c.max_in_flight == 0) {
+    return "queue_steps, max_batch and max_in_flight must be >= 1";
+  }
+  if (c.sampling.full_every < 0 || c.sampling.cupti_every < 0) {
+    return "sample_full_every and cupti_every must be >= 0";
+  }
+  return {};
+}
+
+}  // namespace ampscope::agent

@@ -1,0 +1,60 @@
+#include "measure.h"
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+
+#include "counts.h"
+
+namespace ampscope::agent {
+namespace {
+
+int log2_rounded(double x) {
+  if (!(x > 0.0) || !std::isfinite(x)) return 0;
+  return static_cast<int>(std::lround(std::log2(x)));
+}
+
+}  // namespace
+
+TargetSpec target_for(Format compute_format, TensorRole role, double sample_scale,
+                      double step_scale) {
+  TargetSpec t;
+  t.format = compute_format;
+  if (is_gradient(role)) {
+    const int k = log2_rounded(step_scale) - log2_rounded(sample_scale);
+    t.scale_log2 = std::clamp(k, -kMaxScaleLog2, kMaxScaleLog2);
+  }
+  return t;
+}
+
+MeasureResult measure_host(const void* data, TensorSample& s, bool upgrade_on_nonfinite,
+                           int max_threads) {
+  MeasureResult r;
+  try {
+    if (s.level == Level::kCounts) {
+      if (!count_nonfinite(data, s.numel, s.dtype, &s.stats)) {
+        r.error = "unsupported dtype " + std::string(format_name(s.dtype));
+        return r;
+      }
+      r.nonfinite = s.stats.nonfinite() > 0;
+      if (r.nonfinite && upgrade_on_nonfinite) s.level = Level::kFull;
+    }
+    if (s.level == Level::kFull) {
+      StatsOptions options;
+      options.max_threads = max_threads;
+      std::span<const TargetSpec> targets;
+      if (s.target) targets = std::span<const TargetSpec>(&*s.target, 1);
+      s.stats = compute_stats(data, s.numel, s.dtype, targets, options);
+      r.nonfinite = s.stats.nonfinite() > 0;
+    }
+    s.measured = true;
+    r.ok = true;
+  } catch (const std::exception& e) {
+    r.error = e.what();
+  } catch (...) {
+    r.error = "unknown error";
+  }
+  return r;
+}
+
+}  // namespace ampscope::agent

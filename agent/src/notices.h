@@ -1,0 +1,62 @@
+// One-line notices the agent reports once ("cupti: unavailable: no CUDA device"): kept in
+// order, deduplicated by key, and handed to the next report(s) until each went out once.
+// Thread safety: all members are thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace ampscope::agent {
+
+class Notices {
+ public:
+  // Raises `text` (cut to 512 bytes, printable ASCII) unless `key` was raised before. Returns
+  // true when it is new.
+  bool raise(const std::string& key, std::string text) {
+    if (text.size() > kMaxBytes) text.resize(kMaxBytes);
+    for (char& c : text) {
+      if (c < 0x20 || c > 0x7e) c = ' ';
+    }
+    std::lock_guard lock(mu_);
+    if (!keys_.insert(key).second) return false;
+    all_.push_back(text);
+    pending_.push_back(std::move(text));
+    return true;
+  }
+  bool raise(std::string text) {
+    const std::string key = text;
+    return raise(key, std::move(text));
+  }
+  // Moves at most `max` pending notices into *out.
+  void take_pending(std::vector<std::string>* out, std::size_t max) {
+    std::lock_guard lock(mu_);
+    while (!pending_.empty() && out->size() < max) {
+      out->push_back(std::move(pending_.front()));
+      pending_.pop_front();
+    }
+  }
+  // Puts notices taken by take_pending back in front (their report was not written).
+  void requeue(const std::vector<std::string>& taken) {
+    std::lock_guard lock(mu_);
+    pending_.insert(pending_.begin(), taken.begin(), taken.end());
+  }
+  std::vector<std::string> all() const {
+    std::lock_guard lock(mu_);
+    return all_;
+  }
+
+  static constexpr std::size_t kMaxBytes = 512;
+  static constexpr std::size_t kMaxPerReport = 16;
+
+ private:
+  mutable std::mutex mu_;
+  std::set<std::string> keys_;
+  std::vector<std::string> all_;
+  std::deque<std::string> pending_;
+};
+
+}  // namespace ampscope::agent

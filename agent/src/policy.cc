@@ -1,0 +1,243 @@
+#include "policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "spool.h"
+
+namespace ampscope::agent {
+namespace {
+
+constexpr std::size_t kMaxFp32Layers = 4096;
+constexpr double kFp32Max = 3.4028234663852886e38;
+
+bool power_of_two(double v) {
+  if (!std::isfinite(v) || v <= 0.0) return false;
+  int e = 0;
+  return std::frexp(v, &e) == 0.5;
+}
+
+std::string num(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+ScalerChange to_change(const v1::PolicyUpdate& u, std::int64_t step) {
+  ScalerChange c;
+  c.effective_from_step = step;
+  if (u.has_loss_scale()) c.scale = u.loss_scale();
+  if (u.has_growth_factor()) c.growth_factor = u.growth_factor();
+  if (u.has_backoff_factor()) c.backoff_factor = u.backoff_factor();
+  if (u.has_growth_interval()) c.growth_interval = u.growth_interval();
+  if (u.has_hysteresis()) c.hysteresis = static_cast<int>(u.hysteresis());
+  if (u.has_min_scale()) c.min_scale = u.min_scale();
+  if (u.has_max_scale()) c.max_scale = u.max_scale();
+  return c;
+}
+
+bool changes_scaler(const v1::PolicyUpdate& u) {
+  return u.has_loss_scale() || u.has_growth_factor() || u.has_backoff_factor() ||
+         u.has_growth_interval() || u.has_hysteresis() || u.has_min_scale() || u.has_max_scale();
+}
+
+bool changes_config(const v1::PolicyUpdate& u) {
+  return u.has_growth_factor() || u.has_backoff_factor() || u.has_growth_interval() ||
+         u.has_hysteresis() || u.has_min_scale() || u.has_max_scale();
+}
+
+}  // namespace
+
+std::string validate_update(const v1::PolicyUpdate& u, const std::string& run_id,
+                            const ScalerSettings& current, bool has_scaler,
+                            const std::vector<std::string>& capable, bool has_overrides) {
+  if (u.policy_id().empty()) return "policy_id: must not be empty";
+  if (!u.run_id().empty() && u.run_id() != run_id) {
+    return "run_id: '" + u.run_id() + "' is not this run ('" + run_id + "')";
+  }
+  if (u.effective_from_step() < 0) {
+    return "effective_from_step: must be >= 0, got " + std::to_string(u.effective_from_step());
+  }
+  if (changes_scaler(u) && !has_scaler) return "no loss scaler is attached to the agent";
+  if (u.has_min_scale() && !power_of_two(u.min_scale())) {
+    return "min_scale: must be a finite power of two > 0, got " + num(u.min_scale());
+  }
+  if (u.has_max_scale() && !power_of_two(u.max_scale())) {
+    return "max_scale: must be a finite power of two > 0, got " + num(u.max_scale());
+  }
+  const double lo = u.has_min_scale() ? u.min_scale() : current.min_scale;
+  const double hi = u.has_max_scale() ? u.max_scale()
+                                      : (current.max_scale > 0.0 ? current.max_scale : kFp32Max);
+  if (lo > hi) return "max_scale: " + num(hi) + " is below min_scale " + num(lo);
+  if (u.has_loss_scale()) {
+    if (!power_of_two(u.loss_scale())) {
+      return "loss_scale: must be a finite power of two > 0, got " + num(u.loss_scale());
+    }
+    if (u.loss_scale() < lo || u.loss_scale() > hi) {
+      return "loss_scale: " + num(u.loss_scale()) + " is outside [" + num(lo) + ", " + num(hi) +
+             "]";
+    }
+  }
+  if (u.has_growth_factor() && !(std::isfinite(u.growth_factor()) && u.growth_factor() >= 1.0)) {
+    return "growth_factor: must be finite and >= 1, got " + num(u.growth_factor());
+  }
+  if (u.has_backoff_factor() && !(u.backoff_factor() > 0.0 && u.backoff_factor() <= 1.0)) {
+    return "backoff_factor: must be in (0, 1], got " + num(u.backoff_factor());
+  }
+  if (u.has_growth_interval() && u.growth_interval() < 1) {
+    return "growth_interval: must be >= 1, got 0";
+  }
+  if (u.has_hysteresis() && u.hysteresis() < 1) return "hysteresis: must be >= 1, got 0";
+  if (u.fp32_tensors_set()) {
+    if (!has_overrides) return "fp32_tensors: no FP32 override set is attached to the agent";
+    if (static_cast<std::size_t>(u.fp32_tensors_size()) > kMaxFp32Layers) {
+      return "fp32_tensors: " + std::to_string(u.fp32_tensors_size()) + " names, at most " +
+             std::to_string(kMaxFp32Layers);
+    }
+    for (int i = 0; i < u.fp32_tensors_size(); ++i) {
+      const std::string& name = u.fp32_tensors(i);
+      if (std::find(capable.begin(), capable.end(), name) == capable.end()) {
+        return "fp32_tensors[" + std::to_string(i) + "]: '" + name +
+               "' is not a layer the trainer can compute in FP32";
+      }
+    }
+  }
+  return {};
+}
+
+PolicyApplier::PolicyApplier(const AgentConfig& config, Spool* spool, Notices* notices)
+    : config_(config), spool_(spool), notices_(notices) {}
+
+void PolicyApplier::attach_scaler(ScalerControl* scaler) {
+  std::lock_guard lock(mu_);
+  scaler_ = scaler;
+  if (scaler_ != nullptr) original_ = scaler_->settings();
+}
+
+void PolicyApplier::attach_overrides(PrecisionOverrides* overrides) {
+  std::lock_guard lock(mu_);
+  overrides_ = overrides;
+  capable_ = overrides_ != nullptr ? overrides_->capable_layers() : std::vector<std::string>{};
+}
+
+void PolicyApplier::receive(const v1::PolicyUpdate& update) {
+  std::lock_guard lock(mu_);
+  const std::string& id = update.policy_id();
+  // The server sends the policy in force again on every new stream; one outcome per id.
+  if (!id.empty()) {
+    if (std::find(seen_.begin(), seen_.end(), id) != seen_.end()) return;
+    if (spool_ != nullptr && spool_->policy_seen(id)) return;
+    seen_.push_back(id);
+    if (spool_ != nullptr) spool_->record_policy(id);
+  }
+  Pending p;
+  p.update = update;
+  const ScalerSettings current = scaler_ != nullptr ? scaler_->settings() : ScalerSettings{};
+  p.refusal = validate_update(update, config_.run_id, current, scaler_ != nullptr, capable_,
+                              overrides_ != nullptr);
+  pending_.push_back(std::move(p));
+  has_pending_.store(true, std::memory_order_release);
+}
+
+void PolicyApplier::set_connected(bool connected) {
+  const bool was = connected_.exchange(connected);
+  if (was && !connected) disconnected_since_ns_.store(now_ns());
+  if (connected) disconnected_since_ns_.store(0);
+}
+
+void PolicyApplier::begin_step(std::int64_t step, std::vector<PolicyOutcome>* outcomes) {
+  maybe_fall_back(step);
+  if (!has_pending_.load(std::memory_order_acquire)) return;
+  std::vector<Pending> due;
+  {
+    std::lock_guard lock(mu_);
+    auto keep = std::stable_partition(pending_.begin(), pending_.end(), [&](const Pending& p) {
+      return p.refusal.empty() && p.update.effective_from_step() > step;
+    });
+    due.assign(std::make_move_iterator(keep), std::make_move_iterator(pending_.end()));
+    pending_.erase(keep, pending_.end());
+    has_pending_.store(!pending_.empty(), std::memory_order_release);
+  }
+  // Effective-step order, so that two updates due together apply as the server ordered them.
+  std::stable_sort(due.begin(), due.end(), [](const Pending& a, const Pending& b) {
+    return a.update.effective_from_step() < b.update.effective_from_step();
+  });
+  for (const Pending& p : due) {
+    PolicyOutcome o;
+    o.policy_id = p.update.policy_id();
+    if (!p.refusal.empty()) {
+      o.reason = p.refusal;
+    } else if (p.update.effective_from_step() < step) {
+      o.reason = "effective_from_step " + std::to_string(p.update.effective_from_step()) +
+                 " had begun before the update arrived (now at step " + std::to_string(step) +
+                 ")";
+    } else {
+      apply(p.update, step, outcomes);
+      continue;
+    }
+    refused_.fetch_add(1);
+    outcomes->push_back(std::move(o));
+  }
+}
+
+void PolicyApplier::apply(const v1::PolicyUpdate& u, std::int64_t step,
+                          std::vector<PolicyOutcome>* out) {
+  PolicyOutcome o;
+  o.policy_id = u.policy_id();
+  // Re-checked against the state now: the scale may have moved since the update arrived.
+  std::string err = validate_update(u, config_.run_id,
+                                    scaler_ != nullptr ? scaler_->settings() : ScalerSettings{},
+                                    scaler_ != nullptr, capable_, overrides_ != nullptr);
+  if (err.empty() && changes_scaler(u)) err = scaler_->schedule(to_change(u, step));
+  if (err.empty() && u.fp32_tensors_set()) {
+    std::vector<std::string> layers(u.fp32_tensors().begin(), u.fp32_tensors().end());
+    err = overrides_->replace(layers, step);
+    if (!err.empty()) err = "fp32_tensors: " + err;
+  }
+  if (err.empty()) {
+    o.applied = true;
+    applied_.fetch_add(1);
+    if (changes_config(u)) scaler_changed_ = true;
+  } else {
+    o.reason = err;
+    refused_.fetch_add(1);
+  }
+  out->push_back(std::move(o));
+}
+
+void PolicyApplier::maybe_fall_back(std::int64_t step) {
+  if (!scaler_changed_ || scaler_ == nullptr || config_.policy_fallback_after.count() <= 0) return;
+  const std::int64_t since = disconnected_since_ns_.load();
+  if (since == 0 || connected_.load()) return;
+  const auto limit =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(config_.policy_fallback_after).count();
+  if (now_ns() - since < limit) return;
+  ScalerChange c;
+  c.effective_from_step = step;
+  c.growth_factor = original_.growth_factor;
+  c.backoff_factor = original_.backoff_factor;
+  c.growth_interval = original_.growth_interval;
+  if (original_.hysteresis > 0) c.hysteresis = original_.hysteresis;
+  c.min_scale = original_.min_scale;
+  if (original_.max_scale > 0.0) c.max_scale = original_.max_scale;
+  const std::string err = scaler_->schedule(c);
+  scaler_changed_ = false;
+  const std::string secs = std::to_string(config_.policy_fallback_after.count() / 1000);
+  if (err.empty()) {
+    notices_->raise("policy: server unreachable for " + secs +
+                    " s; the local scaler's configuration is back from step " +
+                    std::to_string(step));
+  } else {
+    notices_->raise("policy: server unreachable for " + secs +
+                    " s; restoring the local scaler's configuration failed: " + err);
+  }
+}
+
+}  // namespace ampscope::agent

@@ -1,0 +1,97 @@
+// Policy application: PolicyUpdates from the server are validated when they arrive (on the
+// stream's reader thread) and applied on the training thread at the start of exactly their
+// effective_from_step, through the trainer's ScalerControl and PrecisionOverrides. Every
+// update gets one outcome (applied at step S, or refused and why) in the report of the step
+// it concerns: the effective step when it was applied or came too late, the next step when it
+// was refused on arrival.
+//
+// Validation (telemetry.proto PolicyUpdate): loss_scale, min_scale and max_scale are finite
+// powers of two, > 0, with min <= loss_scale <= max (the update's bounds, else the scaler's
+// current ones); growth_factor >= 1; backoff_factor in (0, 1]; growth_interval and hysteresis
+// >= 1; fp32_tensors are names the trainer declared FP32-capable; run_id is this run's; a
+// policy id is handled once, also across restarts (the spool remembers it).
+//
+// Fallback: when the server has been unreachable for policy_fallback_after and an update
+// changed the scaler's configuration, the local scaler's own configuration (as it was when
+// attached; the current scale stays) is restored at the next step, so the run is not left
+// with a policy nobody supervises. Its backoff is the safety net throughout.
+//
+// Thread safety: receive() and set_connected() from any thread; begin_step() on the training
+// thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ampscope/agent/config.h"
+#include "ampscope/agent/interfaces.h"
+#include "ampscope/v1/telemetry.pb.h"
+#include "notices.h"
+#include "record.h"
+
+namespace ampscope::agent {
+
+class Spool;
+
+// Empty when `u` may be applied to a scaler with `current` settings and to `capable` layers,
+// otherwise one line naming the field. `has_scaler`/`has_overrides` say what is attached.
+std::string validate_update(const v1::PolicyUpdate& u, const std::string& run_id,
+                            const ScalerSettings& current, bool has_scaler,
+                            const std::vector<std::string>& capable, bool has_overrides);
+
+class PolicyApplier {
+ public:
+  PolicyApplier(const AgentConfig& config, Spool* spool, Notices* notices);
+
+  // Before the first step (not thread-safe against receive()).
+  void attach_scaler(ScalerControl* scaler);
+  void attach_overrides(PrecisionOverrides* overrides);
+  ScalerControl* scaler() const { return scaler_; }
+  const std::vector<std::string>& capable_layers() const { return capable_; }
+
+  // An update from the server.
+  void receive(const v1::PolicyUpdate& update);
+  // The stream is (dis)connected; drives the fallback.
+  void set_connected(bool connected);
+
+  // Training thread, at the start of `step`: applies what is due and appends the outcomes that
+  // belong to this step.
+  void begin_step(std::int64_t step, std::vector<PolicyOutcome>* outcomes);
+
+  std::uint64_t applied() const { return applied_.load(); }
+  std::uint64_t refused() const { return refused_.load(); }
+
+ private:
+  struct Pending {
+    v1::PolicyUpdate update;
+    std::string refusal;  // non-empty: refused on arrival, reported at the next step
+  };
+  void apply(const v1::PolicyUpdate& u, std::int64_t step, std::vector<PolicyOutcome>* out);
+  void maybe_fall_back(std::int64_t step);
+
+  const AgentConfig& config_;
+  Spool* spool_;
+  Notices* notices_;
+  ScalerControl* scaler_ = nullptr;
+  PrecisionOverrides* overrides_ = nullptr;
+  ScalerSettings original_;
+  std::vector<std::string> capable_;
+
+  std::mutex mu_;
+  std::vector<Pending> pending_;  // guarded by mu_
+  std::vector<std::string> seen_;  // ids handled by this process, guarded by mu_
+  std::atomic<bool> has_pending_{false};
+
+  std::atomic<bool> connected_{false};
+  std::atomic<std::int64_t> disconnected_since_ns_{0};  // steady clock; 0: never connected
+  bool scaler_changed_ = false;  // training thread: an applied update changed the config
+  std::atomic<std::uint64_t> applied_{0};
+  std::atomic<std::uint64_t> refused_{0};
+};
+
+}  // namespace ampscope::agent

@@ -1,0 +1,54 @@
+// What the training thread hands to the worker: one StepRecord per step, holding the step's
+// samples (measured already, or waiting for the worker: a host copy or a GPU job in flight),
+// the step's outcome and the policy outcomes that belong to it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ampscope/agent/interfaces.h"
+#include "ampscope/tensor_stats.h"
+#include "sampling.h"
+
+namespace ampscope::agent {
+
+class GpuJob;  // gpu_stats.h
+
+struct TensorSample {
+  std::string name;
+  TensorRole role = TensorRole::kActivation;
+  TensorPhase phase = TensorPhase::kUnknown;
+  Format dtype = Format::kFP32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t numel = 0;
+  double scale = 1.0;
+  int micro_step = 0;
+  int order = 0;
+  Level level = Level::kCounts;
+  std::optional<TargetSpec> target;  // for kFull
+  bool measured = false;             // stats below are final
+  TensorStats stats;
+  // Pending work (exactly one set while !measured).
+  std::vector<unsigned char> copy;   // worker mode: the tensor's bytes
+  std::shared_ptr<GpuJob> gpu;       // device tensors: the job in flight
+};
+
+struct PolicyOutcome {
+  std::string policy_id;
+  bool applied = false;
+  std::string reason;
+};
+
+struct StepRecord {
+  StepInfo info;
+  std::vector<TensorSample> samples;
+  std::vector<PolicyOutcome> outcomes;
+  std::optional<double> tensor_core_active_ratio;
+  std::uint64_t dropped_tensors = 0;  // skipped in this step (budgets)
+  std::uint64_t copy_bytes = 0;       // bytes held by worker copies
+};
+
+}  // namespace ampscope::agent

@@ -1,0 +1,136 @@
+#include "report_codec.h"
+
+#include <algorithm>
+
+namespace ampscope::agent {
+
+v1::Format to_proto(Format f) {
+  // The proto's numbers are ampscope::Format's plus one (UNSPECIFIED is 0).
+  return static_cast<v1::Format>(static_cast<int>(f) + 1);
+}
+
+v1::TensorRole to_proto(TensorRole r) {
+  return static_cast<v1::TensorRole>(static_cast<int>(r) + 1);
+}
+
+v1::TensorPhase to_proto(TensorPhase p) {
+  return static_cast<v1::TensorPhase>(static_cast<int>(p));
+}
+
+v1::ScalerKind to_proto(ScalerKind k) {
+  return static_cast<v1::ScalerKind>(static_cast<int>(k) + 1);
+}
+
+namespace {
+
+void encode_tensor(const TensorSample& s, v1::TensorStats* t) {
+  t->set_name(s.name);
+  t->set_role(to_proto(s.role));
+  t->set_phase(to_proto(s.phase));
+  t->set_dtype(to_proto(s.dtype));
+  for (auto d : s.shape) t->add_shape(d);
+  t->set_order(static_cast<std::uint32_t>(std::max(0, s.order)));
+  t->set_micro_step(static_cast<std::uint32_t>(std::max(0, s.micro_step)));
+  t->set_scale(s.scale);
+  const TensorStats& st = s.stats;
+  t->set_numel(st.numel);
+  t->set_zeros(st.zeros);
+  t->set_nan(st.nan);
+  t->set_pos_inf(st.pos_inf);
+  t->set_neg_inf(st.neg_inf);
+  t->set_max_abs(st.max_abs);
+  if (s.level != Level::kFull) {
+    t->set_level(v1::STATS_LEVEL_COUNTS);
+    return;
+  }
+  t->set_level(v1::STATS_LEVEL_FULL);
+  t->set_min_abs_nonzero(st.min_abs_nonzero);
+  t->set_sum(st.sum);
+  t->set_sum_sq(st.sum_sq);
+  auto* h = t->mutable_histogram();
+  if (!st.histogram.empty()) {
+    h->set_min_exponent(st.histogram.min_exponent);
+    for (auto c : st.histogram.counts) h->add_counts(c);
+  }
+  for (const auto& c : st.targets) {
+    auto* tc = t->add_targets();
+    tc->set_format(to_proto(c.target.format));
+    tc->set_scale_log2(c.target.scale_log2);
+    tc->set_overflow(c.overflow);
+    tc->set_underflow(c.underflow);
+    tc->set_subnormal(c.subnormal);
+  }
+}
+
+}  // namespace
+
+void encode_report(const StepRecord& record, const ReportContext& context, v1::StepReport* out) {
+  const StepInfo& i = record.info;
+  out->set_run_id(context.config->run_id);
+  out->set_rank(context.config->rank);
+  out->set_step(i.step);
+  out->set_loss(i.loss);
+  out->set_loss_scale(i.loss_scale);
+  out->set_scale_after(i.scale_after);
+  out->set_found_inf(i.found_inf);
+  out->set_skipped(i.skipped);
+  out->set_grad_norm(i.grad_norm);
+  out->set_lr(i.lr);
+  out->set_step_time_s(i.step_time_s);
+  out->set_tokens(static_cast<std::uint64_t>(std::max<std::int64_t>(0, i.tokens)));
+  out->set_optimizer_steps(static_cast<std::uint64_t>(std::max<std::int64_t>(0, i.optimizer_steps)));
+  out->set_time_unix_ns(context.time_unix_ns);
+  for (const auto& l : i.fp32_layers) out->add_fp32_layers(l);
+  if (record.tensor_core_active_ratio) {
+    out->set_tensor_core_active_ratio(*record.tensor_core_active_ratio);
+  }
+  const TensorSample* first = nullptr;
+  for (const auto& s : record.samples) {
+    if (!s.measured) continue;
+    encode_tensor(s, out->add_tensors());
+    if (s.stats.nonfinite() > 0 && (first == nullptr || s.order < first->order)) first = &s;
+  }
+  if (first != nullptr) {
+    auto* f = out->mutable_first_offender();
+    f->set_tensor(first->name);
+    f->set_role(to_proto(first->role));
+    f->set_phase(to_proto(first->phase));
+    f->set_order(static_cast<std::uint32_t>(std::max(0, first->order)));
+    f->set_micro_step(static_cast<std::uint32_t>(std::max(0, first->micro_step)));
+  }
+  for (const auto& o : record.outcomes) {
+    auto* p = out->add_policy_outcomes();
+    p->set_policy_id(o.policy_id);
+    p->set_applied(o.applied);
+    p->set_reason(o.reason);
+  }
+  *out->mutable_agent() = context.counters;
+  for (const auto& n : context.notices) out->add_notices(n);
+}
+
+void encode_hello(const AgentConfig& config, const RunInfo& run, const ScalerSettings& scaler,
+                  const std::vector<std::string>& fp32_capable_layers, std::uint64_t resume_from,
+                  const std::string& agent_version, v1::Hello* out) {
+  out->set_run_id(config.run_id);
+  out->set_rank(config.rank);
+  out->set_world_size(config.world_size);
+  out->set_host(run.host);
+  out->set_trainer(run.trainer);
+  out->set_precision(run.precision);
+  out->set_compute_format(to_proto(run.compute_format));
+  auto* s = out->mutable_scaler();
+  s->set_kind(to_proto(scaler.kind));
+  s->set_init_scale(scaler.scale);
+  s->set_growth_factor(scaler.growth_factor);
+  s->set_backoff_factor(scaler.backoff_factor);
+  s->set_growth_interval(static_cast<std::uint32_t>(
+      std::clamp<std::int64_t>(scaler.growth_interval, 0, std::int64_t{0xffffffff})));
+  s->set_hysteresis(static_cast<std::uint32_t>(std::max(0, scaler.hysteresis)));
+  s->set_min_scale(scaler.min_scale);
+  s->set_max_scale(scaler.max_scale);
+  out->set_agent_version(agent_version);
+  out->set_resume_from_seq(resume_from);
+  for (const auto& l : fp32_capable_layers) out->add_fp32_capable_layers(l);
+}
+
+}  // namespace ampscope::agent

@@ -1,0 +1,35 @@
+// The agent's records in the wire contract (proto/ampscope/v1): StepRecord -> StepReport, the
+// run -> Hello, and the mapping of the agent's enums onto the proto's.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ampscope/agent/agent.h"
+#include "ampscope/v1/telemetry.pb.h"
+#include "record.h"
+
+namespace ampscope::agent {
+
+v1::Format to_proto(Format f);
+v1::TensorRole to_proto(TensorRole r);
+v1::TensorPhase to_proto(TensorPhase p);
+v1::ScalerKind to_proto(ScalerKind k);
+
+struct ReportContext {
+  const AgentConfig* config = nullptr;
+  std::int64_t time_unix_ns = 0;
+  v1::AgentCounters counters;
+  std::vector<std::string> notices;
+};
+
+// Fills `out` from a measured record. The first offender is the measured sample with the
+// lowest order that held a non-finite value.
+void encode_report(const StepRecord& record, const ReportContext& context, v1::StepReport* out);
+
+void encode_hello(const AgentConfig& config, const RunInfo& run, const ScalerSettings& scaler,
+                  const std::vector<std::string>& fp32_capable_layers, std::uint64_t resume_from,
+                  const std::string& agent_version, v1::Hello* out);
+
+}  // namespace ampscope::agent

@@ -1,0 +1,51 @@
+// Which tensors of a step are measured, and how much (SamplingConfig in config.h).
+//
+// Per step, decided at begin_step: every step samples count_roles at the counts level; a full
+// step (every full_every steps, and the step after a step that held a non-finite value or
+// changed the loss scale) samples full_roles at the full level. Within a step, the first
+// non-finite value escalates: that tensor and every later one of the step are measured full
+// (the values of earlier tensors are gone by then; they keep their counts).
+// Thread safety: one instance per training thread.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "ampscope/agent/config.h"
+#include "ampscope/agent/interfaces.h"
+
+namespace ampscope::agent {
+
+enum class Level : std::uint8_t { kSkip = 0, kCounts = 1, kFull = 2 };
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingConfig& config);
+
+  // Starts `step`; false when nothing at all is measured this step.
+  bool begin_step(std::int64_t step);
+  // The level for a tensor of `role` shown in `phase` at this point of the step. Weight
+  // gradients after unscaling are the backward-phase ones divided by the scale: they are
+  // measured on full steps only.
+  Level level(TensorRole role, TensorPhase phase = TensorPhase::kUnknown) const;
+  // A measured tensor held a non-finite value: escalate the rest of the step (when enabled).
+  void saw_nonfinite();
+  // The step ended; `nonfinite` says whether any tensor or the scaler saw one, `scale_changed`
+  // whether the loss scale moved. Decides whether the next step is a full one.
+  void end_step(bool nonfinite, bool scale_changed);
+
+  bool full_step() const { return full_step_; }
+  std::int64_t step() const { return step_; }
+
+ private:
+  SamplingConfig config_;
+  std::array<bool, kNumTensorRoles> count_role_{};
+  std::array<bool, kNumTensorRoles> full_role_{};
+  bool counts_any_ = false;
+  std::int64_t step_ = -1;
+  bool full_step_ = false;
+  bool escalated_ = false;
+  bool follow_up_ = false;  // the next step is a full one
+};
+
+}  // namespace ampscope::agent

@@ -1,0 +1,169 @@
+// The agent's overhead on a training step (issue 5 "Benchmark"): the built-in trainer's step
+// time with the agent at default sampling and with full statistics (histograms) on every step,
+// each divided by the step time without the agent. One process, one run: the same trainer
+// keeps training while the observer is switched between blocks of steps, and the blocks are
+// interleaved (time_interleaved), so drift of a shared machine hits every configuration alike.
+// The agent spools to a temporary directory and has no server: the network thread's cost is
+// not on the training thread either way.
+//
+//   ampscope_agent_bench --out FRAGMENT.json [--warmup-steps 30] [--steps-per-block 4]
+//                        [--rounds 8] [model flags]
+//
+// Writes agent_overhead_ratio_default and agent_overhead_ratio_full (targets <= 1.01 and
+// <= 1.05) and the figures behind them.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+
+#include "agent_adapter.h"
+#include "ampscope/agent/agent.h"
+#include "ampscope/trainer/trainer.h"
+#include "timing.h"
+
+namespace {
+
+using namespace ampscope;
+using namespace ampscope::trainer;
+
+// Forwards the trainer's hooks to the adapter chosen for the block (or to none).
+class Switch final : public TensorObserver, public StepListener {
+ public:
+  AgentAdapter* active = nullptr;
+  bool observe_step(std::int64_t step) override {
+    return active != nullptr && active->observe_step(step);
+  }
+  void on_tensor(const TensorView& t) override {
+    if (active != nullptr) active->on_tensor(t);
+  }
+  void on_step(const StepEvent& e) override {
+    if (active != nullptr) active->on_step(e);
+  }
+};
+
+std::unique_ptr<AgentAdapter> make_adapter(Trainer& trainer, const std::string& run,
+                                           const std::filesystem::path& spool, bool full) {
+  agent::AgentConfig c;
+  c.run_id = run;
+  c.spool_dir = spool.string();
+  c.flush_timeout = std::chrono::milliseconds(0);
+  if (full) {
+    c.sampling.full_every = 1;
+  }
+  if (const char* roles = std::getenv("AMPSCOPE_BENCH_AGENT_COUNT_ROLES")) {
+    if (std::string e = agent::set_option(c, "sample_count_roles", roles); !e.empty()) {
+      throw std::runtime_error(e);
+    }
+  }
+  if (const char* mode = std::getenv("AMPSCOPE_BENCH_AGENT_STATS_THREAD")) {
+    if (std::string e = agent::set_option(c, "stats_thread", mode); !e.empty()) {
+      throw std::runtime_error(e);
+    }
+  }
+  std::unique_ptr<agent::Agent> a;
+  const agent::Status s = agent::Agent::create(c, run_info(trainer), &a);
+  if (!s.ok()) throw std::runtime_error("agent: " + s.message);
+  return std::make_unique<AgentAdapter>(trainer, std::move(a), /*install_hooks=*/false);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out;
+  int warmup_steps = 30, steps_per_block = 4, rounds = 8, width = 128, layers = 4, heads = 4, context = 64,
+      batch = 16, threads = 0;
+  CLI::App app{"Step time of the built-in trainer with and without the ampscope agent"};
+  app.add_option("--out", out, "JSON fragment to write")->required();
+  app.add_option("--warmup-steps", warmup_steps,
+                 "steps before timing (the loss scale settles; early overflows would make the "
+                 "agent take full statistics)")
+      ->capture_default_str();
+  app.add_option("--steps-per-block", steps_per_block, "steps per timed block")->capture_default_str();
+  app.add_option("--rounds", rounds, "timed rounds (each: one block per configuration)")
+      ->capture_default_str();
+  app.add_option("--width", width)->capture_default_str();
+  app.add_option("--layers", layers)->capture_default_str();
+  app.add_option("--heads", heads)->capture_default_str();
+  app.add_option("--context", context)->capture_default_str();
+  app.add_option("--batch", batch)->capture_default_str();
+  app.add_option("--threads", threads, "OpenBLAS threads (0: its default)")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    TrainerConfig config;
+    config.precision = PrecisionMode::kAmpFP16;
+    config.model.n_embd = width;
+    config.model.n_layer = layers;
+    config.model.n_head = heads;
+    config.model.context = context;
+    config.batch = batch;
+    config.steps = 1 << 20;
+    const Corpus corpus = Corpus::synthetic();
+    CpuBackendOptions bo;
+    bo.blas_threads = threads;
+    Trainer trainer(config, corpus, make_cpu_backend(bo));
+    for (int i = 0; i < warmup_steps; ++i) trainer.step();
+    Switch sw;
+    trainer.set_observer(&sw);
+    trainer.add_step_listener(&sw);
+
+    const auto spool = std::filesystem::temp_directory_path() /
+                       ("ampscope-agent-bench-" + std::to_string(::getpid()));
+    auto default_agent = make_adapter(trainer, "bench-default", spool, false);
+    auto full_agent = make_adapter(trainer, "bench-full", spool, true);
+
+    auto block = [&](AgentAdapter* a) {
+      return [&trainer, &sw, a, steps_per_block] {
+        sw.active = a;
+        for (int i = 0; i < steps_per_block; ++i) trainer.step();
+      };
+    };
+    const std::function<void()> fns[] = {block(nullptr), block(default_agent.get()),
+                                         block(full_agent.get())};
+    const auto t = bench::time_interleaved(fns, /*warmup=*/1, rounds);
+    sw.active = nullptr;
+    const auto per_step = [&](int i) { return t[i].median() / steps_per_block; };
+    const double base = per_step(0), def = per_step(1), full = per_step(2);
+    const agent::Counters cd = default_agent->agent().counters();
+    const agent::Counters cf = full_agent->agent().counters();
+    default_agent.reset();
+    full_agent.reset();
+    std::filesystem::remove_all(spool);
+
+    nlohmann::ordered_json j;
+    j["agent_overhead_ratio_default"] = def / base;
+    j["agent_overhead_ratio_full"] = full / base;
+    j["agent_bench_step_s_without"] = base;
+    j["agent_bench_step_s_default"] = def;
+    j["agent_bench_step_s_full"] = full;
+    j["agent_bench_training_thread_s_per_step_default"] =
+        cd.steps > 0 ? cd.training_thread_s / static_cast<double>(cd.steps) : 0.0;
+    j["agent_bench_training_thread_s_per_step_full"] =
+        cf.steps > 0 ? cf.training_thread_s / static_cast<double>(cf.steps) : 0.0;
+    j["agent_bench_dropped_reports"] = cd.dropped_reports + cf.dropped_reports;
+    j["agent_bench_model"] = "amp-fp16 gpt width " + std::to_string(width) + " layers " +
+                             std::to_string(layers) + " context " + std::to_string(context) +
+                             " batch " + std::to_string(batch) + " (cpu)";
+    j["agent_bench_warmup_steps"] = warmup_steps;
+    j["agent_bench_steps_per_block"] = steps_per_block;
+    j["agent_bench_rounds"] = rounds;
+    j["agent_bench_build_type"] = AMPSCOPE_BENCH_BUILD_TYPE;
+    std::ofstream(out) << j.dump(2) << "\n";
+    std::printf("agent overhead: default %.4f, full %.4f (step %.1f ms without the agent; "
+                "agent on the training thread %.2f / %.2f ms per step)\n",
+                def / base, full / base, base * 1e3,
+                j["agent_bench_training_thread_s_per_step_default"].get<double>() * 1e3,
+                j["agent_bench_training_thread_s_per_step_full"].get<double>() * 1e3);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ampscope_agent_bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,273 @@
+#include "show_command.h"
+
+#include <cmath>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "query_client.h"
+
+namespace ampscope::cli {
+namespace {
+
+using nlohmann::ordered_json;
+
+struct ShowArgs {
+  ServerArgs server;
+  std::string run_id;
+  unsigned limit = 10;
+};
+
+ordered_json number(double x) { return std::isfinite(x) ? ordered_json(x) : ordered_json(nullptr); }
+
+std::string percent(double ratio) {
+  std::ostringstream os;
+  os << std::setprecision(3) << ratio * 100 << "%";
+  return os.str();
+}
+
+ordered_json offender_json(const v1::FirstOffender& f) {
+  ordered_json j;
+  j["tensor"] = f.tensor();
+  j["role"] = role_name(f.role());
+  j["order"] = f.order();
+  j["micro_step"] = f.micro_step();
+  return j;
+}
+
+ordered_json tensor_json(const v1::TensorRecord& t) {
+  ordered_json j;
+  j["name"] = t.name();
+  j["role"] = role_name(t.role());
+  j["format"] = format_name(t.format());
+  j["samples"] = t.samples();
+  j["values"] = t.values();
+  j["underflow"] = t.underflow();
+  j["overflow"] = t.overflow();
+  j["nonfinite"] = t.nonfinite();
+  j["underflow_ratio"] = t.underflow_ratio();
+  j["overflow_ratio"] = t.overflow_ratio();
+  j["max_abs"] = number(t.max_abs());
+  j["last_step"] = t.last_step();
+  return j;
+}
+
+ordered_json update_json(const v1::PolicyDecision& d) {
+  const v1::PolicyUpdate& u = d.update();
+  ordered_json j;
+  j["policy_id"] = u.policy_id();
+  j["mode"] = mode_name(u.mode());
+  j["effective_from_step"] = u.effective_from_step();
+  j["decided_at_step"] = u.decided_at_step();
+  j["loss_scale"] = u.has_loss_scale() ? number(u.loss_scale()) : ordered_json(nullptr);
+  if (u.has_growth_interval()) j["growth_interval"] = u.growth_interval();
+  if (u.has_growth_factor()) j["growth_factor"] = u.growth_factor();
+  if (u.has_backoff_factor()) j["backoff_factor"] = u.backoff_factor();
+  if (u.has_hysteresis()) j["hysteresis"] = u.hysteresis();
+  if (u.has_min_scale()) j["min_scale"] = u.min_scale();
+  if (u.has_max_scale()) j["max_scale"] = u.max_scale();
+  if (u.fp32_tensors_set()) {
+    j["fp32_tensors"] =
+        ordered_json(std::vector<std::string>(u.fp32_tensors().begin(), u.fp32_tensors().end()));
+  }
+  j["reason"] = u.reason();
+  ordered_json applied = ordered_json::array();
+  for (const v1::PolicyApplication& a : d.applications()) {
+    applied.push_back(ordered_json{
+        {"rank", a.rank()}, {"step", a.step()}, {"applied", a.applied()}, {"reason", a.reason()}});
+  }
+  j["applications"] = std::move(applied);
+  return j;
+}
+
+std::string describe_update(const v1::PolicyUpdate& u) {
+  std::ostringstream os;
+  const char* sep = "";
+  auto field = [&](const char* name, const std::string& value) {
+    os << sep << name << " " << value;
+    sep = ", ";
+  };
+  if (u.has_loss_scale()) field("loss_scale", format_scale(u.loss_scale()));
+  if (u.has_growth_interval()) field("growth_interval", std::to_string(u.growth_interval()));
+  if (u.has_growth_factor()) field("growth_factor", format_scale(u.growth_factor()));
+  if (u.has_backoff_factor()) field("backoff_factor", format_scale(u.backoff_factor()));
+  if (u.has_hysteresis()) field("hysteresis", std::to_string(u.hysteresis()));
+  if (u.has_min_scale()) field("min_scale", format_scale(u.min_scale()));
+  if (u.has_max_scale()) field("max_scale", format_scale(u.max_scale()));
+  if (u.fp32_tensors_set()) {
+    std::string list;
+    for (const std::string& t : u.fp32_tensors()) list += (list.empty() ? "" : " ") + t;
+    field("fp32", list.empty() ? "(none)" : list);
+  }
+  return os.str();
+}
+
+void print_tensors(std::ostream& out, const char* title,
+                   const google::protobuf::RepeatedPtrField<v1::TensorRecord>& tensors) {
+  out << "\n" << title << " (" << tensors.size() << "):\n";
+  if (tensors.empty()) return;
+  out << "  " << std::left << std::setw(36) << "TENSOR" << std::setw(17) << "ROLE" << std::setw(7)
+      << "FORMAT" << std::setw(11) << "UNDERFLOW" << std::setw(11) << "OVERFLOW" << std::setw(11)
+      << "NONFINITE"
+      << "MAX|x| (unscaled)\n";
+  for (const v1::TensorRecord& t : tensors) {
+    std::ostringstream max_abs;
+    max_abs << std::setprecision(4) << t.max_abs();
+    out << "  " << std::left << std::setw(36) << t.name() << std::setw(17) << role_name(t.role())
+        << std::setw(7) << format_name(t.format()) << std::setw(11) << percent(t.underflow_ratio())
+        << std::setw(11) << percent(t.overflow_ratio()) << std::setw(11) << t.nonfinite()
+        << max_abs.str() << "\n";
+  }
+}
+
+}  // namespace
+
+void print_run_text(std::ostream& out, const v1::GetRunResponse& run) {
+  const v1::RunSummary& s = run.summary();
+  out << "run " << s.run_id() << "  (" << (s.precision().empty() ? "?" : s.precision()) << ", "
+      << format_name(s.compute_format()) << ", " << s.world_size() << " rank"
+      << (s.world_size() == 1 ? "" : "s") << ", " << s.agents_connected() << " connected)\n";
+  out << "steps " << s.steps() << " (" << s.first_step() << ".." << s.last_step() << "), "
+      << "reports " << s.reports() << ", skipped steps " << s.skipped_steps() << ", rejected "
+      << s.rejected_reports() << ", duplicates " << s.duplicate_reports() << "\n";
+  out << "loss scale " << format_scale(s.loss_scale()) << ", loss " << s.loss() << ", policy "
+      << mode_name(s.policy_mode()) << ", last seen " << format_time_ago(s.last_seen_unix_ns())
+      << "\n";
+
+  out << "\nskipped steps (" << s.skipped_steps() << "):\n";
+  for (const v1::SkippedStep& k : run.skipped_steps()) {
+    out << "  step " << std::left << std::setw(8) << k.step() << " rank " << std::setw(4)
+        << k.rank() << k.why() << "\n";
+  }
+  out << "\nfirst offenders (" << run.first_offenders_size() << "):\n";
+  for (const v1::OffenderEvent& e : run.first_offenders()) {
+    out << "  step " << std::left << std::setw(8) << e.step() << " rank " << std::setw(4)
+        << e.rank() << e.offender().tensor() << " (" << role_name(e.offender().role()) << ", order "
+        << e.offender().order() << ")\n";
+  }
+  out << "\nscale timeline (" << run.scale_timeline_size() << " changes):\n";
+  for (const v1::ScalePoint& p : run.scale_timeline()) {
+    out << "  from step " << std::left << std::setw(8) << p.step() << format_scale(p.loss_scale())
+        << "\n";
+  }
+  print_tensors(out, "worst tensors by underflow", run.worst_underflow());
+  print_tensors(out, "worst tensors by overflow", run.worst_overflow());
+  out << "\npolicy decisions (" << run.policy_decisions_size() << "):\n";
+  for (const v1::PolicyDecision& d : run.policy_decisions()) {
+    const v1::PolicyUpdate& u = d.update();
+    out << "  #" << u.policy_id() << " from step " << u.effective_from_step() << ": "
+        << describe_update(u) << "\n      why: " << u.reason() << "\n";
+    for (const v1::PolicyApplication& a : d.applications()) {
+      out << "      rank " << a.rank()
+          << (a.applied() ? " applied it at step " : " refused it at step ") << a.step()
+          << (a.reason().empty() ? "" : ": " + a.reason()) << "\n";
+    }
+  }
+  out << "\nagents (" << run.agents_size() << "):\n";
+  for (const v1::AgentInfo& a : run.agents()) {
+    out << "  rank " << std::left << std::setw(5) << a.rank() << std::setw(20) << a.host()
+        << (a.connected() ? "connected   " : "disconnected") << "  last seq " << a.last_seq()
+        << ", seen " << format_time_ago(a.last_seen_unix_ns());
+    if (a.counters().dropped_reports() > 0) {
+      out << ", dropped " << a.counters().dropped_reports() << " reports";
+    }
+    out << "\n";
+    for (const std::string& n : a.notices()) out << "      notice: " << n << "\n";
+  }
+}
+
+void print_run_json(std::ostream& out, const v1::GetRunResponse& run) {
+  const v1::RunSummary& s = run.summary();
+  ordered_json j;
+  j["run_id"] = s.run_id();
+  j["steps"] = s.steps();
+  j["reports"] = s.reports();
+  j["first_step"] = s.first_step();
+  j["last_step"] = s.last_step();
+  j["world_size"] = s.world_size();
+  j["precision"] = s.precision();
+  j["compute_format"] = format_name(s.compute_format());
+  j["agents_connected"] = s.agents_connected();
+  j["loss_scale"] = number(s.loss_scale());
+  j["loss"] = number(s.loss());
+  j["policy_mode"] = mode_name(s.policy_mode());
+  j["rejected_reports"] = s.rejected_reports();
+  j["duplicate_reports"] = s.duplicate_reports();
+  j["skipped_step_count"] = s.skipped_steps();
+  ordered_json skipped = ordered_json::array();
+  for (const v1::SkippedStep& k : run.skipped_steps()) {
+    ordered_json e;
+    e["step"] = k.step();
+    e["rank"] = k.rank();
+    e["loss_scale"] = number(k.loss_scale());
+    e["scale_after"] = number(k.scale_after());
+    e["found_inf"] = k.found_inf();
+    e["first_offender"] =
+        k.has_first_offender() ? offender_json(k.first_offender()) : ordered_json(nullptr);
+    e["why"] = k.why();
+    skipped.push_back(std::move(e));
+  }
+  j["skipped_steps"] = std::move(skipped);
+  ordered_json offenders = ordered_json::array();
+  for (const v1::OffenderEvent& e : run.first_offenders()) {
+    ordered_json o = offender_json(e.offender());
+    o["step"] = e.step();
+    o["rank"] = e.rank();
+    offenders.push_back(std::move(o));
+  }
+  j["first_offenders"] = std::move(offenders);
+  ordered_json timeline = ordered_json::array();
+  for (const v1::ScalePoint& p : run.scale_timeline()) {
+    timeline.push_back(ordered_json{{"step", p.step()}, {"loss_scale", number(p.loss_scale())}});
+  }
+  j["scale_timeline"] = std::move(timeline);
+  ordered_json under = ordered_json::array();
+  for (const v1::TensorRecord& t : run.worst_underflow()) under.push_back(tensor_json(t));
+  j["worst_underflow"] = std::move(under);
+  ordered_json over = ordered_json::array();
+  for (const v1::TensorRecord& t : run.worst_overflow()) over.push_back(tensor_json(t));
+  j["worst_overflow"] = std::move(over);
+  ordered_json updates = ordered_json::array();
+  for (const v1::PolicyDecision& d : run.policy_decisions()) updates.push_back(update_json(d));
+  j["policy_updates"] = std::move(updates);
+  ordered_json agents = ordered_json::array();
+  for (const v1::AgentInfo& a : run.agents()) {
+    ordered_json e;
+    e["rank"] = a.rank();
+    e["host"] = a.host();
+    e["connected"] = a.connected();
+    e["last_seq"] = a.last_seq();
+    e["last_seen_unix_ns"] = a.last_seen_unix_ns();
+    e["dropped_reports"] = a.counters().dropped_reports();
+    e["notices"] = ordered_json(std::vector<std::string>(a.notices().begin(), a.notices().end()));
+    agents.push_back(std::move(e));
+  }
+  j["agents"] = std::move(agents);
+  out << j.dump() << "\n";
+}
+
+void add_show_command(CLI::App& app) {
+  auto args = std::make_shared<ShowArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "show", "What the server saw of one run: steps, skips and why, offenders, scale, policy");
+  cmd->add_option("run", args->run_id, "Run id (see 'ampscope runs')")->required();
+  add_server_options(cmd, args->server);
+  cmd->add_option("--limit", args->limit, "Entries per list (skipped steps, tensors, ...)")
+      ->capture_default_str();
+  cmd->callback([args] {
+    QueryClient client(args->server);
+    v1::GetRunRequest request;
+    request.set_run_id(args->run_id);
+    request.set_limit(args->limit);
+    const v1::GetRunResponse run = client.get_run(request);
+    if (args->server.json) {
+      print_run_json(std::cout, run);
+    } else {
+      print_run_text(std::cout, run);
+    }
+  });
+}
+
+}  // namespace ampscope::cli

@@ -1,0 +1,161 @@
+#include "tail_command.h"
+
+#include <cmath>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
+
+#include "query_client.h"
+
+namespace ampscope::cli {
+namespace {
+
+using nlohmann::ordered_json;
+
+struct TailArgs {
+  ServerArgs server;
+  std::string run_id;
+  unsigned lines = 10;
+  bool follow = false;
+  double interval_s = 1.0;
+  std::optional<unsigned> rank;
+  std::optional<unsigned> count;
+};
+
+ordered_json number(double x) { return std::isfinite(x) ? ordered_json(x) : ordered_json(nullptr); }
+
+class Tail {
+ public:
+  explicit Tail(const TailArgs& args) : args_(args), client_(args.server) {}
+
+  void run() {
+    // The last `lines` reports; with none wanted, only the position to follow from.
+    v1::GetReportsRequest first = request();
+    first.set_latest(true);
+    first.set_limit(std::max(1u, args_.lines));
+    const v1::GetReportsResponse latest = client_.get_reports(first);
+    for (const v1::StoredReport& r : latest.reports()) {
+      after_ = std::max(after_, r.report_id());
+      if (args_.lines > 0 && !print(r)) return;
+    }
+    std::cout.flush();
+    while (args_.follow) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(
+          static_cast<std::int64_t>(std::max(0.05, args_.interval_s) * 1000)));
+      v1::GetReportsRequest next = request();
+      next.set_after_report_id(after_);
+      next.set_limit(1000);
+      const v1::GetReportsResponse batch = client_.get_reports(next);
+      for (const v1::StoredReport& r : batch.reports()) {
+        after_ = std::max(after_, r.report_id());
+        if (!print(r)) return;
+      }
+      std::cout.flush();
+    }
+  }
+
+ private:
+  v1::GetReportsRequest request() const {
+    v1::GetReportsRequest q;
+    q.set_run_id(args_.run_id);
+    q.set_order(v1::REPORT_ORDER_ARRIVAL);
+    if (args_.rank) q.set_rank(*args_.rank);
+    return q;
+  }
+
+  // False once --count reports were printed.
+  bool print(const v1::StoredReport& r) {
+    if (args_.server.json) {
+      print_report_json(std::cout, r);
+    } else {
+      print_report_text(std::cout, r);
+    }
+    ++printed_;
+    return !args_.count || printed_ < *args_.count;
+  }
+
+  const TailArgs& args_;
+  QueryClient client_;
+  std::uint64_t after_ = 0;
+  unsigned printed_ = 0;
+};
+
+}  // namespace
+
+void print_report_text(std::ostream& out, const v1::StoredReport& stored) {
+  const v1::StepReport& r = stored.report();
+  out << "step " << std::left << std::setw(8) << r.step() << "rank " << std::setw(4) << r.rank()
+      << "loss " << std::setw(10) << std::setprecision(5) << r.loss() << "scale "
+      << format_scale(r.loss_scale());
+  if (r.scale_after() != r.loss_scale()) out << " -> " << format_scale(r.scale_after());
+  out << "  grad_norm " << std::setprecision(4) << r.grad_norm() << "  " << std::setprecision(3)
+      << r.step_time_s() * 1000 << " ms";
+  if (r.found_inf()) out << "  FOUND_INF";
+  if (r.skipped()) out << "  SKIPPED";
+  if (r.has_first_offender()) {
+    out << "  first offender " << r.first_offender().tensor() << " ("
+        << role_name(r.first_offender().role()) << ")";
+  }
+  for (const v1::PolicyOutcome& o : r.policy_outcomes()) {
+    out << "  policy " << o.policy_id() << (o.applied() ? " applied" : " refused");
+  }
+  out << "\n";
+}
+
+void print_report_json(std::ostream& out, const v1::StoredReport& stored) {
+  const v1::StepReport& r = stored.report();
+  ordered_json j;
+  j["report_id"] = stored.report_id();
+  j["received_unix_ns"] = stored.received_unix_ns();
+  j["run_id"] = r.run_id();
+  j["rank"] = r.rank();
+  j["seq"] = r.seq();
+  j["step"] = r.step();
+  j["loss"] = number(r.loss());
+  j["loss_scale"] = number(r.loss_scale());
+  j["scale_after"] = number(r.scale_after());
+  j["found_inf"] = r.found_inf();
+  j["skipped"] = r.skipped();
+  j["grad_norm"] = number(r.grad_norm());
+  j["lr"] = number(r.lr());
+  j["step_time_s"] = number(r.step_time_s());
+  j["tokens"] = r.tokens();
+  j["tensor_core_active_ratio"] = r.has_tensor_core_active_ratio()
+                                      ? number(r.tensor_core_active_ratio())
+                                      : ordered_json(nullptr);
+  if (r.has_first_offender()) {
+    j["first_offender"] = ordered_json{{"tensor", r.first_offender().tensor()},
+                                       {"role", role_name(r.first_offender().role())},
+                                       {"order", r.first_offender().order()}};
+  } else {
+    j["first_offender"] = nullptr;
+  }
+  ordered_json outcomes = ordered_json::array();
+  for (const v1::PolicyOutcome& o : r.policy_outcomes()) {
+    outcomes.push_back(ordered_json{
+        {"policy_id", o.policy_id()}, {"applied", o.applied()}, {"reason", o.reason()}});
+  }
+  j["policy_outcomes"] = std::move(outcomes);
+  out << j.dump() << "\n";
+}
+
+void add_tail_command(CLI::App& app) {
+  auto args = std::make_shared<TailArgs>();
+  CLI::App* cmd =
+      app.add_subcommand("tail", "The latest step reports of a run; --follow for new ones");
+  cmd->add_option("run", args->run_id, "Run id (see 'ampscope runs')")->required();
+  add_server_options(cmd, args->server);
+  cmd->add_option("-n,--lines", args->lines, "Reports to show first (0: none)")
+      ->capture_default_str();
+  cmd->add_flag("-f,--follow", args->follow, "Keep printing reports as they are stored");
+  cmd->add_option("--interval", args->interval_s, "Seconds between polls with --follow")
+      ->capture_default_str();
+  cmd->add_option("--rank", args->rank, "Only this rank");
+  cmd->add_option("--count", args->count, "Exit after printing this many reports");
+  cmd->callback([args] { Tail(*args).run(); });
+}
+
+}  // namespace ampscope::cli

@@ -1,0 +1,105 @@
+// The optimizer side of the trainer on the device: the fused multi-tensor unscale + non-finite
+// check, the global gradient norm, clipping, AdamW on FP32 master weights, and the loss-scale
+// update, all stream-ordered so that a training step needs at most one host read (found_inf,
+// the squared norm and the new scale sit next to each other in device memory and come back in
+// one copy).
+//
+// CPU references: the trainer's CPU back end (unscale_and_check, sum_squares, scale, adamw) and
+// its loss scalers (trainer/src/loss_scaler.cc: PyTorch GradScaler and Megatron semantics). The
+// element arithmetic is the same expression in the same order, compiled without FMA
+// contraction, so unscale, scale, AdamW and the scale update are bit-exact; sum_squares is an
+// FP64 sum in another order.
+//
+// Arrays as in ampscope/cuda/nn.h (device memory, FP32 or FP16/BF16 bit patterns).
+// Errors: ampscope::Error on a violated precondition or a failed launch.
+// Thread safety: launchers are re-entrant.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <span>
+
+#include "ampscope/cuda/nn.h"
+#include "ampscope/formats.h"
+
+namespace ampscope::cuda::nn {
+
+// One gradient tensor of a multi-tensor launch.
+struct GradientTensor {
+  void* data = nullptr;
+  Format dtype = Format::kFP32;
+  std::int64_t numel = 0;
+};
+
+// Tensors per launch of the multi-tensor kernel (their table travels in the kernel's
+// parameters); longer lists take one launch per this many tensors.
+inline constexpr int kMultiTensorMaxPerLaunch = 96;
+
+// Every gradient g of every tensor becomes g * inv_scale (FP32 product, stored in the tensor's
+// format), and *found_inf (FP32, device) is set to 1 when any g (before unscaling) is NaN or
+// Inf; it is never cleared here. One launch for up to kMultiTensorMaxPerLaunch tensors.
+void unscale_and_check(std::span<const GradientTensor> grads, float inv_scale, float* found_inf,
+                       cudaStream_t stream);
+
+// The loss scaler's state, kept in device memory (see update_loss_scale).
+struct LossScaleState {
+  float scale = 1.0f;
+  std::int32_t hysteresis_tracker = 0;
+  std::int64_t growth_tracker = 0;
+};
+
+// The same, with inv_scale = float(1 / double(state->scale)) computed on the device (what the
+// trainer computes on the host), so the scale never has to come back to the host.
+void unscale_and_check(std::span<const GradientTensor> grads, const LossScaleState* state,
+                       float* found_inf, cudaStream_t stream);
+
+// *sum_sq (FP32, device) = sum of x^2 over x (n), accumulated in FP64. Deterministic for a given
+// device and n (fixed grid, fixed reduction trees).
+void sum_squares(float* sum_sq, ConstArray x, std::int64_t n, cudaStream_t stream);
+
+// x (n) *= factor.
+void scale(Array x, std::int64_t n, float factor, cudaStream_t stream);
+
+struct AdamWArgs {
+  float lr = 0.0f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  std::int64_t step = 1;  // 1-based count of applied updates, for bias correction
+};
+// PyTorch AdamW (decoupled weight decay, bias-corrected) on params, grads, m, v (n each).
+// FP32 arithmetic; each result stored in its tensor's format (FP32 master weights and moments
+// in the AMP modes).
+void adamw(Array params, ConstArray grads, Array m, Array v, std::int64_t n, const AdamWArgs& args,
+           cudaStream_t stream);
+
+// The loss-scale update rule (mirrors the trainer's ScalerConfig; the kernels library does not
+// depend on the trainer).
+//   kStatic      no change
+//   kDynamic     PyTorch GradScaler: on found_inf scale = max(scale * backoff, min_scale) and
+//                growth_tracker = 0; else growth_tracker + 1, and at growth_interval scale *=
+//                growth (kept only when finite and <= max_scale), growth_tracker = 0
+//   kHysteresis  Megatron-LM: on found_inf growth_tracker = 0, hysteresis_tracker -= 1 and once
+//                it is <= 0 scale = max(scale * backoff, min_scale); else growth_tracker + 1,
+//                and at growth_interval both trackers reset and scale = min(scale * growth,
+//                max_scale) (max_scale when the product is not finite)
+// Products with the factors are formed in FP64 and stored in FP32.
+enum class LossScaleKind : std::int32_t { kStatic = 0, kDynamic = 1, kHysteresis = 2 };
+struct LossScaleRule {
+  LossScaleKind kind = LossScaleKind::kDynamic;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  std::int64_t growth_interval = 2000;
+  std::int32_t hysteresis = 2;
+  float min_scale = 0.0f;
+  float max_scale = 3.4028234663852886e38f;
+};
+
+// One update of *state (device) from *found_inf (device, nonzero = found) by `rule`: a single
+// thread on `stream`, no host read.
+void update_loss_scale(LossScaleState* state, const float* found_inf, const LossScaleRule& rule,
+                       cudaStream_t stream);
+
+}  // namespace ampscope::cuda::nn

@@ -1,0 +1,71 @@
+// ampscope-server as a library: the gRPC services (Telemetry.Attach, Query, health), the store,
+// the ingest thread, the policy engines and the Prometheus exporter, with an explicit
+// lifecycle:
+//
+//   auto server = Server::create(options);   // opens and migrates the store, restores state
+//   BoundAddresses a = server->start();      // binds (port 0 picks a free port), serves
+//   server->shutdown(deadline);              // graceful: refuse new streams, drain the open
+//                                            // ones, commit, stop; cancels what is left at
+//                                            // the deadline
+//   server->wait();                          // until shutdown has completed
+//
+// Thread safety: shutdown() may be called from any thread (the signal thread), once or more;
+// the other members from the owning thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "ampscope/policy/policy_engine.h"
+
+namespace ampscope::server {
+
+struct ServerOptions {
+  std::string listen = "127.0.0.1:50051";         // gRPC; port 0: any free port
+  std::string metrics_listen = "127.0.0.1:9464";  // Prometheus /metrics; empty: off
+  std::string db_path = "ampscope.db";            // SQLite file (created when missing)
+  std::string auth_token;                         // empty: no authentication
+  std::string tls_cert_file;                      // both set: TLS; both empty: plaintext
+  std::string tls_key_file;
+  bool sync_full = true;                       // fsync every group commit
+  std::size_t max_message_bytes = 16u << 20;   // per gRPC message
+  std::size_t max_in_flight_per_stream = 256;  // reports awaiting commit per stream
+  std::size_t top_k_tensors = 20;              // per-tensor metric series per run
+  std::chrono::seconds retention_max_age{0};   // 0: keep forever
+  std::uint64_t retention_max_bytes = 0;       // 0: no size limit
+  std::chrono::milliseconds retention_interval{60000};
+  std::chrono::milliseconds policy_snapshot_interval{5000};
+  policy::EngineConfig policy;  // validated by create()
+  std::string version = "0.0.0";
+};
+
+struct BoundAddresses {
+  std::string grpc;     // host:port actually bound
+  std::string metrics;  // host:port, empty when off
+};
+
+class Server {
+ public:
+  // Throws ampscope::Error with a one-line reason (bad option, store unusable).
+  static std::unique_ptr<Server> create(ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Throws ampscope::Error when an address cannot be bound.
+  BoundAddresses start();
+  void shutdown(std::chrono::milliseconds deadline);
+  // Blocks until shutdown() finished. Returns false when the server stopped because its store
+  // failed.
+  bool wait();
+
+ private:
+  struct Impl;
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ampscope::server

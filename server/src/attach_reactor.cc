@@ -1,0 +1,280 @@
+#include "attach_reactor.h"
+
+#include "log.h"
+
+namespace ampscope::server {
+namespace {
+
+std::int64_t unix_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+AttachReactor* AttachReactor::start(const Deps& deps, const grpc::Status& refusal,
+                                    std::shared_ptr<AttachReactor>* handle) {
+  auto reactor = std::make_shared<AttachReactor>(deps);
+  reactor->self_ = reactor;
+  *handle = reactor;
+  deps.metrics->stream_opened();
+  Actions a;
+  {
+    std::lock_guard lock(reactor->mu_);
+    if (!refusal.ok()) reactor->end(refusal);
+    reactor->plan(a);
+  }
+  reactor->act(a);
+  return reactor.get();
+}
+
+AttachReactor::AttachReactor(const Deps& deps) : deps_(deps) {}
+
+AttachReactor::~AttachReactor() = default;
+
+void AttachReactor::OnReadDone(bool ok) {
+  Actions a;
+  {
+    std::lock_guard lock(mu_);
+    reading_ = false;
+    if (!ok) {
+      reads_done_ = true;  // the agent half-closed, or the call broke (OnCancel says which)
+    } else if (!end_status_) {
+      handle_message(a);
+    }
+    plan(a);
+  }
+  act(a);
+}
+
+void AttachReactor::handle_message(Actions& a) {
+  (void)a;
+  switch (in_.kind_case()) {
+    case v1::AgentMessage::kHello: {
+      if (phase_ != Phase::kAwaitHello) {
+        deps_.metrics->rejected("identity");
+        end(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                         "hello: a stream carries one Hello, this is the second"));
+        return;
+      }
+      if (std::optional<Violation> v = validate_hello(in_.hello())) {
+        deps_.metrics->rejected(v->reason);
+        end(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, v->message));
+        return;
+      }
+      handle_hello(in_.hello());
+      return;
+    }
+    case v1::AgentMessage::kReport: {
+      if (phase_ == Phase::kAwaitHello) {
+        deps_.metrics->rejected("missing_hello");
+        end(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                         "hello: the first message of a stream must be a Hello"));
+        return;
+      }
+      handle_report(std::unique_ptr<v1::StepReport>(in_.release_report()));
+      return;
+    }
+    case v1::AgentMessage::KIND_NOT_SET:
+      // A message kind added after this server was built: ignored, as the compatibility rules
+      // promise.
+      return;
+  }
+}
+
+void AttachReactor::handle_hello(const v1::Hello& hello) {
+  identity_ = StreamIdentity{hello.run_id(), hello.rank(), 0};
+  phase_ = Phase::kStreaming;
+  IngestItem item;
+  item.kind = IngestItem::Kind::kHello;
+  item.hello = std::make_unique<v1::Hello>(hello);
+  submit(std::move(item));
+  deps_.streams->add(identity_.run_id, identity_.rank, self_);
+  registered_ = true;
+}
+
+void AttachReactor::handle_report(std::unique_ptr<v1::StepReport> report) {
+  if (std::optional<Violation> v = validate_report(*report, identity_)) {
+    deps_.metrics->rejected(v->reason);
+    v1::ServerMessage m;
+    v1::Reject* reject = m.mutable_reject();
+    reject->set_seq(report->seq());
+    reject->set_code(static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+    reject->set_field(v->field);
+    reject->set_reason(v->reason);
+    reject->set_message(v->message);
+    enqueue(std::move(m));
+    IngestItem item;
+    item.kind = IngestItem::Kind::kReject;
+    item.seq = report->seq();
+    item.violation = std::move(*v);
+    if (report->seq() > identity_.previous_seq) identity_.previous_seq = report->seq();
+    submit(std::move(item));
+    return;
+  }
+  identity_.previous_seq = report->seq();
+  IngestItem item;
+  item.kind = IngestItem::Kind::kReport;
+  item.seq = report->seq();
+  item.payload = report->SerializeAsString();
+  item.report = std::move(report);
+  submit(std::move(item));
+}
+
+void AttachReactor::submit(IngestItem item) {
+  item.sink = self_;
+  item.run_id = identity_.run_id;
+  item.rank = identity_.rank;
+  item.received_ns = unix_ns();
+  item.received = std::chrono::steady_clock::now();
+  if (!deps_.ingest->submit(std::move(item))) {
+    end(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is shutting down"));
+    return;
+  }
+  ++in_flight_;
+}
+
+void AttachReactor::enqueue(v1::ServerMessage message) {
+  if (end_status_ && hard_end_) return;
+  writes_.push_back(std::move(message));
+}
+
+void AttachReactor::enqueue_ack(std::uint64_t seq) {
+  // The front message may be in flight (writing_) and must not change; a queued Ack behind it
+  // is simply advanced.
+  const std::size_t in_flight = writing_ ? 1 : 0;
+  if (writes_.size() > in_flight && writes_.back().has_ack()) {
+    v1::Ack* ack = writes_.back().mutable_ack();
+    if (seq > ack->persisted_seq()) ack->set_persisted_seq(seq);
+    return;
+  }
+  v1::ServerMessage m;
+  m.mutable_ack()->set_persisted_seq(seq);
+  enqueue(std::move(m));
+}
+
+void AttachReactor::end(grpc::Status status, bool hard) {
+  if (!end_status_) end_status_ = std::move(status);
+  if (hard) {
+    hard_end_ = true;
+    // Whatever is not on the wire yet is dropped; the agent replays from its spool.
+    while (writes_.size() > (writing_ ? 1u : 0u)) writes_.pop_back();
+  }
+}
+
+void AttachReactor::plan(Actions& a) {
+  if (finished_) return;
+  if (!writing_ && !writes_.empty() && !hard_end_) {
+    writing_ = true;
+    a.write = &writes_.front();
+  }
+  if (!end_status_) {
+    if (in_flight_ == 0 && reads_done_) end_status_ = grpc::Status::OK;
+    if (in_flight_ == 0 && draining_) {
+      end_status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                 "server shutting down; everything received is acknowledged");
+    }
+  }
+  if (!end_status_ && !reading_ && !reads_done_ && !draining_ && in_flight_ < deps_.max_in_flight) {
+    reading_ = true;
+    a.read = true;
+  }
+  if (end_status_ && !writing_ && (writes_.empty() || hard_end_)) {
+    finished_ = true;
+    a.finish = *end_status_;
+  }
+}
+
+void AttachReactor::act(const Actions& a) {
+  if (a.write != nullptr) StartWrite(a.write);
+  if (a.read) StartRead(&in_);
+  if (a.finish) Finish(*a.finish);
+}
+
+void AttachReactor::OnWriteDone(bool ok) {
+  Actions a;
+  {
+    std::lock_guard lock(mu_);
+    writing_ = false;
+    if (!writes_.empty()) writes_.pop_front();
+    if (!ok) end(grpc::Status(grpc::StatusCode::CANCELLED, "write to the agent failed"), true);
+    plan(a);
+  }
+  act(a);
+}
+
+void AttachReactor::OnCancel() {
+  Actions a;
+  {
+    std::lock_guard lock(mu_);
+    end(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"), true);
+    plan(a);
+  }
+  act(a);
+}
+
+void AttachReactor::OnDone() {
+  std::shared_ptr<AttachReactor> keep;
+  {
+    std::lock_guard lock(mu_);
+    done_ = true;
+    if (registered_) deps_.streams->remove(identity_.run_id, this);
+    keep = std::move(self_);
+  }
+  deps_.metrics->stream_closed();
+  // `keep` releases the reactor's own reference here; the ingest thread may still hold one
+  // until its queued items are settled.
+}
+
+void AttachReactor::on_settled(std::uint64_t persisted_seq, int items) {
+  Actions a;
+  {
+    std::lock_guard lock(mu_);
+    if (done_) return;
+    in_flight_ -= std::min<std::size_t>(in_flight_, static_cast<std::size_t>(items));
+    hello_settled_ = true;
+    enqueue_ack(persisted_seq);
+    plan(a);
+  }
+  act(a);
+}
+
+void AttachReactor::on_policy(const v1::PolicyUpdate& update) {
+  Actions a;
+  {
+    std::lock_guard lock(mu_);
+    // Before the first Ack the stream's Hello is not committed; the current policy follows
+    // that Ack.
+    if (done_ || !hello_settled_ || end_status_) return;
+    v1::ServerMessage m;
+    *m.mutable_policy() = update;
+    enqueue(std::move(m));
+    plan(a);
+  }
+  act(a);
+}
+
+void AttachReactor::on_store_failure(const std::string& message) {
+  Actions a;
+  {
+    std::lock_guard lock(mu_);
+    if (done_) return;
+    end(grpc::Status(grpc::StatusCode::INTERNAL, message), true);
+    plan(a);
+  }
+  act(a);
+}
+
+void AttachReactor::drain() {
+  Actions a;
+  {
+    std::lock_guard lock(mu_);
+    if (done_) return;
+    draining_ = true;
+    plan(a);
+  }
+  act(a);
+}
+
+}  // namespace ampscope::server

@@ -1,0 +1,115 @@
+// The ingest thread: the single writer of the store. Streams submit validated Hellos, reports
+// and rejections; the thread takes everything queued, writes it in one transaction (group
+// commit: the batch grows with the load, no timer), commits, and only then acknowledges:
+// Ack(persisted_seq) to each stream, metrics, the policy engines' decisions pushed to the run's
+// streams. Duplicates by (run, rank, seq) are dropped here, against the last seq per agent,
+// which survives restarts in the store.
+//
+// Thread safety: submit() and duplicates() from any thread; everything else runs on the ingest
+// thread or before start() / after stop().
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "ampscope/v1/telemetry.pb.h"
+#include "metrics.h"
+#include "policy_host.h"
+#include "store.h"
+#include "streams.h"
+#include "validation.h"
+
+namespace ampscope::server {
+
+struct IngestOptions {
+  std::size_t max_batch_items = 4096;  // items per transaction at most
+  std::chrono::milliseconds retention_interval{60000};
+  std::int64_t retention_max_age_ns = 0;             // 0: keep forever
+  std::uint64_t retention_max_bytes = 0;             // 0: no size limit
+  std::size_t top_k = 20;                            // per-tensor series per run
+  std::chrono::milliseconds refresh_interval{1000};  // top-K series, store size gauge
+};
+
+struct IngestItem {
+  enum class Kind { kHello, kReport, kReject };
+  Kind kind = Kind::kReport;
+  std::shared_ptr<StreamSink> sink;
+  std::string run_id;
+  std::uint32_t rank = 0;
+  std::uint64_t seq = 0;
+  std::unique_ptr<v1::Hello> hello;        // kHello
+  std::unique_ptr<v1::StepReport> report;  // kReport
+  std::string payload;                     // kReport: the report serialised
+  Violation violation;                     // kReject
+  std::int64_t received_ns = 0;
+  std::chrono::steady_clock::time_point received{};
+};
+
+class Ingest {
+ public:
+  Ingest(StoreWriter& store, Metrics& metrics, PolicyHost& policy, StreamTable& streams,
+         IngestOptions options);
+  ~Ingest();
+
+  // Before start(): last seq per agent, tensor totals, policy engines from the store.
+  void restore();
+  void start();
+  // False once the ingest thread stopped or failed: the item was not taken.
+  bool submit(IngestItem item);
+  // Commits everything queued, saves the policy state, and joins the thread.
+  void stop();
+
+  std::uint64_t duplicates(const std::string& run_id) const;
+  // Called once, from the ingest thread, when a commit fails (the server then shuts down).
+  void on_failure(std::function<void(const std::string&)> callback);
+
+ private:
+  struct AgentState {
+    std::uint64_t last_seq = 0;
+  };
+  struct Batch;
+  void run();
+  void process(std::vector<IngestItem>& items);
+  void write(std::vector<IngestItem>& items, Batch& batch, std::int64_t now_ns);
+  void publish(Batch& batch, std::int64_t now_ns);
+  void fail(std::vector<IngestItem>& items, Batch& batch, const std::string& message);
+  void maintenance(bool force);
+  void refresh_top_tensors(const std::string& run_id);
+  static std::string agent_key(const std::string& run_id, std::uint32_t rank);
+
+  StoreWriter& store_;
+  Metrics& metrics_;
+  PolicyHost& policy_;
+  StreamTable& streams_;
+  IngestOptions options_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<IngestItem> queue_;
+  bool stopping_ = false;
+  bool stopped_ = false;
+  std::map<std::string, std::uint64_t> duplicates_;
+  std::function<void(const std::string&)> on_failure_;
+  std::thread thread_;
+
+  // Ingest thread only.
+  std::unordered_map<std::string, AgentState> agents_;
+  std::map<std::string, std::map<std::pair<std::string, int>, TensorTotals>> totals_;
+  std::map<std::string, bool> top_dirty_;
+  std::set<std::string> known_runs_;
+  std::chrono::steady_clock::time_point next_retention_{};
+  std::chrono::steady_clock::time_point next_refresh_{};
+};
+
+}  // namespace ampscope::server

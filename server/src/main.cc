@@ -1,0 +1,249 @@
+// ampscope-server: flags -> ServerOptions, then the lifecycle of server.h. SIGTERM and SIGINT
+// are blocked in every thread and taken by one dedicated thread with sigwait(), which starts
+// the graceful shutdown; nothing runs inside a signal handler.
+//
+// Exit status: 0 after a clean shutdown, 1 when the store failed while serving, 2 on a bad
+// command line or when the server cannot start (store unusable, address in use).
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "ampscope/server/server.h"
+#include "auth.h"
+#include "flags.h"
+#include "log.h"
+
+namespace {
+
+using ampscope::server::ServerOptions;
+
+struct Flags {
+  ServerOptions options;
+  std::string token_file;
+  std::string policy = "observe";
+  std::string sync = "full";
+  std::string retention_max_age;
+  std::string retention_max_bytes;
+  std::string retention_interval = "60s";
+  std::string max_message_bytes = "16M";
+  std::string shutdown_timeout = "10s";
+  std::string ready_file;
+  std::string log_level = "info";
+  // static-params
+  std::optional<double> static_loss_scale;
+  std::optional<std::int64_t> static_growth_interval;
+  std::optional<double> static_growth_factor;
+  std::optional<double> static_backoff_factor;
+  std::optional<int> static_hysteresis;
+  std::optional<double> static_min_scale;
+  std::optional<double> static_max_scale;
+};
+
+void add_flags(CLI::App& app, Flags& f) {
+  ServerOptions& o = f.options;
+  ampscope::policy::EngineConfig& p = o.policy;
+  app.add_option("--listen", o.listen, "gRPC address host:port (port 0: any free port)")
+      ->capture_default_str();
+  app.add_option("--metrics-listen", o.metrics_listen,
+                 "Prometheus /metrics address host:port; empty to turn off")
+      ->capture_default_str();
+  app.add_option("--db", o.db_path, "SQLite store file (created when missing)")
+      ->capture_default_str();
+  app.add_option("--auth-token-file", f.token_file,
+                 "File whose first line is the token every RPC must present as "
+                 "'authorization: Bearer <token>'");
+  app.add_option("--tls-cert", o.tls_cert_file, "PEM certificate chain; with --tls-key: TLS");
+  app.add_option("--tls-key", o.tls_key_file, "PEM private key of --tls-cert");
+  app.add_option("--sync", f.sync,
+                 "full: each commit survives power loss; normal: survives a server crash")
+      ->check(CLI::IsMember({"full", "normal"}))
+      ->capture_default_str();
+  app.add_option("--retention-max-age", f.retention_max_age,
+                 "Delete reports older than this (30d, 12h, ...); default: keep");
+  app.add_option("--retention-max-bytes", f.retention_max_bytes,
+                 "Delete the oldest reports while the store holds more (512M, 2G, ...)");
+  app.add_option("--retention-interval", f.retention_interval, "How often retention runs")
+      ->capture_default_str();
+  app.add_option("--max-message-bytes", f.max_message_bytes, "Largest accepted gRPC message")
+      ->capture_default_str();
+  app.add_option("--max-in-flight", o.max_in_flight_per_stream,
+                 "Reports per stream awaiting their commit before the server stops reading")
+      ->capture_default_str();
+  app.add_option("--top-k", o.top_k_tensors, "Per-tensor metric series per run")
+      ->capture_default_str();
+  app.add_option("--shutdown-timeout", f.shutdown_timeout,
+                 "Deadline of the graceful shutdown on SIGTERM/SIGINT")
+      ->capture_default_str();
+  app.add_option("--ready-file", f.ready_file,
+                 "Once serving, write {\"grpc\": ..., \"metrics\": ..., \"pid\": ...} here");
+  app.add_option("--log-level", f.log_level, "debug, info, warn or error")
+      ->check(CLI::IsMember({"debug", "info", "warn", "error"}))
+      ->capture_default_str();
+
+  app.add_option("--policy", f.policy, "Loss-scaler policy: observe, static-params, headroom")
+      ->check(CLI::IsMember({"observe", "static-params", "headroom"}))
+      ->capture_default_str();
+  app.add_option("--policy-lead-steps", p.lead_steps,
+                 "Decisions take effect this many steps after the latest step seen")
+      ->capture_default_str();
+  app.add_option("--headroom-margin", p.headroom.margin_binades,
+                 "Binades kept free below the format's overflow")
+      ->capture_default_str();
+  app.add_option("--headroom-window", p.headroom.window_steps, "Steps of evidence")
+      ->capture_default_str();
+  app.add_option("--headroom-every", p.headroom.update_every_steps, "Steps between evaluations")
+      ->capture_default_str();
+  app.add_option("--headroom-raise-after", p.headroom.raise_after_evaluations,
+                 "Consecutive evaluations that must agree before raising the scale")
+      ->capture_default_str();
+  app.add_option("--headroom-min-scale", p.headroom.min_scale, "Lowest scale (power of two)")
+      ->capture_default_str();
+  app.add_option("--headroom-max-scale", p.headroom.max_scale, "Highest scale (power of two)")
+      ->capture_default_str();
+  app.add_option("--static-loss-scale", f.static_loss_scale, "static-params: loss scale");
+  app.add_option("--static-growth-interval", f.static_growth_interval,
+                 "static-params: growth interval (steps)");
+  app.add_option("--static-growth-factor", f.static_growth_factor, "static-params: growth factor");
+  app.add_option("--static-backoff-factor", f.static_backoff_factor,
+                 "static-params: backoff factor");
+  app.add_option("--static-hysteresis", f.static_hysteresis, "static-params: hysteresis");
+  app.add_option("--static-min-scale", f.static_min_scale, "static-params: minimum scale");
+  app.add_option("--static-max-scale", f.static_max_scale, "static-params: maximum scale");
+  app.add_flag("--fp32-fallback", p.fp32_fallback.enabled,
+               "Recommend FP32 for tensors that keep overflowing or do not fit their format");
+  app.add_option("--fp32-window", p.fp32_fallback.window_reports,
+                 "FP32 fallback: reports of a tensor considered")
+      ->capture_default_str();
+  app.add_option("--fp32-min-reports", p.fp32_fallback.min_reports,
+                 "FP32 fallback: bad reports within the window that trigger it")
+      ->capture_default_str();
+  app.add_option("--fp32-max-tensors", p.fp32_fallback.max_tensors,
+                 "FP32 fallback: most tensors ever recommended")
+      ->capture_default_str();
+}
+
+// Turns the parsed strings into options; throws ampscope::Error naming the flag.
+void finish_options(Flags& f) {
+  using ampscope::server::parse_bytes;
+  using ampscope::server::parse_duration;
+  ServerOptions& o = f.options;
+  o.policy.mode = *ampscope::policy::parse_mode(f.policy);
+  ampscope::policy::ScalerSettings& st = o.policy.static_params;
+  st.loss_scale = f.static_loss_scale;
+  st.growth_interval = f.static_growth_interval;
+  st.growth_factor = f.static_growth_factor;
+  st.backoff_factor = f.static_backoff_factor;
+  st.hysteresis = f.static_hysteresis;
+  st.min_scale = f.static_min_scale;
+  st.max_scale = f.static_max_scale;
+  o.sync_full = f.sync == "full";
+  if (!f.token_file.empty()) o.auth_token = ampscope::server::read_token_file(f.token_file);
+  if (!f.retention_max_age.empty()) {
+    o.retention_max_age = std::chrono::duration_cast<std::chrono::seconds>(
+        parse_duration(f.retention_max_age, "--retention-max-age"));
+  }
+  if (!f.retention_max_bytes.empty()) {
+    o.retention_max_bytes = parse_bytes(f.retention_max_bytes, "--retention-max-bytes");
+  }
+  o.retention_interval = parse_duration(f.retention_interval, "--retention-interval");
+  if (o.retention_interval.count() < 100) {
+    throw ampscope::Error("--retention-interval: must be at least 100ms");
+  }
+  o.max_message_bytes = parse_bytes(f.max_message_bytes, "--max-message-bytes");
+  if (o.max_message_bytes < 1024 || o.max_message_bytes > (1u << 30)) {
+    throw ampscope::Error("--max-message-bytes: must be in [1K, 1G]");
+  }
+  ampscope::server::LogLevel level = ampscope::server::LogLevel::kInfo;
+  if (f.log_level == "debug") level = ampscope::server::LogLevel::kDebug;
+  if (f.log_level == "warn") level = ampscope::server::LogLevel::kWarning;
+  if (f.log_level == "error") level = ampscope::server::LogLevel::kError;
+  ampscope::server::set_log_level(level);
+#ifdef AMPSCOPE_VERSION
+  o.version = AMPSCOPE_VERSION;
+#endif
+}
+
+void write_ready_file(const std::string& path, const ampscope::server::BoundAddresses& a) {
+  // Written to a temporary name and renamed, so a reader never sees half a file.
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << "{\"grpc\": \"" << a.grpc << "\", \"metrics\": \"" << a.metrics
+        << "\", \"pid\": " << ::getpid() << "}\n";
+    if (!out) throw ampscope::Error("--ready-file '" + path + "': cannot write it");
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+int fail(const std::string& message, int code) {
+  std::cerr << "ampscope-server: " << message << std::endl;
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Before any thread exists, so that every thread inherits the mask and only the signal
+  // thread ever sees these signals.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  CLI::App app{
+      "ampscope-server: receives agents' telemetry, stores it, exports Prometheus "
+      "metrics and decides loss-scaler policy"};
+  Flags flags;
+  add_flags(app, flags);
+  app.set_version_flag("--version", std::string("ampscope-server ") +
+#ifdef AMPSCOPE_VERSION
+                                        AMPSCOPE_VERSION
+#else
+                                        "dev"
+#endif
+  );
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  std::unique_ptr<ampscope::server::Server> server;
+  std::chrono::milliseconds shutdown_timeout{};
+  try {
+    finish_options(flags);
+    shutdown_timeout =
+        ampscope::server::parse_duration(flags.shutdown_timeout, "--shutdown-timeout");
+    server = ampscope::server::Server::create(flags.options);
+    const ampscope::server::BoundAddresses bound = server->start();
+    if (!flags.ready_file.empty()) write_ready_file(flags.ready_file, bound);
+  } catch (const std::exception& e) {
+    return fail(e.what(), 2);
+  }
+
+  std::atomic<bool> done{false};
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    if (done) return;
+    ampscope::server::log_info("received ", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    server->shutdown(shutdown_timeout);
+  });
+  const bool ok = server->wait();
+  done = true;
+  // Wake the signal thread if the server stopped on its own (store failure).
+  pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+  server.reset();
+  return ok ? 0 : 1;
+}

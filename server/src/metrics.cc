@@ -1,0 +1,653 @@
+#include "metrics.h"
+
+#include <cmath>
+
+#include "validation.h"
+
+namespace ampscope::server {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Counter;
+using prometheus::Family;
+using prometheus::Gauge;
+using prometheus::Histogram;
+
+constexpr int kRoles = 8;    // v1::TensorRole values
+constexpr int kFormats = 6;  // v1::Format values
+constexpr std::array<std::string_view, kRoles> kRoleLabels = {
+    "unspecified",     "weight",      "master_weight",   "activation",
+    "activation_grad", "weight_grad", "optimizer_state", "loss"};
+constexpr std::array<std::string_view, kFormats> kFormatLabels = {"unspecified", "fp32", "fp16",
+                                                                  "bf16",        "e4m3", "e5m2"};
+constexpr std::array<const char*, 3> kNonfiniteKinds = {"nan", "pos_inf", "neg_inf"};
+constexpr int kGradBuckets = kGradBucketMaxLog2 - kGradBucketMinLog2 + 1;
+
+Histogram::BucketBoundaries gradient_buckets() {
+  Histogram::BucketBoundaries b;
+  for (int e = kGradBucketMinLog2; e <= kGradBucketMaxLog2; ++e) b.push_back(std::ldexp(1.0, e));
+  return b;
+}
+
+// log2 of the scale the values carry, rounded down (exact for power-of-two loss scales).
+int floor_log2(double scale) {
+  int e = 0;
+  std::frexp(scale, &e);
+  return e - 1;
+}
+
+void increment(Counter* c, double v) {
+  if (v > 0) c->Increment(v);
+}
+
+}  // namespace
+
+std::string_view role_label(int role) {
+  return role >= 0 && role < kRoles ? kRoleLabels[role] : kRoleLabels[0];
+}
+
+std::string_view format_label(int format) {
+  return format >= 0 && format < kFormats ? kFormatLabels[format] : kFormatLabels[0];
+}
+
+struct Metrics::Families {
+  explicit Families(prometheus::Registry& r)
+      : build_info(BuildGauge()
+                       .Name("ampscope_build_info")
+                       .Help("Constant 1, labelled with the server version")
+                       .Register(r)),
+        streams_active(BuildGauge()
+                           .Name("ampscope_streams_active")
+                           .Help("Open Attach streams (agents connected)")
+                           .Register(r)),
+        streams_opened(BuildCounter()
+                           .Name("ampscope_streams_opened_total")
+                           .Help("Attach streams opened")
+                           .Register(r)),
+        auth_failures(BuildCounter()
+                          .Name("ampscope_auth_failures_total")
+                          .Help("Calls refused with UNAUTHENTICATED")
+                          .Register(r)),
+        rejected(BuildCounter()
+                     .Name("ampscope_reports_rejected_total")
+                     .Help("Messages refused by validation, by rule")
+                     .Register(r)),
+        duplicates(BuildCounter()
+                       .Name("ampscope_reports_duplicate_total")
+                       .Help("Replayed reports dropped because (run, rank, seq) was stored")
+                       .Register(r)),
+        seq_gaps(BuildCounter()
+                     .Name("ampscope_report_seq_gaps_total")
+                     .Help("Sequence numbers an agent skipped (reports it never sent)")
+                     .Register(r)),
+        ack_delay(BuildHistogram()
+                      .Name("ampscope_ack_delay_seconds")
+                      .Help("Time from reading a report to acknowledging its commit")
+                      .Register(r)),
+        commit_seconds(BuildHistogram()
+                           .Name("ampscope_store_commit_duration_seconds")
+                           .Help("Duration of one group commit (write and sync)")
+                           .Register(r)),
+        commits(BuildCounter()
+                    .Name("ampscope_store_commits_total")
+                    .Help("Group commits to the store")
+                    .Register(r)),
+        store_bytes(BuildGauge()
+                        .Name("ampscope_store_live_bytes")
+                        .Help("Bytes of live data in the store (pages in use)")
+                        .Register(r)),
+        retention_deleted(BuildCounter()
+                              .Name("ampscope_retention_deleted_reports_total")
+                              .Help("Reports deleted by the age or size retention limits")
+                              .Register(r)),
+        policy_errors(BuildCounter()
+                          .Name("ampscope_policy_errors_total")
+                          .Help("Reports the policy engine refused (logged with the field)")
+                          .Register(r)),
+        tensor_stats(BuildCounter()
+                         .Name("ampscope_tensor_stats_total")
+                         .Help("TensorStats stored")
+                         .Register(r)),
+        steps(BuildCounter().Name("ampscope_steps_total").Help("Step reports stored").Register(r)),
+        skipped(BuildCounter()
+                    .Name("ampscope_skipped_steps_total")
+                    .Help("Steps whose optimizer update was skipped")
+                    .Register(r)),
+        found_inf(BuildCounter()
+                      .Name("ampscope_found_inf_steps_total")
+                      .Help("Steps whose gradients held NaN or Inf at the check")
+                      .Register(r)),
+        step_seconds(BuildCounter()
+                         .Name("ampscope_step_seconds_total")
+                         .Help("Wall time of the reported steps")
+                         .Register(r)),
+        tokens(BuildCounter()
+                   .Name("ampscope_tokens_total")
+                   .Help("Tokens in the reported steps")
+                   .Register(r)),
+        agent_dropped(BuildCounter()
+                          .Name("ampscope_agent_dropped_reports_total")
+                          .Help("Reports the agent dropped because its queue and spool were full")
+                          .Register(r)),
+        step(BuildGauge().Name("ampscope_step").Help("Latest reported step index").Register(r)),
+        loss(BuildGauge()
+                 .Name("ampscope_loss")
+                 .Help("Training loss of the latest reported step (NaN when not finite)")
+                 .Register(r)),
+        loss_scale(BuildGauge()
+                       .Name("ampscope_loss_scale")
+                       .Help("Loss scale after the latest reported step")
+                       .Register(r)),
+        grad_norm(BuildGauge()
+                      .Name("ampscope_grad_norm")
+                      .Help("Global gradient L2 norm (unscaled) of the latest reported step")
+                      .Register(r)),
+        lr(BuildGauge()
+               .Name("ampscope_learning_rate")
+               .Help("Learning rate of the latest reported step")
+               .Register(r)),
+        tc_ratio(BuildGauge()
+                     .Name("ampscope_tensor_core_active_ratio")
+                     .Help("Share of cycles the tensor pipes were active, latest sampled step")
+                     .Register(r)),
+        spool_bytes(BuildGauge()
+                        .Name("ampscope_agent_spool_bytes")
+                        .Help("Bytes in the agent's on-disk spool")
+                        .Register(r)),
+        nonfinite(BuildCounter()
+                      .Name("ampscope_nonfinite_values_total")
+                      .Help("NaN, +Inf and -Inf elements observed, by tensor role")
+                      .Register(r)),
+        first_offenders(BuildCounter()
+                            .Name("ampscope_first_offenders_total")
+                            .Help("Steps whose first non-finite tensor had this role")
+                            .Register(r)),
+        checked(BuildCounter()
+                    .Name("ampscope_checked_values_total")
+                    .Help("Finite nonzero elements checked against the target format "
+                          "(targets[0])")
+                    .Register(r)),
+        overflow(BuildCounter()
+                     .Name("ampscope_overflow_values_total")
+                     .Help("Elements that overflow the target format at the scale in use")
+                     .Register(r)),
+        underflow(BuildCounter()
+                      .Name("ampscope_underflow_values_total")
+                      .Help("Nonzero elements that round to zero in the target format")
+                      .Register(r)),
+        subnormal(BuildCounter()
+                      .Name("ampscope_subnormal_values_total")
+                      .Help("Elements that round to a subnormal of the target format")
+                      .Register(r)),
+        overflow_ratio(BuildGauge()
+                           .Name("ampscope_overflow_ratio")
+                           .Help("Overflowing share of checked elements, latest step")
+                           .Register(r)),
+        underflow_ratio(BuildGauge()
+                            .Name("ampscope_underflow_ratio")
+                            .Help("Underflowing share of checked elements, latest step")
+                            .Register(r)),
+        gradient(BuildHistogram()
+                     .Name("ampscope_gradient_magnitude")
+                     .Help("Unscaled gradient magnitudes |g|, power-of-two buckets (from the "
+                           "binade histograms; _sum approximates each binade by 1.5 * 2^e)")
+                     .Register(r)),
+        tensor_underflow(BuildGauge()
+                             .Name("ampscope_tensor_underflow_ratio")
+                             .Help("Underflowing share of a top-K tensor's checked elements, "
+                                   "over the run")
+                             .Register(r)),
+        tensor_overflow(BuildGauge()
+                            .Name("ampscope_tensor_overflow_ratio")
+                            .Help("Overflowing share of a top-K tensor's checked elements, "
+                                  "over the run")
+                            .Register(r)),
+        tensor_nonfinite(BuildGauge()
+                             .Name("ampscope_tensor_nonfinite_values")
+                             .Help("Non-finite elements of a top-K tensor over the run")
+                             .Register(r)),
+        tensor_max_abs(BuildGauge()
+                           .Name("ampscope_tensor_max_abs")
+                           .Help("Largest unscaled |x| of a top-K tensor over the run")
+                           .Register(r)),
+        agents_connected(BuildGauge()
+                             .Name("ampscope_agents_connected")
+                             .Help("Agents of the run with an open stream")
+                             .Register(r)),
+        policy_decisions(BuildCounter()
+                             .Name("ampscope_policy_decisions_total")
+                             .Help("Policy decisions pushed, by mode and kind "
+                                   "(scale, params, fp32_fallback)")
+                             .Register(r)),
+        policy_last(BuildGauge()
+                        .Name("ampscope_policy_last_decision_info")
+                        .Help("Constant 1, labelled with the latest decision's reason")
+                        .Register(r)),
+        policy_scale(BuildGauge()
+                         .Name("ampscope_policy_loss_scale")
+                         .Help("Loss scale of the latest policy decision that set one")
+                         .Register(r)),
+        policy_target(BuildGauge()
+                          .Name("ampscope_policy_target_loss_scale")
+                          .Help("Scale the headroom evaluation wants now (also in observe mode)")
+                          .Register(r)),
+        policy_fp32(BuildGauge()
+                        .Name("ampscope_policy_fp32_tensors")
+                        .Help("Tensors the policy keeps in FP32")
+                        .Register(r)) {}
+
+  Family<Gauge>& build_info;
+  Family<Gauge>& streams_active;
+  Family<Counter>& streams_opened;
+  Family<Counter>& auth_failures;
+  Family<Counter>& rejected;
+  Family<Counter>& duplicates;
+  Family<Counter>& seq_gaps;
+  Family<Histogram>& ack_delay;
+  Family<Histogram>& commit_seconds;
+  Family<Counter>& commits;
+  Family<Gauge>& store_bytes;
+  Family<Counter>& retention_deleted;
+  Family<Counter>& policy_errors;
+  Family<Counter>& tensor_stats;
+  Family<Counter>& steps;
+  Family<Counter>& skipped;
+  Family<Counter>& found_inf;
+  Family<Counter>& step_seconds;
+  Family<Counter>& tokens;
+  Family<Counter>& agent_dropped;
+  Family<Gauge>& step;
+  Family<Gauge>& loss;
+  Family<Gauge>& loss_scale;
+  Family<Gauge>& grad_norm;
+  Family<Gauge>& lr;
+  Family<Gauge>& tc_ratio;
+  Family<Gauge>& spool_bytes;
+  Family<Counter>& nonfinite;
+  Family<Counter>& first_offenders;
+  Family<Counter>& checked;
+  Family<Counter>& overflow;
+  Family<Counter>& underflow;
+  Family<Counter>& subnormal;
+  Family<Gauge>& overflow_ratio;
+  Family<Gauge>& underflow_ratio;
+  Family<Histogram>& gradient;
+  Family<Gauge>& tensor_underflow;
+  Family<Gauge>& tensor_overflow;
+  Family<Gauge>& tensor_nonfinite;
+  Family<Gauge>& tensor_max_abs;
+  Family<Gauge>& agents_connected;
+  Family<Counter>& policy_decisions;
+  Family<Gauge>& policy_last;
+  Family<Gauge>& policy_scale;
+  Family<Gauge>& policy_target;
+  Family<Gauge>& policy_fp32;
+};
+
+struct Metrics::FormatSeries {
+  Counter* checked;
+  Counter* overflow;
+  Counter* underflow;
+  Counter* subnormal;
+  Gauge* overflow_ratio;
+  Gauge* underflow_ratio;
+};
+
+struct Metrics::RoleSeries {
+  std::array<Counter*, 3> nonfinite{};
+  Counter* first_offenders = nullptr;
+  std::array<std::unique_ptr<FormatSeries>, kFormats> formats;
+};
+
+struct Metrics::RankSeries {
+  std::string rank;
+  Counter* steps;
+  Counter* skipped;
+  Counter* found_inf;
+  Counter* step_seconds;
+  Counter* tokens;
+  Counter* agent_dropped;
+  Counter* seq_gaps;
+  Gauge* step;
+  Gauge* loss;
+  Gauge* loss_scale;
+  Gauge* grad_norm;
+  Gauge* lr;
+  Gauge* tc_ratio = nullptr;  // created at the first measured value
+  Gauge* spool_bytes;
+  std::uint64_t agent_dropped_seen = 0;
+  std::array<std::unique_ptr<RoleSeries>, kRoles> roles;
+};
+
+struct Metrics::RunSeries {
+  std::string run_id;
+  Counter* tensor_stats;
+  Counter* duplicates;
+  Gauge* agents_connected;
+  std::array<Histogram*, 2> gradient{};  // activation_grad, weight_grad
+  std::unordered_map<std::uint32_t, std::unique_ptr<RankSeries>> ranks;
+  struct TensorSeries {
+    Gauge* underflow;
+    Gauge* overflow;
+    Gauge* nonfinite;
+    Gauge* max_abs;
+  };
+  std::map<std::pair<std::string, int>, TensorSeries> tensors;  // (name, role) of the top-K
+  Gauge* policy_last = nullptr;
+  Gauge* policy_scale = nullptr;
+  Gauge* policy_target = nullptr;
+  Gauge* policy_fp32 = nullptr;
+};
+
+Metrics::Metrics(std::string version)
+    : registry_(std::make_shared<prometheus::Registry>()),
+      f_(std::make_unique<Families>(*registry_)) {
+  f_->build_info.Add({{"version", std::move(version)}}).Set(1);
+  streams_active_ = &f_->streams_active.Add({});
+  streams_opened_ = &f_->streams_opened.Add({});
+  auth_failures_ = &f_->auth_failures.Add({});
+  for (std::string_view reason : kRejectReasons) {
+    rejected_.emplace(std::string(reason), &f_->rejected.Add({{"reason", std::string(reason)}}));
+  }
+  ack_delay_ = &f_->ack_delay.Add({}, Histogram::BucketBoundaries{0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                                  0.05, 0.1, 0.25, 0.5, 1, 2.5});
+  commit_seconds_ =
+      &f_->commit_seconds.Add({}, Histogram::BucketBoundaries{0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                                              0.025, 0.05, 0.1, 0.25, 0.5, 1});
+  commits_ = &f_->commits.Add({});
+  store_bytes_ = &f_->store_bytes.Add({});
+  retention_deleted_ = &f_->retention_deleted.Add({});
+  policy_errors_ = &f_->policy_errors.Add({});
+}
+
+Metrics::~Metrics() = default;
+
+void Metrics::stream_opened() {
+  streams_opened_->Increment();
+  streams_active_->Increment();
+}
+
+void Metrics::stream_closed() { streams_active_->Decrement(); }
+
+void Metrics::auth_failure() { auth_failures_->Increment(); }
+
+void Metrics::rejected(std::string_view reason) {
+  if (auto it = rejected_.find(reason); it != rejected_.end()) it->second->Increment();
+}
+
+void Metrics::ack_delay(double seconds) { ack_delay_->Observe(seconds); }
+
+void Metrics::commit(double seconds, std::size_t reports) {
+  (void)reports;
+  commit_seconds_->Observe(seconds);
+  commits_->Increment();
+}
+
+void Metrics::store_live_bytes(std::uint64_t bytes) {
+  store_bytes_->Set(static_cast<double>(bytes));
+}
+
+void Metrics::retention_deleted(std::int64_t reports) {
+  increment(retention_deleted_, static_cast<double>(reports));
+}
+
+void Metrics::policy_error() { policy_errors_->Increment(); }
+
+Metrics::RunSeries& Metrics::run_series(const std::string& run_id) {
+  auto it = runs_.find(run_id);
+  if (it != runs_.end()) return *it->second;
+  auto s = std::make_unique<RunSeries>();
+  s->run_id = run_id;
+  const prometheus::Labels run{{"run", run_id}};
+  s->tensor_stats = &f_->tensor_stats.Add(run);
+  s->duplicates = &f_->duplicates.Add(run);
+  s->agents_connected = &f_->agents_connected.Add(run);
+  const Histogram::BucketBoundaries buckets = gradient_buckets();
+  s->gradient[0] = &f_->gradient.Add({{"run", run_id}, {"role", "activation_grad"}}, buckets);
+  s->gradient[1] = &f_->gradient.Add({{"run", run_id}, {"role", "weight_grad"}}, buckets);
+  return *runs_.emplace(run_id, std::move(s)).first->second;
+}
+
+Metrics::RankSeries& Metrics::rank_series(RunSeries& run, std::uint32_t rank) {
+  auto it = run.ranks.find(rank);
+  if (it != run.ranks.end()) return *it->second;
+  auto s = std::make_unique<RankSeries>();
+  s->rank = std::to_string(rank);
+  const prometheus::Labels l{{"run", run.run_id}, {"rank", s->rank}};
+  s->steps = &f_->steps.Add(l);
+  s->skipped = &f_->skipped.Add(l);
+  s->found_inf = &f_->found_inf.Add(l);
+  s->step_seconds = &f_->step_seconds.Add(l);
+  s->tokens = &f_->tokens.Add(l);
+  s->agent_dropped = &f_->agent_dropped.Add(l);
+  s->seq_gaps = &f_->seq_gaps.Add(l);
+  s->step = &f_->step.Add(l);
+  s->loss = &f_->loss.Add(l);
+  s->loss_scale = &f_->loss_scale.Add(l);
+  s->grad_norm = &f_->grad_norm.Add(l);
+  s->lr = &f_->lr.Add(l);
+  s->spool_bytes = &f_->spool_bytes.Add(l);
+  return *run.ranks.emplace(rank, std::move(s)).first->second;
+}
+
+Metrics::RoleSeries& Metrics::role_series(RunSeries& run, RankSeries& rank, int role) {
+  std::unique_ptr<RoleSeries>& slot = rank.roles[role];
+  if (slot) return *slot;
+  slot = std::make_unique<RoleSeries>();
+  const std::string role_name(role_label(role));
+  for (std::size_t k = 0; k < kNonfiniteKinds.size(); ++k) {
+    slot->nonfinite[k] = &f_->nonfinite.Add({{"run", run.run_id},
+                                             {"rank", rank.rank},
+                                             {"role", role_name},
+                                             {"kind", kNonfiniteKinds[k]}});
+  }
+  slot->first_offenders =
+      &f_->first_offenders.Add({{"run", run.run_id}, {"rank", rank.rank}, {"role", role_name}});
+  return *slot;
+}
+
+Metrics::FormatSeries& Metrics::format_series(RunSeries& run, RankSeries& rank, int role,
+                                              int format) {
+  std::unique_ptr<FormatSeries>& slot = role_series(run, rank, role).formats[format];
+  if (slot) return *slot;
+  const prometheus::Labels l{{"run", run.run_id},
+                             {"rank", rank.rank},
+                             {"role", std::string(role_label(role))},
+                             {"format", std::string(format_label(format))}};
+  slot = std::make_unique<FormatSeries>(
+      FormatSeries{&f_->checked.Add(l), &f_->overflow.Add(l), &f_->underflow.Add(l),
+                   &f_->subnormal.Add(l), &f_->overflow_ratio.Add(l), &f_->underflow_ratio.Add(l)});
+  return *slot;
+}
+
+void Metrics::duplicates(const std::string& run_id, std::uint64_t n) {
+  increment(run_series(run_id).duplicates, static_cast<double>(n));
+}
+
+void Metrics::seq_gap(const std::string& run_id, std::uint32_t rank, std::uint64_t missing) {
+  RunSeries& run = run_series(run_id);
+  increment(rank_series(run, rank).seq_gaps, static_cast<double>(missing));
+}
+
+void Metrics::on_report(const v1::StepReport& r) {
+  RunSeries& run = run_series(r.run_id());
+  RankSeries& rank = rank_series(run, r.rank());
+  rank.steps->Increment();
+  if (r.skipped()) rank.skipped->Increment();
+  if (r.found_inf()) rank.found_inf->Increment();
+  increment(rank.step_seconds, r.step_time_s());
+  increment(rank.tokens, static_cast<double>(r.tokens()));
+  rank.step->Set(static_cast<double>(r.step()));
+  rank.loss->Set(r.loss());
+  rank.loss_scale->Set(r.scale_after());
+  rank.grad_norm->Set(r.grad_norm());
+  rank.lr->Set(r.lr());
+  if (r.has_tensor_core_active_ratio()) {
+    if (rank.tc_ratio == nullptr) {
+      rank.tc_ratio = &f_->tc_ratio.Add({{"run", run.run_id}, {"rank", rank.rank}});
+    }
+    rank.tc_ratio->Set(r.tensor_core_active_ratio());
+  }
+  if (r.has_agent()) {
+    // The agent's counter is cumulative per agent process; a smaller value means it restarted.
+    const std::uint64_t dropped = r.agent().dropped_reports();
+    const std::uint64_t delta =
+        dropped >= rank.agent_dropped_seen ? dropped - rank.agent_dropped_seen : dropped;
+    increment(rank.agent_dropped, static_cast<double>(delta));
+    rank.agent_dropped_seen = dropped;
+    rank.spool_bytes->Set(static_cast<double>(r.agent().spool_bytes()));
+  }
+  if (r.has_first_offender()) {
+    const int role = r.first_offender().role();
+    if (role > 0 && role < kRoles) role_series(run, rank, role).first_offenders->Increment();
+  }
+  increment(run.tensor_stats, r.tensors_size());
+
+  // Sum per role (and target format) first, so that each series is touched once per report.
+  struct Sums {
+    std::array<double, 3> nonfinite{};
+    std::array<std::array<double, 4>, kFormats> target{};  // checked, over, under, subnormal
+    std::array<bool, kFormats> has_target{};
+    bool seen = false;
+  };
+  std::array<Sums, kRoles> sums{};
+  std::array<std::vector<double>, 2> grad_buckets;
+  std::array<double, 2> grad_sum{};
+  for (const v1::TensorStats& t : r.tensors()) {
+    const int role = t.role();
+    if (role <= 0 || role >= kRoles) continue;
+    Sums& s = sums[role];
+    s.seen = true;
+    s.nonfinite[0] += static_cast<double>(t.nan());
+    s.nonfinite[1] += static_cast<double>(t.pos_inf());
+    s.nonfinite[2] += static_cast<double>(t.neg_inf());
+    if (t.targets_size() > 0) {
+      const v1::TargetCounts& c = t.targets(0);
+      const int fmt = c.format() > 0 && c.format() < kFormats ? c.format() : 0;
+      const std::uint64_t values = t.numel() - t.zeros() - t.nan() - t.pos_inf() - t.neg_inf();
+      s.has_target[fmt] = true;
+      s.target[fmt][0] += static_cast<double>(values);
+      s.target[fmt][1] += static_cast<double>(c.overflow());
+      s.target[fmt][2] += static_cast<double>(c.underflow());
+      s.target[fmt][3] += static_cast<double>(c.subnormal());
+    }
+    const bool grad =
+        t.role() == v1::TENSOR_ROLE_ACTIVATION_GRAD || t.role() == v1::TENSOR_ROLE_WEIGHT_GRAD;
+    // Weight grads are also measured after unscaling; counting both would count them twice.
+    if (grad && t.has_histogram() && t.phase() != v1::TENSOR_PHASE_AFTER_UNSCALE) {
+      const int g = t.role() == v1::TENSOR_ROLE_ACTIVATION_GRAD ? 0 : 1;
+      std::vector<double>& b = grad_buckets[g];
+      if (b.empty()) b.assign(kGradBuckets + 1, 0.0);
+      const int shift = floor_log2(t.scale());
+      const v1::BinadeHistogram& h = t.histogram();
+      for (int i = 0; i < h.counts_size(); ++i) {
+        if (h.counts(i) == 0) continue;
+        const int e = h.min_exponent() + i - shift;  // unscaled binade [2^e, 2^(e+1))
+        const int upper = e + 1;                     // its values are <= 2^(e+1)
+        const int bucket = upper < kGradBucketMinLog2   ? 0
+                           : upper > kGradBucketMaxLog2 ? kGradBuckets
+                                                        : upper - kGradBucketMinLog2;
+        const double n = static_cast<double>(h.counts(i));
+        b[bucket] += n;
+        grad_sum[g] += n * 1.5 * std::ldexp(1.0, e);
+      }
+    }
+  }
+  for (int role = 1; role < kRoles; ++role) {
+    const Sums& s = sums[role];
+    if (!s.seen) continue;
+    RoleSeries& rs = role_series(run, rank, role);
+    for (int k = 0; k < 3; ++k) increment(rs.nonfinite[k], s.nonfinite[k]);
+    for (int fmt = 0; fmt < kFormats; ++fmt) {
+      if (!s.has_target[fmt]) continue;
+      FormatSeries& fs = format_series(run, rank, role, fmt);
+      const auto& v = s.target[fmt];
+      increment(fs.checked, v[0]);
+      increment(fs.overflow, v[1]);
+      increment(fs.underflow, v[2]);
+      increment(fs.subnormal, v[3]);
+      fs.overflow_ratio->Set(v[0] > 0 ? v[1] / v[0] : 0.0);
+      fs.underflow_ratio->Set(v[0] > 0 ? v[2] / v[0] : 0.0);
+    }
+  }
+  for (int g = 0; g < 2; ++g) {
+    if (!grad_buckets[g].empty()) run.gradient[g]->ObserveMultiple(grad_buckets[g], grad_sum[g]);
+  }
+}
+
+void Metrics::set_top_tensors(const std::string& run_id, const std::vector<TensorTotals>& top) {
+  RunSeries& run = run_series(run_id);
+  std::map<std::pair<std::string, int>, const TensorTotals*> wanted;
+  for (const TensorTotals& t : top) wanted[{t.name, t.role}] = &t;
+  for (auto it = run.tensors.begin(); it != run.tensors.end();) {
+    if (wanted.contains(it->first)) {
+      ++it;
+      continue;
+    }
+    f_->tensor_underflow.Remove(it->second.underflow);
+    f_->tensor_overflow.Remove(it->second.overflow);
+    f_->tensor_nonfinite.Remove(it->second.nonfinite);
+    f_->tensor_max_abs.Remove(it->second.max_abs);
+    it = run.tensors.erase(it);
+  }
+  for (const auto& [key, t] : wanted) {
+    auto it = run.tensors.find(key);
+    if (it == run.tensors.end()) {
+      const prometheus::Labels l{{"run", run_id},
+                                 {"tensor", t->name},
+                                 {"role", std::string(role_label(t->role))},
+                                 {"format", std::string(format_label(t->format))}};
+      const prometheus::Labels no_format{
+          {"run", run_id}, {"tensor", t->name}, {"role", std::string(role_label(t->role))}};
+      it = run.tensors
+               .emplace(key, RunSeries::TensorSeries{&f_->tensor_underflow.Add(l),
+                                                     &f_->tensor_overflow.Add(l),
+                                                     &f_->tensor_nonfinite.Add(no_format),
+                                                     &f_->tensor_max_abs.Add(no_format)})
+               .first;
+    }
+    const double values = static_cast<double>(t->values);
+    it->second.underflow->Set(values > 0 ? static_cast<double>(t->underflow) / values : 0.0);
+    it->second.overflow->Set(values > 0 ? static_cast<double>(t->overflow) / values : 0.0);
+    it->second.nonfinite->Set(static_cast<double>(t->nonfinite));
+    it->second.max_abs->Set(t->max_abs);
+  }
+}
+
+void Metrics::set_agents_connected(const std::string& run_id, std::size_t n) {
+  run_series(run_id).agents_connected->Set(static_cast<double>(n));
+}
+
+void Metrics::policy_decision(const std::string& run_id, std::string_view mode,
+                              std::string_view kind, const std::string& reason,
+                              std::optional<double> loss_scale, std::size_t fp32_tensors) {
+  RunSeries& run = run_series(run_id);
+  f_->policy_decisions
+      .Add({{"run", run_id}, {"mode", std::string(mode)}, {"kind", std::string(kind)}})
+      .Increment();
+  if (run.policy_last != nullptr) f_->policy_last.Remove(run.policy_last);
+  run.policy_last = &f_->policy_last.Add({{"run", run_id},
+                                          {"mode", std::string(mode)},
+                                          {"kind", std::string(kind)},
+                                          {"reason", reason.substr(0, 200)}});
+  run.policy_last->Set(1);
+  if (loss_scale) {
+    if (run.policy_scale == nullptr) run.policy_scale = &f_->policy_scale.Add({{"run", run_id}});
+    run.policy_scale->Set(*loss_scale);
+  }
+  if (run.policy_fp32 == nullptr) run.policy_fp32 = &f_->policy_fp32.Add({{"run", run_id}});
+  run.policy_fp32->Set(static_cast<double>(fp32_tensors));
+}
+
+void Metrics::policy_target(const std::string& run_id, std::optional<double> target_scale) {
+  if (!target_scale) return;
+  RunSeries& run = run_series(run_id);
+  if (run.policy_target == nullptr) {
+    run.policy_target = &f_->policy_target.Add({{"run", run_id}});
+  }
+  run.policy_target->Set(*target_scale);
+}
+
+}  // namespace ampscope::server

@@ -1,0 +1,288 @@
+#include "policy_host.h"
+
+#include <google/protobuf/util/message_differencer.h>
+
+#include <cmath>
+
+#include "log.h"
+#include "policy_merge.h"
+
+namespace ampscope::server {
+namespace {
+
+std::optional<Format> engine_format(int wire) {
+  if (wire < 1 || wire > kNumFormats) return std::nullopt;
+  return static_cast<Format>(wire - 1);
+}
+
+}  // namespace
+
+policy::ScalerConfig to_engine_scaler(const v1::ScalerConfig& s) {
+  policy::ScalerConfig c;
+  switch (s.kind()) {
+    case v1::SCALER_KIND_STATIC:
+      c.kind = policy::ScalerKind::kStatic;
+      break;
+    case v1::SCALER_KIND_HYSTERESIS:
+      c.kind = policy::ScalerKind::kHysteresis;
+      break;
+    default:
+      c.kind = policy::ScalerKind::kDynamic;
+  }
+  if (s.init_scale() > 0) c.scale = s.init_scale();
+  if (s.growth_factor() > 0) c.growth_factor = s.growth_factor();
+  if (s.backoff_factor() > 0) c.backoff_factor = s.backoff_factor();
+  if (s.growth_interval() > 0) c.growth_interval = s.growth_interval();
+  c.hysteresis = static_cast<int>(s.hysteresis());
+  c.min_scale = s.min_scale();
+  c.max_scale = s.max_scale() > 0 ? s.max_scale() : policy::kFp32Max;
+  return c;
+}
+
+policy::StepInput to_step_input(const v1::StepReport& r, bool all_tensors) {
+  policy::StepInput in;
+  in.run_id = r.run_id();
+  in.rank = static_cast<int>(r.rank());
+  in.step = r.step();
+  in.loss_scale = r.loss_scale();
+  in.scale_after = r.scale_after();
+  in.found_inf = r.found_inf();
+  in.skipped = r.skipped();
+  in.tensors.reserve(r.tensors_size());
+  for (const v1::TensorStats& t : r.tensors()) {
+    const bool scaled =
+        t.role() == v1::TENSOR_ROLE_ACTIVATION_GRAD || t.role() == v1::TENSOR_ROLE_WEIGHT_GRAD;
+    if (!all_tensors && !scaled) continue;
+    policy::TensorInput ti;
+    ti.name = t.name();
+    ti.role = static_cast<policy::TensorRole>(t.role() - 1);
+    ti.storage = engine_format(t.dtype()).value_or(Format::kFP32);
+    ti.scale = t.scale();
+    if (t.has_histogram()) {
+      BinadeHistogram h;
+      h.min_exponent = t.histogram().min_exponent();
+      h.counts.assign(t.histogram().counts().begin(), t.histogram().counts().end());
+      ti.histogram = std::move(h);
+    }
+    ti.max_abs = t.max_abs();
+    ti.numel = t.numel();
+    ti.nan = t.nan();
+    ti.pos_inf = t.pos_inf();
+    ti.neg_inf = t.neg_inf();
+    if (t.targets_size() > 0) {
+      const v1::TargetCounts& c = t.targets(0);
+      ti.target = engine_format(c.format());
+      // targets[0] at scale_log2 0 is the question "as cast this step": its counts are exact.
+      if (c.scale_log2() == 0) {
+        ti.overflow = c.overflow();
+        ti.underflow = c.underflow();
+      }
+    }
+    in.tensors.push_back(std::move(ti));
+  }
+  return in;
+}
+
+v1::PolicyUpdate to_policy_update(const policy::PolicyDecision& d, const std::string& run_id,
+                                  v1::PolicyMode mode, bool fp32_fallback,
+                                  std::int64_t decided_at_step, std::int64_t now_ns) {
+  v1::PolicyUpdate u;
+  u.set_run_id(run_id);
+  u.set_effective_from_step(d.effective_from_step);
+  u.set_mode(mode);
+  const policy::ScalerSettings& s = d.scaler;
+  if (s.loss_scale) u.set_loss_scale(*s.loss_scale);
+  if (s.growth_interval) {
+    u.set_growth_interval(static_cast<std::uint32_t>(
+        std::min<std::int64_t>(*s.growth_interval, std::numeric_limits<std::uint32_t>::max())));
+  }
+  if (s.growth_factor) u.set_growth_factor(*s.growth_factor);
+  if (s.backoff_factor) u.set_backoff_factor(*s.backoff_factor);
+  if (s.hysteresis) u.set_hysteresis(static_cast<std::uint32_t>(*s.hysteresis));
+  if (s.min_scale) u.set_min_scale(*s.min_scale);
+  if (s.max_scale) u.set_max_scale(*s.max_scale);
+  // Only a server that manages FP32 fallback replaces the agent's set; otherwise an empty list
+  // would clear overrides the operator configured on the trainer.
+  if (fp32_fallback) {
+    u.set_fp32_tensors_set(true);
+    for (const std::string& t : d.fp32_tensors) u.add_fp32_tensors(t);
+  }
+  u.set_reason(d.reason);
+  u.set_decided_at_step(decided_at_step);
+  u.set_decided_unix_ns(now_ns);
+  return u;
+}
+
+std::string_view decision_kind(const v1::PolicyUpdate& u) {
+  if (u.has_loss_scale()) return "scale";
+  if (u.has_growth_interval() || u.has_growth_factor() || u.has_backoff_factor() ||
+      u.has_hysteresis() || u.has_min_scale() || u.has_max_scale()) {
+    return "params";
+  }
+  return "fp32_fallback";
+}
+
+PolicyHost::PolicyHost(policy::EngineConfig config, std::chrono::milliseconds snapshot_interval)
+    : config_(std::move(config)), snapshot_interval_(snapshot_interval) {}
+
+v1::PolicyMode PolicyHost::mode() const {
+  switch (config_.mode) {
+    case policy::PolicyMode::kObserve:
+      return v1::POLICY_MODE_OBSERVE;
+    case policy::PolicyMode::kStaticParams:
+      return v1::POLICY_MODE_STATIC_PARAMS;
+    case policy::PolicyMode::kHeadroom:
+      return v1::POLICY_MODE_HEADROOM;
+  }
+  return v1::POLICY_MODE_UNSPECIFIED;
+}
+
+PolicyHost::RunPolicy& PolicyHost::run(const std::string& run_id) { return runs_[run_id]; }
+
+bool PolicyHost::create_engine(const std::string& run_id, RunPolicy& rp, const v1::Hello& hello) {
+  try {
+    rp.engine.emplace(run_id, config_, to_engine_scaler(hello.scaler()));
+    rp.force_save = true;
+    return true;
+  } catch (const policy::PolicyError& e) {
+    log_warning("policy: run '", run_id, "' runs without a policy engine: ", e.what());
+    return false;
+  }
+}
+
+void PolicyHost::restore_run(const RestoredRun& restored, const RestoredPolicy* saved,
+                             const std::optional<v1::PolicyUpdate>& current,
+                             const ReportsAfter& after) {
+  RunPolicy& rp = run(restored.run_id);
+  std::int64_t from_id = 0;
+  if (saved != nullptr) {
+    try {
+      policy::PolicyEngine engine = policy::PolicyEngine::restore(saved->state);
+      if (engine.config() == config_) {
+        rp.engine.emplace(std::move(engine));
+        from_id = saved->last_report_id;
+      } else {
+        log_info("policy: run '", restored.run_id,
+                 "': configuration changed since the saved state; starting a fresh engine");
+      }
+    } catch (const policy::PolicyError& e) {
+      log_warning("policy: run '", restored.run_id, "': saved state unusable (", e.what(),
+                  "); starting a fresh engine");
+    }
+  }
+  if (restored.hello.has_scaler()) rp.hello_scaler = restored.hello.scaler();
+  if (!rp.engine && !create_engine(restored.run_id, rp, restored.hello)) return;
+  // Decisions made while replaying were committed with the reports that caused them (or, with
+  // a changed configuration, belong to the old one): only the engine's state is wanted.
+  int errors = 0;
+  std::size_t replayed = 0;
+  for (const auto& [id, report] : after(from_id)) {
+    try {
+      rp.engine->observe(to_step_input(report, config_.fp32_fallback.enabled));
+    } catch (const policy::PolicyError&) {
+      ++errors;
+    }
+    rp.last_report_id = id;
+    ++replayed;
+  }
+  if (rp.last_report_id == 0) rp.last_report_id = from_id;
+  rp.dirty = replayed > 0;
+  if (current) set_current(restored.run_id, *current);
+  if (replayed > 0) {
+    log_info("policy: run '", restored.run_id, "': replayed ", replayed,
+             " reports after the saved state", errors > 0 ? " (some refused)" : "");
+  }
+}
+
+void PolicyHost::on_hello(const v1::Hello& hello) {
+  RunPolicy& rp = run(hello.run_id());
+  const bool new_config =
+      hello.has_scaler() && !(rp.hello_scaler && google::protobuf::util::MessageDifferencer::Equals(
+                                                     *rp.hello_scaler, hello.scaler()));
+  if (hello.has_scaler()) rp.hello_scaler = hello.scaler();
+  if (!rp.engine) {
+    create_engine(hello.run_id(), rp, hello);
+    return;
+  }
+  // Every rank says the run's configured scaler in its Hello, again at each reconnect; only a
+  // different configuration is news to the engine (which tracks the scale in use itself).
+  if (!new_config) return;
+  try {
+    const policy::ScalerConfig scaler = to_engine_scaler(hello.scaler());
+    if (!(scaler == rp.engine->run_scaler())) {
+      rp.engine->set_run_scaler(scaler);
+      rp.dirty = true;
+    }
+  } catch (const policy::PolicyError& e) {
+    log_warning("policy: run '", hello.run_id(), "': scaler of rank ", hello.rank(),
+                " ignored: ", e.what());
+  }
+}
+
+std::vector<EngineUpdate> PolicyHost::observe(const v1::StepReport& report, std::int64_t report_id,
+                                              std::int64_t now_ns, int* errors) {
+  std::vector<EngineUpdate> updates;
+  auto it = runs_.find(report.run_id());
+  if (it == runs_.end() || !it->second.engine) return updates;
+  RunPolicy& rp = it->second;
+  std::vector<policy::PolicyDecision> decisions;
+  try {
+    decisions = rp.engine->observe(to_step_input(report, config_.fp32_fallback.enabled));
+  } catch (const policy::PolicyError& e) {
+    ++*errors;
+    log_warning("policy: run '", report.run_id(), "' rank ", report.rank(), " seq ", report.seq(),
+                " refused by the engine: ", e.what());
+  }
+  rp.last_report_id = report_id;
+  rp.dirty = true;
+  for (const policy::PolicyDecision& d : decisions) {
+    updates.push_back(EngineUpdate{
+        d.policy_id, to_policy_update(d, report.run_id(), mode(), config_.fp32_fallback.enabled,
+                                      rp.engine->latest_step(), now_ns)});
+    rp.force_save = true;
+  }
+  return updates;
+}
+
+std::vector<PolicySnapshot> PolicyHost::snapshots(std::chrono::steady_clock::time_point now,
+                                                  bool all) {
+  std::vector<PolicySnapshot> out;
+  for (auto& [run_id, rp] : runs_) {
+    if (!rp.engine) continue;
+    const bool due = rp.force_save || (rp.dirty && now - rp.saved_at >= snapshot_interval_);
+    if (!due && !(all && rp.dirty)) continue;
+    out.push_back(PolicySnapshot{run_id, rp.engine->save_state(), rp.last_report_id});
+    rp.saved_at = now;
+    rp.dirty = false;
+    rp.force_save = false;
+  }
+  return out;
+}
+
+void PolicyHost::set_current(const std::string& run_id, const v1::PolicyUpdate& update) {
+  std::lock_guard lock(current_mu_);
+  merge_policy_update(&current_[run_id], update);
+}
+
+std::optional<v1::PolicyUpdate> PolicyHost::current(const std::string& run_id) const {
+  std::lock_guard lock(current_mu_);
+  if (auto it = current_.find(run_id); it != current_.end()) return it->second;
+  return std::nullopt;
+}
+
+std::optional<double> PolicyHost::target_scale(const std::string& run_id) const {
+  auto it = runs_.find(run_id);
+  if (it == runs_.end() || !it->second.engine) return std::nullopt;
+  const std::optional<int>& t = it->second.engine->last_evaluation().target_log2;
+  if (!t) return std::nullopt;
+  return std::ldexp(1.0, *t);
+}
+
+std::size_t PolicyHost::fp32_tensors(const std::string& run_id) const {
+  auto it = runs_.find(run_id);
+  if (it == runs_.end() || !it->second.engine) return 0;
+  const auto& last = it->second.engine->last_decision();
+  return last ? last->fp32_tensors.size() : 0;
+}
+
+}  // namespace ampscope::server

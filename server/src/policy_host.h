@@ -1,0 +1,101 @@
+// The server side of the policy engine (server/policy, a pure library): one PolicyEngine per
+// run, fed with the committed reports in commit order, its decisions turned into PolicyUpdates,
+// its state saved into the store and restored (snapshot + replay of the reports stored after
+// it) when the server restarts.
+//
+// Thread safety: used by the ingest thread only, except current()/mode_name(), which are
+// synchronised for the query and stream threads.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ampscope/policy/policy_engine.h"
+#include "ampscope/v1/telemetry.pb.h"
+#include "store.h"
+
+namespace ampscope::server {
+
+struct EngineUpdate {
+  std::uint64_t engine_id = 0;  // the engine's own decision number
+  v1::PolicyUpdate update;      // policy_id not set yet
+};
+
+struct PolicySnapshot {
+  std::string run_id;
+  std::string state;
+  std::int64_t last_report_id = 0;
+};
+
+class PolicyHost {
+ public:
+  // `config` is validated by the caller (policy::validate).
+  PolicyHost(policy::EngineConfig config, std::chrono::milliseconds snapshot_interval);
+
+  std::string_view mode_name() const { return policy::mode_name(config_.mode); }
+  v1::PolicyMode mode() const;
+
+  using ReportsAfter =
+      std::function<std::vector<std::pair<std::int64_t, v1::StepReport>>(std::int64_t)>;
+  // At start: the run's engine from its snapshot (or fresh from its Hello when there is none,
+  // or when the configuration changed), brought up to date with the reports stored after it.
+  void restore_run(const RestoredRun& run, const RestoredPolicy* saved,
+                   const std::optional<v1::PolicyUpdate>& current, const ReportsAfter& after);
+
+  // A Hello: creates the run's engine, or tells it the run's scaler.
+  void on_hello(const v1::Hello& hello);
+
+  // Feeds one committed report. Returns the decisions as PolicyUpdates without policy_id (the
+  // store assigns it). A report the engine refuses is logged and counted in *errors.
+  std::vector<EngineUpdate> observe(const v1::StepReport& report, std::int64_t report_id,
+                                    std::int64_t now_ns, int* errors);
+
+  // Engines whose state should be saved now: every `snapshot_interval`, after a decision, and
+  // all of them when `all`.
+  std::vector<PolicySnapshot> snapshots(std::chrono::steady_clock::time_point now, bool all);
+
+  // The policy in force for a run: every decision folded in (merge_policy_update), sent to an
+  // agent after its Hello. Set by the ingest thread once a decision is stored.
+  void set_current(const std::string& run_id, const v1::PolicyUpdate& update);
+  std::optional<v1::PolicyUpdate> current(const std::string& run_id) const;
+  // 2^target_log2 of the latest evaluation, when there is one.
+  std::optional<double> target_scale(const std::string& run_id) const;
+  std::size_t fp32_tensors(const std::string& run_id) const;
+
+ private:
+  struct RunPolicy {
+    std::optional<policy::PolicyEngine> engine;
+    std::optional<v1::ScalerConfig> hello_scaler;  // as the run's agents last said it
+    std::int64_t last_report_id = 0;
+    std::chrono::steady_clock::time_point saved_at{};
+    bool dirty = false;
+    bool force_save = false;
+  };
+  RunPolicy& run(const std::string& run_id);
+  bool create_engine(const std::string& run_id, RunPolicy& rp, const v1::Hello& hello);
+
+  policy::EngineConfig config_;
+  std::chrono::milliseconds snapshot_interval_;
+  std::map<std::string, RunPolicy> runs_;
+  mutable std::mutex current_mu_;
+  std::map<std::string, v1::PolicyUpdate> current_;
+};
+
+// Conversions between the wire and the engine's types (exposed for tests).
+policy::ScalerConfig to_engine_scaler(const v1::ScalerConfig& scaler);
+// Without `all_tensors` only the tensors the loss scale multiplies (activation and weight
+// gradients) are converted: all the headroom mode reads. FP32 fallback needs every tensor.
+policy::StepInput to_step_input(const v1::StepReport& report, bool all_tensors = true);
+v1::PolicyUpdate to_policy_update(const policy::PolicyDecision& decision, const std::string& run_id,
+                                  v1::PolicyMode mode, bool fp32_fallback,
+                                  std::int64_t decided_at_step, std::int64_t now_ns);
+// "scale", "params" or "fp32_fallback": the label of ampscope_policy_decisions_total.
+std::string_view decision_kind(const v1::PolicyUpdate& update);
+
+}  // namespace ampscope::server

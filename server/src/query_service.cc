@@ -1,0 +1,115 @@
+#include "query_service.h"
+
+#include "log.h"
+#include "validation.h"
+
+namespace ampscope::server {
+namespace {
+
+grpc::Status not_found(const std::string& run_id) {
+  return grpc::Status(grpc::StatusCode::NOT_FOUND, "run '" + run_id + "' is not known");
+}
+
+// Runs `body` unless authentication fails, mapping store errors to INTERNAL, and finishes.
+template <typename Body>
+grpc::ServerUnaryReactor* respond(grpc::CallbackServerContext* context, const Authenticator& auth,
+                                  Metrics& metrics, Body&& body) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  grpc::Status status = auth.check(*context);
+  if (!status.ok()) metrics.auth_failure();
+  if (status.ok()) {
+    try {
+      status = body();
+    } catch (const std::exception& e) {
+      log_error("query failed: ", e.what());
+      status = grpc::Status(grpc::StatusCode::INTERNAL, std::string("store: ") + e.what());
+    }
+  }
+  reactor->Finish(status);
+  return reactor;
+}
+
+grpc::Status check_run_id_arg(const std::string& run_id) {
+  if (std::optional<Violation> v = check_run_id(run_id, "run_id")) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, v->message);
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+QueryService::QueryService(StoreReader& store, const StreamTable& streams, const Ingest& ingest,
+                           const Authenticator& auth, Metrics& metrics)
+    : store_(store), streams_(streams), ingest_(ingest), auth_(auth), metrics_(metrics) {}
+
+void QueryService::add_live_facts(v1::RunSummary* summary) const {
+  summary->set_agents_connected(
+      static_cast<std::uint32_t>(streams_.connected_ranks(summary->run_id()).size()));
+  summary->set_duplicate_reports(ingest_.duplicates(summary->run_id()));
+}
+
+grpc::ServerUnaryReactor* QueryService::ListRuns(grpc::CallbackServerContext* context,
+                                                 const v1::ListRunsRequest* request,
+                                                 v1::ListRunsResponse* response) {
+  return respond(context, auth_, metrics_, [&] {
+    for (v1::RunSummary& s : store_.list_runs(request->limit())) {
+      add_live_facts(&s);
+      *response->add_runs() = std::move(s);
+    }
+    return grpc::Status::OK;
+  });
+}
+
+grpc::ServerUnaryReactor* QueryService::GetRun(grpc::CallbackServerContext* context,
+                                               const v1::GetRunRequest* request,
+                                               v1::GetRunResponse* response) {
+  return respond(context, auth_, metrics_, [&] {
+    if (grpc::Status s = check_run_id_arg(request->run_id()); !s.ok()) return s;
+    std::optional<v1::GetRunResponse> run = store_.get_run(request->run_id(), request->limit());
+    if (!run) return not_found(request->run_id());
+    *response = std::move(*run);
+    add_live_facts(response->mutable_summary());
+    const std::set<std::uint32_t> connected = streams_.connected_ranks(request->run_id());
+    for (v1::AgentInfo& a : *response->mutable_agents()) {
+      a.set_connected(connected.contains(a.rank()));
+    }
+    return grpc::Status::OK;
+  });
+}
+
+grpc::ServerUnaryReactor* QueryService::GetReports(grpc::CallbackServerContext* context,
+                                                   const v1::GetReportsRequest* request,
+                                                   v1::GetReportsResponse* response) {
+  return respond(context, auth_, metrics_, [&] {
+    if (grpc::Status s = check_run_id_arg(request->run_id()); !s.ok()) return s;
+    if (request->from_step() < 0) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "from_step: must be >= 0");
+    }
+    if (request->to_step() < 0 ||
+        (request->to_step() > 0 && request->to_step() < request->from_step())) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "to_step: must be 0 (no bound) or >= from_step");
+    }
+    if (!v1::ReportOrder_IsValid(request->order())) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "order: unknown value");
+    }
+    std::optional<v1::GetReportsResponse> reports = store_.get_reports(*request);
+    if (!reports) return not_found(request->run_id());
+    *response = std::move(*reports);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::ServerUnaryReactor* QueryService::GetPolicy(grpc::CallbackServerContext* context,
+                                                  const v1::GetPolicyRequest* request,
+                                                  v1::GetPolicyResponse* response) {
+  return respond(context, auth_, metrics_, [&] {
+    if (grpc::Status s = check_run_id_arg(request->run_id()); !s.ok()) return s;
+    std::optional<v1::GetPolicyResponse> policy = store_.get_policy(request->run_id());
+    if (!policy) return not_found(request->run_id());
+    *response = std::move(*policy);
+    return grpc::Status::OK;
+  });
+}
+
+}  // namespace ampscope::server

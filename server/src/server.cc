@@ -1,0 +1,235 @@
+// Wiring and lifecycle of ampscope-server (server.h).
+#include "ampscope/server/server.h"
+
+#include <grpcpp/ext/health_check_service_server_builder_option.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <prometheus/exposer.h>
+
+#include <condition_variable>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "auth.h"
+#include "ingest.h"
+#include "log.h"
+#include "metrics.h"
+#include "policy_host.h"
+#include "query_service.h"
+#include "store.h"
+#include "streams.h"
+#include "telemetry_service.h"
+
+namespace ampscope::server {
+namespace {
+
+std::string read_file(const std::string& path, const char* flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(std::string(flag) + " '" + path + "': cannot read it");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// "127.0.0.1:0" + 41234 -> "127.0.0.1:41234"
+std::string with_port(const std::string& address, int port) {
+  const auto colon = address.rfind(':');
+  return (colon == std::string::npos ? address : address.substr(0, colon)) + ":" +
+         std::to_string(port);
+}
+
+// The service names the health service answers for, besides "" (the whole server).
+constexpr const char* kServiceNames[] = {"ampscope.v1.Telemetry", "ampscope.v1.Query"};
+
+}  // namespace
+
+struct Server::Impl {
+  ServerOptions options;
+  Authenticator auth;
+  std::unique_ptr<Metrics> metrics;
+  std::unique_ptr<StoreWriter> store;
+  std::unique_ptr<StoreReader> reader;
+  std::unique_ptr<Checkpointer> checkpointer;
+  std::unique_ptr<PolicyHost> policy;
+  StreamTable streams;
+  std::unique_ptr<Ingest> ingest;
+  std::unique_ptr<TelemetryService> telemetry;
+  std::unique_ptr<QueryService> query;
+  std::unique_ptr<grpc::Server> grpc_server;
+  std::unique_ptr<prometheus::Exposer> exposer;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool started = false;
+  bool stopping = false;
+  bool stopped = false;
+  bool store_failed = false;
+  std::thread failure_thread;
+
+  explicit Impl(ServerOptions o) : options(std::move(o)), auth(options.auth_token) {}
+};
+
+std::unique_ptr<Server> Server::create(ServerOptions options) {
+  if (std::string why = policy::validate(options.policy); !why.empty()) {
+    throw Error("--policy: " + why);
+  }
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    throw Error("--tls-cert and --tls-key go together: give both or neither");
+  }
+  if (options.max_in_flight_per_stream == 0) throw Error("--max-in-flight: must be >= 1");
+  auto impl = std::make_unique<Impl>(std::move(options));
+  const ServerOptions& o = impl->options;
+  impl->metrics = std::make_unique<Metrics>(o.version);
+  impl->store = std::make_unique<StoreWriter>(StoreOptions{o.db_path, o.sync_full});
+  impl->reader = std::make_unique<StoreReader>(o.db_path);
+  impl->policy = std::make_unique<PolicyHost>(o.policy, o.policy_snapshot_interval);
+  IngestOptions io;
+  io.retention_interval = o.retention_interval;
+  io.retention_max_age_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(o.retention_max_age).count();
+  io.retention_max_bytes = o.retention_max_bytes;
+  io.top_k = o.top_k_tensors;
+  impl->ingest =
+      std::make_unique<Ingest>(*impl->store, *impl->metrics, *impl->policy, impl->streams, io);
+  impl->ingest->restore();
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Server::~Server() {
+  bool need_shutdown = false;
+  {
+    std::lock_guard lock(impl_->mu);
+    need_shutdown = impl_->started && !impl_->stopping;
+  }
+  if (need_shutdown) shutdown(std::chrono::milliseconds(0));
+  if (impl_->failure_thread.joinable()) impl_->failure_thread.join();
+  if (impl_->ingest) impl_->ingest->stop();
+}
+
+BoundAddresses Server::start() {
+  Impl& s = *impl_;
+  const ServerOptions& o = s.options;
+  s.ingest->on_failure([&s, this](const std::string&) {
+    {
+      std::lock_guard lock(s.mu);
+      s.store_failed = true;
+    }
+    // shutdown() joins the ingest thread, which is the caller here: hand it to another one.
+    s.failure_thread = std::thread([this] { shutdown(std::chrono::seconds(5)); });
+  });
+  s.checkpointer = std::make_unique<Checkpointer>(o.db_path, std::chrono::milliseconds(500));
+  s.ingest->start();
+
+  s.telemetry = std::make_unique<TelemetryService>(
+      AttachReactor::Deps{s.ingest.get(), &s.streams, s.metrics.get(), o.max_in_flight_per_stream},
+      s.auth);
+  s.query = std::make_unique<QueryService>(*s.reader, s.streams, *s.ingest, s.auth, *s.metrics);
+
+  std::shared_ptr<grpc::ServerCredentials> creds;
+  if (!o.tls_cert_file.empty()) {
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back(
+        {read_file(o.tls_key_file, "--tls-key"), read_file(o.tls_cert_file, "--tls-cert")});
+    creds = grpc::SslServerCredentials(ssl);
+  } else {
+    creds = grpc::InsecureServerCredentials();
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(o.listen, creds, &port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(o.max_message_bytes));
+  // Keepalive (REFERENCES.md, grpc doc/keepalive.md): the server pings idle connections every
+  // 60 s and accepts client pings down to every 10 s, also without calls, so agents that ping
+  // at 10 s or slower never get GOAWAY "too_many_pings".
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
+  builder.RegisterService(s.telemetry.get());
+  builder.RegisterService(s.query.get());
+  s.grpc_server = builder.BuildAndStart();
+  if (!s.grpc_server || port == 0) {
+    s.ingest->stop();
+    throw Error("--listen '" + o.listen + "': cannot bind (address in use or invalid)");
+  }
+  if (grpc::HealthCheckServiceInterface* health = s.grpc_server->GetHealthCheckService()) {
+    health->SetServingStatus(true);
+    for (const char* name : kServiceNames) health->SetServingStatus(name, true);
+  }
+
+  BoundAddresses bound;
+  bound.grpc = with_port(o.listen, port);
+  if (!o.metrics_listen.empty()) {
+    try {
+      s.exposer = std::make_unique<prometheus::Exposer>(o.metrics_listen, 2);
+    } catch (const std::exception& e) {
+      s.grpc_server->Shutdown();
+      s.ingest->stop();
+      throw Error("--metrics-listen '" + o.metrics_listen + "': cannot bind: " + e.what());
+    }
+    s.exposer->RegisterCollectable(s.metrics->registry());
+    const std::vector<int> ports = s.exposer->GetListeningPorts();
+    bound.metrics = with_port(o.metrics_listen, ports.empty() ? 0 : ports.front());
+  }
+  {
+    std::lock_guard lock(s.mu);
+    s.started = true;
+  }
+  log_info("serving: grpc ", bound.grpc, (o.tls_cert_file.empty() ? " (plaintext)" : " (TLS)"),
+           s.auth.enabled() ? ", bearer token required" : "",
+           bound.metrics.empty() ? "" : ", metrics http://" + bound.metrics + "/metrics",
+           ", store ", o.db_path, ", policy ", s.policy->mode_name());
+  return bound;
+}
+
+void Server::shutdown(std::chrono::milliseconds deadline) {
+  Impl& s = *impl_;
+  {
+    std::lock_guard lock(s.mu);
+    if (!s.started || s.stopping) return;
+    s.stopping = true;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  log_info("shutting down: draining streams (deadline ", deadline.count(), " ms)");
+  if (grpc::HealthCheckServiceInterface* health = s.grpc_server->GetHealthCheckService()) {
+    health->SetServingStatus(false);
+    for (const char* name : kServiceNames) health->SetServingStatus(name, false);
+  }
+  // Streams settle what they received, send their last Ack and end with UNAVAILABLE; gRPC's
+  // Shutdown refuses new calls, waits for them up to the deadline, then cancels the rest.
+  // The metrics endpoint's web server takes up to a second to stop (its poll interval): stop it
+  // while the streams drain.
+  std::thread exposer_stop([&s] { s.exposer.reset(); });
+  s.telemetry->drain_all();
+  s.grpc_server->Shutdown(std::chrono::system_clock::now() + deadline);
+  log(LogLevel::kDebug, "shutdown: gRPC stopped");
+  // Whatever the cancelled streams had submitted is still committed; the ingest thread's last
+  // act is a full checkpoint, so the background one goes first.
+  s.checkpointer.reset();
+  s.ingest->stop();
+  log(LogLevel::kDebug, "shutdown: store committed and checkpointed");
+  exposer_stop.join();
+  log(LogLevel::kDebug, "shutdown: metrics endpoint closed");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  log_info("stopped after ", seconds, " s");
+  {
+    std::lock_guard lock(s.mu);
+    s.stopped = true;
+  }
+  s.cv.notify_all();
+}
+
+bool Server::wait() {
+  std::unique_lock lock(impl_->mu);
+  impl_->cv.wait(lock, [&] { return impl_->stopped; });
+  return !impl_->store_failed;
+}
+
+}  // namespace ampscope::server

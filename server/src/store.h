@@ -1,0 +1,176 @@
+// The embedded store (SQLite, WAL): runs, agents, reports (the raw StepReport plus the columns
+// queries need), per-tensor totals, policy decisions with their reasons and the agents'
+// outcomes, the policy engines' saved state, and rejections. Schema versioned through
+// PRAGMA user_version with forward-only migrations (store_schema.cc).
+//
+// StoreWriter is used by the ingest thread only: it groups many writes into one transaction
+// (group commit) and is the only connection that writes. StoreReader serves queries from any
+// thread on its own connection (WAL readers never block the writer).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ampscope/v1/query.pb.h"
+#include "ampscope/v1/telemetry.pb.h"
+#include "sqlite_util.h"
+
+namespace ampscope::server {
+
+inline constexpr int kSchemaVersion = 1;
+
+struct StoreOptions {
+  std::string path;
+  // FULL: a commit survives power loss (fsync per group commit). NORMAL: survives a crash of the
+  // server process (kill -9) but may lose the latest commits on power loss.
+  bool sync_full = true;
+};
+
+// Opens (creating) the database and brings its schema to kSchemaVersion. Throws StoreError
+// when the file cannot be opened or was written by a newer server.
+void migrate(Connection& c);
+int schema_version(Connection& c);
+
+// What the store remembers across restarts.
+struct RestoredRun {
+  std::string run_id;
+  v1::Hello hello;  // the latest Hello of the run (rank and host of whichever agent sent it)
+};
+struct RestoredAgent {
+  std::string run_id;
+  std::uint32_t rank = 0;
+  std::uint64_t last_seq = 0;
+};
+struct RestoredPolicy {
+  std::string run_id;
+  std::string state;                // PolicyEngine::save_state()
+  std::int64_t last_report_id = 0;  // reports up to this id are reflected in `state`
+};
+struct TensorTotals {
+  std::string run_id;
+  std::string name;
+  int role = 0;    // v1::TensorRole
+  int format = 0;  // v1::Format of targets[0]
+  std::uint64_t samples = 0;
+  std::uint64_t values = 0;
+  std::uint64_t overflow = 0;
+  std::uint64_t underflow = 0;
+  std::uint64_t nonfinite = 0;
+  double max_abs = 0.0;  // unscaled
+  std::int64_t last_step = 0;
+};
+struct RestoredState {
+  std::vector<RestoredRun> runs;
+  std::vector<RestoredAgent> agents;
+  std::vector<RestoredPolicy> policies;
+  std::vector<TensorTotals> tensors;
+  std::map<std::string, v1::PolicyUpdate> current_updates;  // the policy in force, per run
+};
+
+struct RetentionResult {
+  std::int64_t deleted_reports = 0;
+  std::int64_t deleted_runs = 0;
+};
+
+class StoreWriter {
+ public:
+  explicit StoreWriter(const StoreOptions& options);
+  ~StoreWriter();
+
+  RestoredState load_state();
+  // Reports of `run_id` with id > after_id, oldest first, for replaying into a policy engine.
+  std::vector<std::pair<std::int64_t, v1::StepReport>> reports_after(const std::string& run_id,
+                                                                     std::int64_t after_id);
+
+  // Group commit: begin(), any writes, commit(). A failed commit throws and rolls back.
+  void begin();
+  void commit();
+  void rollback();
+
+  void upsert_run(const v1::Hello& hello, std::int64_t now_ns);
+  void upsert_agent(const v1::Hello& hello, std::int64_t now_ns);
+  void set_agent_progress(const std::string& run_id, std::uint32_t rank, std::uint64_t last_seq,
+                          std::int64_t now_ns, const v1::AgentCounters* counters);
+  void add_agent_notice(const std::string& run_id, std::uint32_t rank, const std::string& text);
+  // Returns the report id.
+  std::int64_t insert_report(const v1::StepReport& report, const std::string& payload,
+                             std::int64_t received_ns);
+  void add_tensor_totals(const TensorTotals& delta);
+  void insert_rejection(const std::string& run_id, std::uint32_t rank, std::uint64_t seq,
+                        const std::string& field, const std::string& reason,
+                        const std::string& message, std::int64_t now_ns);
+  // Returns the decision's id, which is its policy_id on the wire.
+  std::int64_t insert_decision(const std::string& run_id, std::uint64_t engine_id,
+                               const v1::PolicyUpdate& update);
+  void set_decision_update(std::int64_t id, const v1::PolicyUpdate& update);
+  void upsert_application(std::int64_t policy_id, std::uint32_t rank, std::int64_t step,
+                          bool applied, const std::string& reason);
+  void save_policy_state(const std::string& run_id, const std::string& mode,
+                         const std::string& state, std::int64_t last_report_id,
+                         std::int64_t now_ns);
+
+  // Deletes reports older than max_age_ns (0: no age limit) and then, while the live data
+  // exceeds max_bytes (0: no size limit), the oldest reports, in chunks; runs with no report
+  // left and not seen within max_age_ns go too. Runs its own transactions.
+  RetentionResult apply_retention(std::int64_t max_age_ns, std::uint64_t max_bytes,
+                                  std::int64_t now_ns);
+  std::uint64_t live_bytes();
+  // Moves the WAL into the database file (at shutdown).
+  void checkpoint();
+
+ private:
+  std::int64_t run_key(const std::string& run_id);  // cached; throws for an unknown run
+  struct Statements;
+  std::unique_ptr<Connection> conn_;
+  std::unique_ptr<Statements> st_;
+  std::map<std::string, std::int64_t> run_keys_;
+  bool in_transaction_ = false;
+};
+
+// Moves the WAL into the database file on its own thread and connection, so that the ingest
+// thread never pays for a checkpoint in its commit latency (the writer connection's automatic
+// checkpoint is off). PASSIVE checkpoints never block the writer or readers.
+class Checkpointer {
+ public:
+  Checkpointer(const std::string& path, std::chrono::milliseconds interval);
+  ~Checkpointer();  // stops the thread
+
+ private:
+  void run();
+  std::unique_ptr<Connection> conn_;
+  std::chrono::milliseconds interval_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// Queries, from any thread (serialised on one read connection).
+class StoreReader {
+ public:
+  explicit StoreReader(const std::string& path);
+  ~StoreReader();
+
+  std::vector<v1::RunSummary> list_runs(std::uint32_t limit);
+  // nullopt when the run is unknown.
+  std::optional<v1::GetRunResponse> get_run(const std::string& run_id, std::uint32_t limit);
+  std::optional<v1::GetReportsResponse> get_reports(const v1::GetReportsRequest& request);
+  std::optional<v1::GetPolicyResponse> get_policy(const std::string& run_id);
+
+ private:
+  void fill_summary(std::int64_t run, v1::RunSummary* summary);
+  std::vector<v1::PolicyDecision> decisions(std::int64_t run, std::uint32_t limit);
+  std::optional<std::int64_t> run_key(const std::string& run_id);
+  std::mutex mu_;
+  std::unique_ptr<Connection> conn_;
+};
+
+}  // namespace ampscope::server

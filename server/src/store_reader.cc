@@ -1,0 +1,382 @@
+// The query side of the store: one read-only connection (WAL readers see the last committed
+// state and never block the ingest thread), serialised by a mutex.
+#include <algorithm>
+#include <charconv>
+#include <set>
+
+#include "policy_merge.h"
+#include "store.h"
+
+namespace ampscope::server {
+namespace {
+
+constexpr std::uint32_t clamp_limit(std::uint32_t requested, std::uint32_t fallback,
+                                    std::uint32_t most) {
+  return requested == 0 ? fallback : std::min(requested, most);
+}
+
+template <typename Message>
+bool parse_blob(std::string_view blob, Message* m) {
+  return m->ParseFromArray(blob.data(), static_cast<int>(blob.size()));
+}
+
+std::string describe_skip(const v1::SkippedStep& s) {
+  std::string why = s.found_inf() ? "found_inf" : "skipped without found_inf";
+  why += " at scale " + std::to_string(static_cast<long long>(s.loss_scale()));
+  if (s.loss_scale() != static_cast<double>(static_cast<long long>(s.loss_scale()))) {
+    why += " (" + std::to_string(s.loss_scale()) + ")";
+  }
+  if (s.has_first_offender()) {
+    const v1::FirstOffender& f = s.first_offender();
+    std::string role = v1::TensorRole_Name(f.role());
+    if (role.rfind("TENSOR_ROLE_", 0) == 0) role = role.substr(12);
+    std::transform(role.begin(), role.end(), role.begin(), ::tolower);
+    why += "; first offender " + f.tensor() + " (" + role + ", order " + std::to_string(f.order()) +
+           ")";
+  }
+  if (s.scale_after() != s.loss_scale()) {
+    why += "; scale -> " + std::to_string(static_cast<long long>(s.scale_after()));
+  }
+  return why;
+}
+
+// page_token for REPORT_ORDER_STEP: "<step>:<rank>" of the last report returned.
+bool parse_page_token(const std::string& token, std::int64_t* step, std::int64_t* rank) {
+  const auto colon = token.find(':');
+  if (colon == std::string::npos) return false;
+  const char* b = token.data();
+  const auto r1 = std::from_chars(b, b + colon, *step);
+  const auto r2 = std::from_chars(b + colon + 1, b + token.size(), *rank);
+  return r1.ec == std::errc() && r1.ptr == b + colon && r2.ec == std::errc() &&
+         r2.ptr == b + token.size();
+}
+
+}  // namespace
+
+StoreReader::StoreReader(const std::string& path)
+    : conn_(std::make_unique<Connection>(path, /*create=*/false, /*read_only=*/true)) {}
+
+StoreReader::~StoreReader() = default;
+
+std::optional<std::int64_t> StoreReader::run_key(const std::string& run_id) {
+  Statement s = conn_->prepare("SELECT id FROM runs WHERE run_id = ?1");
+  s.bind(1, run_id);
+  if (!s.step()) return std::nullopt;
+  return s.column_int(0);
+}
+
+void StoreReader::fill_summary(std::int64_t run, v1::RunSummary* out) {
+  {
+    Statement s = conn_->prepare(
+        "SELECT run_id, world_size, precision, trainer, compute_format, first_seen_ns, "
+        "last_seen_ns FROM runs WHERE id = ?1");
+    s.bind(1, run);
+    if (s.step()) {
+      out->set_run_id(s.column_text(0));
+      out->set_world_size(static_cast<std::uint32_t>(s.column_int(1)));
+      out->set_precision(s.column_text(2));
+      out->set_trainer(s.column_text(3));
+      out->set_compute_format(static_cast<v1::Format>(s.column_int(4)));
+      out->set_first_seen_unix_ns(s.column_int(5));
+      out->set_last_seen_unix_ns(s.column_int(6));
+    }
+  }
+  {
+    Statement s = conn_->prepare(
+        "SELECT count(*), count(DISTINCT step), min(step), max(step) FROM reports "
+        "WHERE run = ?1");
+    s.bind(1, run);
+    if (s.step()) {
+      out->set_reports(static_cast<std::uint64_t>(s.column_int(0)));
+      out->set_steps(static_cast<std::uint64_t>(s.column_int(1)));
+      out->set_first_step(s.column_int(2));
+      out->set_last_step(s.column_int(3));
+    }
+  }
+  {
+    Statement s =
+        conn_->prepare("SELECT count(DISTINCT step) FROM reports WHERE run = ?1 AND skipped != 0");
+    s.bind(1, run);
+    if (s.step()) out->set_skipped_steps(static_cast<std::uint64_t>(s.column_int(0)));
+  }
+  {
+    Statement s = conn_->prepare(
+        "SELECT scale_after, loss FROM reports WHERE run = ?1 ORDER BY step DESC, rank ASC "
+        "LIMIT 1");
+    s.bind(1, run);
+    if (s.step()) {
+      out->set_loss_scale(s.column_double(0));
+      out->set_loss(s.column_is_null(1) ? std::numeric_limits<double>::quiet_NaN()
+                                        : s.column_double(1));
+    }
+  }
+  {
+    Statement s = conn_->prepare("SELECT count(*) FROM rejections WHERE run = ?1");
+    s.bind(1, run);
+    if (s.step()) out->set_rejected_reports(static_cast<std::uint64_t>(s.column_int(0)));
+  }
+  {
+    Statement s = conn_->prepare("SELECT mode FROM policy_state WHERE run = ?1");
+    s.bind(1, run);
+    const std::string mode = s.step() ? s.column_text(0) : "";
+    if (mode == "observe") out->set_policy_mode(v1::POLICY_MODE_OBSERVE);
+    if (mode == "static-params") out->set_policy_mode(v1::POLICY_MODE_STATIC_PARAMS);
+    if (mode == "headroom") out->set_policy_mode(v1::POLICY_MODE_HEADROOM);
+  }
+}
+
+std::vector<v1::RunSummary> StoreReader::list_runs(std::uint32_t limit) {
+  std::lock_guard lock(mu_);
+  std::vector<std::int64_t> keys;
+  {
+    Statement s = conn_->prepare("SELECT id FROM runs ORDER BY last_seen_ns DESC LIMIT ?1");
+    s.bind(1, std::int64_t{clamp_limit(limit, 100, 10000)});
+    while (s.step()) keys.push_back(s.column_int(0));
+  }
+  std::vector<v1::RunSummary> runs(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) fill_summary(keys[i], &runs[i]);
+  return runs;
+}
+
+std::vector<v1::PolicyDecision> StoreReader::decisions(std::int64_t run, std::uint32_t limit) {
+  std::vector<v1::PolicyDecision> out;
+  std::vector<std::int64_t> ids;
+  {
+    Statement s = conn_->prepare(
+        "SELECT id, \"update\" FROM policy_decisions WHERE run = ?1 ORDER BY id DESC LIMIT ?2");
+    s.bind(1, run).bind(2, std::int64_t{limit});
+    while (s.step()) {
+      v1::PolicyDecision d;
+      parse_blob(s.column_blob(1), d.mutable_update());
+      ids.push_back(s.column_int(0));
+      out.push_back(std::move(d));
+    }
+  }
+  std::reverse(out.begin(), out.end());
+  std::reverse(ids.begin(), ids.end());
+  Statement s = conn_->prepare(
+      "SELECT rank, step, applied, reason FROM policy_applications WHERE policy = ?1 "
+      "ORDER BY rank");
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    s.bind(1, ids[i]);
+    while (s.step()) {
+      v1::PolicyApplication* a = out[i].add_applications();
+      a->set_rank(static_cast<std::uint32_t>(s.column_int(0)));
+      a->set_step(s.column_int(1));
+      a->set_applied(s.column_int(2) != 0);
+      a->set_reason(s.column_text(3));
+    }
+    s.reset();
+  }
+  return out;
+}
+
+std::optional<v1::GetRunResponse> StoreReader::get_run(const std::string& run_id,
+                                                       std::uint32_t requested_limit) {
+  std::lock_guard lock(mu_);
+  const std::optional<std::int64_t> run = run_key(run_id);
+  if (!run) return std::nullopt;
+  const std::uint32_t limit = clamp_limit(requested_limit, 20, 1000);
+  v1::GetRunResponse out;
+  fill_summary(*run, out.mutable_summary());
+
+  {
+    Statement s = conn_->prepare(
+        "SELECT a.rank, a.host, a.trainer, a.agent_version, a.last_seq, a.last_seen_ns, "
+        "a.counters FROM agents a WHERE a.run = ?1 ORDER BY a.rank");
+    s.bind(1, *run);
+    Statement n = conn_->prepare(
+        "SELECT text FROM agent_notices WHERE run = ?1 AND rank = ?2 ORDER BY text LIMIT 16");
+    while (s.step()) {
+      v1::AgentInfo* a = out.add_agents();
+      a->set_rank(static_cast<std::uint32_t>(s.column_int(0)));
+      a->set_host(s.column_text(1));
+      a->set_trainer(s.column_text(2));
+      a->set_agent_version(s.column_text(3));
+      a->set_last_seq(static_cast<std::uint64_t>(s.column_int(4)));
+      a->set_last_seen_unix_ns(s.column_int(5));
+      if (!s.column_is_null(6)) parse_blob(s.column_blob(6), a->mutable_counters());
+      n.bind(1, *run).bind(2, std::int64_t{a->rank()});
+      while (n.step()) a->add_notices(n.column_text(0));
+      n.reset();
+    }
+  }
+  {
+    // The lowest rank that skipped each step, earliest steps first.
+    Statement s = conn_->prepare(
+        "SELECT step, rank, loss_scale, scale_after, found_inf, payload FROM reports "
+        "WHERE run = ?1 AND skipped != 0 ORDER BY step, rank");
+    s.bind(1, *run);
+    std::int64_t last_step = -1;
+    while (s.step() && static_cast<std::uint32_t>(out.skipped_steps_size()) < limit) {
+      if (s.column_int(0) == last_step) continue;
+      last_step = s.column_int(0);
+      v1::SkippedStep* k = out.add_skipped_steps();
+      k->set_step(last_step);
+      k->set_rank(static_cast<std::uint32_t>(s.column_int(1)));
+      k->set_loss_scale(s.column_double(2));
+      k->set_scale_after(s.column_double(3));
+      k->set_found_inf(s.column_int(4) != 0);
+      v1::StepReport r;
+      if (parse_blob(s.column_blob(5), &r) && r.has_first_offender()) {
+        *k->mutable_first_offender() = r.first_offender();
+      }
+      k->set_why(describe_skip(*k));
+    }
+  }
+  {
+    Statement s = conn_->prepare(
+        "SELECT step, rank, payload FROM reports WHERE run = ?1 AND offender IS NOT NULL "
+        "ORDER BY step, rank LIMIT ?2");
+    s.bind(1, *run).bind(2, std::int64_t{limit});
+    while (s.step()) {
+      v1::StepReport r;
+      if (!parse_blob(s.column_blob(2), &r)) continue;
+      v1::OffenderEvent* e = out.add_first_offenders();
+      e->set_step(s.column_int(0));
+      e->set_rank(static_cast<std::uint32_t>(s.column_int(1)));
+      *e->mutable_offender() = r.first_offender();
+    }
+  }
+  {
+    Statement s = conn_->prepare(
+        "SELECT step, loss_scale FROM reports WHERE run = ?1 AND rank = "
+        "(SELECT min(rank) FROM reports WHERE run = ?1) ORDER BY step");
+    s.bind(1, *run);
+    std::vector<v1::ScalePoint> points;
+    while (s.step()) {
+      const double scale = s.column_double(1);
+      if (points.empty() || points.back().loss_scale() != scale) {
+        v1::ScalePoint p;
+        p.set_step(s.column_int(0));
+        p.set_loss_scale(scale);
+        points.push_back(std::move(p));
+      }
+    }
+    constexpr std::size_t kMaxPoints = 1000;
+    const std::size_t first = points.size() > kMaxPoints ? points.size() - kMaxPoints : 0;
+    for (std::size_t i = first; i < points.size(); ++i) {
+      *out.add_scale_timeline() = std::move(points[i]);
+    }
+  }
+  const auto read_tensors = [&](const char* where_order, auto* list) {
+    Statement s = conn_->prepare(
+        std::string("SELECT name, role, format, samples, \"values\", overflow, underflow, "
+                    "nonfinite, max_abs, last_step FROM tensor_totals WHERE run = ?1 AND ") +
+        where_order + " LIMIT ?2");
+    s.bind(1, *run).bind(2, std::int64_t{limit});
+    while (s.step()) {
+      v1::TensorRecord* t = list->Add();
+      t->set_name(s.column_text(0));
+      t->set_role(static_cast<v1::TensorRole>(s.column_int(1)));
+      t->set_format(static_cast<v1::Format>(s.column_int(2)));
+      t->set_samples(static_cast<std::uint64_t>(s.column_int(3)));
+      t->set_values(static_cast<std::uint64_t>(s.column_int(4)));
+      t->set_overflow(static_cast<std::uint64_t>(s.column_int(5)));
+      t->set_underflow(static_cast<std::uint64_t>(s.column_int(6)));
+      t->set_nonfinite(static_cast<std::uint64_t>(s.column_int(7)));
+      const double values = static_cast<double>(t->values());
+      t->set_overflow_ratio(values > 0 ? static_cast<double>(t->overflow()) / values : 0.0);
+      t->set_underflow_ratio(values > 0 ? static_cast<double>(t->underflow()) / values : 0.0);
+      t->set_max_abs(s.column_double(8));
+      t->set_last_step(s.column_int(9));
+    }
+  };
+  read_tensors("underflow > 0 ORDER BY underflow * 1.0 / \"values\" DESC, name",
+               out.mutable_worst_underflow());
+  read_tensors(
+      "(overflow > 0 OR nonfinite > 0) ORDER BY overflow * 1.0 / max(\"values\", 1) "
+      "DESC, nonfinite DESC, name",
+      out.mutable_worst_overflow());
+  for (v1::PolicyDecision& d : decisions(*run, limit)) {
+    *out.add_policy_decisions() = std::move(d);
+  }
+  return out;
+}
+
+std::optional<v1::GetReportsResponse> StoreReader::get_reports(const v1::GetReportsRequest& q) {
+  std::lock_guard lock(mu_);
+  const std::optional<std::int64_t> run = run_key(q.run_id());
+  if (!run) return std::nullopt;
+  const std::int64_t limit = clamp_limit(q.limit(), 1000, 10000);
+  const bool arrival = q.order() == v1::REPORT_ORDER_ARRIVAL;
+
+  std::string sql =
+      "SELECT id, received_ns, payload, step, rank FROM reports WHERE run = ?1 "
+      "AND step >= ?2";
+  if (q.to_step() > 0) sql += " AND step <= ?3";
+  if (q.has_rank()) sql += " AND rank = ?4";
+  if (arrival) {
+    sql += " AND id > ?5";
+  } else if (!q.page_token().empty()) {
+    sql += " AND (step > ?6 OR (step = ?6 AND rank > ?7))";
+  }
+  const char* direction = q.latest() ? " DESC" : "";
+  sql += arrival ? std::string(" ORDER BY id") + direction
+                 : std::string(" ORDER BY step") + direction + ", rank" + direction;
+  sql += " LIMIT ?8";
+
+  Statement s = conn_->prepare(sql);
+  s.bind(1, *run).bind(2, q.from_step());
+  if (q.to_step() > 0) s.bind(3, q.to_step());
+  if (q.has_rank()) s.bind(4, std::int64_t{q.rank()});
+  if (arrival) s.bind(5, static_cast<std::int64_t>(q.after_report_id()));
+  if (!arrival && !q.page_token().empty()) {
+    std::int64_t step = 0;
+    std::int64_t rank = 0;
+    if (!parse_page_token(q.page_token(), &step, &rank)) return v1::GetReportsResponse();
+    s.bind(6, step).bind(7, rank);
+  }
+  s.bind(8, limit + (q.latest() ? 0 : 1));
+
+  v1::GetReportsResponse out;
+  std::int64_t last_step = 0;
+  std::int64_t last_rank = 0;
+  bool more = false;
+  while (s.step()) {
+    if (out.reports_size() == limit) {
+      more = true;
+      break;
+    }
+    v1::StoredReport* r = out.add_reports();
+    r->set_report_id(static_cast<std::uint64_t>(s.column_int(0)));
+    r->set_received_unix_ns(s.column_int(1));
+    parse_blob(s.column_blob(2), r->mutable_report());
+    if (!q.include_tensors()) r->mutable_report()->clear_tensors();
+    last_step = s.column_int(3);
+    last_rank = s.column_int(4);
+  }
+  if (q.latest()) {
+    std::reverse(out.mutable_reports()->begin(), out.mutable_reports()->end());
+  } else if (more && !arrival) {
+    out.set_next_page_token(std::to_string(last_step) + ":" + std::to_string(last_rank));
+  }
+  return out;
+}
+
+std::optional<v1::GetPolicyResponse> StoreReader::get_policy(const std::string& run_id) {
+  std::lock_guard lock(mu_);
+  const std::optional<std::int64_t> run = run_key(run_id);
+  if (!run) return std::nullopt;
+  v1::GetPolicyResponse out;
+  v1::RunSummary summary;
+  fill_summary(*run, &summary);
+  out.set_mode(summary.policy_mode());
+  for (v1::PolicyDecision& d : decisions(*run, 100)) *out.add_history() = std::move(d);
+  // The policy in force: every decision folded in order (all of them, not only the last 100).
+  Statement s =
+      conn_->prepare("SELECT \"update\" FROM policy_decisions WHERE run = ?1 ORDER BY id");
+  s.bind(1, *run);
+  bool any = false;
+  while (s.step()) {
+    v1::PolicyUpdate u;
+    if (parse_blob(s.column_blob(0), &u)) {
+      merge_policy_update(out.mutable_current(), u);
+      any = true;
+    }
+  }
+  if (!any) out.clear_current();
+  return out;
+}
+
+}  // namespace ampscope::server

@@ -1,0 +1,439 @@
+// The write side of the store: one connection, statements prepared once, many writes per
+// transaction. Everything here runs on the ingest thread.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "policy_merge.h"
+#include "store.h"
+
+namespace ampscope::server {
+
+struct StoreWriter::Statements {
+  explicit Statements(Connection& c)
+      : upsert_run(c.prepare(
+            "INSERT INTO runs (run_id, world_size, precision, trainer, compute_format, hello, "
+            "first_seen_ns, last_seen_ns) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7) "
+            "ON CONFLICT (run_id) DO UPDATE SET world_size = ?2, precision = ?3, trainer = ?4, "
+            "compute_format = ?5, hello = ?6, last_seen_ns = ?7")),
+        run_id_of(c.prepare("SELECT id FROM runs WHERE run_id = ?1")),
+        touch_run(c.prepare("UPDATE runs SET last_seen_ns = max(last_seen_ns, ?2) WHERE id = ?1")),
+        upsert_agent(c.prepare(
+            "INSERT INTO agents (run, rank, host, trainer, agent_version, first_seen_ns, "
+            "last_seen_ns) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6) ON CONFLICT (run, rank) DO "
+            "UPDATE SET host = ?3, trainer = ?4, agent_version = ?5, last_seen_ns = ?6")),
+        agent_progress(
+            c.prepare("UPDATE agents SET last_seq = max(last_seq, ?3), last_seen_ns = ?4, "
+                      "counters = coalesce(?5, counters) WHERE run = ?1 AND rank = ?2")),
+        agent_notice(c.prepare(
+            "INSERT OR IGNORE INTO agent_notices (run, rank, text) SELECT ?1, ?2, ?3 "
+            "WHERE (SELECT count(*) FROM agent_notices WHERE run = ?1 AND rank = ?2) < 16")),
+        insert_report(c.prepare(
+            "INSERT OR IGNORE INTO reports (run, rank, seq, step, loss, loss_scale, scale_after, "
+            "found_inf, skipped, offender, n_tensors, received_ns, payload) "
+            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)")),
+        add_tensor(c.prepare(
+            "INSERT INTO tensor_totals (run, name, role, format, samples, \"values\", overflow, "
+            "underflow, nonfinite, max_abs, last_step) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, "
+            "?9, ?10, ?11) ON CONFLICT (run, name, role) DO UPDATE SET format = ?4, "
+            "samples = samples + ?5, \"values\" = \"values\" + ?6, overflow = overflow + ?7, "
+            "underflow = underflow + ?8, nonfinite = nonfinite + ?9, "
+            "max_abs = max(max_abs, ?10), last_step = max(last_step, ?11)")),
+        insert_rejection(c.prepare(
+            "INSERT INTO rejections (run, rank, seq, field, reason, message, received_ns) "
+            "VALUES ((SELECT id FROM runs WHERE run_id = ?1), ?2, ?3, ?4, ?5, ?6, ?7)")),
+        insert_decision(c.prepare(
+            "INSERT INTO policy_decisions (run, engine_id, effective_from_step, decided_ns, "
+            "reason, \"update\") VALUES (?1, ?2, ?3, ?4, ?5, ?6)")),
+        set_decision_update(c.prepare("UPDATE policy_decisions SET \"update\" = ?2 WHERE id = ?1")),
+        upsert_application(c.prepare(
+            "INSERT INTO policy_applications (policy, rank, step, applied, reason) VALUES "
+            "(?1, ?2, ?3, ?4, ?5) ON CONFLICT (policy, rank) DO UPDATE SET step = ?3, "
+            "applied = ?4, reason = ?5")),
+        save_policy(c.prepare(
+            "INSERT INTO policy_state (run, mode, state, last_report_id, saved_ns) VALUES "
+            "(?1, ?2, ?3, ?4, ?5) ON CONFLICT (run) DO UPDATE SET mode = ?2, state = ?3, "
+            "last_report_id = ?4, saved_ns = ?5")) {}
+
+  Statement upsert_run, run_id_of, touch_run, upsert_agent, agent_progress, agent_notice,
+      insert_report, add_tensor, insert_rejection, insert_decision, set_decision_update,
+      upsert_application, save_policy;
+};
+
+StoreWriter::StoreWriter(const StoreOptions& options)
+    : conn_(std::make_unique<Connection>(options.path, /*create=*/true, /*read_only=*/false)) {
+  if (schema_version(*conn_) == 0) conn_->exec("PRAGMA auto_vacuum = INCREMENTAL");
+  conn_->exec("PRAGMA journal_mode = WAL");
+  conn_->exec(options.sync_full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL");
+  // Checkpoints run on the Checkpointer's thread; the WAL file is truncated back to this size
+  // after each reset, so that it does not stay at its high-water mark.
+  conn_->exec("PRAGMA wal_autocheckpoint = 0");
+  conn_->exec("PRAGMA journal_size_limit = 67108864");
+  migrate(*conn_);
+  st_ = std::make_unique<Statements>(*conn_);
+}
+
+StoreWriter::~StoreWriter() {
+  if (in_transaction_) rollback();
+}
+
+RestoredState StoreWriter::load_state() {
+  RestoredState state;
+  std::map<std::int64_t, std::string> names;
+  {
+    Statement s = conn_->prepare("SELECT id, run_id, hello FROM runs");
+    while (s.step()) {
+      RestoredRun r;
+      r.run_id = s.column_text(1);
+      const std::string_view blob = s.column_blob(2);
+      r.hello.ParseFromArray(blob.data(), static_cast<int>(blob.size()));
+      names[s.column_int(0)] = r.run_id;
+      run_keys_[r.run_id] = s.column_int(0);
+      state.runs.push_back(std::move(r));
+    }
+  }
+  {
+    Statement s = conn_->prepare("SELECT run, rank, last_seq FROM agents");
+    while (s.step()) {
+      state.agents.push_back(RestoredAgent{names[s.column_int(0)],
+                                           static_cast<std::uint32_t>(s.column_int(1)),
+                                           static_cast<std::uint64_t>(s.column_int(2))});
+    }
+  }
+  {
+    Statement s = conn_->prepare("SELECT run, state, last_report_id FROM policy_state");
+    while (s.step()) {
+      state.policies.push_back(
+          RestoredPolicy{names[s.column_int(0)], s.column_text(1), s.column_int(2)});
+    }
+  }
+  {
+    Statement s = conn_->prepare(
+        "SELECT run, name, role, format, samples, \"values\", overflow, underflow, nonfinite, "
+        "max_abs, last_step FROM tensor_totals");
+    while (s.step()) {
+      TensorTotals t;
+      t.run_id = names[s.column_int(0)];
+      t.name = s.column_text(1);
+      t.role = static_cast<int>(s.column_int(2));
+      t.format = static_cast<int>(s.column_int(3));
+      t.samples = static_cast<std::uint64_t>(s.column_int(4));
+      t.values = static_cast<std::uint64_t>(s.column_int(5));
+      t.overflow = static_cast<std::uint64_t>(s.column_int(6));
+      t.underflow = static_cast<std::uint64_t>(s.column_int(7));
+      t.nonfinite = static_cast<std::uint64_t>(s.column_int(8));
+      t.max_abs = s.column_double(9);
+      t.last_step = s.column_int(10);
+      state.tensors.push_back(std::move(t));
+    }
+  }
+  {
+    // The policy in force: every decision of the run folded in order.
+    Statement s = conn_->prepare("SELECT run, \"update\" FROM policy_decisions ORDER BY id");
+    while (s.step()) {
+      v1::PolicyUpdate u;
+      const std::string_view blob = s.column_blob(1);
+      if (u.ParseFromArray(blob.data(), static_cast<int>(blob.size()))) {
+        merge_policy_update(&state.current_updates[names[s.column_int(0)]], u);
+      }
+    }
+  }
+  return state;
+}
+
+std::vector<std::pair<std::int64_t, v1::StepReport>> StoreWriter::reports_after(
+    const std::string& run_id, std::int64_t after_id) {
+  std::vector<std::pair<std::int64_t, v1::StepReport>> out;
+  Statement s = conn_->prepare(
+      "SELECT id, payload FROM reports WHERE run = ?1 AND id > ?2 "
+      "ORDER BY id");
+  s.bind(1, run_key(run_id)).bind(2, after_id);
+  while (s.step()) {
+    v1::StepReport r;
+    const std::string_view blob = s.column_blob(1);
+    if (r.ParseFromArray(blob.data(), static_cast<int>(blob.size()))) {
+      out.emplace_back(s.column_int(0), std::move(r));
+    }
+  }
+  return out;
+}
+
+void StoreWriter::begin() {
+  conn_->exec("BEGIN IMMEDIATE");
+  in_transaction_ = true;
+}
+
+void StoreWriter::commit() {
+  conn_->exec("COMMIT");
+  in_transaction_ = false;
+}
+
+void StoreWriter::rollback() {
+  in_transaction_ = false;
+  try {
+    conn_->exec("ROLLBACK");
+  } catch (const StoreError&) {
+    // SQLite may have rolled back already (some I/O errors end the transaction themselves).
+  }
+  // Keys of runs created in the rolled-back transaction are gone.
+  run_keys_.clear();
+}
+
+std::int64_t StoreWriter::run_key(const std::string& run_id) {
+  if (auto it = run_keys_.find(run_id); it != run_keys_.end()) return it->second;
+  Statement& s = st_->run_id_of;
+  s.bind(1, run_id);
+  if (!s.step()) {
+    s.reset();
+    throw StoreError("store: unknown run '" + run_id + "'");
+  }
+  const std::int64_t key = s.column_int(0);
+  s.reset();
+  run_keys_[run_id] = key;
+  return key;
+}
+
+void StoreWriter::upsert_run(const v1::Hello& hello, std::int64_t now_ns) {
+  const std::string blob = hello.SerializeAsString();
+  st_->upsert_run.bind(1, hello.run_id())
+      .bind(2, std::int64_t{hello.world_size()})
+      .bind(3, hello.precision())
+      .bind(4, hello.trainer())
+      .bind(5, std::int64_t{hello.compute_format()})
+      .bind_blob(6, blob.data(), blob.size())
+      .bind(7, now_ns)
+      .run();
+}
+
+void StoreWriter::upsert_agent(const v1::Hello& hello, std::int64_t now_ns) {
+  st_->upsert_agent.bind(1, run_key(hello.run_id()))
+      .bind(2, std::int64_t{hello.rank()})
+      .bind(3, hello.host())
+      .bind(4, hello.trainer())
+      .bind(5, hello.agent_version())
+      .bind(6, now_ns)
+      .run();
+}
+
+void StoreWriter::set_agent_progress(const std::string& run_id, std::uint32_t rank,
+                                     std::uint64_t last_seq, std::int64_t now_ns,
+                                     const v1::AgentCounters* counters) {
+  const std::int64_t run = run_key(run_id);
+  Statement& s = st_->agent_progress;
+  s.bind(1, run).bind(2, std::int64_t{rank}).bind(3, static_cast<std::int64_t>(last_seq));
+  s.bind(4, now_ns);
+  if (counters != nullptr) {
+    const std::string blob = counters->SerializeAsString();
+    s.bind_blob(5, blob.data(), blob.size());
+  } else {
+    s.bind_null(5);
+  }
+  s.run();
+  st_->touch_run.bind(1, run).bind(2, now_ns).run();
+}
+
+void StoreWriter::add_agent_notice(const std::string& run_id, std::uint32_t rank,
+                                   const std::string& text) {
+  st_->agent_notice.bind(1, run_key(run_id)).bind(2, std::int64_t{rank}).bind(3, text).run();
+}
+
+std::int64_t StoreWriter::insert_report(const v1::StepReport& r, const std::string& payload,
+                                        std::int64_t received_ns) {
+  Statement& s = st_->insert_report;
+  s.bind(1, run_key(r.run_id()))
+      .bind(2, std::int64_t{r.rank()})
+      .bind(3, static_cast<std::int64_t>(r.seq()))
+      .bind(4, r.step());
+  if (std::isfinite(r.loss())) {
+    s.bind(5, r.loss());
+  } else {
+    s.bind_null(5);
+  }
+  s.bind(6, r.loss_scale())
+      .bind(7, r.scale_after())
+      .bind(8, std::int64_t{r.found_inf()})
+      .bind(9, std::int64_t{r.skipped()});
+  if (r.has_first_offender()) {
+    s.bind(10, r.first_offender().tensor());
+  } else {
+    s.bind_null(10);
+  }
+  s.bind(11, std::int64_t{r.tensors_size()})
+      .bind(12, received_ns)
+      .bind_blob(13, payload.data(), payload.size());
+  s.run();
+  // INSERT OR IGNORE: 0 changes means the unique (run, rank, seq) already held it.
+  return conn_->changes() > 0 ? conn_->last_insert_rowid() : 0;
+}
+
+void StoreWriter::add_tensor_totals(const TensorTotals& d) {
+  st_->add_tensor.bind(1, run_key(d.run_id))
+      .bind(2, d.name)
+      .bind(3, std::int64_t{d.role})
+      .bind(4, std::int64_t{d.format})
+      .bind(5, static_cast<std::int64_t>(d.samples))
+      .bind(6, static_cast<std::int64_t>(d.values))
+      .bind(7, static_cast<std::int64_t>(d.overflow))
+      .bind(8, static_cast<std::int64_t>(d.underflow))
+      .bind(9, static_cast<std::int64_t>(d.nonfinite))
+      .bind(10, d.max_abs)
+      .bind(11, d.last_step)
+      .run();
+}
+
+void StoreWriter::insert_rejection(const std::string& run_id, std::uint32_t rank, std::uint64_t seq,
+                                   const std::string& field, const std::string& reason,
+                                   const std::string& message, std::int64_t now_ns) {
+  st_->insert_rejection.bind(1, run_id)
+      .bind(2, std::int64_t{rank})
+      .bind(3, static_cast<std::int64_t>(seq))
+      .bind(4, field)
+      .bind(5, reason)
+      .bind(6, message)
+      .bind(7, now_ns)
+      .run();
+}
+
+std::int64_t StoreWriter::insert_decision(const std::string& run_id, std::uint64_t engine_id,
+                                          const v1::PolicyUpdate& update) {
+  const std::string blob = update.SerializeAsString();
+  st_->insert_decision.bind(1, run_key(run_id))
+      .bind(2, static_cast<std::int64_t>(engine_id))
+      .bind(3, update.effective_from_step())
+      .bind(4, update.decided_unix_ns())
+      .bind(5, update.reason())
+      .bind_blob(6, blob.data(), blob.size())
+      .run();
+  return conn_->last_insert_rowid();
+}
+
+void StoreWriter::set_decision_update(std::int64_t id, const v1::PolicyUpdate& update) {
+  const std::string blob = update.SerializeAsString();
+  st_->set_decision_update.bind(1, id).bind_blob(2, blob.data(), blob.size()).run();
+}
+
+void StoreWriter::upsert_application(std::int64_t policy_id, std::uint32_t rank, std::int64_t step,
+                                     bool applied, const std::string& reason) {
+  st_->upsert_application.bind(1, policy_id)
+      .bind(2, std::int64_t{rank})
+      .bind(3, step)
+      .bind(4, std::int64_t{applied})
+      .bind(5, reason)
+      .run();
+}
+
+void StoreWriter::save_policy_state(const std::string& run_id, const std::string& mode,
+                                    const std::string& state, std::int64_t last_report_id,
+                                    std::int64_t now_ns) {
+  st_->save_policy.bind(1, run_key(run_id))
+      .bind(2, mode)
+      .bind(3, state)
+      .bind(4, last_report_id)
+      .bind(5, now_ns)
+      .run();
+}
+
+std::uint64_t StoreWriter::live_bytes() {
+  const std::int64_t pages = conn_->query_int("PRAGMA page_count");
+  const std::int64_t free_pages = conn_->query_int("PRAGMA freelist_count");
+  const std::int64_t page_size = conn_->query_int("PRAGMA page_size");
+  return static_cast<std::uint64_t>((pages - free_pages) * page_size);
+}
+
+RetentionResult StoreWriter::apply_retention(std::int64_t max_age_ns, std::uint64_t max_bytes,
+                                             std::int64_t now_ns) {
+  RetentionResult result;
+  constexpr std::int64_t kChunk = 2000;  // reports per transaction: short write locks
+  if (max_age_ns > 0) {
+    const std::int64_t cutoff = now_ns - max_age_ns;
+    for (;;) {
+      Transaction tx(*conn_);
+      Statement del = conn_->prepare(
+          "DELETE FROM reports WHERE id IN (SELECT id FROM reports WHERE received_ns < ?1 "
+          "ORDER BY id LIMIT ?2)");
+      del.bind(1, cutoff).bind(2, kChunk).run();
+      const int n = conn_->changes();
+      conn_->prepare("DELETE FROM rejections WHERE received_ns < ?1").bind(1, cutoff).run();
+      tx.commit();
+      result.deleted_reports += n;
+      if (n < kChunk) break;
+    }
+    Transaction tx(*conn_);
+    // A run goes when nothing of it is left and no agent spoke within the age limit.
+    const char* kOldRuns =
+        "SELECT id FROM runs WHERE last_seen_ns < ?1 AND NOT EXISTS "
+        "(SELECT 1 FROM reports WHERE reports.run = runs.id)";
+    for (const char* table : {"agents", "agent_notices", "tensor_totals", "policy_state",
+                              "policy_decisions", "rejections"}) {
+      conn_->prepare(std::string("DELETE FROM ") + table + " WHERE run IN (" + kOldRuns + ")")
+          .bind(1, cutoff)
+          .run();
+    }
+    conn_->exec(
+        "DELETE FROM policy_applications WHERE policy NOT IN "
+        "(SELECT id FROM policy_decisions)");
+    conn_->prepare(std::string("DELETE FROM runs WHERE id IN (") + kOldRuns + ")")
+        .bind(1, cutoff)
+        .run();
+    result.deleted_runs = conn_->changes();
+    tx.commit();
+    if (result.deleted_runs > 0) run_keys_.clear();
+  }
+  if (max_bytes > 0) {
+    // Delete the oldest reports in steps sized from the average report, re-measuring after
+    // each step: pages free up only as whole pages empty, so the size is never predicted.
+    for (std::uint64_t live = live_bytes(); live > max_bytes; live = live_bytes()) {
+      const std::int64_t count = conn_->query_int("SELECT count(*) FROM reports");
+      if (count == 0) break;
+      const double per_report = static_cast<double>(live) / static_cast<double>(count);
+      const double excess = static_cast<double>(live - max_bytes);
+      const std::int64_t n =
+          std::clamp<std::int64_t>(static_cast<std::int64_t>(excess / per_report) + 1, 1, kChunk);
+      Transaction tx(*conn_);
+      conn_
+          ->prepare(
+              "DELETE FROM reports WHERE id IN (SELECT id FROM reports ORDER BY id "
+              "LIMIT ?1)")
+          .bind(1, n)
+          .run();
+      const int deleted = conn_->changes();
+      tx.commit();
+      result.deleted_reports += deleted;
+      if (deleted == 0) break;
+    }
+  }
+  if (result.deleted_reports > 0) conn_->exec("PRAGMA incremental_vacuum");
+  return result;
+}
+
+void StoreWriter::checkpoint() { conn_->exec("PRAGMA wal_checkpoint(TRUNCATE)"); }
+
+Checkpointer::Checkpointer(const std::string& path, std::chrono::milliseconds interval)
+    : conn_(std::make_unique<Connection>(path, /*create=*/false, /*read_only=*/false)),
+      interval_(interval) {
+  thread_ = std::thread([this] { run(); });
+}
+
+Checkpointer::~Checkpointer() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void Checkpointer::run() {
+  std::unique_lock lock(mu_);
+  while (!cv_.wait_for(lock, interval_, [&] { return stop_; })) {
+    lock.unlock();
+    try {
+      conn_->exec("PRAGMA wal_checkpoint(PASSIVE)");
+    } catch (const StoreError&) {
+      // Busy or transient: the next round catches up; the final checkpoint is the writer's.
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace ampscope::server

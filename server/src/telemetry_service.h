@@ -1,0 +1,35 @@
+// Telemetry.Attach: authenticates the call and hands it to a new AttachReactor. Keeps the live
+// reactors so that a graceful shutdown can drain every one of them.
+//
+// Thread safety: internally synchronised.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "ampscope/v1/telemetry.grpc.pb.h"
+#include "attach_reactor.h"
+#include "auth.h"
+
+namespace ampscope::server {
+
+class TelemetryService final : public v1::Telemetry::CallbackService {
+ public:
+  TelemetryService(AttachReactor::Deps deps, const Authenticator& auth);
+
+  grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerMessage>* Attach(
+      grpc::CallbackServerContext* context) override;
+
+  // Refuses new streams and drains the open ones (each ends once what it sent is settled).
+  void drain_all();
+
+ private:
+  AttachReactor::Deps deps_;
+  const Authenticator& auth_;
+  std::mutex mu_;
+  bool draining_ = false;
+  std::vector<std::weak_ptr<AttachReactor>> live_;
+};
+
+}  // namespace ampscope::server

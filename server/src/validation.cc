@@ -1,0 +1,399 @@
+// One function per rule; validate_hello / validate_report run them in field order and return
+// the first violation, so a message is described by the first field a reader would look at.
+#include "validation.h"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+namespace ampscope::server {
+namespace {
+
+using Result = std::optional<Violation>;
+
+template <typename... Args>
+Violation violation(std::string field, std::string_view reason, const Args&... args) {
+  std::ostringstream os;
+  os << field << ": ";
+  (os << ... << args);
+  return Violation{std::move(field), std::string(reason), os.str()};
+}
+
+std::string indexed(const std::string& field, int i) {
+  return field + "[" + std::to_string(i) + "]";
+}
+
+bool printable_ascii(std::string_view s) {
+  for (unsigned char c : s) {
+    if (c < 0x20 || c > 0x7e) return false;
+  }
+  return true;
+}
+
+Result check_string(std::string_view value, const std::string& field, std::size_t max_bytes,
+                    bool required) {
+  if (required && value.empty()) return violation(field, "string", "must not be empty");
+  if (value.size() > max_bytes) {
+    return violation(field, "string", "is ", value.size(), " bytes, at most ", max_bytes,
+                     " allowed");
+  }
+  if (!printable_ascii(value)) {
+    return violation(field, "string", "must be printable ASCII");
+  }
+  return std::nullopt;
+}
+
+Result check_string_list(const google::protobuf::RepeatedPtrField<std::string>& values,
+                         const std::string& field, int max_count, std::size_t max_bytes) {
+  if (values.size() > max_count) {
+    return violation(field, "too_many", "has ", values.size(), " entries, at most ", max_count,
+                     " allowed");
+  }
+  for (int i = 0; i < values.size(); ++i) {
+    if (auto v = check_string(values[i], indexed(field, i), max_bytes, true)) return v;
+  }
+  return std::nullopt;
+}
+
+Result check_count(int count, const std::string& field, int max_count) {
+  if (count > max_count) {
+    return violation(field, "too_many", "has ", count, " entries, at most ", max_count, " allowed");
+  }
+  return std::nullopt;
+}
+
+Result check_finite(double value, const std::string& field) {
+  if (!std::isfinite(value)) return violation(field, "non_finite", "must be finite, got ", value);
+  return std::nullopt;
+}
+
+Result check_positive(double value, const std::string& field) {
+  if (auto v = check_finite(value, field)) return v;
+  if (!(value > 0.0)) return violation(field, "range", "must be > 0, got ", value);
+  return std::nullopt;
+}
+
+Result check_non_negative(double value, const std::string& field) {
+  if (auto v = check_finite(value, field)) return v;
+  if (value < 0.0) return violation(field, "range", "must be >= 0, got ", value);
+  return std::nullopt;
+}
+
+Result check_world(std::uint32_t rank, std::uint32_t world_size, const std::string& prefix) {
+  if (world_size < 1 || world_size > limits::kMaxWorldSize) {
+    return violation(prefix + ".world_size", "rank", "must be in [1, ", limits::kMaxWorldSize,
+                     "], got ", world_size);
+  }
+  if (rank >= world_size) {
+    return violation(prefix + ".rank", "rank", "must be < world_size ", world_size, ", got ", rank);
+  }
+  return std::nullopt;
+}
+
+Result check_scaler(const v1::ScalerConfig& s, const std::string& field) {
+  if (!v1::ScalerKind_IsValid(s.kind())) {
+    return violation(field + ".kind", "enum", "unknown value ", static_cast<int>(s.kind()));
+  }
+  if (auto v = check_positive(s.init_scale(), field + ".init_scale")) return v;
+  if (auto v = check_finite(s.growth_factor(), field + ".growth_factor")) return v;
+  if (s.growth_factor() < 1.0) {
+    return violation(field + ".growth_factor", "range", "must be >= 1, got ", s.growth_factor());
+  }
+  if (auto v = check_finite(s.backoff_factor(), field + ".backoff_factor")) return v;
+  if (!(s.backoff_factor() > 0.0 && s.backoff_factor() <= 1.0)) {
+    return violation(field + ".backoff_factor", "range", "must be in (0, 1], got ",
+                     s.backoff_factor());
+  }
+  if (auto v = check_non_negative(s.min_scale(), field + ".min_scale")) return v;
+  if (auto v = check_non_negative(s.max_scale(), field + ".max_scale")) return v;
+  if (s.max_scale() != 0.0 && s.max_scale() < s.min_scale()) {
+    return violation(field + ".max_scale", "range", "must be 0 or >= min_scale ", s.min_scale(),
+                     ", got ", s.max_scale());
+  }
+  return std::nullopt;
+}
+
+Result check_identity(const v1::StepReport& r, const StreamIdentity& stream) {
+  if (r.run_id() != stream.run_id) {
+    return violation("report.run_id", "identity", "'", r.run_id(),
+                     "' differs from the stream's Hello '", stream.run_id, "'");
+  }
+  if (r.rank() != stream.rank) {
+    return violation("report.rank", "identity", r.rank(), " differs from the stream's Hello ",
+                     stream.rank);
+  }
+  return std::nullopt;
+}
+
+Result check_seq(std::uint64_t seq, const StreamIdentity& stream) {
+  if (seq == 0) return violation("report.seq", "seq_order", "must be >= 1");
+  if (seq <= stream.previous_seq) {
+    return violation("report.seq", "seq_order", seq, " is not above the previous seq ",
+                     stream.previous_seq, " of this stream");
+  }
+  return std::nullopt;
+}
+
+Result check_step_scalars(const v1::StepReport& r) {
+  if (r.step() < 0) return violation("report.step", "range", "must be >= 0, got ", r.step());
+  if (auto v = check_positive(r.loss_scale(), "report.loss_scale")) return v;
+  if (auto v = check_positive(r.scale_after(), "report.scale_after")) return v;
+  if (!std::isfinite(r.grad_norm()) && !r.found_inf()) {
+    return violation("report.grad_norm", "non_finite", "is not finite but found_inf is false, got ",
+                     r.grad_norm());
+  }
+  if (std::isfinite(r.grad_norm()) && r.grad_norm() < 0.0) {
+    return violation("report.grad_norm", "range", "must be >= 0, got ", r.grad_norm());
+  }
+  if (auto v = check_non_negative(r.lr(), "report.lr")) return v;
+  if (auto v = check_non_negative(r.step_time_s(), "report.step_time_s")) return v;
+  if (r.has_tensor_core_active_ratio()) {
+    const double x = r.tensor_core_active_ratio();
+    if (auto v = check_finite(x, "report.tensor_core_active_ratio")) return v;
+    if (x < 0.0 || x > 1.0) {
+      return violation("report.tensor_core_active_ratio", "range", "must be in [0, 1], got ", x);
+    }
+  }
+  if (r.time_unix_ns() < 0) {
+    return violation("report.time_unix_ns", "range", "must be >= 0, got ", r.time_unix_ns());
+  }
+  return std::nullopt;
+}
+
+Result check_first_offender(const v1::StepReport& r) {
+  if (!r.has_first_offender()) return std::nullopt;
+  const v1::FirstOffender& f = r.first_offender();
+  if (auto v =
+          check_string(f.tensor(), "report.first_offender.tensor", limits::kNameMaxBytes, true)) {
+    return v;
+  }
+  if (!v1::TensorRole_IsValid(f.role())) {
+    return violation("report.first_offender.role", "enum", "unknown value ",
+                     static_cast<int>(f.role()));
+  }
+  if (!v1::TensorPhase_IsValid(f.phase())) {
+    return violation("report.first_offender.phase", "enum", "unknown value ",
+                     static_cast<int>(f.phase()));
+  }
+  return std::nullopt;
+}
+
+Result check_policy_outcomes(const v1::StepReport& r) {
+  if (auto v = check_count(r.policy_outcomes_size(), "report.policy_outcomes",
+                           limits::kMaxPolicyOutcomes)) {
+    return v;
+  }
+  for (int i = 0; i < r.policy_outcomes_size(); ++i) {
+    const std::string field = indexed("report.policy_outcomes", i);
+    const v1::PolicyOutcome& o = r.policy_outcomes(i);
+    if (auto v =
+            check_string(o.policy_id(), field + ".policy_id", limits::kShortStringMaxBytes, true)) {
+      return v;
+    }
+    if (auto v = check_string(o.reason(), field + ".reason", limits::kNoticeMaxBytes, false)) {
+      return v;
+    }
+  }
+  return std::nullopt;
+}
+
+// --- TensorStats rules ------------------------------------------------------------------------
+
+Result check_tensor_identity(const v1::TensorStats& t, const std::string& field) {
+  if (auto v = check_string(t.name(), field + ".name", limits::kNameMaxBytes, true)) return v;
+  if (!v1::TensorRole_IsValid(t.role()) || t.role() == v1::TENSOR_ROLE_UNSPECIFIED) {
+    return violation(field + ".role", "enum", "must be a known role, got ",
+                     static_cast<int>(t.role()));
+  }
+  if (!v1::TensorPhase_IsValid(t.phase())) {
+    return violation(field + ".phase", "enum", "unknown value ", static_cast<int>(t.phase()));
+  }
+  if (t.dtype() != v1::FORMAT_FP32 && t.dtype() != v1::FORMAT_FP16 &&
+      t.dtype() != v1::FORMAT_BF16) {
+    return violation(field + ".dtype", "enum", "must be FP32, FP16 or BF16, got ",
+                     static_cast<int>(t.dtype()));
+  }
+  if (t.level() != v1::STATS_LEVEL_COUNTS && t.level() != v1::STATS_LEVEL_FULL) {
+    return violation(field + ".level", "enum", "must be COUNTS or FULL, got ",
+                     static_cast<int>(t.level()));
+  }
+  return std::nullopt;
+}
+
+Result check_shape(const v1::TensorStats& t, const std::string& field) {
+  if (t.shape_size() > limits::kMaxShapeDims) {
+    return violation(field + ".shape", "shape", "has ", t.shape_size(), " dimensions, at most ",
+                     limits::kMaxShapeDims, " allowed");
+  }
+  if (t.shape_size() == 0) return std::nullopt;
+  unsigned __int128 product = 1;
+  for (int i = 0; i < t.shape_size(); ++i) {
+    if (t.shape(i) < 0) {
+      return violation(indexed(field + ".shape", i), "shape", "must be >= 0, got ", t.shape(i));
+    }
+    product *= static_cast<std::uint64_t>(t.shape(i));
+    if (product > std::numeric_limits<std::uint64_t>::max()) break;
+  }
+  if (product != t.numel()) {
+    return violation(field + ".shape", "shape", "product of the dimensions differs from numel ",
+                     t.numel());
+  }
+  return std::nullopt;
+}
+
+Result check_counts(const v1::TensorStats& t, const std::string& field) {
+  // Summed in 128 bits so that wrap-around cannot hide an inconsistency.
+  const unsigned __int128 special =
+      static_cast<unsigned __int128>(t.zeros()) + t.nan() + t.pos_inf() + t.neg_inf();
+  if (special > t.numel()) {
+    return violation(field + ".numel", "counts_exceed_numel",
+                     "zeros + nan + pos_inf + neg_inf = ", static_cast<std::uint64_t>(special),
+                     " exceeds numel ", t.numel());
+  }
+  return std::nullopt;
+}
+
+Result check_magnitudes(const v1::TensorStats& t, const std::string& field) {
+  if (auto v = check_positive(t.scale(), field + ".scale")) return v;
+  if (auto v = check_non_negative(t.max_abs(), field + ".max_abs")) return v;
+  if (auto v = check_non_negative(t.min_abs_nonzero(), field + ".min_abs_nonzero")) return v;
+  if (t.min_abs_nonzero() > t.max_abs()) {
+    return violation(field + ".min_abs_nonzero", "range", t.min_abs_nonzero(), " exceeds max_abs ",
+                     t.max_abs());
+  }
+  if (auto v = check_finite(t.sum(), field + ".sum")) return v;
+  if (auto v = check_non_negative(t.sum_sq(), field + ".sum_sq")) return v;
+  return std::nullopt;
+}
+
+std::uint64_t finite_nonzero(const v1::TensorStats& t) {
+  return t.numel() - t.zeros() - t.nan() - t.pos_inf() - t.neg_inf();
+}
+
+Result check_histogram(const v1::TensorStats& t, const std::string& field) {
+  const bool full = t.level() == v1::STATS_LEVEL_FULL;
+  if (full != t.has_histogram()) {
+    return violation(field + ".histogram", "histogram_presence",
+                     full ? "is required with level FULL" : "must be absent with level COUNTS");
+  }
+  if (!full) return std::nullopt;
+  const v1::BinadeHistogram& h = t.histogram();
+  const std::string hfield = field + ".histogram";
+  if (h.counts_size() > limits::kMaxHistogramBins) {
+    return violation(hfield + ".counts", "histogram_range", "has ", h.counts_size(),
+                     " bins, at most ", limits::kMaxHistogramBins, " allowed");
+  }
+  if (h.counts_size() > 0) {
+    const long long top = static_cast<long long>(h.min_exponent()) + h.counts_size() - 1;
+    if (h.min_exponent() < limits::kHistogramMinExponent || top > limits::kHistogramMaxExponent) {
+      return violation(hfield + ".min_exponent", "histogram_range", "binades [", h.min_exponent(),
+                       ", ", top, "] leave [", limits::kHistogramMinExponent, ", ",
+                       limits::kHistogramMaxExponent, "]");
+    }
+  }
+  unsigned __int128 total = 0;
+  for (std::uint64_t c : h.counts()) total += c;
+  if (total != finite_nonzero(t)) {
+    return violation(hfield + ".counts", "histogram_total", "sum ",
+                     static_cast<std::uint64_t>(total), " differs from the finite nonzero count ",
+                     finite_nonzero(t));
+  }
+  return std::nullopt;
+}
+
+Result check_targets(const v1::TensorStats& t, const std::string& field) {
+  if (auto v = check_count(t.targets_size(), field + ".targets", limits::kMaxTargets)) return v;
+  const std::uint64_t values = finite_nonzero(t);
+  for (int i = 0; i < t.targets_size(); ++i) {
+    const v1::TargetCounts& c = t.targets(i);
+    const std::string tfield = indexed(field + ".targets", i);
+    if (!v1::Format_IsValid(c.format()) || c.format() == v1::FORMAT_UNSPECIFIED) {
+      return violation(tfield + ".format", "enum", "must be a known format, got ",
+                       static_cast<int>(c.format()));
+    }
+    if (c.scale_log2() < -limits::kMaxScaleLog2 || c.scale_log2() > limits::kMaxScaleLog2) {
+      return violation(tfield + ".scale_log2", "range", "must be in [", -limits::kMaxScaleLog2,
+                       ", ", limits::kMaxScaleLog2, "], got ", c.scale_log2());
+    }
+    const unsigned __int128 sum =
+        static_cast<unsigned __int128>(c.overflow()) + c.underflow() + c.subnormal();
+    if (sum > values) {
+      return violation(tfield, "target_counts",
+                       "overflow + underflow + subnormal = ", static_cast<std::uint64_t>(sum),
+                       " exceeds the finite nonzero count ", values);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<Violation> check_run_id(std::string_view run_id, std::string_view field) {
+  const std::string f(field);
+  if (run_id.empty() || run_id.size() > limits::kRunIdMaxBytes) {
+    return violation(f, "run_id", "must be 1..", limits::kRunIdMaxBytes, " characters, got ",
+                     run_id.size());
+  }
+  for (char c : run_id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) return violation(f, "run_id", "may use only [A-Za-z0-9._-]");
+  }
+  return std::nullopt;
+}
+
+std::optional<Violation> check_tensor_stats(const v1::TensorStats& t, const std::string& field) {
+  if (auto v = check_tensor_identity(t, field)) return v;
+  if (auto v = check_counts(t, field)) return v;
+  if (auto v = check_shape(t, field)) return v;
+  if (auto v = check_magnitudes(t, field)) return v;
+  if (auto v = check_histogram(t, field)) return v;
+  if (auto v = check_targets(t, field)) return v;
+  return std::nullopt;
+}
+
+std::optional<Violation> validate_hello(const v1::Hello& h) {
+  if (auto v = check_run_id(h.run_id(), "hello.run_id")) return v;
+  if (auto v = check_world(h.rank(), h.world_size(), "hello")) return v;
+  if (auto v = check_string(h.host(), "hello.host", limits::kNameMaxBytes, false)) return v;
+  if (auto v = check_string(h.trainer(), "hello.trainer", limits::kNameMaxBytes, false)) return v;
+  if (auto v =
+          check_string(h.precision(), "hello.precision", limits::kShortStringMaxBytes, false)) {
+    return v;
+  }
+  if (!v1::Format_IsValid(h.compute_format())) {
+    return violation("hello.compute_format", "enum", "unknown value ",
+                     static_cast<int>(h.compute_format()));
+  }
+  if (h.has_scaler()) {
+    if (auto v = check_scaler(h.scaler(), "hello.scaler")) return v;
+  }
+  if (auto v = check_string(h.agent_version(), "hello.agent_version", limits::kShortStringMaxBytes,
+                            false)) {
+    return v;
+  }
+  return check_string_list(h.fp32_capable_layers(), "hello.fp32_capable_layers",
+                           limits::kMaxLayerNames, limits::kNameMaxBytes);
+}
+
+std::optional<Violation> validate_report(const v1::StepReport& r, const StreamIdentity& stream) {
+  if (auto v = check_identity(r, stream)) return v;
+  if (auto v = check_seq(r.seq(), stream)) return v;
+  if (auto v = check_step_scalars(r)) return v;
+  if (auto v = check_first_offender(r)) return v;
+  if (auto v = check_count(r.tensors_size(), "report.tensors", limits::kMaxTensorsPerReport)) {
+    return v;
+  }
+  for (int i = 0; i < r.tensors_size(); ++i) {
+    if (auto v = check_tensor_stats(r.tensors(i), indexed("report.tensors", i))) return v;
+  }
+  if (auto v = check_string_list(r.fp32_layers(), "report.fp32_layers", limits::kMaxLayerNames,
+                                 limits::kNameMaxBytes)) {
+    return v;
+  }
+  if (auto v = check_policy_outcomes(r)) return v;
+  return check_string_list(r.notices(), "report.notices", limits::kMaxNotices,
+                           limits::kNoticeMaxBytes);
+}
+
+}  // namespace ampscope::server

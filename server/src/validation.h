@@ -1,0 +1,80 @@
+// Validation of every message an agent sends (issue 4 "Validation"). Each rule is one function
+// that names the offending field and a stable reason token; a report that breaks any rule is
+// rejected whole. The reason tokens are the `reason` label of
+// ampscope_reports_rejected_total and Reject.reason on the wire, so they form a closed set
+// (kRejectReasons) and never change meaning.
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "ampscope/v1/telemetry.pb.h"
+
+namespace ampscope::server {
+
+// Bounds the server enforces (documented next to each field in the .proto files).
+namespace limits {
+inline constexpr std::size_t kRunIdMaxBytes = 128;
+inline constexpr std::uint32_t kMaxWorldSize = 65536;
+inline constexpr std::size_t kShortStringMaxBytes = 64;  // precision, agent_version
+inline constexpr std::size_t kNameMaxBytes = 256;        // host, trainer, tensor and layer names
+inline constexpr std::size_t kNoticeMaxBytes = 512;      // notices, outcome reasons
+inline constexpr int kMaxTensorsPerReport = 4096;
+inline constexpr int kMaxLayerNames = 4096;
+inline constexpr int kMaxShapeDims = 8;
+inline constexpr int kMaxTargets = 16;
+inline constexpr int kMaxNotices = 16;
+inline constexpr int kMaxPolicyOutcomes = 64;
+inline constexpr int kHistogramMinExponent = -149;
+inline constexpr int kHistogramMaxExponent = 127;
+inline constexpr int kMaxHistogramBins = kHistogramMaxExponent - kHistogramMinExponent + 1;
+inline constexpr int kMaxScaleLog2 = 256;
+}  // namespace limits
+
+struct Violation {
+  std::string field;    // "report.tensors[3].histogram.counts"
+  std::string reason;   // one of kRejectReasons
+  std::string message;  // one line for people, starts with the field
+};
+
+// The closed set of reasons, in the order they are exported.
+inline constexpr std::array<std::string_view, 16> kRejectReasons = {
+    "missing_hello",        // first message of a stream is not a Hello
+    "identity",             // run_id / rank of a report differ from the stream's Hello
+    "run_id",               // run id length or characters
+    "rank",                 // rank >= world_size, world_size out of range
+    "seq_order",            // seq 0 or not above the previous seq of the stream
+    "range",                // a number outside its documented range
+    "non_finite",           // NaN/Inf where a finite value is required
+    "string",               // a string too long, empty where required, or not printable
+    "too_many",             // a repeated field above its bound
+    "enum",                 // an enum value unspecified or unknown
+    "shape",                // shape rank or product inconsistent with numel
+    "counts_exceed_numel",  // zeros + nan + pos_inf + neg_inf > numel
+    "histogram_presence",   // histogram present without level FULL, or missing with it
+    "histogram_range",      // exponent range outside [-149, 127] or too many bins
+    "histogram_total",      // histogram counts do not sum to the finite nonzero elements
+    "target_counts",        // target counts above the finite nonzero elements
+};
+
+// Per-stream facts a report is checked against.
+struct StreamIdentity {
+  std::string run_id;
+  std::uint32_t rank = 0;
+  std::uint64_t previous_seq = 0;  // highest seq seen on this stream, 0 before any
+};
+
+std::optional<Violation> validate_hello(const v1::Hello& hello);
+std::optional<Violation> validate_report(const v1::StepReport& report,
+                                         const StreamIdentity& stream);
+
+// Individual rules, exposed for the unit tests.
+std::optional<Violation> check_run_id(std::string_view run_id, std::string_view field);
+std::optional<Violation> check_tensor_stats(const v1::TensorStats& t, const std::string& field);
+
+}  // namespace ampscope::server

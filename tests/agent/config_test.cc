@@ -1,0 +1,86 @@
+#include "ampscope/agent/config.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <fstream>
+
+#include "temp_dir.h"
+
+namespace ampscope::agent {
+namespace {
+
+TEST(AgentConfigTest, SetsOptionsByKey) {
+  AgentConfig c;
+  EXPECT_EQ(set_option(c, "server", "127.0.0.1:7"), "");
+  EXPECT_EQ(set_option(c, "run-id", "r1"), "");
+  EXPECT_EQ(set_option(c, "spool_max_bytes", "2M"), "");
+  EXPECT_EQ(set_option(c, "sample_full_every", "25"), "");
+  EXPECT_EQ(set_option(c, "sample_counts", "off"), "");
+  EXPECT_EQ(set_option(c, "sample_count_roles", "weight_grad, loss"), "");
+  EXPECT_EQ(set_option(c, "stats_thread", "worker"), "");
+  EXPECT_EQ(c.server, "127.0.0.1:7");
+  EXPECT_EQ(c.run_id, "r1");
+  EXPECT_EQ(c.spool_max_bytes, 2u << 20);
+  EXPECT_EQ(c.sampling.full_every, 25);
+  EXPECT_FALSE(c.sampling.counts);
+  EXPECT_EQ(c.sampling.count_roles,
+            (std::vector<TensorRole>{TensorRole::kWeightGrad, TensorRole::kLoss}));
+  EXPECT_EQ(c.stats_thread, StatsThread::kWorker);
+  EXPECT_EQ(validate(c), "");
+}
+
+TEST(AgentConfigTest, BadValuesNameTheKeyAndChangeNothing) {
+  AgentConfig c;
+  EXPECT_NE(set_option(c, "sample_full_every", "-1").find("sample_full_every"), std::string::npos);
+  EXPECT_NE(set_option(c, "sample_count_roles", "weights").find("roles"), std::string::npos);
+  EXPECT_NE(set_option(c, "keepalive_time_ms", "1000").find("10000"), std::string::npos);
+  EXPECT_NE(set_option(c, "frobnicate", "1").find("unknown"), std::string::npos);
+  EXPECT_EQ(c.sampling.full_every, AgentConfig{}.sampling.full_every);
+}
+
+TEST(AgentConfigTest, ReadsTheEnvironment) {
+  testing::TempDir dir;
+  const auto token = dir / "token";
+  std::ofstream(token) << "s3cret\n";
+  setenv("AMPSCOPE_SERVER", "localhost:9", 1);
+  setenv("AMPSCOPE_RUN_ID", "env-run", 1);
+  setenv("AMPSCOPE_TOKEN_FILE", token.c_str(), 1);
+  setenv("AMPSCOPE_SAMPLE_FULL_EVERY", "7", 1);
+  AgentConfig c;
+  const std::string err = apply_environment(c);
+  unsetenv("AMPSCOPE_SERVER");
+  unsetenv("AMPSCOPE_RUN_ID");
+  unsetenv("AMPSCOPE_TOKEN_FILE");
+  unsetenv("AMPSCOPE_SAMPLE_FULL_EVERY");
+  EXPECT_EQ(err, "");
+  EXPECT_EQ(c.server, "localhost:9");
+  EXPECT_EQ(c.run_id, "env-run");
+  EXPECT_EQ(c.token, "s3cret");
+  EXPECT_EQ(c.sampling.full_every, 7);
+}
+
+TEST(AgentConfigTest, ABadVariableIsNamed) {
+  setenv("AMPSCOPE_SAMPLE_COUNTS", "maybe", 1);
+  AgentConfig c;
+  const std::string err = apply_environment(c);
+  unsetenv("AMPSCOPE_SAMPLE_COUNTS");
+  EXPECT_NE(err.find("AMPSCOPE_SAMPLE_COUNTS"), std::string::npos) << err;
+}
+
+TEST(AgentConfigTest, ValidateNamesTheField) {
+  AgentConfig c;
+  EXPECT_NE(validate(c).find("run_id"), std::string::npos);
+  c.run_id = "bad id!";
+  EXPECT_NE(validate(c).find("run_id"), std::string::npos);
+  c.run_id = "ok";
+  c.rank = 2;
+  c.world_size = 2;
+  EXPECT_NE(validate(c).find("rank"), std::string::npos);
+  c.rank = 0;
+  c.server = "nohostport";
+  EXPECT_NE(validate(c).find("server"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ampscope::agent

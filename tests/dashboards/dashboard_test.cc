@@ -1,0 +1,537 @@
+// The Grafana dashboard, its provisioning and the alert rules as artefacts:
+// - the dashboard JSON parses, uses a current schema, has the datasource/run/rank variables,
+//   unique panel ids, no overlapping panels, a healthy/unhealthy description on every panel and
+//   the panels the dashboards issue asks for, every query is valid PromQL (promtool);
+// - every alert of the issue exists with a severity and a runbook (as Prometheus loads them);
+// - every metric name any panel, variable, annotation or alert rule reads is one a real
+//   ampscope-server exports: the server runs on loopback, is fed a realistic report stream
+//   (every role, NaN, underflow, tensor-core samples, agent counters, policy decisions) and its
+//   /metrics is scraped. No hand-written list of names.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "child_process.h"
+#include "prometheus_process.h"
+#include "promql_names.h"
+#include "server_harness.h"
+
+#ifndef AMPSCOPE_DASHBOARDS_DIR
+#error "AMPSCOPE_DASHBOARDS_DIR must name the source tree's dashboards/ directory"
+#endif
+#ifndef AMPSCOPE_SERVER_BIN
+#error "AMPSCOPE_SERVER_BIN must name the ampscope-server executable"
+#endif
+
+namespace ampscope::testing {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+const fs::path kDashboards = AMPSCOPE_DASHBOARDS_DIR;
+const fs::path kDashboardJson = kDashboards / "grafana" / "ampscope.json";
+const fs::path kAlertRules = kDashboards / "prometheus" / "alerts.yml";
+
+json load_json(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read " + path.string());
+  return json::parse(in);  // throws with the position on a syntax error
+}
+
+// Every panel, rows' nested panels included.
+std::vector<json> all_panels(const json& dashboard) {
+  std::vector<json> out;
+  for (const json& p : dashboard.at("panels")) {
+    out.push_back(p);
+    for (const json& child : p.value("panels", json::array())) out.push_back(child);
+  }
+  return out;
+}
+
+bool is_row(const json& panel) { return panel.value("type", "") == "row"; }
+
+const json* find_variable(const json& dashboard, const std::string& name) {
+  for (const json& v : dashboard.at("templating").at("list")) {
+    if (v.value("name", "") == name) return &v;
+  }
+  return nullptr;
+}
+
+std::string variable_query(const json& variable) {
+  const json& q = variable.at("query");
+  return q.is_string() ? q.get<std::string>() : q.at("query").get<std::string>();
+}
+
+struct Query {
+  std::string where;  // "panel 9 'Loss scale (log2)' B", "annotation 'Policy updates'", ...
+  std::string expr;
+};
+
+std::vector<Query> dashboard_queries(const json& dashboard) {
+  std::vector<Query> out;
+  for (const json& p : all_panels(dashboard)) {
+    for (const json& t : p.value("targets", json::array())) {
+      if (!t.contains("expr")) continue;
+      out.push_back({"panel " + std::to_string(p.at("id").get<int>()) + " '" +
+                         p.value("title", "") + "' " + t.value("refId", ""),
+                     t.at("expr").get<std::string>()});
+    }
+  }
+  for (const json& a : dashboard.at("annotations").at("list")) {
+    if (a.contains("expr")) {
+      out.push_back({"annotation '" + a.value("name", "") + "'", a.at("expr").get<std::string>()});
+    }
+  }
+  return out;
+}
+
+// Replaces Grafana's variables by values that keep the query valid PromQL: the current value of
+// custom variables, ".+" for query variables (they are used in regex matchers), and durations
+// for the built-in intervals. Fails the test on a variable the dashboard does not define.
+std::string substitute_variables(const std::string& expr, const json& dashboard) {
+  static const std::regex kVariable(R"(\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)\]\])");
+  static const std::map<std::string, std::string> kBuiltins = {{"__rate_interval", "1m"},
+                                                               {"__interval", "1m"},
+                                                               {"__range", "1h"},
+                                                               {"__range_s", "3600"},
+                                                               {"__interval_ms", "60000"}};
+  std::string out;
+  auto begin = expr.cbegin();
+  for (std::sregex_iterator it(expr.begin(), expr.end(), kVariable), end; it != end; ++it) {
+    const std::smatch& m = *it;
+    const std::string name = m[1].matched ? m[1] : m[2].matched ? m[2] : m[3];
+    out.append(begin, m[0].first);
+    begin = m[0].second;
+    if (std::all_of(name.begin(), name.end(), ::isdigit)) {  // "$1" of label_replace
+      out += m.str();
+    } else if (auto b = kBuiltins.find(name); b != kBuiltins.end()) {
+      out += b->second;
+    } else if (const json* v = find_variable(dashboard, name)) {
+      const std::string type = v->value("type", "");
+      if (type == "custom" || type == "constant" || type == "interval") {
+        const json& value = v->at("current").at("value");
+        out += value.is_array() ? value.at(0).get<std::string>() : value.get<std::string>();
+      } else {
+        out += ".+";
+      }
+    } else {
+      ADD_FAILURE() << "unknown variable $" << name << " in: " << expr;
+      out += m.str();
+    }
+  }
+  out.append(begin, expr.cend());
+  return out;
+}
+
+class DashboardTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dashboard_ = load_json(kDashboardJson);
+    panels_ = all_panels(dashboard_);
+  }
+  const json* panel_titled(const std::string& part) const {
+    for (const json& p : panels_) {
+      if (p.value("title", "").find(part) != std::string::npos) return &p;
+    }
+    return nullptr;
+  }
+  json dashboard_;
+  std::vector<json> panels_;
+};
+
+TEST_F(DashboardTest, ParsesWithACurrentSchema) {
+  EXPECT_GE(dashboard_.at("schemaVersion").get<int>(), 39);  // Grafana 10.4 and later
+  EXPECT_EQ(dashboard_.at("uid"), "ampscope-overview");
+  EXPECT_FALSE(dashboard_.at("title").get<std::string>().empty());
+  EXPECT_TRUE(dashboard_.contains("time"));
+  EXPECT_FALSE(dashboard_.at("panels").empty());
+}
+
+TEST_F(DashboardTest, HasDatasourceRunAndRankVariables) {
+  const json* ds = find_variable(dashboard_, "datasource");
+  ASSERT_NE(ds, nullptr);
+  EXPECT_EQ(ds->at("type"), "datasource");
+  EXPECT_EQ(ds->at("query"), "prometheus");
+  const json* run = find_variable(dashboard_, "run");
+  const json* rank = find_variable(dashboard_, "rank");
+  ASSERT_NE(run, nullptr);
+  ASSERT_NE(rank, nullptr);
+  for (const json* v : {run, rank}) {
+    EXPECT_EQ(v->at("type"), "query");
+    EXPECT_EQ(v->at("datasource").at("uid"), "${datasource}");
+    EXPECT_NE(variable_query(*v).find("label_values("), std::string::npos);
+  }
+  // Ranks are those of the selected runs.
+  EXPECT_NE(variable_query(*rank).find("$run"), std::string::npos);
+  // Every query goes through the datasource variable.
+  for (const json& p : all_panels(dashboard_)) {
+    if (is_row(p)) continue;
+    EXPECT_EQ(p.at("datasource").at("uid"), "${datasource}") << p.at("title");
+    for (const json& t : p.value("targets", json::array())) {
+      EXPECT_EQ(t.at("datasource").at("uid"), "${datasource}") << p.at("title");
+    }
+  }
+}
+
+TEST_F(DashboardTest, PanelIdsAreUniqueAndPanelsDoNotOverlap) {
+  std::set<int> ids;
+  std::vector<std::pair<std::string, json>> boxes;
+  for (const json& p : all_panels(dashboard_)) {
+    const int id = p.at("id").get<int>();
+    EXPECT_TRUE(ids.insert(id).second) << "duplicate panel id " << id;
+    boxes.emplace_back(p.value("title", ""), p.at("gridPos"));
+  }
+  for (std::size_t i = 0; i < boxes.size(); ++i) {
+    const json& a = boxes[i].second;
+    EXPECT_LE(a.at("x").get<int>() + a.at("w").get<int>(), 24) << boxes[i].first;
+    for (std::size_t j = i + 1; j < boxes.size(); ++j) {
+      const json& b = boxes[j].second;
+      const bool overlap = a.at("x").get<int>() < b.at("x").get<int>() + b.at("w").get<int>() &&
+                           b.at("x").get<int>() < a.at("x").get<int>() + a.at("w").get<int>() &&
+                           a.at("y").get<int>() < b.at("y").get<int>() + b.at("h").get<int>() &&
+                           b.at("y").get<int>() < a.at("y").get<int>() + a.at("h").get<int>();
+      EXPECT_FALSE(overlap) << boxes[i].first << " overlaps " << boxes[j].first;
+    }
+  }
+}
+
+TEST_F(DashboardTest, EveryPanelDescribesHealthyAndUnhealthy) {
+  for (const json& p : all_panels(dashboard_)) {
+    if (is_row(p)) continue;
+    const std::string d = p.value("description", "");
+    EXPECT_NE(d.find("Healthy"), std::string::npos) << p.at("title");
+    EXPECT_NE(d.find("Unhealthy"), std::string::npos) << p.at("title");
+  }
+}
+
+TEST_F(DashboardTest, HasThePanelsOfTheIssue) {
+  for (const char* title :
+       {"Training loss", "Loss scale (log2)", "Skipped steps and reasons",
+        "Non-finite values by role", "Underflow ratio by format", "Overflow ratio by format",
+        "Gradient magnitudes", "Worst tensors (top-K)", "First offenders",
+        "Tensor-core utilisation", "Step time", "Agent connectivity", "Agent spool backlog"}) {
+    EXPECT_NE(panel_titled(title), nullptr) << title;
+  }
+}
+
+TEST_F(DashboardTest, LossScaleIsOnALog2AxisWithPolicyAnnotations) {
+  const json* p = panel_titled("Loss scale (log2)");
+  ASSERT_NE(p, nullptr);
+  const json& scale = p->at("fieldConfig").at("defaults").at("custom").at("scaleDistribution");
+  EXPECT_EQ(scale.at("type"), "log");
+  EXPECT_EQ(scale.at("log"), 2);
+  bool annotated = false;
+  for (const json& a : dashboard_.at("annotations").at("list")) {
+    if (a.value("expr", "").find("ampscope_policy_last_decision_info") == std::string::npos) {
+      continue;
+    }
+    EXPECT_EQ(a.at("datasource").at("uid"), "${datasource}");
+    EXPECT_NE(a.value("textFormat", "").find("{{reason}}"), std::string::npos);
+    for (const json& id : a.at("filter").at("ids")) annotated = annotated || id == p->at("id");
+  }
+  EXPECT_TRUE(annotated) << "no policy-update annotation on the loss-scale panel";
+}
+
+TEST_F(DashboardTest, GradientHeatmapAndFormatBoundaries) {
+  const json* heat = panel_titled("Gradient magnitudes");
+  ASSERT_NE(heat, nullptr);
+  EXPECT_EQ(heat->at("type"), "heatmap");
+  const json& t = heat->at("targets").at(0);
+  EXPECT_EQ(t.at("format"), "heatmap");
+  EXPECT_NE(t.at("expr").get<std::string>().find("ampscope_gradient_magnitude_bucket"),
+            std::string::npos);
+  EXPECT_FALSE(heat->at("options").at("calculate").get<bool>());
+  // The companion panel draws the limits of each format as lines on a log2 axis.
+  const json* limits = panel_titled("format limits");
+  ASSERT_NE(limits, nullptr);
+  EXPECT_EQ(limits->at("fieldConfig").at("defaults").at("custom").at("scaleDistribution").at("log"),
+            2);
+  std::string exprs;
+  for (const json& q : limits->at("targets")) exprs += q.at("expr").get<std::string>() + "\n";
+  for (const char* bound : {"vector(65504)", "vector(2^-24)", "vector(57344)", "vector(2^-16)",
+                            "vector(448)", "vector(2^-9)", "vector(2^-133)"}) {
+    EXPECT_NE(exprs.find(bound), std::string::npos) << bound;
+  }
+  const std::string text = heat->at("description");
+  for (const char* format : {"FP16", "BF16", "E5M2", "E4M3"}) {
+    EXPECT_NE(text.find(format), std::string::npos) << format;
+  }
+}
+
+TEST_F(DashboardTest, EveryQueryIsValidPromQL) {
+  const std::string promtool = promtool_binary();
+  ASSERT_FALSE(promtool.empty())
+      << "promtool is not installed: install Debian's 'prometheus' package (./run setup)";
+  // promtool checks rule files: one recording rule per query (JSON is YAML).
+  json rules = json::array();
+  int n = 0;
+  for (const Query& q : dashboard_queries(dashboard_)) {
+    rules.push_back({{"record", "dashboard:query_" + std::to_string(n++)},
+                     {"expr", substitute_variables(q.expr, dashboard_)},
+                     {"labels", {{"where", q.where}}}});
+  }
+  ASSERT_GT(n, 20);
+  TempDir dir;
+  const fs::path file = dir / "dashboard_queries.json";
+  write_text(file, json{{"groups", {{{"name", "dashboard"}, {"rules", rules}}}}}.dump(2));
+  std::string output;
+  EXPECT_EQ(run_to_completion({promtool, "check", "rules", file.string()}, &output), 0) << output;
+}
+
+TEST_F(DashboardTest, ProvisioningPointsAtTheDashboardAndAPrometheusDatasource) {
+  const std::string datasources =
+      read_text(kDashboards / "grafana" / "provisioning" / "datasources" / "ampscope.yaml");
+  const std::string providers =
+      read_text(kDashboards / "grafana" / "provisioning" / "dashboards" / "ampscope.yaml");
+  EXPECT_NE(datasources.find("apiVersion: 1"), std::string::npos);
+  EXPECT_NE(datasources.find("type: prometheus"), std::string::npos);
+  // The dashboard's datasource variable defaults to the provisioned datasource.
+  const json* ds = find_variable(dashboard_, "datasource");
+  ASSERT_NE(ds, nullptr);
+  const std::string uid = ds->at("current").at("value");
+  EXPECT_NE(datasources.find("uid: " + uid), std::string::npos) << uid;
+  EXPECT_NE(providers.find("apiVersion: 1"), std::string::npos);
+  EXPECT_NE(providers.find("type: file"), std::string::npos);
+  EXPECT_NE(providers.find("path: "), std::string::npos);
+}
+
+// --- PromQL names --------------------------------------------------------------------------
+
+TEST(PromqlNamesTest, FindsSelectorsNotFunctionsLabelsOrKeywords) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(promql_metric_names("ampscope_loss{run=~\"$run\", rank=~\"a|b\"}"), V{"ampscope_loss"});
+  EXPECT_EQ(promql_metric_names(
+                "sum by (run, le) (rate(a_bucket{role=\"x\"}[5m])) / on (run) group_left(le) "
+                "max without (rank) (b offset 5m) > bool 0.5 and c unless d or Inf"),
+            (V{"a_bucket", "b", "c", "d"}));
+  EXPECT_EQ(promql_metric_names("sum(x) by (run) - histogram_quantile(0.9, y) * 2^-24 + 1e-3"),
+            (V{"x", "y"}));
+  EXPECT_EQ(promql_metric_names("label_replace(z, \"dst\", \"$1\", \"src\", \"(ampscope_no)\")"),
+            V{"z"});
+  EXPECT_EQ(promql_metric_names("{__name__=\"named\", run=\"r\"} + vector(1)"), V{"named"});
+  EXPECT_EQ(promql_metric_names("max_over_time(q[10m:1m]) # comment ampscope_not"), V{"q"});
+  EXPECT_EQ(
+      grafana_variable_metric_names("label_values(ampscope_steps_total{run=~\"$run\"}, rank)"),
+      V{"ampscope_steps_total"});
+  EXPECT_EQ(grafana_variable_metric_names("label_values(run)"), V{});
+}
+
+// --- Alert rules as Prometheus loads them --------------------------------------------------
+
+// The rules as Prometheus loaded them, once each has been evaluated (so that `health` says
+// whether its query ran without error).
+std::vector<json> evaluated_rules(PrometheusProcess& prometheus) {
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  for (;;) {
+    std::vector<json> rules;
+    bool evaluated = true;
+    const json data = prometheus.api("rules");
+    for (const json& g : data.at("groups")) {
+      for (const json& r : g.at("rules")) {
+        rules.push_back(r);
+        evaluated = evaluated && r.value("health", "unknown") != "unknown";
+      }
+    }
+    if ((evaluated && !rules.empty()) || std::chrono::steady_clock::now() > deadline) {
+      return rules;
+    }
+    std::this_thread::sleep_for(200ms);
+  }
+}
+
+TEST(AlertRulesTest, EveryAlertOfTheIssueHasASeverityAndARunbook) {
+  TempDir dir;
+  PrometheusProcess prometheus(dir.path(), PrometheusOptions{{}, {kAlertRules}, "1s"});
+  std::map<std::string, json> alerts;
+  for (const json& r : evaluated_rules(prometheus)) {
+    EXPECT_EQ(r.value("health", ""), "ok")
+        << r.value("name", "") << ": " << r.value("lastError", "");
+    if (r.at("type") == "alerting") alerts[r.at("name")] = r;
+  }
+  for (const char* name : {"AmpscopeNonFiniteValues", "AmpscopeUnderflowHigh", "AmpscopeOverflow",
+                           "AmpscopeLossScaleCollapsed", "AmpscopeSkippedStepsHigh",
+                           "AmpscopeAgentSilent", "AmpscopeAgentStale",
+                           "AmpscopePolicyFallbackEngaged", "AmpscopeTensorCoreUtilisationLow"}) {
+    EXPECT_TRUE(alerts.contains(name)) << name;
+  }
+  for (const auto& [name, r] : alerts) {
+    const std::string severity = r.at("labels").value("severity", "");
+    EXPECT_TRUE(severity == "critical" || severity == "warning") << name << ": " << severity;
+    const json& a = r.at("annotations");
+    for (const char* key : {"summary", "description", "runbook"}) {
+      EXPECT_FALSE(a.value(key, "").empty()) << name << " has no " << key;
+    }
+    EXPECT_GT(a.value("runbook", "").size(), 100u) << name << ": say what it means and what to do";
+  }
+}
+
+// --- Every metric name is exported by the real server --------------------------------------
+
+// A gradient or activation tensor as the agent would measure it, optionally with NaNs.
+v1::TensorStats tensor(const std::string& name, v1::TensorRole role, int lo, int hi, double scale,
+                       std::uint32_t seed, std::uint64_t nan = 0) {
+  v1::TensorStats t = synthetic_tensor(name, role, lo, hi, scale, 256, seed);
+  if (nan > 0) {
+    t.set_nan(nan);
+    t.set_numel(t.numel() + nan);
+    t.set_shape(0, static_cast<std::int64_t>(t.numel()));
+  }
+  return t;
+}
+
+// One step of a small FP16 run: every role, gradients reaching into FP16's underflow range,
+// a NaN in an activation at `nan_step` (first offender, skipped step, scale backoff), tensor-
+// core samples on even steps, and the agent's counters.
+v1::StepReport realistic_report(const std::string& run, std::uint64_t seq, double scale,
+                                std::int64_t nan_step) {
+  const std::int64_t step = static_cast<std::int64_t>(seq) - 1;
+  const bool nan = step == nan_step;
+  v1::StepReport r = make_report(run, 0, seq, step, 0, scale);
+  const auto s = static_cast<std::uint32_t>(seq * 17);
+  *r.add_tensors() = tensor("h0.mlp.fc.weight", v1::TENSOR_ROLE_WEIGHT, -8, 0, 1.0, s);
+  *r.add_tensors() = tensor("h0.mlp.fc.master", v1::TENSOR_ROLE_MASTER_WEIGHT, -8, 0, 1.0, s + 1);
+  *r.add_tensors() =
+      tensor("h0.mlp.fc", v1::TENSOR_ROLE_ACTIVATION, -6, 4, 1.0, s + 2, nan ? 3 : 0);
+  *r.add_tensors() =
+      tensor("h0.mlp.fc.out.grad", v1::TENSOR_ROLE_ACTIVATION_GRAD, -40, -12, scale, s + 3);
+  *r.add_tensors() =
+      tensor("h0.mlp.fc.weight.grad", v1::TENSOR_ROLE_WEIGHT_GRAD, -42, -14, scale, s + 4);
+  *r.add_tensors() = tensor("adam.m", v1::TENSOR_ROLE_OPTIMIZER_STATE, -20, -8, 1.0, s + 5);
+  *r.add_tensors() = tensor("loss", v1::TENSOR_ROLE_LOSS, 1, 1, 1.0, s + 6);
+  if (step % 2 == 0) r.set_tensor_core_active_ratio(0.42);
+  r.mutable_agent()->set_spool_bytes(4096 * seq);
+  r.mutable_agent()->set_dropped_reports(0);
+  if (nan) {
+    r.set_loss(std::nan(""));
+    r.set_found_inf(true);
+    r.set_skipped(true);
+    r.set_grad_norm(std::nan(""));
+    r.set_scale_after(scale / 2);
+    r.mutable_first_offender()->set_tensor("h0.mlp.fc");
+    r.mutable_first_offender()->set_role(v1::TENSOR_ROLE_ACTIVATION);
+    r.mutable_first_offender()->set_phase(v1::TENSOR_PHASE_FORWARD);
+  }
+  return r;
+}
+
+std::set<std::string> sample_names(const std::string& text) {
+  std::set<std::string> names;
+  for (const Sample& s : parse_samples(text)) names.insert(s.name);
+  return names;
+}
+
+TEST(ExportedMetricsTest, EveryMetricTheDashboardAndAlertsReadIsExported) {
+  const json dashboard = load_json(kDashboardJson);
+  // Where each metric name is used.
+  std::map<std::string, std::set<std::string>> used;
+  for (const Query& q : dashboard_queries(dashboard)) {
+    for (const std::string& n : promql_metric_names(q.expr)) used[n].insert(q.where);
+  }
+  for (const json& v : dashboard.at("templating").at("list")) {
+    if (v.value("type", "") != "query") continue;
+    for (const std::string& n : grafana_variable_metric_names(variable_query(v))) {
+      used[n].insert("variable $" + v.value("name", ""));
+    }
+  }
+  TempDir dir;
+  {
+    PrometheusProcess prometheus(dir.path(), PrometheusOptions{{}, {kAlertRules}, "1s"});
+    const std::vector<json> rules = evaluated_rules(prometheus);
+    ASSERT_GE(rules.size(), 10u) << prometheus.log_tail();
+    for (const json& r : rules) {
+      for (const std::string& n : promql_metric_names(r.at("query").get<std::string>())) {
+        used[n].insert("alert " + r.at("name").get<std::string>());
+      }
+    }
+  }
+  ASSERT_GT(used.size(), 25u);
+
+  // The real server, fed like an agent would: a headroom policy with FP32 fallback so that
+  // policy decisions (and their series) happen too.
+  ChildProcess server({AMPSCOPE_SERVER_BIN,
+                       "--listen",
+                       "127.0.0.1:0",
+                       "--metrics-listen",
+                       "127.0.0.1:0",
+                       "--db",
+                       (dir / "store.db").string(),
+                       "--ready-file",
+                       (dir / "ready.json").string(),
+                       "--policy",
+                       "headroom",
+                       "--headroom-every",
+                       "1",
+                       "--headroom-window",
+                       "4",
+                       "--headroom-raise-after",
+                       "1",
+                       "--policy-lead-steps",
+                       "1",
+                       "--fp32-fallback",
+                       "--top-k",
+                       "5"},
+                      dir / "server.log");
+  const auto started = std::chrono::steady_clock::now();
+  while (!fs::exists(dir / "ready.json")) {
+    ASSERT_TRUE(server.running()) << server.log_tail();
+    ASSERT_LT(std::chrono::steady_clock::now() - started, 30s) << server.log_tail();
+    std::this_thread::sleep_for(10ms);
+  }
+  const json ready = json::parse(read_text(dir / "ready.json"));
+  const std::string grpc = ready.at("grpc"), metrics = ready.at("metrics");
+  {
+    AgentStream agent(make_channel(grpc));
+    ASSERT_TRUE(agent.send_hello(make_hello("dash-run")));
+    double scale = 65536.0;
+    constexpr std::uint64_t kReports = 12;
+    for (std::uint64_t seq = 1; seq <= kReports; ++seq) {
+      const v1::StepReport r = realistic_report("dash-run", seq, scale, /*nan_step=*/5);
+      ASSERT_TRUE(agent.send(r));
+      scale = r.scale_after();
+    }
+    ASSERT_TRUE(agent.wait_ack(kReports).has_value()) << server.log_tail();
+    EXPECT_TRUE(agent.messages().size() > 0);
+
+    // Per-tensor and policy-target series are refreshed about once a second.
+    std::set<std::string> exported;
+    std::vector<std::string> missing;
+    const auto deadline = std::chrono::steady_clock::now() + 15s;
+    do {
+      std::this_thread::sleep_for(200ms);
+      exported = sample_names(scrape(metrics));
+      missing.clear();
+      for (const auto& [name, where] : used) {
+        if (!exported.contains(name)) missing.push_back(name);
+      }
+    } while (!missing.empty() && std::chrono::steady_clock::now() < deadline);
+    // Per-run series are filtered by the selected runs ($run) in every panel.
+    std::set<std::string> per_run;
+    for (const Sample& s : parse_samples(scrape(metrics))) {
+      if (s.labels.contains("run")) per_run.insert(s.name);
+    }
+    for (const Query& q : dashboard_queries(dashboard)) {
+      for (const std::string& n : promql_metric_names(q.expr)) {
+        if (per_run.contains(n)) {
+          EXPECT_NE(q.expr.find("run=~\"$run\""), std::string::npos) << q.where << ": " << n;
+        }
+      }
+    }
+    for (const std::string& name : missing) {
+      std::string where;
+      for (const std::string& w : used[name]) where += "\n  " + w;
+      ADD_FAILURE() << name << " is not exported by ampscope-server; used by:" << where;
+    }
+    EXPECT_TRUE(agent.finish().ok());
+  }
+  EXPECT_EQ(server.stop(), 0) << server.log_tail();
+}
+
+}  // namespace
+}  // namespace ampscope::testing

@@ -1,0 +1,168 @@
+// `ampscope runs`, `show` and `tail`: the real CLI binary against the real server, their --json
+// output parsed and checked, and one clear line on stderr (exit 1) when the server is
+// unreachable, the run unknown or the credentials refused.
+#include <gtest/gtest.h>
+
+#include <future>
+#include <nlohmann/json.hpp>
+
+#include "server_harness.h"
+
+#ifndef AMPSCOPE_CLI_BINARY
+#error "AMPSCOPE_CLI_BINARY must name the ampscope executable"
+#endif
+
+namespace ampscope::testing {
+namespace {
+
+using nlohmann::json;
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+class CliQueryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = std::make_unique<ServerProcess>(dir_.path(), dir_ / "store.db");
+    agent_ = std::make_unique<AgentStream>(make_channel(server_->grpc_address()));
+    ASSERT_TRUE(agent_->send_hello(make_hello("run-cli")));
+    for (std::uint64_t seq = 1; seq <= 8; ++seq) send(seq);
+    ASSERT_TRUE(agent_->wait_ack(8).has_value());
+  }
+
+  void send(std::uint64_t seq) {
+    v1::StepReport r = make_report("run-cli", 0, seq, static_cast<std::int64_t>(seq - 1), 2);
+    if (seq == 5) {
+      r.set_found_inf(true);
+      r.set_skipped(true);
+      r.set_grad_norm(std::numeric_limits<double>::quiet_NaN());
+      r.set_scale_after(32768);
+      r.mutable_first_offender()->set_tensor("h0.mlp.fc.out.grad");
+      r.mutable_first_offender()->set_role(v1::TENSOR_ROLE_ACTIVATION_GRAD);
+      r.mutable_first_offender()->set_order(4);
+    }
+    ASSERT_TRUE(agent_->send(r));
+  }
+
+  CommandResult cli(std::vector<std::string> args) {
+    args.insert(args.begin(), AMPSCOPE_CLI_BINARY);
+    args.push_back("--server");
+    args.push_back(server_->grpc_address());
+    return run_process(args, 30s);
+  }
+
+  TempDir dir_;
+  std::unique_ptr<ServerProcess> server_;
+  std::unique_ptr<AgentStream> agent_;
+};
+
+TEST_F(CliQueryTest, RunsJsonListsTheRun) {
+  const CommandResult r = cli({"runs", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(r.out);
+  ASSERT_EQ(j.at("runs").size(), 1u);
+  const json& run = j["runs"][0];
+  EXPECT_EQ(run.at("run_id"), "run-cli");
+  EXPECT_EQ(run.at("steps"), 8);
+  EXPECT_EQ(run.at("reports"), 8);
+  EXPECT_EQ(run.at("skipped_steps"), 1);
+  EXPECT_EQ(run.at("agents_connected"), 1);
+
+  const CommandResult text = cli({"runs"});
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find("run-cli"), std::string::npos);
+}
+
+TEST_F(CliQueryTest, ShowJsonHasTheRunsStory) {
+  const CommandResult r = cli({"show", "run-cli", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j.at("run_id"), "run-cli");
+  EXPECT_EQ(j.at("steps"), 8);
+  EXPECT_EQ(j.at("reports"), 8);
+  ASSERT_EQ(j.at("skipped_steps").size(), 1u);
+  EXPECT_EQ(j["skipped_steps"][0].at("step"), 4);
+  EXPECT_NE(j["skipped_steps"][0].at("why").get<std::string>().find("h0.mlp.fc.out.grad"),
+            std::string::npos);
+  ASSERT_EQ(j.at("first_offenders").size(), 1u);
+  EXPECT_EQ(j["first_offenders"][0].at("tensor"), "h0.mlp.fc.out.grad");
+  EXPECT_EQ(j["first_offenders"][0].at("role"), "activation_grad");
+  EXPECT_TRUE(j.at("policy_updates").is_array());
+  EXPECT_TRUE(j.at("scale_timeline").is_array());
+  EXPECT_TRUE(j.at("worst_underflow").is_array());
+  EXPECT_TRUE(j.at("worst_overflow").is_array());
+
+  const CommandResult text = cli({"show", "run-cli"});
+  ASSERT_EQ(text.code, 0) << text.err;
+  for (const char* section : {"skipped steps (1)", "first offenders (1)", "scale timeline",
+                              "worst tensors by underflow", "policy decisions", "agents (1)"}) {
+    EXPECT_NE(text.out.find(section), std::string::npos) << section << "\n" << text.out;
+  }
+}
+
+TEST_F(CliQueryTest, TailPrintsTheLatestAndFollows) {
+  const CommandResult r = cli({"tail", "run-cli", "-n", "3", "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::vector<std::string> lines = lines_of(r.out);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(json::parse(lines[0]).at("seq"), 6);
+  EXPECT_EQ(json::parse(lines[2]).at("seq"), 8);
+
+  // --follow: new reports appear as they are committed; --count ends it.
+  auto follower = std::async(std::launch::async, [&] {
+    return cli(
+        {"tail", "run-cli", "-n", "0", "--follow", "--interval", "0.1", "--count", "2", "--json"});
+  });
+  std::this_thread::sleep_for(500ms);
+  send(9);
+  send(10);
+  ASSERT_TRUE(agent_->wait_ack(10).has_value());
+  const CommandResult f = follower.get();
+  ASSERT_EQ(f.code, 0) << f.err << "\nstdout:\n" << f.out;
+  const std::vector<std::string> followed = lines_of(f.out);
+  ASSERT_EQ(followed.size(), 2u) << f.out;
+  EXPECT_EQ(json::parse(followed[0]).at("seq"), 9);
+  EXPECT_EQ(json::parse(followed[1]).at("seq"), 10);
+}
+
+TEST_F(CliQueryTest, ClearErrors) {
+  const CommandResult unknown = cli({"show", "no-such-run"});
+  EXPECT_EQ(unknown.code, 1);
+  EXPECT_EQ(lines_of(unknown.err).size(), 1u) << unknown.err;
+  EXPECT_NE(unknown.err.find("no-such-run"), std::string::npos) << unknown.err;
+  EXPECT_NE(unknown.err.find("not known"), std::string::npos) << unknown.err;
+
+  // A port nobody listens on: the server just stopped.
+  const std::string address = server_->grpc_address();
+  agent_.reset();
+  ASSERT_EQ(server_->terminate(), 0);
+  const CommandResult down = run_process({AMPSCOPE_CLI_BINARY, "runs", "--server", address}, 30s);
+  EXPECT_EQ(down.code, 1);
+  EXPECT_EQ(lines_of(down.err).size(), 1u) << down.err;
+  EXPECT_NE(down.err.find("cannot reach ampscope-server at " + address), std::string::npos)
+      << down.err;
+}
+
+TEST(CliAuthTest, TokenFileIsSentAndRefusalsAreExplained) {
+  TempDir dir;
+  write_text(dir / "token", "cli-token\n");
+  write_text(dir / "wrong", "not-the-token\n");
+  ServerProcess server(dir.path(), dir / "store.db",
+                       {"--auth-token-file", (dir / "token").string()});
+  const CommandResult ok =
+      run_process({AMPSCOPE_CLI_BINARY, "runs", "--json", "--server", server.grpc_address(),
+                   "--token-file", (dir / "token").string()});
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  const CommandResult refused =
+      run_process({AMPSCOPE_CLI_BINARY, "runs", "--server", server.grpc_address(), "--token-file",
+                   (dir / "wrong").string()});
+  EXPECT_EQ(refused.code, 1);
+  EXPECT_NE(refused.err.find("refused the credentials"), std::string::npos) << refused.err;
+}
+
+}  // namespace
+}  // namespace ampscope::testing

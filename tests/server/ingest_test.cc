@@ -1,0 +1,300 @@
+// The real ampscope-server on loopback: ingest and query, acknowledgement only after commit
+// (kill -9 right after an ack, restart, everything acknowledged is there), duplicates dropped
+// on replay (also across a restart), graceful shutdown that loses nothing it received.
+#include <gtest/gtest.h>
+
+#include "server_harness.h"
+
+namespace ampscope::testing {
+namespace {
+
+class ServerIngestTest : public ::testing::Test {
+ protected:
+  std::filesystem::path db() const { return dir_ / "store.db"; }
+  std::unique_ptr<v1::Query::Stub> query(const ServerProcess& s) {
+    return v1::Query::NewStub(make_channel(s.grpc_address()));
+  }
+  v1::GetReportsResponse reports(const ServerProcess& s, const std::string& run,
+                                 std::int64_t from = 0, std::int64_t to = 0) {
+    v1::GetReportsRequest q;
+    q.set_run_id(run);
+    q.set_from_step(from);
+    q.set_to_step(to);
+    q.set_limit(10000);
+    v1::GetReportsResponse out;
+    grpc::ClientContext ctx;
+    const grpc::Status st = query(s)->GetReports(&ctx, q, &out);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return out;
+  }
+  TempDir dir_;
+};
+
+TEST_F(ServerIngestTest, StoresReportsAndAnswersQueries) {
+  ServerProcess server(dir_.path(), db());
+  for (std::uint32_t rank = 0; rank < 2; ++rank) {
+    AgentStream agent(make_channel(server.grpc_address()));
+    ASSERT_TRUE(agent.send_hello(make_hello("run-a", rank, 2)));
+    for (std::uint64_t seq = 1; seq <= 10; ++seq) {
+      v1::StepReport r = make_report("run-a", rank, seq, static_cast<std::int64_t>(seq - 1));
+      if (seq == 4) {
+        r.set_found_inf(true);
+        r.set_skipped(true);
+        r.set_grad_norm(std::numeric_limits<double>::infinity());
+        r.set_scale_after(32768.0);
+        r.mutable_first_offender()->set_tensor("h1.mlp.fc.out.grad");
+        r.mutable_first_offender()->set_role(v1::TENSOR_ROLE_ACTIVATION_GRAD);
+        r.mutable_first_offender()->set_order(7);
+      }
+      ASSERT_TRUE(agent.send(r));
+    }
+    ASSERT_TRUE(agent.wait_ack(10).has_value());
+    EXPECT_TRUE(agent.finish().ok());
+  }
+  auto stub = query(server);
+  {
+    v1::ListRunsResponse runs;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->ListRuns(&ctx, v1::ListRunsRequest(), &runs).ok());
+    ASSERT_EQ(runs.runs_size(), 1);
+    const v1::RunSummary& s = runs.runs(0);
+    EXPECT_EQ(s.run_id(), "run-a");
+    EXPECT_EQ(s.world_size(), 2u);
+    EXPECT_EQ(s.reports(), 20u);
+    EXPECT_EQ(s.steps(), 10u);
+    EXPECT_EQ(s.first_step(), 0);
+    EXPECT_EQ(s.last_step(), 9);
+    EXPECT_EQ(s.skipped_steps(), 1u);
+  }
+  {
+    v1::GetRunRequest q;
+    q.set_run_id("run-a");
+    v1::GetRunResponse run;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->GetRun(&ctx, q, &run).ok());
+    ASSERT_EQ(run.agents_size(), 2);
+    EXPECT_EQ(run.agents(1).last_seq(), 10u);
+    ASSERT_EQ(run.skipped_steps_size(), 1);
+    EXPECT_EQ(run.skipped_steps(0).step(), 3);
+    EXPECT_EQ(run.skipped_steps(0).first_offender().tensor(), "h1.mlp.fc.out.grad");
+    EXPECT_NE(run.skipped_steps(0).why().find("h1.mlp.fc.out.grad"), std::string::npos);
+    ASSERT_EQ(run.first_offenders_size(), 2);  // both ranks reported one at step 3
+    // Scale 65536 until step 3, then 32768 was never used by a report (scale_after only):
+    // the timeline follows loss_scale of rank 0.
+    ASSERT_GE(run.scale_timeline_size(), 1);
+    EXPECT_EQ(run.scale_timeline(0).loss_scale(), 65536.0);
+  }
+  const v1::GetReportsResponse range = reports(server, "run-a", 2, 4);
+  ASSERT_EQ(range.reports_size(), 6);  // steps 2..4, two ranks
+  EXPECT_EQ(range.reports(0).report().step(), 2);
+  EXPECT_EQ(range.reports(0).report().rank(), 0u);
+  EXPECT_EQ(range.reports(5).report().step(), 4);
+  EXPECT_EQ(range.reports(0).report().tensors_size(), 0);  // include_tensors not asked
+
+  {
+    v1::GetRunRequest q;
+    q.set_run_id("no-such-run");
+    v1::GetRunResponse run;
+    grpc::ClientContext ctx;
+    const grpc::Status st = stub->GetRun(&ctx, q, &run);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_NE(st.error_message().find("no-such-run"), std::string::npos);
+  }
+  {
+    v1::GetReportsRequest q;
+    q.set_run_id("bad run id!");
+    v1::GetReportsResponse out;
+    grpc::ClientContext ctx;
+    const grpc::Status st = stub->GetReports(&ctx, q, &out);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(st.error_message().find("run_id"), std::string::npos);
+  }
+  EXPECT_EQ(server.terminate(), 0);
+}
+
+TEST_F(ServerIngestTest, PagesReportsInStepOrderAndTailsInArrivalOrder) {
+  ServerProcess server(dir_.path(), db());
+  AgentStream agent(make_channel(server.grpc_address()));
+  ASSERT_TRUE(agent.send_hello(make_hello("run-p")));
+  for (std::uint64_t seq = 1; seq <= 25; ++seq) {
+    ASSERT_TRUE(agent.send(make_report("run-p", 0, seq, static_cast<std::int64_t>(seq), 1)));
+  }
+  ASSERT_TRUE(agent.wait_ack(25).has_value());
+  auto stub = query(server);
+  std::vector<std::int64_t> steps;
+  std::string token;
+  do {
+    v1::GetReportsRequest q;
+    q.set_run_id("run-p");
+    q.set_limit(10);
+    q.set_page_token(token);
+    v1::GetReportsResponse out;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->GetReports(&ctx, q, &out).ok());
+    for (const auto& r : out.reports()) steps.push_back(r.report().step());
+    token = out.next_page_token();
+  } while (!token.empty());
+  ASSERT_EQ(steps.size(), 25u);
+  for (std::size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i], static_cast<int>(i) + 1);
+
+  v1::GetReportsRequest q;
+  q.set_run_id("run-p");
+  q.set_order(v1::REPORT_ORDER_ARRIVAL);
+  q.set_latest(true);
+  q.set_limit(3);
+  v1::GetReportsResponse last;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub->GetReports(&ctx, q, &last).ok());
+  ASSERT_EQ(last.reports_size(), 3);
+  EXPECT_EQ(last.reports(0).report().seq(), 23u);
+  EXPECT_EQ(last.reports(2).report().seq(), 25u);
+  EXPECT_LT(last.reports(0).report_id(), last.reports(2).report_id());
+}
+
+TEST_F(ServerIngestTest, AcknowledgedReportsSurviveKill9) {
+  std::uint64_t acked = 0;
+  {
+    ServerProcess server(dir_.path(), db());
+    AgentStream agent(make_channel(server.grpc_address()));
+    ASSERT_TRUE(agent.send_hello(make_hello("run-k")));
+    for (std::uint64_t seq = 1; seq <= 200; ++seq) {
+      ASSERT_TRUE(agent.send(make_report("run-k", 0, seq, static_cast<std::int64_t>(seq), 2)));
+      if (seq == 120) {
+        // The moment an ack arrives, the process dies without any chance to flush.
+        const std::optional<std::uint64_t> ack = agent.wait_ack(1);
+        ASSERT_TRUE(ack.has_value());
+        server.kill9();
+        acked = agent.highest_ack();
+        break;
+      }
+    }
+  }
+  ASSERT_GT(acked, 0u);
+  ServerProcess restarted(dir_.path(), db());
+  const v1::GetReportsResponse stored = reports(restarted, "run-k");
+  ASSERT_GE(stored.reports_size(), static_cast<int>(acked));
+  for (std::uint64_t i = 0; i < acked; ++i) {
+    EXPECT_EQ(stored.reports(static_cast<int>(i)).report().seq(), i + 1);
+  }
+  // The restored last seq: a new stream is told where the server is.
+  AgentStream agent(make_channel(restarted.grpc_address()));
+  ASSERT_TRUE(agent.send_hello(make_hello("run-k")));
+  const std::optional<std::uint64_t> first = agent.wait_ack(0);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(*first, static_cast<std::uint64_t>(stored.reports_size()));
+}
+
+TEST_F(ServerIngestTest, ReplayedReportsAreDroppedAsDuplicatesAlsoAfterRestart) {
+  {
+    ServerProcess server(dir_.path(), db());
+    {
+      AgentStream agent(make_channel(server.grpc_address()));
+      ASSERT_TRUE(agent.send_hello(make_hello("run-d")));
+      for (std::uint64_t seq = 1; seq <= 10; ++seq) {
+        ASSERT_TRUE(agent.send(make_report("run-d", 0, seq, static_cast<std::int64_t>(seq), 1)));
+      }
+      ASSERT_TRUE(agent.wait_ack(10).has_value());
+      EXPECT_TRUE(agent.finish().ok());
+    }
+    {
+      // A reconnecting agent replays its whole spool: 1..15.
+      AgentStream replay(make_channel(server.grpc_address()));
+      v1::Hello hello = make_hello("run-d");
+      hello.set_resume_from_seq(1);
+      ASSERT_TRUE(replay.send_hello(hello));
+      const std::optional<std::uint64_t> first = replay.wait_ack(0);
+      ASSERT_TRUE(first.has_value());
+      EXPECT_EQ(*first, 10u);
+      for (std::uint64_t seq = 1; seq <= 15; ++seq) {
+        ASSERT_TRUE(replay.send(make_report("run-d", 0, seq, static_cast<std::int64_t>(seq), 1)));
+      }
+      ASSERT_TRUE(replay.wait_ack(15).has_value());
+      EXPECT_TRUE(replay.finish().ok());
+    }
+    EXPECT_EQ(reports(server, "run-d").reports_size(), 15);
+    v1::ListRunsResponse runs;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(query(server)->ListRuns(&ctx, v1::ListRunsRequest(), &runs).ok());
+    EXPECT_EQ(runs.runs(0).duplicate_reports(), 10u);
+    EXPECT_EQ(server.terminate(), 0);
+  }
+  ServerProcess restarted(dir_.path(), db());
+  AgentStream replay(make_channel(restarted.grpc_address()));
+  ASSERT_TRUE(replay.send_hello(make_hello("run-d")));
+  for (std::uint64_t seq = 10; seq <= 16; ++seq) {
+    ASSERT_TRUE(replay.send(make_report("run-d", 0, seq, static_cast<std::int64_t>(seq), 1)));
+  }
+  ASSERT_TRUE(replay.wait_ack(16).has_value());
+  const v1::GetReportsResponse stored = reports(restarted, "run-d");
+  ASSERT_EQ(stored.reports_size(), 16);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(stored.reports(i).report().seq(), i + 1u);
+}
+
+TEST_F(ServerIngestTest, GracefulShutdownCommitsAndAcknowledgesEverythingReceived) {
+  std::uint64_t acked = 0;
+  {
+    ServerProcess server(dir_.path(), db());
+    std::vector<std::unique_ptr<AgentStream>> agents;
+    for (std::uint32_t rank = 0; rank < 4; ++rank) {
+      agents.push_back(std::make_unique<AgentStream>(make_channel(server.grpc_address())));
+      ASSERT_TRUE(agents.back()->send_hello(make_hello("run-g", rank, 4)));
+    }
+    // Keep every stream busy while SIGTERM arrives.
+    std::vector<std::thread> senders;
+    std::atomic<bool> stop{false};
+    for (std::uint32_t rank = 0; rank < 4; ++rank) {
+      senders.emplace_back([&, rank] {
+        for (std::uint64_t seq = 1; seq <= 400 && !stop; ++seq) {
+          if (!agents[rank]->send(
+                  make_report("run-g", rank, seq, static_cast<std::int64_t>(seq), 2))) {
+            break;
+          }
+        }
+      });
+    }
+    ASSERT_TRUE(agents[0]->wait_ack(20).has_value());
+    EXPECT_EQ(server.terminate(), 0) << server.log();
+    stop = true;
+    for (auto& t : senders) t.join();
+    for (auto& a : agents) {
+      const grpc::Status st = a->wait_end();
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+      acked += a->highest_ack();
+    }
+  }
+  ASSERT_GT(acked, 0u);
+  ServerProcess restarted(dir_.path(), db());
+  // Every report the server read was committed and acknowledged before its stream ended: what
+  // is stored is exactly what was acknowledged.
+  EXPECT_EQ(static_cast<std::uint64_t>(reports(restarted, "run-g").reports_size()), acked);
+}
+
+TEST_F(ServerIngestTest, RetentionDeletesReportsOlderThanTheLimitWhileServing) {
+  ServerProcess server(dir_.path(), db(),
+                       {"--retention-max-age", "1s", "--retention-interval", "200ms"});
+  {
+    AgentStream agent(make_channel(server.grpc_address()));
+    ASSERT_TRUE(agent.send_hello(make_hello("run-old")));
+    for (std::uint64_t seq = 1; seq <= 5; ++seq) {
+      ASSERT_TRUE(agent.send(make_report("run-old", 0, seq, static_cast<std::int64_t>(seq), 1)));
+    }
+    ASSERT_TRUE(agent.wait_ack(5).has_value());
+    EXPECT_TRUE(agent.finish().ok());
+  }
+  ASSERT_EQ(reports(server, "run-old").reports_size(), 5);
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  int left = 5;
+  while (left > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(100ms);
+    v1::ListRunsResponse runs;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(query(server)->ListRuns(&ctx, v1::ListRunsRequest(), &runs).ok());
+    left = runs.runs_size() == 0 ? 0 : static_cast<int>(runs.runs(0).reports());
+  }
+  EXPECT_EQ(left, 0);
+  const std::vector<Sample> m = parse_samples(scrape(server.metrics_address()));
+  EXPECT_EQ(sample_value(m, "ampscope_retention_deleted_reports_total"), 5);
+}
+
+}  // namespace
+}  // namespace ampscope::testing

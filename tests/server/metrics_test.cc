@@ -1,0 +1,188 @@
+// /metrics of the real server, scraped over HTTP with libcurl after scripted reports: the
+// families of DESIGN.md exist with the expected values, counters end in _total, ratios stay in
+// [0, 1], per-tensor series are limited to the top K, and the gradient histogram has
+// power-of-two buckets in the unscaled domain.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <regex>
+#include <set>
+
+#include "server_harness.h"
+
+namespace ampscope::testing {
+namespace {
+
+// A TensorStats with exactly the given counts (consistent with the server's rules).
+v1::TensorStats crafted(const std::string& name, v1::TensorRole role, int min_exponent,
+                        std::vector<std::uint64_t> counts, double scale, std::uint64_t nan = 0,
+                        std::uint64_t pos_inf = 0, std::uint64_t underflow = 0,
+                        std::uint64_t overflow = 0) {
+  v1::TensorStats t;
+  t.set_name(name);
+  t.set_role(role);
+  t.set_phase(v1::TENSOR_PHASE_BACKWARD);
+  t.set_dtype(v1::FORMAT_FP16);
+  t.set_scale(scale);
+  t.set_level(v1::STATS_LEVEL_FULL);
+  std::uint64_t total = 0;
+  for (std::uint64_t c : counts) total += c;
+  t.set_numel(total + nan + pos_inf + 3);
+  t.set_zeros(3);
+  t.set_nan(nan);
+  t.set_pos_inf(pos_inf);
+  t.set_min_abs_nonzero(std::ldexp(1.0, min_exponent));
+  t.set_max_abs(std::ldexp(1.5, min_exponent + static_cast<int>(counts.size()) - 1));
+  t.set_sum_sq(1.0);
+  t.mutable_histogram()->set_min_exponent(min_exponent);
+  for (std::uint64_t c : counts) t.mutable_histogram()->add_counts(c);
+  v1::TargetCounts* c = t.add_targets();
+  c->set_format(v1::FORMAT_FP16);
+  c->set_underflow(underflow);
+  c->set_overflow(overflow);
+  return t;
+}
+
+constexpr double kScale = 1024.0;  // 2^10
+
+v1::StepReport scripted(std::uint32_t rank, std::uint64_t seq) {
+  v1::StepReport r = make_report("run-m", rank, seq, static_cast<std::int64_t>(seq), 0, kScale);
+  // Measured (scaled) binades -20..-18 are unscaled -30..-28.
+  *r.add_tensors() = crafted("h0.attn.out.grad", v1::TENSOR_ROLE_ACTIVATION_GRAD, -20, {10, 20, 30},
+                             kScale, /*nan=*/2, /*pos_inf=*/1, /*underflow=*/10);
+  // Six weight grads, tensor i underflowing i of its 100 values: the top 3 are w5, w4, w3.
+  for (int i = 0; i < 6; ++i) {
+    *r.add_tensors() = crafted("w" + std::to_string(i), v1::TENSOR_ROLE_WEIGHT_GRAD, -5, {100},
+                               kScale, 0, 0, /*underflow=*/static_cast<std::uint64_t>(i));
+  }
+  if (seq == 2) {
+    r.set_found_inf(true);
+    r.set_skipped(true);
+    r.set_scale_after(kScale / 2);
+    r.mutable_first_offender()->set_tensor("h0.attn.out.grad");
+    r.mutable_first_offender()->set_role(v1::TENSOR_ROLE_ACTIVATION_GRAD);
+  }
+  return r;
+}
+
+TEST(ServerMetricsTest, FamiliesValuesAndCardinality) {
+  TempDir dir;
+  ServerProcess server(dir.path(), dir / "store.db", {"--top-k", "3"});
+  for (std::uint32_t rank = 0; rank < 2; ++rank) {
+    AgentStream agent(make_channel(server.grpc_address()));
+    ASSERT_TRUE(agent.send_hello(make_hello("run-m", rank, 2)));
+    for (std::uint64_t seq = 1; seq <= 3; ++seq) ASSERT_TRUE(agent.send(scripted(rank, seq)));
+    v1::StepReport bad = scripted(rank, 4);
+    bad.mutable_tensors(0)->mutable_histogram()->set_counts(0, 11);
+    ASSERT_TRUE(agent.send(bad));
+    ASSERT_TRUE(agent.wait_ack(4).has_value());
+    EXPECT_TRUE(agent.finish().ok());
+  }
+
+  // Per-tensor series are refreshed about once a second.
+  std::vector<Sample> m;
+  std::string text;
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  do {
+    std::this_thread::sleep_for(100ms);
+    text = scrape(server.metrics_address());
+    m = parse_samples(text);
+  } while (find_samples(m, "ampscope_tensor_underflow_ratio", {{"run", "run-m"}}).size() < 3 &&
+           std::chrono::steady_clock::now() < deadline);
+
+  const std::map<std::string, std::string> r0 = {{"run", "run-m"}, {"rank", "0"}};
+  auto with = [&](std::map<std::string, std::string> extra) {
+    extra.insert(r0.begin(), r0.end());
+    return extra;
+  };
+  EXPECT_EQ(sample_value(m, "ampscope_steps_total", r0), 3);
+  EXPECT_EQ(sample_value(m, "ampscope_skipped_steps_total", r0), 1);
+  EXPECT_EQ(sample_value(m, "ampscope_found_inf_steps_total", r0), 1);
+  EXPECT_EQ(sample_value(m, "ampscope_step", r0), 3);
+  EXPECT_EQ(sample_value(m, "ampscope_loss_scale", r0), kScale);
+  EXPECT_EQ(sample_value(m, "ampscope_tokens_total", r0), 3 * 4096);
+  EXPECT_EQ(sample_value(m, "ampscope_tensor_stats_total", {{"run", "run-m"}}), 2 * 3 * 7);
+  EXPECT_EQ(sample_value(m, "ampscope_nonfinite_values_total",
+                         with({{"role", "activation_grad"}, {"kind", "nan"}})),
+            3 * 2);
+  EXPECT_EQ(sample_value(m, "ampscope_nonfinite_values_total",
+                         with({{"role", "activation_grad"}, {"kind", "pos_inf"}})),
+            3 * 1);
+  EXPECT_EQ(sample_value(m, "ampscope_nonfinite_values_total",
+                         with({{"role", "weight_grad"}, {"kind", "nan"}})),
+            0);
+  EXPECT_EQ(sample_value(m, "ampscope_underflow_values_total",
+                         with({{"role", "weight_grad"}, {"format", "fp16"}})),
+            3 * (0 + 1 + 2 + 3 + 4 + 5));
+  EXPECT_EQ(sample_value(m, "ampscope_checked_values_total",
+                         with({{"role", "weight_grad"}, {"format", "fp16"}})),
+            3 * 600);
+  EXPECT_DOUBLE_EQ(sample_value(m, "ampscope_underflow_ratio",
+                                with({{"role", "weight_grad"}, {"format", "fp16"}})),
+                   15.0 / 600.0);
+  EXPECT_EQ(sample_value(m, "ampscope_reports_rejected_total", {{"reason", "histogram_total"}}), 2);
+
+  // Gradient magnitudes, unscaled, power-of-two buckets: the activation grad's 60 values sit
+  // in binades -30..-28, so le=2^-29 holds 10, le=2^-28 30, le=2^-27 and above 60 (per report).
+  const std::map<std::string, std::string> act = {{"run", "run-m"}, {"role", "activation_grad"}};
+  EXPECT_EQ(sample_value(m, "ampscope_gradient_magnitude_count", act), 2 * 3 * 60);
+  // prometheus-cpp writes le with 16 significant digits: each is 2^k to within an ulp.
+  std::map<int, double> buckets;  // by k; +Inf as 1000
+  for (const Sample& s : find_samples(m, "ampscope_gradient_magnitude_bucket", act)) {
+    const std::string& le = s.labels.at("le");
+    if (le == "+Inf") {
+      buckets[1000] = s.value;
+      continue;
+    }
+    const double bound = std::stod(le);
+    const int k = static_cast<int>(std::lround(std::log2(bound)));
+    EXPECT_NEAR(bound, std::ldexp(1.0, k), std::ldexp(1.0, k) * 1e-15) << le;
+    buckets[k] = s.value;
+  }
+  EXPECT_EQ(buckets.size(), 82u);  // 2^-64 .. 2^16 and +Inf
+  EXPECT_EQ(buckets.begin()->first, -64);
+  EXPECT_EQ(buckets.rbegin()->first, 1000);
+  EXPECT_EQ(buckets[-30], 0);
+  EXPECT_EQ(buckets[-29], 6 * 10);
+  EXPECT_EQ(buckets[-28], 6 * 30);
+  EXPECT_EQ(buckets[-27], 6 * 60);
+  EXPECT_EQ(buckets[16], 6 * 60);
+  EXPECT_EQ(buckets[1000], 6 * 60);
+
+  // Top-K: only the three worst weight grads (and no more than K series per run).
+  const std::vector<Sample> top =
+      find_samples(m, "ampscope_tensor_underflow_ratio", {{"run", "run-m"}});
+  ASSERT_EQ(top.size(), 3u) << text;
+  std::set<std::string> names;
+  for (const Sample& s : top) names.insert(s.labels.at("tensor"));
+  // The activation grad has non-finite values, so it ranks first; then w5 and w4.
+  EXPECT_EQ(names, (std::set<std::string>{"h0.attn.out.grad", "w5", "w4"}));
+
+  // Conventions: counters end in _total, ratios are in [0, 1], every family has the prefix.
+  const std::regex type_line("# TYPE (\\S+) (\\S+)");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), type_line);
+       it != std::sregex_iterator(); ++it) {
+    const std::string name = (*it)[1];
+    const std::string type = (*it)[2];
+    if (name.rfind("exposer_", 0) == 0) continue;  // prometheus-cpp's own
+    EXPECT_EQ(name.rfind("ampscope_", 0), 0u) << name;
+    if (type == "counter") EXPECT_TRUE(name.ends_with("_total")) << name;
+  }
+  for (const Sample& s : m) {
+    if (s.name.ends_with("_ratio") && !std::isnan(s.value)) {
+      EXPECT_GE(s.value, 0.0) << s.name;
+      EXPECT_LE(s.value, 1.0) << s.name;
+    }
+  }
+  for (const char* family :
+       {"ampscope_build_info", "ampscope_streams_active", "ampscope_ack_delay_seconds_count",
+        "ampscope_store_commit_duration_seconds_count", "ampscope_store_live_bytes",
+        "ampscope_loss", "ampscope_grad_norm", "ampscope_learning_rate",
+        "ampscope_agents_connected", "ampscope_overflow_values_total",
+        "ampscope_subnormal_values_total", "ampscope_first_offenders_total"}) {
+    EXPECT_FALSE(find_samples(m, family).empty()) << family;
+  }
+}
+
+}  // namespace
+}  // namespace ampscope::testing

@@ -1,0 +1,249 @@
+// One test per validation rule: a valid report, broken in exactly one way, is refused with the
+// field named and the rule's reason token.
+#include "validation.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "server_harness.h"
+
+namespace ampscope::server {
+namespace {
+
+using testing::make_hello;
+using testing::make_report;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+StreamIdentity stream_of(const char* run = "run-v", std::uint32_t rank = 0,
+                         std::uint64_t previous = 0) {
+  return StreamIdentity{run, rank, previous};
+}
+
+v1::StepReport valid() { return make_report("run-v", 0, 1, 0, 2); }
+
+void expect_violation(const std::optional<Violation>& v, const std::string& field,
+                      const std::string& reason) {
+  ASSERT_TRUE(v.has_value()) << "expected a violation of " << field;
+  EXPECT_EQ(v->field, field);
+  EXPECT_EQ(v->reason, reason);
+  EXPECT_EQ(v->message.rfind(field + ": ", 0), 0u) << v->message;
+  EXPECT_NE(std::find(kRejectReasons.begin(), kRejectReasons.end(), v->reason),
+            kRejectReasons.end());
+}
+
+TEST(ServerValidationTest, ValidMessagesPass) {
+  EXPECT_FALSE(validate_hello(make_hello("run-v")).has_value());
+  EXPECT_FALSE(validate_report(valid(), stream_of()).has_value());
+}
+
+TEST(ServerValidationTest, RunIdLengthAndCharacters) {
+  expect_violation(check_run_id("", "hello.run_id"), "hello.run_id", "run_id");
+  expect_violation(check_run_id(std::string(129, 'a'), "hello.run_id"), "hello.run_id", "run_id");
+  expect_violation(check_run_id("run/1", "hello.run_id"), "hello.run_id", "run_id");
+  expect_violation(check_run_id("rün", "hello.run_id"), "hello.run_id", "run_id");
+  EXPECT_FALSE(check_run_id(std::string(128, 'a'), "x").has_value());
+  EXPECT_FALSE(check_run_id("A-z_0.9", "x").has_value());
+}
+
+TEST(ServerValidationTest, HelloRankAndWorldSize) {
+  v1::Hello h = make_hello("run-v", 4, 4);
+  expect_violation(validate_hello(h), "hello.rank", "rank");
+  h.set_world_size(0);
+  h.set_rank(0);
+  expect_violation(validate_hello(h), "hello.world_size", "rank");
+}
+
+TEST(ServerValidationTest, HelloScalerRanges) {
+  v1::Hello h = make_hello("run-v");
+  h.mutable_scaler()->set_init_scale(kInf);
+  expect_violation(validate_hello(h), "hello.scaler.init_scale", "non_finite");
+  h = make_hello("run-v");
+  h.mutable_scaler()->set_backoff_factor(1.5);
+  expect_violation(validate_hello(h), "hello.scaler.backoff_factor", "range");
+}
+
+TEST(ServerValidationTest, HelloStringsAndLists) {
+  v1::Hello h = make_hello("run-v");
+  h.set_host(std::string(300, 'h'));
+  expect_violation(validate_hello(h), "hello.host", "string");
+  h = make_hello("run-v");
+  for (int i = 0; i < 4097; ++i) h.add_fp32_capable_layers("l" + std::to_string(i));
+  expect_violation(validate_hello(h), "hello.fp32_capable_layers", "too_many");
+}
+
+TEST(ServerValidationTest, ReportIdentityMustMatchTheHello) {
+  v1::StepReport r = valid();
+  r.set_run_id("other");
+  expect_violation(validate_report(r, stream_of()), "report.run_id", "identity");
+  r = valid();
+  r.set_rank(1);
+  expect_violation(validate_report(r, stream_of()), "report.rank", "identity");
+}
+
+TEST(ServerValidationTest, SeqStrictlyIncreasingPerStream) {
+  v1::StepReport r = valid();
+  r.set_seq(0);
+  expect_violation(validate_report(r, stream_of()), "report.seq", "seq_order");
+  r.set_seq(5);
+  expect_violation(validate_report(r, stream_of("run-v", 0, 5)), "report.seq", "seq_order");
+  EXPECT_FALSE(validate_report(r, stream_of("run-v", 0, 4)).has_value());
+}
+
+TEST(ServerValidationTest, StepScalarsRangesAndFiniteness) {
+  v1::StepReport r = valid();
+  r.set_step(-1);
+  expect_violation(validate_report(r, stream_of()), "report.step", "range");
+  r = valid();
+  r.set_loss_scale(0);
+  expect_violation(validate_report(r, stream_of()), "report.loss_scale", "range");
+  r = valid();
+  r.set_scale_after(kNaN);
+  expect_violation(validate_report(r, stream_of()), "report.scale_after", "non_finite");
+  r = valid();
+  r.set_grad_norm(kInf);
+  expect_violation(validate_report(r, stream_of()), "report.grad_norm", "non_finite");
+  r.set_found_inf(true);  // then a non-finite norm is the expected outcome
+  EXPECT_FALSE(validate_report(r, stream_of()).has_value());
+  r = valid();
+  r.set_loss(kNaN);  // a diverged loss is data, not a malformed report
+  EXPECT_FALSE(validate_report(r, stream_of()).has_value());
+  r = valid();
+  r.set_tensor_core_active_ratio(1.5);
+  expect_violation(validate_report(r, stream_of()), "report.tensor_core_active_ratio", "range");
+  r = valid();
+  r.set_lr(-1);
+  expect_violation(validate_report(r, stream_of()), "report.lr", "range");
+}
+
+TEST(ServerValidationTest, FirstOffenderNeedsATensorName) {
+  v1::StepReport r = valid();
+  r.mutable_first_offender()->set_order(3);
+  expect_violation(validate_report(r, stream_of()), "report.first_offender.tensor", "string");
+}
+
+TEST(ServerValidationTest, TensorCountBounded) {
+  v1::StepReport r = valid();
+  const v1::TensorStats t = r.tensors(0);
+  for (int i = 0; i < 4095; ++i) *r.add_tensors() = t;
+  expect_violation(validate_report(r, stream_of()), "report.tensors", "too_many");
+}
+
+TEST(ServerValidationTest, TensorNameRoleDtypeLevel) {
+  v1::StepReport r = valid();
+  r.mutable_tensors(1)->set_name("");
+  expect_violation(validate_report(r, stream_of()), "report.tensors[1].name", "string");
+  r = valid();
+  r.mutable_tensors(0)->set_role(v1::TENSOR_ROLE_UNSPECIFIED);
+  expect_violation(validate_report(r, stream_of()), "report.tensors[0].role", "enum");
+  r = valid();
+  r.mutable_tensors(0)->set_dtype(v1::FORMAT_E4M3);
+  expect_violation(validate_report(r, stream_of()), "report.tensors[0].dtype", "enum");
+  r = valid();
+  r.mutable_tensors(0)->set_level(v1::STATS_LEVEL_UNSPECIFIED);
+  expect_violation(validate_report(r, stream_of()), "report.tensors[0].level", "enum");
+}
+
+TEST(ServerValidationTest, CountsAddUpToAtMostNumel) {
+  v1::StepReport r = valid();
+  v1::TensorStats* t = r.mutable_tensors(0);
+  t->set_zeros(t->numel());
+  t->set_nan(1);
+  expect_violation(validate_report(r, stream_of()), "report.tensors[0].numel",
+                   "counts_exceed_numel");
+  // Wrap-around cannot hide it.
+  t->set_zeros(std::numeric_limits<std::uint64_t>::max());
+  t->set_nan(2);
+  expect_violation(validate_report(r, stream_of()), "report.tensors[0].numel",
+                   "counts_exceed_numel");
+}
+
+TEST(ServerValidationTest, ShapeMustMatchNumel) {
+  v1::StepReport r = valid();
+  r.mutable_tensors(0)->add_shape(3);
+  expect_violation(validate_report(r, stream_of()), "report.tensors[0].shape", "shape");
+  r = valid();
+  r.mutable_tensors(0)->set_shape(0, -1);
+  expect_violation(validate_report(r, stream_of()), "report.tensors[0].shape[0]", "shape");
+}
+
+TEST(ServerValidationTest, MagnitudesFiniteAndOrdered) {
+  v1::StepReport r = valid();
+  r.mutable_tensors(0)->set_max_abs(kInf);
+  expect_violation(validate_report(r, stream_of()), "report.tensors[0].max_abs", "non_finite");
+  r = valid();
+  r.mutable_tensors(0)->set_min_abs_nonzero(r.tensors(0).max_abs() * 2);
+  expect_violation(validate_report(r, stream_of()), "report.tensors[0].min_abs_nonzero", "range");
+  r = valid();
+  r.mutable_tensors(0)->set_sum(kNaN);
+  expect_violation(validate_report(r, stream_of()), "report.tensors[0].sum", "non_finite");
+  r = valid();
+  r.mutable_tensors(0)->set_scale(0);
+  expect_violation(validate_report(r, stream_of()), "report.tensors[0].scale", "range");
+}
+
+TEST(ServerValidationTest, HistogramPresentExactlyWithFullLevel) {
+  v1::StepReport r = valid();
+  r.mutable_tensors(0)->clear_histogram();
+  expect_violation(validate_report(r, stream_of()), "report.tensors[0].histogram",
+                   "histogram_presence");
+  r = valid();
+  r.mutable_tensors(0)->set_level(v1::STATS_LEVEL_COUNTS);
+  expect_violation(validate_report(r, stream_of()), "report.tensors[0].histogram",
+                   "histogram_presence");
+}
+
+TEST(ServerValidationTest, HistogramExponentRangeBounded) {
+  v1::StepReport r = valid();
+  r.mutable_tensors(0)->mutable_histogram()->set_min_exponent(-150);
+  expect_violation(validate_report(r, stream_of()), "report.tensors[0].histogram.min_exponent",
+                   "histogram_range");
+  r = valid();
+  v1::BinadeHistogram* h = r.mutable_tensors(0)->mutable_histogram();
+  h->set_min_exponent(127 - h->counts_size() + 2);
+  expect_violation(validate_report(r, stream_of()), "report.tensors[0].histogram.min_exponent",
+                   "histogram_range");
+  r = valid();
+  for (int i = 0; i < 300; ++i) r.mutable_tensors(0)->mutable_histogram()->add_counts(0);
+  expect_violation(validate_report(r, stream_of()), "report.tensors[0].histogram.counts",
+                   "histogram_range");
+}
+
+TEST(ServerValidationTest, HistogramSumsToFiniteNonzero) {
+  v1::StepReport r = valid();
+  v1::BinadeHistogram* h = r.mutable_tensors(0)->mutable_histogram();
+  h->set_counts(0, h->counts(0) + 1);
+  expect_violation(validate_report(r, stream_of()), "report.tensors[0].histogram.counts",
+                   "histogram_total");
+}
+
+TEST(ServerValidationTest, TargetCountsBounded) {
+  v1::StepReport r = valid();
+  v1::TargetCounts* c = r.mutable_tensors(0)->mutable_targets(0);
+  c->set_underflow(r.tensors(0).numel() + 1);
+  expect_violation(validate_report(r, stream_of()), "report.tensors[0].targets[0]",
+                   "target_counts");
+  r = valid();
+  r.mutable_tensors(0)->mutable_targets(0)->set_scale_log2(300);
+  expect_violation(validate_report(r, stream_of()), "report.tensors[0].targets[0].scale_log2",
+                   "range");
+  r = valid();
+  r.mutable_tensors(0)->mutable_targets(0)->set_format(v1::FORMAT_UNSPECIFIED);
+  expect_violation(validate_report(r, stream_of()), "report.tensors[0].targets[0].format", "enum");
+}
+
+TEST(ServerValidationTest, NoticesAndOutcomesBounded) {
+  v1::StepReport r = valid();
+  for (int i = 0; i < 17; ++i) r.add_notices("n");
+  expect_violation(validate_report(r, stream_of()), "report.notices", "too_many");
+  r = valid();
+  r.add_policy_outcomes()->set_applied(true);
+  expect_violation(validate_report(r, stream_of()), "report.policy_outcomes[0].policy_id",
+                   "string");
+}
+
+}  // namespace
+}  // namespace ampscope::server

@@ -1,0 +1,161 @@
+// The optimizer kernels of ampscope/cuda/nn_optimizer.h on the device:
+//   - the multi-tensor unscale over many tensors of mixed formats and sizes (empty, 1, primes,
+//     several chunks, more tensors than one launch takes) against the CPU back end tensor by
+//     tensor, bit for bit;
+//   - the loss-scale update on the device against the trainer's scalers, step by step;
+//   - a whole optimizer-side step that reads the host once: unscale by the device-resident
+//     scale, the squared norm and the scale update, then one copy of {found_inf, sum_sq, state}.
+// Skips itself without a device.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "ampscope/cuda/check.h"
+#include "ampscope/cuda/device.h"
+#include "ampscope/cuda/nn_optimizer.h"
+#include "ampscope/trainer/backend.h"
+#include "ampscope/trainer/loss_scaler.h"
+#include "backend_test_util.h"
+
+namespace ampscope::trainer::testing {
+namespace {
+
+namespace nn = ::ampscope::cuda::nn;
+
+class CudaOptimizerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda::cuda_device_available()) GTEST_SKIP() << "no CUDA driver or device on this machine";
+    AMPSCOPE_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  void TearDown() override {
+    for (void* p : allocations_) (void)cudaFree(p);
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  }
+  void* device_copy(const void* host, std::size_t bytes) {
+    void* p = nullptr;
+    AMPSCOPE_CHECK_CUDA(cudaMalloc(&p, bytes == 0 ? 1 : bytes));
+    allocations_.push_back(p);
+    if (bytes > 0) AMPSCOPE_CHECK_CUDA(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice));
+    return p;
+  }
+  void download(void* host, const void* device, std::size_t bytes) {
+    AMPSCOPE_CHECK_CUDA(cudaStreamSynchronize(stream_));
+    if (bytes > 0) AMPSCOPE_CHECK_CUDA(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost));
+  }
+
+  cudaStream_t stream_ = nullptr;
+  std::vector<void*> allocations_;
+  std::unique_ptr<Backend> cpu_ = make_cpu_backend({.blas_threads = 1});
+};
+
+TEST_F(CudaOptimizerTest, MultiTensorUnscaleMatchesCpuPerTensor) {
+  // 150 tensors: more than one launch's table (96), sizes from 0 to several 64Ki-element chunks.
+  const std::int64_t sizes[] = {0, 1, 7, 31, 257, 65535, 65536, 65537, 200003};
+  const Format formats[] = {Format::kFP32, Format::kFP16, Format::kBF16};
+  std::vector<Bits> ref;
+  std::vector<nn::GradientTensor> grads;
+  for (int i = 0; i < 150; ++i) {
+    const std::int64_t n = sizes[i % std::size(sizes)];
+    const Format f = formats[(i / 3) % 3];
+    ref.push_back(random_bits(static_cast<std::size_t>(n), f, 100 + i, 1000.0f));
+    grads.push_back({device_copy(ref.back().data(), ref.back().bytes.size()), f, n});
+  }
+  float* found = static_cast<float*>(device_copy(std::vector<float>{0.0f}.data(), 4));
+  const float inv = static_cast<float>(1.0 / 1024.0);
+  nn::unscale_and_check(grads, inv, found, stream_);
+  float cpu_found = 0.0f;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    cpu_->unscale_and_check(
+        Tensor(ref[i].data(), ref[i].dtype, {static_cast<std::int64_t>(ref[i].size())}), inv,
+        Tensor(&cpu_found, Format::kFP32, {1}));
+    Bits got(ref[i].dtype, ref[i].size());
+    download(got.data(), grads[i].data, got.bytes.size());
+    ASSERT_TRUE(same_bits(ref[i], got)) << "tensor " << i;
+  }
+  float gpu_found = -1.0f;
+  download(&gpu_found, found, 4);
+  EXPECT_EQ(gpu_found, 0.0f);
+
+  // One Inf in the last tensor of the second launch is found.
+  const float inf = INFINITY;
+  Bits bad = Bits::from({inf}, grads[140].dtype);
+  AMPSCOPE_CHECK_CUDA(cudaMemcpy(static_cast<std::byte*>(grads[140].data), bad.data(),
+                                 bad.bytes.size(), cudaMemcpyHostToDevice));
+  nn::unscale_and_check(grads, inv, found, stream_);
+  download(&gpu_found, found, 4);
+  EXPECT_EQ(gpu_found, 1.0f);
+}
+
+nn::LossScaleRule rule_of(const ScalerConfig& c) {
+  nn::LossScaleRule r;
+  r.kind = static_cast<nn::LossScaleKind>(static_cast<int>(c.kind));
+  r.growth_factor = c.growth_factor;
+  r.backoff_factor = c.backoff_factor;
+  r.growth_interval = c.growth_interval;
+  r.hysteresis = c.hysteresis;
+  r.min_scale = c.min_scale;
+  r.max_scale = c.max_scale;
+  return r;
+}
+
+// The device-resident step: found_inf = 0; unscale by the state's scale; sum of squares;
+// update the scale; one host read of all of it.
+struct StepScalars {
+  float found_inf;
+  float sum_sq;
+  nn::LossScaleState state;
+};
+
+TEST_F(CudaOptimizerTest, DeviceScaleUpdateFollowsTheCpuScalersWithOneReadPerStep) {
+  for (ScalerConfig config :
+       {ScalerConfig::pytorch_defaults(), ScalerConfig::megatron_defaults()}) {
+    config.growth_interval = 3;
+    auto cpu = make_loss_scaler(config);
+    StepScalars init{};
+    init.state.scale = config.init_scale;
+    init.state.hysteresis_tracker = config.hysteresis;
+    auto* scalars = static_cast<StepScalars*>(device_copy(&init, sizeof(init)));
+    const std::int64_t n = 4099;
+    std::mt19937 rng(5);
+    std::bernoulli_distribution overflow(0.25);
+    for (int step = 0; step < 40; ++step) {
+      std::vector<float> g = random_values(n, 200 + step, 100.0f);
+      const bool inject = overflow(rng);
+      if (inject) g[static_cast<std::size_t>(step)] = INFINITY;
+      Bits bits = Bits::from(g, Format::kFP16);
+      nn::GradientTensor t{device_copy(bits.data(), bits.bytes.size()), Format::kFP16, n};
+      AMPSCOPE_CHECK_CUDA(cudaMemsetAsync(&scalars->found_inf, 0, sizeof(float), stream_));
+      nn::unscale_and_check(std::span(&t, 1), &scalars->state, &scalars->found_inf, stream_);
+      nn::sum_squares(&scalars->sum_sq, nn::ConstArray{t.data, t.dtype}, n, stream_);
+      nn::update_loss_scale(&scalars->state, &scalars->found_inf, rule_of(config), stream_);
+      StepScalars got{};
+      download(&got, scalars, sizeof(got));  // the step's one read
+
+      const float scale_before = cpu->scale();
+      cpu->update(inject);
+      EXPECT_EQ(got.found_inf != 0.0f, inject) << "step " << step;
+      EXPECT_EQ(got.state.scale, cpu->state().scale) << "step " << step;
+      EXPECT_EQ(got.state.growth_tracker, cpu->state().growth_tracker) << "step " << step;
+      if (config.kind == ScalerKind::kHysteresis) {
+        EXPECT_EQ(got.state.hysteresis_tracker, cpu->state().hysteresis_tracker) << step;
+      }
+      // The gradients were unscaled by the scale before the update, as the CPU would.
+      Bits ref = bits;
+      float cpu_found = 0.0f;
+      cpu_->unscale_and_check(Tensor(ref.data(), Format::kFP16, {n}),
+                              static_cast<float>(1.0 / static_cast<double>(scale_before)),
+                              Tensor(&cpu_found, Format::kFP32, {1}));
+      Bits unscaled(Format::kFP16, static_cast<std::size_t>(n));
+      download(unscaled.data(), t.data, unscaled.bytes.size());
+      ASSERT_TRUE(same_bits(ref, unscaled)) << "step " << step;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ampscope::trainer::testing
