@@ -108,7 +108,7 @@ void print_tensors(std::ostream& out, const char* title,
                    const google::protobuf::RepeatedPtrField<v1::TensorRecord>& tensors) {
   out << "\n" << title << " (" << tensors.size() << "):\n";
   if (tensors.empty()) return;
-  out << "  " << std::left << std::setw(36) << "TENSOR" << std::setw(17) << "ROLE" << std::setw(7)
+  out << "  " << std::left << std::setw(36) << "TENSOR" << std::setw(17) << "ROLE" << std::setw(12)
       << "FORMAT" << std::setw(11) << "UNDERFLOW" << std::setw(11) << "OVERFLOW" << std::setw(11)
       << "NONFINITE"
       << "MAX|x| (unscaled)\n";
@@ -116,7 +116,7 @@ void print_tensors(std::ostream& out, const char* title,
     std::ostringstream max_abs;
     max_abs << std::setprecision(4) << t.max_abs();
     out << "  " << std::left << std::setw(36) << t.name() << std::setw(17) << role_name(t.role())
-        << std::setw(7) << format_name(t.format()) << std::setw(11) << percent(t.underflow_ratio())
+        << std::setw(12) << format_name(t.format()) << std::setw(11) << percent(t.underflow_ratio())
         << std::setw(11) << percent(t.overflow_ratio()) << std::setw(11) << t.nonfinite()
         << max_abs.str() << "\n";
   }
