@@ -384,12 +384,17 @@ Status Agent::create(const AgentConfig& config, const RunInfo& run,
   }
 }
 
-Status Agent::attach_scaler(ScalerControl* scaler) noexcept {
-  if (impl_->started) {
-    return {StatusCode::kFailedPrecondition, "attach the scaler before the first step"};
+namespace {
+// Runs an attach before the first step, turning any exception into a status (the public API
+// never lets one escape).
+template <typename Fn>
+Status attach_before_start(bool started, const char* what, Fn&& fn) noexcept {
+  if (started) {
+    return {StatusCode::kFailedPrecondition,
+            std::string("attach the ") + what + " before the first step"};
   }
   try {
-    impl_->policy->attach_scaler(scaler);
+    fn();
     return Status::Ok();
   } catch (const std::exception& e) {
     return {StatusCode::kInternal, e.what()};
@@ -397,19 +402,16 @@ Status Agent::attach_scaler(ScalerControl* scaler) noexcept {
     return {StatusCode::kInternal, "unknown error"};
   }
 }
+}  // namespace
+
+Status Agent::attach_scaler(ScalerControl* scaler) noexcept {
+  return attach_before_start(impl_->started, "scaler",
+                             [&] { impl_->policy->attach_scaler(scaler); });
+}
 
 Status Agent::attach_overrides(PrecisionOverrides* overrides) noexcept {
-  if (impl_->started) {
-    return {StatusCode::kFailedPrecondition, "attach the overrides before the first step"};
-  }
-  try {
-    impl_->policy->attach_overrides(overrides);
-    return Status::Ok();
-  } catch (const std::exception& e) {
-    return {StatusCode::kInternal, e.what()};
-  } catch (...) {
-    return {StatusCode::kInternal, "unknown error"};
-  }
+  return attach_before_start(impl_->started, "overrides",
+                             [&] { impl_->policy->attach_overrides(overrides); });
 }
 
 bool Agent::begin_step(std::int64_t step) noexcept {
