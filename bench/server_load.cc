@@ -39,6 +39,7 @@
 #include <thread>
 #include <vector>
 
+#include "ampscope/proto/stats_codec.h"
 #include "ampscope/tensor_stats.h"
 #include "ampscope/v1/telemetry.grpc.pb.h"
 
@@ -146,26 +147,7 @@ v1::TensorStats to_proto(const ampscope::TensorStats& s, const std::string& name
   t.set_dtype(v1::FORMAT_FP16);
   t.add_shape(static_cast<std::int64_t>(n));
   t.set_scale(scale);
-  t.set_level(v1::STATS_LEVEL_FULL);
-  t.set_numel(s.numel);
-  t.set_zeros(s.zeros);
-  t.set_nan(s.nan);
-  t.set_pos_inf(s.pos_inf);
-  t.set_neg_inf(s.neg_inf);
-  t.set_max_abs(s.max_abs);
-  t.set_min_abs_nonzero(s.min_abs_nonzero);
-  t.set_sum(s.sum);
-  t.set_sum_sq(s.sum_sq);
-  t.mutable_histogram()->set_min_exponent(s.histogram.min_exponent);
-  for (auto c : s.histogram.counts) t.mutable_histogram()->add_counts(c);
-  for (const auto& c : s.targets) {
-    auto* o = t.add_targets();
-    o->set_format(static_cast<v1::Format>(static_cast<int>(c.target.format) + 1));
-    o->set_scale_log2(c.target.scale_log2);
-    o->set_overflow(c.overflow);
-    o->set_underflow(c.underflow);
-    o->set_subnormal(c.subnormal);
-  }
+  ampscope::proto::encode_stats(s, /*full=*/true, &t);
   return t;
 }
 

@@ -2,12 +2,11 @@
 
 #include <algorithm>
 
+#include "ampscope/proto/stats_codec.h"
+
 namespace ampscope::agent {
 
-v1::Format to_proto(Format f) {
-  // The proto's numbers are ampscope::Format's plus one (UNSPECIFIED is 0).
-  return static_cast<v1::Format>(static_cast<int>(f) + 1);
-}
+v1::Format to_proto(Format f) { return proto::to_proto(f); }
 
 v1::TensorRole to_proto(TensorRole r) {
   return static_cast<v1::TensorRole>(static_cast<int>(r) + 1);
@@ -32,34 +31,7 @@ void encode_tensor(const TensorSample& s, v1::TensorStats* t) {
   t->set_order(static_cast<std::uint32_t>(std::max(0, s.order)));
   t->set_micro_step(static_cast<std::uint32_t>(std::max(0, s.micro_step)));
   t->set_scale(s.scale);
-  const TensorStats& st = s.stats;
-  t->set_numel(st.numel);
-  t->set_zeros(st.zeros);
-  t->set_nan(st.nan);
-  t->set_pos_inf(st.pos_inf);
-  t->set_neg_inf(st.neg_inf);
-  t->set_max_abs(st.max_abs);
-  if (s.level != Level::kFull) {
-    t->set_level(v1::STATS_LEVEL_COUNTS);
-    return;
-  }
-  t->set_level(v1::STATS_LEVEL_FULL);
-  t->set_min_abs_nonzero(st.min_abs_nonzero);
-  t->set_sum(st.sum);
-  t->set_sum_sq(st.sum_sq);
-  auto* h = t->mutable_histogram();
-  if (!st.histogram.empty()) {
-    h->set_min_exponent(st.histogram.min_exponent);
-    for (auto c : st.histogram.counts) h->add_counts(c);
-  }
-  for (const auto& c : st.targets) {
-    auto* tc = t->add_targets();
-    tc->set_format(to_proto(c.target.format));
-    tc->set_scale_log2(c.target.scale_log2);
-    tc->set_overflow(c.overflow);
-    tc->set_underflow(c.underflow);
-    tc->set_subnormal(c.subnormal);
-  }
+  proto::encode_stats(s.stats, s.level == Level::kFull, t);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
 #include "server_harness.h"
+#include "ampscope/proto/stats_codec.h"
 
 #include <curl/curl.h>
 #include <fcntl.h>
@@ -451,27 +452,7 @@ v1::TensorStats to_proto(const TensorStats& s, const std::string& name, v1::Tens
   t.set_dtype(dtype);
   t.add_shape(static_cast<std::int64_t>(s.numel));
   t.set_scale(scale);
-  t.set_level(v1::STATS_LEVEL_FULL);
-  t.set_numel(s.numel);
-  t.set_zeros(s.zeros);
-  t.set_nan(s.nan);
-  t.set_pos_inf(s.pos_inf);
-  t.set_neg_inf(s.neg_inf);
-  t.set_max_abs(s.max_abs);
-  t.set_min_abs_nonzero(s.min_abs_nonzero);
-  t.set_sum(s.sum);
-  t.set_sum_sq(s.sum_sq);
-  v1::BinadeHistogram* h = t.mutable_histogram();
-  h->set_min_exponent(s.histogram.min_exponent);
-  for (std::uint64_t c : s.histogram.counts) h->add_counts(c);
-  for (const TargetCounts& c : s.targets) {
-    v1::TargetCounts* out = t.add_targets();
-    out->set_format(static_cast<v1::Format>(static_cast<int>(c.target.format) + 1));
-    out->set_scale_log2(c.target.scale_log2);
-    out->set_overflow(c.overflow);
-    out->set_underflow(c.underflow);
-    out->set_subnormal(c.subnormal);
-  }
+  ampscope::proto::encode_stats(s, /*full=*/true, &t);
   return t;
 }
 
