@@ -257,21 +257,8 @@ TEST(DtypeTest, ParsesPlainDescrs) {
 
 // ---- load_npy: files on disk ---------------------------------------------------------------
 
-class NpyFileTest : public ::testing::Test {
+class NpyFileTest : public testing::TempDirTest {
  protected:
-  void SetUp() override {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "ampscope_npy_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
-  std::string write(const std::string& name, const Bytes& bytes) {
-    const std::string path = (dir_ / name).string();
-    testing::write_file(path, bytes);
-    return path;
-  }
-
   static std::string load_error(const std::string& path) {
     try {
       load_npy(path);
@@ -281,7 +268,6 @@ class NpyFileTest : public ::testing::Test {
     return "";
   }
 
-  std::filesystem::path dir_;
 };
 
 TEST_F(NpyFileTest, LoadsMappedData) {

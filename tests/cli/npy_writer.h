@@ -8,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <gtest/gtest.h>
+#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -66,5 +68,25 @@ inline void write_file(const std::filesystem::path& path, const Bytes& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
 }
+
+// A fixture with a fresh temporary directory (removed afterwards) and a helper that writes a
+// file into it.
+class TempDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "ampscope_test_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string write(const std::string& name, const Bytes& bytes) {
+    const std::string path = (dir_ / name).string();
+    write_file(path, bytes);
+    return path;
+  }
+
+  std::filesystem::path dir_;
+};
 
 }  // namespace ampscope::testing

@@ -54,21 +54,8 @@ std::vector<std::string> lines_of(const std::string& text) {
   return lines;
 }
 
-class StatsProcessTest : public ::testing::Test {
+class StatsProcessTest : public testing::TempDirTest {
  protected:
-  void SetUp() override {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "ampscope_cli_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
-  std::string write(const std::string& name, const Bytes& bytes) {
-    const std::string path = (dir_ / name).string();
-    testing::write_file(path, bytes);
-    return path;
-  }
-
   // Runs ampscope with `args`, stdout and stderr captured in files (no pipe to deadlock on).
   ProcessResult run(const std::vector<std::string>& args) {
     const std::string out_path = (dir_ / "stdout.txt").string();
@@ -126,7 +113,6 @@ class StatsProcessTest : public ::testing::Test {
     EXPECT_NE(lines[0].find(expected), std::string::npos) << lines[0];
   }
 
-  std::filesystem::path dir_;
 };
 
 // Values spread over every binade FP32 has, with zeros, NaN, both infinities and subnormals,
