@@ -93,6 +93,7 @@ void print_report_text(std::ostream& out, const v1::StoredReport& stored) {
   if (r.scale_after() != r.loss_scale()) out << " -> " << format_scale(r.scale_after());
   out << "  grad_norm " << std::setprecision(4) << r.grad_norm() << "  " << std::setprecision(3)
       << r.step_time_s() * 1000 << " ms";
+  if (r.has_val_loss()) out << "  val_loss " << std::setprecision(5) << r.val_loss();
   if (r.found_inf()) out << "  FOUND_INF";
   if (r.skipped()) out << "  SKIPPED";
   if (r.has_first_offender()) {
@@ -123,6 +124,7 @@ void print_report_json(std::ostream& out, const v1::StoredReport& stored) {
   j["lr"] = number(r.lr());
   j["step_time_s"] = number(r.step_time_s());
   j["tokens"] = r.tokens();
+  j["val_loss"] = r.has_val_loss() ? number(r.val_loss()) : ordered_json(nullptr);
   j["tensor_core_active_ratio"] = r.has_tensor_core_active_ratio()
                                       ? number(r.tensor_core_active_ratio())
                                       : ordered_json(nullptr);

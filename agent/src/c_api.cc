@@ -320,6 +320,7 @@ ampscope_status ampscope_agent_end_step(ampscope_agent* agent, const ampscope_st
     s.tokens = info->tokens;
     s.step_time_s = info->step_time_s;
     s.optimizer_steps = info->optimizer_steps;
+    if (info->has_val_loss != 0) s.val_loss = info->val_loss;
     agent->agent->end_step(s);
     return AMPSCOPE_OK;
   } catch (...) {

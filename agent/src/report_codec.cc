@@ -52,6 +52,7 @@ void encode_report(const StepRecord& record, const ReportContext& context, v1::S
   out->set_tokens(static_cast<std::uint64_t>(std::max<std::int64_t>(0, i.tokens)));
   out->set_optimizer_steps(static_cast<std::uint64_t>(std::max<std::int64_t>(0, i.optimizer_steps)));
   out->set_time_unix_ns(context.time_unix_ns);
+  if (i.val_loss) out->set_val_loss(*i.val_loss);
   for (const auto& l : i.fp32_layers) out->add_fp32_layers(l);
   if (record.tensor_core_active_ratio) {
     out->set_tensor_core_active_ratio(*record.tensor_core_active_ratio);

@@ -194,6 +194,7 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
         store_.upsert_agent(*item.hello, now_ns);
         agents_.try_emplace(key);
         policy_.on_hello(*item.hello);
+        metrics_.on_hello(*item.hello);
         batch.settle(item, key).hello = true;
         break;
       }
@@ -324,6 +325,7 @@ void Ingest::publish(Batch& batch, std::int64_t now_ns) {
     metrics_.policy_decision(
         u.run_id(), policy_.mode_name(), decision_kind(u), u.reason(),
         u.has_loss_scale() ? std::optional<double>(u.loss_scale()) : std::nullopt,
+        u.has_min_scale() ? std::optional<double>(u.min_scale()) : std::nullopt,
         static_cast<std::size_t>(u.fp32_tensors_size()));
     log_info("policy: run '", u.run_id(), "' decision ", u.policy_id(), " from step ",
              u.effective_from_step(), ": ", u.reason());

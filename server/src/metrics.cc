@@ -140,6 +140,15 @@ struct Metrics::Families {
                        .Name("ampscope_loss_scale")
                        .Help("Loss scale after the latest reported step")
                        .Register(r)),
+        val_loss(BuildGauge()
+                     .Name("ampscope_validation_loss")
+                     .Help("Validation loss of the latest evaluated step (NaN when not finite)")
+                     .Register(r)),
+        loss_scale_min(BuildGauge()
+                           .Name("ampscope_loss_scale_min")
+                           .Help("The scaler's lowest loss scale (its Hello or a policy update); "
+                                 "absent when it has none")
+                           .Register(r)),
         grad_norm(BuildGauge()
                       .Name("ampscope_grad_norm")
                       .Help("Global gradient L2 norm (unscaled) of the latest reported step")
@@ -261,6 +270,8 @@ struct Metrics::Families {
   Family<Gauge>& step;
   Family<Gauge>& loss;
   Family<Gauge>& loss_scale;
+  Family<Gauge>& val_loss;
+  Family<Gauge>& loss_scale_min;
   Family<Gauge>& grad_norm;
   Family<Gauge>& lr;
   Family<Gauge>& tc_ratio;
@@ -315,7 +326,9 @@ struct Metrics::RankSeries {
   Gauge* loss_scale;
   Gauge* grad_norm;
   Gauge* lr;
-  Gauge* tc_ratio = nullptr;  // created at the first measured value
+  Gauge* tc_ratio = nullptr;        // created at the first measured value
+  Gauge* val_loss = nullptr;        // created at the first evaluation
+  Gauge* loss_scale_min = nullptr;  // created when the scaler has a minimum
   Gauge* spool_bytes;
   std::uint64_t agent_dropped_seen = 0;
   std::array<std::unique_ptr<RoleSeries>, kRoles> roles;
@@ -471,6 +484,23 @@ void Metrics::seq_gap(const std::string& run_id, std::uint32_t rank, std::uint64
   increment(rank_series(run, rank).seq_gaps, static_cast<double>(missing));
 }
 
+void Metrics::set_loss_scale_min(RunSeries& run, RankSeries& rank, double min_scale) {
+  if (min_scale > 0.0) {
+    if (rank.loss_scale_min == nullptr) {
+      rank.loss_scale_min = &f_->loss_scale_min.Add({{"run", run.run_id}, {"rank", rank.rank}});
+    }
+    rank.loss_scale_min->Set(min_scale);
+  } else if (rank.loss_scale_min != nullptr) {
+    f_->loss_scale_min.Remove(rank.loss_scale_min);
+    rank.loss_scale_min = nullptr;
+  }
+}
+
+void Metrics::on_hello(const v1::Hello& hello) {
+  RunSeries& run = run_series(hello.run_id());
+  set_loss_scale_min(run, rank_series(run, hello.rank()), hello.scaler().min_scale());
+}
+
 void Metrics::on_report(const v1::StepReport& r) {
   RunSeries& run = run_series(r.run_id());
   RankSeries& rank = rank_series(run, r.rank());
@@ -484,6 +514,12 @@ void Metrics::on_report(const v1::StepReport& r) {
   rank.loss_scale->Set(r.scale_after());
   rank.grad_norm->Set(r.grad_norm());
   rank.lr->Set(r.lr());
+  if (r.has_val_loss()) {
+    if (rank.val_loss == nullptr) {
+      rank.val_loss = &f_->val_loss.Add({{"run", run.run_id}, {"rank", rank.rank}});
+    }
+    rank.val_loss->Set(r.val_loss());
+  }
   if (r.has_tensor_core_active_ratio()) {
     if (rank.tc_ratio == nullptr) {
       rank.tc_ratio = &f_->tc_ratio.Add({{"run", run.run_id}, {"rank", rank.rank}});
@@ -622,8 +658,12 @@ void Metrics::set_agents_connected(const std::string& run_id, std::size_t n) {
 
 void Metrics::policy_decision(const std::string& run_id, std::string_view mode,
                               std::string_view kind, const std::string& reason,
-                              std::optional<double> loss_scale, std::size_t fp32_tensors) {
+                              std::optional<double> loss_scale, std::optional<double> min_scale,
+                              std::size_t fp32_tensors) {
   RunSeries& run = run_series(run_id);
+  if (min_scale) {
+    for (auto& [rank_id, rank] : run.ranks) set_loss_scale_min(run, *rank, *min_scale);
+  }
   f_->policy_decisions
       .Add({{"run", run_id}, {"mode", std::string(mode)}, {"kind", std::string(kind)}})
       .Increment();

@@ -56,6 +56,8 @@ class Metrics {
   void commit(double seconds, std::size_t reports);
   void duplicates(const std::string& run_id, std::uint64_t n);
   void seq_gap(const std::string& run_id, std::uint32_t rank, std::uint64_t missing);
+  // Per-rank series known from the Hello (the scaler's minimum).
+  void on_hello(const v1::Hello& hello);
   void on_report(const v1::StepReport& report);
   void set_top_tensors(const std::string& run_id, const std::vector<TensorTotals>& top);
   void set_agents_connected(const std::string& run_id, std::size_t n);
@@ -63,7 +65,7 @@ class Metrics {
   void retention_deleted(std::int64_t reports);
   void policy_decision(const std::string& run_id, std::string_view mode, std::string_view kind,
                        const std::string& reason, std::optional<double> loss_scale,
-                       std::size_t fp32_tensors);
+                       std::optional<double> min_scale, std::size_t fp32_tensors);
   void policy_target(const std::string& run_id, std::optional<double> target_scale);
   void policy_error();
 
@@ -75,6 +77,8 @@ class Metrics {
   RunSeries& run_series(const std::string& run_id);
   RankSeries& rank_series(RunSeries& run, std::uint32_t rank);
   RoleSeries& role_series(RunSeries& run, RankSeries& rank, int role);
+  // Sets (min_scale > 0) or removes (0: none) ampscope_loss_scale_min of `rank`.
+  void set_loss_scale_min(RunSeries& run, RankSeries& rank, double min_scale);
   FormatSeries& format_series(RunSeries& run, RankSeries& rank, int role, int format);
 
   std::shared_ptr<prometheus::Registry> registry_;

@@ -84,6 +84,7 @@ void run_steps(Agent& agent, int steps, Poison poison, double scale = 1024.0) {
     info.scale_after = scale;
     info.lr = 1e-3;
     info.tokens = 256;
+    if (step % 2 == 1) info.val_loss = 1.5 + step;  // evaluated every other step
     agent.end_step(info);
   }
 }
@@ -122,6 +123,8 @@ TEST(AgentTest, CountsEveryGradientEveryStepAndSpoolsEachStepOnce) {
     EXPECT_EQ(r.seq(), std::uint64_t(i + 1));
     EXPECT_EQ(r.step(), i);
     EXPECT_FALSE(r.has_first_offender());
+    EXPECT_EQ(r.has_val_loss(), i % 2 == 1);
+    if (r.has_val_loss()) EXPECT_EQ(r.val_loss(), 1.5 + i);
     // The gradients (counted by default); not the weight or the activations.
     ASSERT_EQ(r.tensors_size(), 3);
     for (const auto& t : r.tensors()) {

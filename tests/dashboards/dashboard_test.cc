@@ -213,12 +213,24 @@ TEST_F(DashboardTest, EveryPanelDescribesHealthyAndUnhealthy) {
 
 TEST_F(DashboardTest, HasThePanelsOfTheIssue) {
   for (const char* title :
-       {"Training loss", "Loss scale (log2)", "Skipped steps and reasons",
+       {"Training and validation loss", "Loss scale (log2)", "Skipped steps and reasons",
         "Non-finite values by role", "Underflow ratio by format", "Overflow ratio by format",
         "Gradient magnitudes", "Worst tensors (top-K)", "First offenders",
         "Tensor-core utilisation", "Step time", "Agent connectivity", "Agent spool backlog"}) {
     EXPECT_NE(panel_titled(title), nullptr) << title;
   }
+}
+
+TEST_F(DashboardTest, LossPanelShowsTrainingAndValidationLoss) {
+  const json* p = panel_titled("Training and validation loss");
+  ASSERT_NE(p, nullptr);
+  std::set<std::string> names;
+  for (const json& t : p->at("targets")) {
+    for (const std::string& n : promql_metric_names(t.at("expr").get<std::string>())) {
+      names.insert(n);
+    }
+  }
+  EXPECT_EQ(names, (std::set<std::string>{"ampscope_loss", "ampscope_validation_loss"}));
 }
 
 TEST_F(DashboardTest, LossScaleIsOnALog2AxisWithPolicyAnnotations) {
@@ -348,7 +360,9 @@ std::vector<json> evaluated_rules(PrometheusProcess& prometheus) {
 
 TEST(AlertRulesTest, EveryAlertOfTheIssueHasASeverityAndARunbook) {
   TempDir dir;
-  PrometheusProcess prometheus(dir.path(), PrometheusOptions{{}, {kAlertRules}, "1s"});
+  PrometheusOptions options;
+  options.rule_files = {kAlertRules};
+  PrometheusProcess prometheus(dir.path(), options);
   std::map<std::string, json> alerts;
   for (const json& r : evaluated_rules(prometheus)) {
     EXPECT_EQ(r.value("health", ""), "ok")
@@ -406,6 +420,7 @@ v1::StepReport realistic_report(const std::string& run, std::uint64_t seq, doubl
   *r.add_tensors() = tensor("adam.m", v1::TENSOR_ROLE_OPTIMIZER_STATE, -20, -8, 1.0, s + 5);
   *r.add_tensors() = tensor("loss", v1::TENSOR_ROLE_LOSS, 1, 1, 1.0, s + 6);
   if (step % 2 == 0) r.set_tensor_core_active_ratio(0.42);
+  if (step % 4 == 3) r.set_val_loss(2.0 - 0.01 * static_cast<double>(step));
   r.mutable_agent()->set_spool_bytes(4096 * seq);
   r.mutable_agent()->set_dropped_reports(0);
   if (nan) {
@@ -442,7 +457,9 @@ TEST(ExportedMetricsTest, EveryMetricTheDashboardAndAlertsReadIsExported) {
   }
   TempDir dir;
   {
-    PrometheusProcess prometheus(dir.path(), PrometheusOptions{{}, {kAlertRules}, "1s"});
+    PrometheusOptions options;
+    options.rule_files = {kAlertRules};
+    PrometheusProcess prometheus(dir.path(), options);
     const std::vector<json> rules = evaluated_rules(prometheus);
     ASSERT_GE(rules.size(), 10u) << prometheus.log_tail();
     for (const json& r : rules) {
@@ -488,7 +505,9 @@ TEST(ExportedMetricsTest, EveryMetricTheDashboardAndAlertsReadIsExported) {
   const std::string grpc = ready.at("grpc"), metrics = ready.at("metrics");
   {
     AgentStream agent(make_channel(grpc));
-    ASSERT_TRUE(agent.send_hello(make_hello("dash-run")));
+    v1::Hello hello = make_hello("dash-run");
+    hello.mutable_scaler()->set_min_scale(1.0);  // a scaler with a minimum (Megatron's)
+    ASSERT_TRUE(agent.send_hello(hello));
     double scale = 65536.0;
     constexpr std::uint64_t kReports = 12;
     for (std::uint64_t seq = 1; seq <= kReports; ++seq) {

@@ -197,6 +197,14 @@ TEST(AlertingE2ETest, InjectedNanReachesPrometheusAndFiresTheAlert) {
         << "Prometheus saw loss scale " << sample.dump() << ", which the run never had";
   }
 
+  // Validation loss: evaluated once, after the last step (--eval-every 0), and what Prometheus
+  // holds is the trainer's number.
+  ASSERT_TRUE(steps.back().contains("val_loss")) << steps.back().dump();
+  const double val_loss = steps.back().at("val_loss").get<double>();
+  const std::string val_sel = "ampscope_validation_loss{" + run_sel + ", rank=\"0\"}";
+  EXPECT_NEAR(single_value(prometheus.query(val_sel), val_sel), val_loss,
+              1e-12 * std::abs(val_loss));
+
   // Steps: skipped and found-Inf counts equal the trainer's.
   for (const auto& [name, expected] :
        {std::pair<std::string, int>{"ampscope_skipped_steps_total", skipped},

@@ -61,6 +61,7 @@ v1::StepReport scripted(std::uint32_t rank, std::uint64_t seq) {
     r.set_scale_after(kScale / 2);
     r.mutable_first_offender()->set_tensor("h0.attn.out.grad");
     r.mutable_first_offender()->set_role(v1::TENSOR_ROLE_ACTIVATION_GRAD);
+    r.set_val_loss(2.5 + rank);  // evaluated at this step only
   }
   return r;
 }
@@ -70,7 +71,9 @@ TEST(ServerMetricsTest, FamiliesValuesAndCardinality) {
   ServerProcess server(dir.path(), dir / "store.db", {"--top-k", "3"});
   for (std::uint32_t rank = 0; rank < 2; ++rank) {
     AgentStream agent(make_channel(server.grpc_address()));
-    ASSERT_TRUE(agent.send_hello(make_hello("run-m", rank, 2)));
+    v1::Hello hello = make_hello("run-m", rank, 2);
+    if (rank == 1) hello.mutable_scaler()->set_min_scale(8.0);  // rank 0's scaler has none
+    ASSERT_TRUE(agent.send_hello(hello));
     for (std::uint64_t seq = 1; seq <= 3; ++seq) ASSERT_TRUE(agent.send(scripted(rank, seq)));
     v1::StepReport bad = scripted(rank, 4);
     bad.mutable_tensors(0)->mutable_histogram()->set_counts(0, 11);
@@ -100,6 +103,12 @@ TEST(ServerMetricsTest, FamiliesValuesAndCardinality) {
   EXPECT_EQ(sample_value(m, "ampscope_found_inf_steps_total", r0), 1);
   EXPECT_EQ(sample_value(m, "ampscope_step", r0), 3);
   EXPECT_EQ(sample_value(m, "ampscope_loss_scale", r0), kScale);
+  // The validation loss of the last evaluated step (seq 2), kept over the later report.
+  EXPECT_EQ(sample_value(m, "ampscope_validation_loss", r0), 2.5);
+  EXPECT_EQ(sample_value(m, "ampscope_validation_loss", {{"run", "run-m"}, {"rank", "1"}}), 3.5);
+  // The scaler's minimum, from the Hello: only rank 1 configured one.
+  EXPECT_TRUE(find_samples(m, "ampscope_loss_scale_min", r0).empty());
+  EXPECT_EQ(sample_value(m, "ampscope_loss_scale_min", {{"run", "run-m"}, {"rank", "1"}}), 8.0);
   EXPECT_EQ(sample_value(m, "ampscope_tokens_total", r0), 3 * 4096);
   EXPECT_EQ(sample_value(m, "ampscope_tensor_stats_total", {{"run", "run-m"}}), 2 * 3 * 7);
   EXPECT_EQ(sample_value(m, "ampscope_nonfinite_values_total",

@@ -109,7 +109,8 @@ TEST_F(CliTest, HelpListsTheFlags) {
   EXPECT_EQ(r.exit_code, 0);
   for (const char* flag : {"--precision", "--steps", "--seed", "--batch", "--accum", "--lr",
                            "--data", "--checkpoint-dir", "--resume", "--log-json", "--context",
-                           "--width", "--heads", "--layers", "--inject-nan", "--grad-shrink"}) {
+                           "--width", "--heads", "--layers", "--inject-nan", "--grad-shrink",
+                           "--grad-shrink-end", "--inject-overflow-every"}) {
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
   }
 }
@@ -135,6 +136,19 @@ TEST_F(CliTest, LogJsonHasEveryFieldAndInjectedOverflowIsSkipped) {
   EXPECT_FALSE(lines[3].contains("val_loss"));
   EXPECT_TRUE(lines[5].contains("val_loss"));
   EXPECT_NE(r.out.find("skipped 1"), std::string::npos) << r.out;
+}
+
+TEST_F(CliTest, PeriodicOverflowSpikesSkipExactlyTheirSteps) {
+  const fs::path log = dir_ / "log.jsonl";
+  const Result r = run(tiny() + "--precision amp-fp16 --steps 7 --inject-overflow-every 3 "
+                       "--grad-shrink 0.5 --grad-shrink-end 0.01 --log-json '" + log.string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto lines = log_lines(log);
+  ASSERT_EQ(lines.size(), 7u);
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    EXPECT_EQ(lines[i]["skipped"].get<bool>(), i == 3 || i == 6) << lines[i].dump();
+  }
+  EXPECT_NE(r.out.find("skipped 2"), std::string::npos) << r.out;
 }
 
 TEST_F(CliTest, ResumeContinuesTheRunBitForBit) {

@@ -375,6 +375,56 @@ TEST(ObserverTest, SeesEveryRoleInExecutionOrder) {
   EXPECT_EQ(forward_embeds, 2);  // one per micro-batch
 }
 
+// Listeners see the validation loss with the step after which it was evaluated: every
+// eval_every-th step and the last one.
+class ValLossRecorder : public StepListener {
+ public:
+  std::vector<std::optional<double>> seen;
+  void on_step(const StepEvent& e) override { seen.push_back(e.val_loss); }
+};
+
+TEST(TrainingTest, ValidationLossComesWithTheStepsThatEvaluatedIt) {
+  TrainerConfig c = tiny(PrecisionMode::kFP32, 7);
+  c.eval_every = 3;
+  c.eval_batches = 2;
+  auto t = make(c);
+  ValLossRecorder rec;
+  t->add_step_listener(&rec);
+  std::vector<StepEvent> events;
+  while (t->next_step() < c.steps) events.push_back(t->step());
+  ASSERT_EQ(rec.seen.size(), 7u);
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    const bool due = i == 2 || i == 5 || i == 6;  // after steps 3, 6 and the last (7)
+    EXPECT_EQ(events[i].val_loss.has_value(), due) << i;
+    EXPECT_EQ(rec.seen[i].has_value(), due) << i;
+  }
+  // The same weights evaluated again give the same number, bit for bit.
+  EXPECT_EQ(*events.back().val_loss, t->evaluate(2));
+  EXPECT_NE(*events[2].val_loss, *events[5].val_loss);
+
+  c.eval_batches = 0;  // never
+  auto quiet = make(c);
+  while (quiet->next_step() < c.steps) EXPECT_FALSE(quiet->step().val_loss.has_value());
+}
+
+TEST(TrainingTest, GradShrinkScheduleMovesGeometricallyToItsEnd) {
+  TrainerConfig c = tiny(PrecisionMode::kFP32, 11);
+  c.grad_shrink = 1.0f;
+  c.grad_shrink_end = 1.0f / 1024;
+  auto t = make(c);
+  EXPECT_EQ(t->grad_shrink_at(0), 1.0);
+  EXPECT_DOUBLE_EQ(t->grad_shrink_at(5), 1.0 / 32);
+  EXPECT_DOUBLE_EQ(t->grad_shrink_at(10), 1.0 / 1024);
+  EXPECT_DOUBLE_EQ(t->grad_shrink_at(99), 1.0 / 1024);  // clamped to the last step
+  // The multiplier reaches the gradients: a power of two scales an FP32 norm exactly.
+  c.grad_shrink = 0.5f;
+  c.grad_shrink_end.reset();
+  auto half = make(c);
+  EXPECT_DOUBLE_EQ(half->step().grad_norm, 0.5 * make(tiny(PrecisionMode::kFP32, 11))->step().grad_norm);
+  c.grad_shrink_end = -1.0f;
+  EXPECT_NE(validate(c).find("grad_shrink_end"), std::string::npos);
+}
+
 TEST(TrainerConfigTest, RejectsBadValuesWithAOneLineReason) {
   TrainerConfig c = tiny(PrecisionMode::kFP32);
   c.accum = 0;

@@ -226,6 +226,7 @@ void AgentAdapter::on_step(const StepEvent& e) {
   i.step_time_s = e.step_time_s;
   i.optimizer_steps = e.optimizer_steps;
   i.fp32_layers = e.fp32_layers;
+  i.val_loss = e.val_loss;
   step_seconds_ += e.step_time_s;
   agent_->end_step(i);
 }

@@ -57,7 +57,9 @@ struct Options {
   std::optional<float> min_scale;
   std::vector<std::string> inject_nan, inject_inf, fp32_layers;
   std::vector<std::int64_t> inject_overflow;
+  std::int64_t inject_overflow_every = 0;
   float grad_shrink = 1.0f;
+  std::optional<float> grad_shrink_end;
   std::string log_json;
   int threads = 0;
   bool quiet = false;
@@ -124,6 +126,9 @@ TrainerConfig to_config(const Options& o) {
   c.grad_clip = o.grad_clip;
   c.val_fraction = o.val_fraction;
   c.grad_shrink = o.grad_shrink;
+  c.grad_shrink_end = o.grad_shrink_end;
+  c.eval_every = o.eval_every;
+  c.eval_batches = o.eval_batches;
   ScalerConfig s = default_scaler(c.precision);
   if (!o.scaler.empty()) {
     auto kind = parse_scaler_kind(o.scaler);
@@ -153,6 +158,12 @@ TrainerConfig to_config(const Options& o) {
   for (auto step : o.inject_overflow) {
     c.injections.push_back({Injection::Kind::kOverflow, "logits.grad", step});
   }
+  if (o.inject_overflow_every > 0) {
+    for (std::int64_t step = o.inject_overflow_every; step < c.steps;
+         step += o.inject_overflow_every) {
+      c.injections.push_back({Injection::Kind::kOverflow, "logits.grad", step});
+    }
+  }
   if (std::string e = validate(c); !e.empty()) throw UsageError(e);
   return c;
 }
@@ -178,6 +189,7 @@ nlohmann::json to_json(const StepEvent& e) {
                       {"step_time_s", e.step_time_s},
                       {"optimizer_steps", e.optimizer_steps}};
   if (!e.fp32_layers.empty()) j["fp32_layers"] = e.fp32_layers;
+  if (e.val_loss) j["val_loss"] = *e.val_loss;
   return j;
 }
 
@@ -236,14 +248,8 @@ int run(const Options& o) {
     tokens += last.tokens;
     skipped += last.skipped ? 1 : 0;
     const std::int64_t done = trainer.next_step();
-    nlohmann::json j = to_json(last);
-    const bool eval_now =
-        done == config.steps || (o.eval_every > 0 && done % o.eval_every == 0);
-    if (eval_now) {
-      last_val = trainer.evaluate(o.eval_batches);
-      j["val_loss"] = *last_val;
-    }
-    if (log.is_open()) log << j.dump() << '\n' << std::flush;
+    if (last.val_loss) last_val = last.val_loss;
+    if (log.is_open()) log << to_json(last).dump() << '\n' << std::flush;
     if (!ckpt.empty() && o.checkpoint_every > 0 && done % o.checkpoint_every == 0) {
       trainer.save_checkpoint(ckpt);
     }
@@ -316,7 +322,7 @@ int main(int argc, char** argv) {
   app.add_option("--val-fraction", o.val_fraction, "share of the data held out for validation")
       ->check(CLI::Range(0.001, 0.9))
       ->capture_default_str();
-  app.add_option("--eval-every", o.eval_every, "validation loss every N steps (0: only at the end)")
+  app.add_option("--eval-every", o.eval_every, "validation loss every N steps (0: only after the last)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--eval-batches", o.eval_batches, "validation batches per evaluation")
@@ -344,9 +350,16 @@ int main(int argc, char** argv) {
   app.add_option("--inject-overflow", o.inject_overflow,
                  "at STEP, one logits gradient exceeds its format's max finite (repeatable)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--inject-overflow-every", o.inject_overflow_every,
+                 "--inject-overflow at every K-th step (K, 2K, ...)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--grad-shrink", o.grad_shrink, "multiply every gradient (induces underflow)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--grad-shrink-end", o.grad_shrink_end,
+                 "gradient multiplier at the last step; it moves geometrically from "
+                 "--grad-shrink (gradients shrinking over training)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--fp32-layer", o.fp32_layers, "compute LAYER in FP32 from STEP: LAYER[@STEP]");
   app.add_option("--log-json", o.log_json, "write one JSON object per step to FILE");
   app.add_option("--threads", o.threads, "OpenBLAS threads for --device cpu (0: its default)")

@@ -43,6 +43,12 @@ std::string validate(const TrainerConfig& c) {
     os << "val_fraction must be in (0, 1), got " << c.val_fraction;
   } else if (!finite_pos(c.grad_shrink)) {
     os << "grad_shrink must be finite and > 0, got " << c.grad_shrink;
+  } else if (c.grad_shrink_end && !finite_pos(*c.grad_shrink_end)) {
+    os << "grad_shrink_end must be finite and > 0, got " << *c.grad_shrink_end;
+  } else if (c.eval_every < 0) {
+    os << "eval_every must be >= 0, got " << c.eval_every;
+  } else if (c.eval_batches < 0) {
+    os << "eval_batches must be >= 0, got " << c.eval_batches;
   } else if (c.scaler) {
     if (std::string e = validate(*c.scaler); !e.empty()) os << "scaler: " << e;
   }
@@ -108,7 +114,7 @@ StepEvent Trainer::step() {
   model.emit_weights(ctx);
   double loss_sum = 0.0;
   // The loss-gradient seed: scale, mean over micro-batches, optional shrink (fault injection).
-  const float dloss = static_cast<float>(static_cast<double>(scale) * config_.grad_shrink /
+  const float dloss = static_cast<float>(static_cast<double>(scale) * grad_shrink_at(step) /
                                          static_cast<double>(config_.accum));
   for (int micro = 0; micro < config_.accum; ++micro) {
     ctx.micro_step = micro;
@@ -166,8 +172,20 @@ StepEvent Trainer::step() {
   be.stream().synchronize();
   ev.step_time_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (config_.eval_batches > 0 &&
+      (step_ == config_.steps || (config_.eval_every > 0 && step_ % config_.eval_every == 0))) {
+    ev.val_loss = evaluate(config_.eval_batches);
+  }
   for (auto* l : listeners_) l->on_step(ev);
   return ev;
+}
+
+double Trainer::grad_shrink_at(std::int64_t step) const {
+  const double start = config_.grad_shrink;
+  if (!config_.grad_shrink_end || config_.steps < 2) return start;
+  const double t = static_cast<double>(std::clamp<std::int64_t>(step, 0, config_.steps - 1)) /
+                   static_cast<double>(config_.steps - 1);
+  return start * std::pow(static_cast<double>(*config_.grad_shrink_end) / start, t);
 }
 
 double Trainer::evaluate(int batches) {

@@ -122,6 +122,8 @@ typedef struct ampscope_step_info {
   int64_t tokens;
   double step_time_s;
   int64_t optimizer_steps;
+  int has_val_loss; /* nonzero: val_loss holds the validation loss after this step */
+  double val_loss;
 } ampscope_step_info;
 
 /* A scaler change as the callback receives it: has_* says which fields are set. */

@@ -78,6 +78,7 @@ struct StepInfo {
   double step_time_s = 0.0;
   std::int64_t optimizer_steps = 0;
   std::vector<std::string> fp32_layers;
+  std::optional<double> val_loss;  // validation loss after this step, where evaluated
 };
 
 enum class ScalerKind : std::uint8_t { kStatic = 0, kDynamic = 1, kHysteresis = 2 };

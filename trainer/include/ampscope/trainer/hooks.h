@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -78,6 +79,7 @@ struct StepEvent {
   double step_time_s = 0.0;
   std::int64_t optimizer_steps = 0;  // applied updates so far, after this step
   std::vector<std::string> fp32_layers;  // layers computed in FP32 this step
+  std::optional<double> val_loss;        // validation loss after this step, when evaluated
 };
 
 class StepListener {

@@ -50,6 +50,13 @@ struct TrainerConfig {
   double val_fraction = 0.1;
   std::vector<Injection> injections;
   float grad_shrink = 1.0f;  // multiplies every gradient (induces underflow in FP16)
+  // Unset: grad_shrink throughout. Set: the factor moves geometrically from grad_shrink at
+  // step 0 to grad_shrink_end at the last step (gradients that shrink over training).
+  std::optional<float> grad_shrink_end;
+  // Validation loss (StepEvent::val_loss) after every `eval_every`-th step and after the last
+  // one; eval_every 0: after the last step only; eval_batches 0: never.
+  std::int64_t eval_every = 0;
+  int eval_batches = 4;
 };
 
 // Dynamic (PyTorch defaults) for amp-fp16; static 1 for fp32, fp16 and amp-bf16.
@@ -63,7 +70,11 @@ class Trainer {
   Trainer(const TrainerConfig& config, const Corpus& corpus, std::unique_ptr<Backend> backend);
   ~Trainer();
 
+  // One effective batch; evaluates the validation loss first when it is due (see
+  // TrainerConfig::eval_every), so that step listeners receive it.
   StepEvent step();
+  // The gradient multiplier of `step` (TrainerConfig::grad_shrink, grad_shrink_end).
+  double grad_shrink_at(std::int64_t step) const;
   // Mean loss over `batches` fixed validation batches (forward only, no observer calls).
   double evaluate(int batches);
 
