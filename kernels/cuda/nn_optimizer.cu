@@ -8,8 +8,8 @@
 //     search over the chunk prefix, and unscales it in place. A block that saw a non-finite
 //     value stores 1 into found_inf (every writer stores the same value, so the race is benign;
 //     PyTorch's _amp_foreach_non_finite_check_and_unscale_ does the same).
-//   - sum_squares: FP64 per-thread sums over a fixed grid, a fixed block tree, per-block
-//     partials, then one block sums the partials: deterministic for a given device.
+//   - sum_squares, accumulate_mean: FP64 per-thread sums over a fixed grid, a fixed block tree,
+//     per-block partials, then one block sums the partials: deterministic for a given device.
 //   - scale, adamw: elementwise grid-stride loops over nn_element.cuh's expressions.
 //   - update_loss_scale: one thread; the same update_loss_scale_state() the host model checks
 //     against the trainer's scalers.
@@ -103,23 +103,35 @@ void launch_unscale(std::span<const GradientTensor> grads, float inv_scale,
   }
 }
 
-__global__ void sum_squares_partial_kernel(ConstArray x, std::int64_t n, double* partials) {
+// Per-block FP64 sums of x (kSquare: of x^2) over a fixed grid.
+template <bool kSquare>
+__global__ void sum_partial_kernel(ConstArray x, std::int64_t n, double* partials) {
   __shared__ double shared[kThreadsPerBlock / kWarpSize];
   double acc = 0.0;
   for (std::int64_t i = global_thread(); i < n; i += grid_threads()) {
-    const float g = load(x.data, x.dtype, i);
-    acc += static_cast<double>(g) * g;
+    const double g = load(x.data, x.dtype, i);
+    acc += kSquare ? g * g : g;
   }
   acc = block_sum(acc, shared);
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
-__global__ void sum_squares_final_kernel(const double* partials, int count, float* sum_sq) {
+__device__ double sum_of_partials(const double* partials, int count) {
   __shared__ double shared[kThreadsPerBlock / kWarpSize];
   double acc = 0.0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
-  acc = block_sum(acc, shared);
+  return block_sum(acc, shared);
+}
+
+__global__ void sum_squares_final_kernel(const double* partials, int count, float* sum_sq) {
+  const double acc = sum_of_partials(partials, count);
   if (threadIdx.x == 0) *sum_sq = static_cast<float>(acc);
+}
+
+__global__ void accumulate_mean_final_kernel(const double* partials, int count, double n,
+                                             double* acc) {
+  const double sum = sum_of_partials(partials, count);
+  if (threadIdx.x == 0) *acc += sum / n;
 }
 
 __global__ void scale_kernel(Array x, std::int64_t n, float factor) {
@@ -173,10 +185,26 @@ void sum_squares(float* sum_sq, ConstArray x, std::int64_t n, cudaStream_t strea
   check_array(x, n, "sum_squares: x");
   const int blocks = grid_blocks(static_cast<std::size_t>(n), kSumSquaresBlocksPerSm);
   StreamScratch partials(static_cast<std::size_t>(blocks) * sizeof(double), stream);
-  sum_squares_partial_kernel<<<blocks, kThreadsPerBlock, 0, stream>>>(x, n, partials.as<double>());
+  sum_partial_kernel<true><<<blocks, kThreadsPerBlock, 0, stream>>>(x, n, partials.as<double>());
   check_launch();
   sum_squares_final_kernel<<<1, kThreadsPerBlock, 0, stream>>>(partials.as<double>(), blocks,
                                                                sum_sq);
+  check_launch();
+}
+
+void accumulate_mean(double* acc, ConstArray x, std::int64_t n, cudaStream_t stream) {
+  using namespace detail;
+  const NvtxRange range{"ampscope::cuda::nn::accumulate_mean"};
+  AMPSCOPE_CHECK(acc != nullptr, "accumulate_mean: acc is null");
+  AMPSCOPE_CHECK(n >= 1, "accumulate_mean: needs at least one element, got ", n);
+  ::ampscope::cuda::detail::check_device_accessible(acc, "accumulate_mean: acc");
+  check_array(x, n, "accumulate_mean: x");
+  const int blocks = grid_blocks(static_cast<std::size_t>(n), kSumSquaresBlocksPerSm);
+  StreamScratch partials(static_cast<std::size_t>(blocks) * sizeof(double), stream);
+  sum_partial_kernel<false><<<blocks, kThreadsPerBlock, 0, stream>>>(x, n, partials.as<double>());
+  check_launch();
+  accumulate_mean_final_kernel<<<1, kThreadsPerBlock, 0, stream>>>(
+      partials.as<double>(), blocks, static_cast<double>(n), acc);
   check_launch();
 }
 

@@ -140,7 +140,9 @@ TEST_F(GradCheckTest, CausalAttention) {
       double sum = 0.0;
       for (std::int64_t j = 0; j < T; ++j) {
         const float p = probs[(bh * T + i) * T + j];
-        if (j > i) EXPECT_EQ(p, 0.0f);
+        if (j > i) {
+          EXPECT_EQ(p, 0.0f);
+        }
         sum += p;
       }
       EXPECT_NEAR(sum, 1.0, 1e-6);

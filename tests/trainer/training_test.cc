@@ -16,6 +16,7 @@
 #include "ampscope/check.h"
 #include "ampscope/tensor_stats.h"
 #include "ampscope/trainer/trainer.h"
+#include "counting_backend.h"
 
 namespace ampscope::trainer {
 namespace {
@@ -423,6 +424,41 @@ TEST(TrainingTest, GradShrinkScheduleMovesGeometricallyToItsEnd) {
   EXPECT_DOUBLE_EQ(half->step().grad_norm, 0.5 * make(tiny(PrecisionMode::kFP32, 11))->step().grad_norm);
   c.grad_shrink_end = -1.0f;
   EXPECT_NE(validate(c).find("grad_shrink_end"), std::string::npos);
+}
+
+TEST(TrainingTest, AStepReadsFromTheDeviceOnceWhateverTheAccumulation) {
+  TrainerConfig c = tiny(PrecisionMode::kAmpFP16, 6);
+  c.accum = 3;
+  c.eval_batches = 0;
+  c.injections = {{Injection::Kind::kOverflow, "logits.grad", 2}};  // a skipped step too
+  auto counting = std::make_unique<testing::CountingBackend>(make_cpu_backend({.blas_threads = 1}));
+  testing::CountingBackend& backend = *counting;
+  Trainer t(c, corpus(), std::move(counting));
+  std::vector<StepEvent> events;
+  while (t.next_step() < c.steps) {
+    backend.reset();
+    events.push_back(t.step());
+    EXPECT_EQ(backend.host_reads(), 1) << "step " << events.back().step;
+  }
+  EXPECT_TRUE(events[2].skipped);
+  // The loss that came back with that one read is the mean over the micro-batches: the same
+  // number a plain forward pass gives for the same weights and batches.
+  TrainerConfig one = tiny(PrecisionMode::kAmpFP16, 1);
+  one.accum = 3;
+  one.eval_batches = 0;
+  auto a = make(one);
+  const double step_loss = a->step().loss;
+  auto b = make(one);
+  DataLoader loader(corpus(), one.batch, one.model.context, one.val_fraction, one.seed);
+  Batch batch;
+  StepContext ctx;
+  ctx.overrides = &b->fp32_overrides();
+  double sum = 0.0;
+  for (int micro = 0; micro < 3; ++micro) {
+    loader.next_train(batch);
+    sum += b->model().forward(batch, ctx);
+  }
+  EXPECT_EQ(step_loss, sum / 3);
 }
 
 TEST(TrainerConfigTest, RejectsBadValuesWithAOneLineReason) {

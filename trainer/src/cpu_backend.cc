@@ -671,6 +671,14 @@ class CpuBackend final : public Backend {
     *static_cast<float*>(sum_sq.data) = static_cast<float>(acc);
   }
 
+  void accumulate_mean(double* acc, const Tensor& x) override {
+    AMPSCOPE_CHECK(x.numel() >= 1, "accumulate_mean: x is empty");
+    In g(x, Format::kFP32, ex_);
+    double sum = 0.0;
+    for (std::int64_t i = 0; i < x.numel(); ++i) sum += g.get()[i];
+    *acc += sum / static_cast<double>(x.numel());
+  }
+
   void scale(const Tensor& x, float factor) override {
     In g(x, Format::kFP32, ex_);
     Out o(x, Format::kFP32, ex_);

@@ -324,6 +324,10 @@ class CudaBackend final : public Backend {
     nn::sum_squares(scalar(sum_sq, "sum_sq"), array(x, "sum_squares: x"), x.numel(), s());
   }
 
+  void accumulate_mean(double* acc, const Tensor& x) override {
+    nn::accumulate_mean(acc, array(x, "accumulate_mean: x"), x.numel(), s());
+  }
+
   void scale(const Tensor& x, float factor) override {
     nn::scale(array(x, "scale: x"), x.numel(), factor, s());
   }

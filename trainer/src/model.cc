@@ -361,6 +361,17 @@ void Gpt::emit_unscaled_grads(const StepContext& ctx) {
 }
 
 double Gpt::forward(const Batch& batch, const StepContext& ctx) {
+  if (!loss_mem_) loss_mem_ = backend_.allocate(sizeof(double));
+  auto* loss = static_cast<double*>(loss_mem_->data());
+  const double zero = 0.0;
+  backend_.copy_from_host(loss, &zero, sizeof(zero));
+  forward(batch, ctx, loss);
+  double mean = 0.0;
+  backend_.copy_to_host(&mean, loss, sizeof(mean));
+  return mean;
+}
+
+void Gpt::forward(const Batch& batch, const StepContext& ctx, double* loss_sum) {
   auto& a = *acts_;
   const std::int64_t B = batch.batch, T = batch.context, C = config_.n_embd,
                      V = config_.vocab_size;
@@ -467,10 +478,7 @@ double Gpt::forward(const Batch& batch, const StepContext& ctx) {
   a.losses = act(a.losses_b, pp.fp32_ops, {B, T});
   backend_.cross_entropy_forward(a.losses, a.ce_probs, a.logits, a.targets, pp.fp32_ops);
   emit(ctx, "loss", TensorRole::kLoss, TensorPhase::kForward, a.losses, 1.0f);
-
-  double sum = 0.0;
-  for (float l : host_values(a.losses)) sum += l;
-  return sum / static_cast<double>(B * T);
+  backend_.accumulate_mean(loss_sum, a.losses);
 }
 
 void Gpt::backward(float dloss, const StepContext& ctx) {

@@ -56,6 +56,13 @@ std::string validate(const TrainerConfig& c) {
 }
 
 namespace {
+// The step's scalars in the back end's memory, read back once at the end of the step.
+struct StepScalars {
+  float found_inf = 0.0f;  // set to 1 by unscale_and_check
+  float sum_sq = 0.0f;     // of the unscaled gradients
+  double loss_sum = 0.0;   // sum over micro-batches of their mean loss
+};
+
 TrainerConfig resolved(TrainerConfig c, const Corpus& corpus) {
   if (c.model.vocab_size == 0) c.model.vocab_size = corpus.vocab_size();
   if (!c.scaler) c.scaler = default_scaler(c.precision);
@@ -88,7 +95,7 @@ Trainer::Trainer(const TrainerConfig& config, const Corpus& corpus,
   schedule_.min_lr = config_.min_lr;
   schedule_.warmup_steps = config_.warmup_steps;
   schedule_.total_steps = config_.steps;
-  scalars_ = backend_->allocate(2 * sizeof(float));
+  scalars_ = backend_->allocate(sizeof(StepScalars));
 }
 
 Trainer::~Trainer() = default;
@@ -112,35 +119,37 @@ StepEvent Trainer::step() {
 
   model.zero_grads();
   model.emit_weights(ctx);
-  double loss_sum = 0.0;
+  auto* scalars = static_cast<StepScalars*>(scalars_->data());
+  const StepScalars zero;
+  be.copy_from_host(scalars, &zero, sizeof(zero));
   // The loss-gradient seed: scale, mean over micro-batches, optional shrink (fault injection).
   const float dloss = static_cast<float>(static_cast<double>(scale) * grad_shrink_at(step) /
                                          static_cast<double>(config_.accum));
   for (int micro = 0; micro < config_.accum; ++micro) {
     ctx.micro_step = micro;
     loader_.next_train(batch_);
-    loss_sum += model.forward(batch_, ctx);
+    model.forward(batch_, ctx, &scalars->loss_sum);
     model.backward(dloss, ctx);
   }
   model.finish_backward(ctx);
 
   // Unscale with inv_scale computed in FP64 and cast to FP32 (GradScaler), checking for
-  // non-finite values in the same pass; then the global norm.
-  Tensor found_inf(scalars_->data(), Format::kFP32, {1}, be.device());
-  Tensor sum_sq(static_cast<float*>(scalars_->data()) + 1, Format::kFP32, {1}, be.device());
-  be.fill(found_inf, 0.0f);
+  // non-finite values in the same pass; then the global norm. The step's one host read brings
+  // found_inf, the norm and the loss back together.
+  const Tensor found_inf(&scalars->found_inf, Format::kFP32, {1}, be.device());
+  const Tensor sum_sq(&scalars->sum_sq, Format::kFP32, {1}, be.device());
   const Tensor grads = model.grad_buffer();
   be.unscale_and_check(grads, static_cast<float>(1.0 / static_cast<double>(scale)), found_inf);
   model.emit_unscaled_grads(ctx);
   be.sum_squares(sum_sq, grads);
-  float host[2];
-  be.copy_to_host(host, scalars_->data(), sizeof(host));
-  const double norm = std::sqrt(static_cast<double>(host[1]));
-  const bool found = host[0] != 0.0f || !std::isfinite(norm);
+  StepScalars host;
+  be.copy_to_host(&host, scalars, sizeof(host));
+  const double norm = std::sqrt(static_cast<double>(host.sum_sq));
+  const bool found = host.found_inf != 0.0f || !std::isfinite(norm);
 
   StepEvent ev;
   ev.step = step;
-  ev.loss = loss_sum / config_.accum;
+  ev.loss = host.loss_sum / config_.accum;
   ev.loss_scale = scale;
   ev.found_inf = found;
   ev.skipped = found;

@@ -371,6 +371,18 @@ TEST_P(CudaBackendTest, OptimizerStepMatchesCpu) {
   cpu_->sum_squares(sum_sq.cpu(), grads.cpu());
   gpu_->sum_squares(sum_sq.gpu(), grads.gpu());
   EXPECT_TRUE(close(sum_sq.host.values(), download(sum_sq).values(), {1e-6, 0.0}));
+  // The loss path: acc += mean(x), FP64 sums (a different order on the device).
+  auto cpu_acc = cpu_->allocate(sizeof(double));
+  auto gpu_acc = gpu_->allocate(sizeof(double));
+  for (int i = 0; i < 2; ++i) {
+    cpu_->accumulate_mean(static_cast<double*>(cpu_acc->data()), grads.cpu());
+    gpu_->accumulate_mean(static_cast<double*>(gpu_acc->data()), grads.gpu());
+  }
+  double cpu_mean = 0.0, gpu_mean = 0.0;
+  cpu_->copy_to_host(&cpu_mean, cpu_acc->data(), sizeof(double));
+  gpu_->copy_to_host(&gpu_mean, gpu_acc->data(), sizeof(double));
+  EXPECT_NE(cpu_mean, 0.0);
+  EXPECT_NEAR(gpu_mean, cpu_mean, 1e-9 * std::abs(cpu_mean) + 1e-12);
   cpu_->scale(grads.cpu(), 0.37f);
   gpu_->scale(grads.gpu(), 0.37f);
   EXPECT_TRUE(same_bits(grads.host, download(grads)));

@@ -11,6 +11,7 @@
 
 #include "ampscope/cuda/device.h"
 #include "ampscope/trainer/trainer.h"
+#include "../counting_backend.h"
 #include "cuda_backend.h"
 
 namespace ampscope::trainer {
@@ -67,6 +68,28 @@ TEST_P(CudaTrainingTest, FollowsTheCpuRunOfTheSameSeed) {
     EXPECT_NEAR(gpu[i].grad_norm, cpu[i].grad_norm, 10 * rtol * cpu[i].grad_norm) << "step " << i;
   }
   EXPECT_LT(gpu.back().loss, gpu.front().loss) << "the CUDA run does not learn";
+}
+
+// The step's scalars (found_inf, the squared norm, the loss of every micro-batch) stay on the
+// device until the one read at the end of the step.
+TEST_P(CudaTrainingTest, AStepReadsFromTheDeviceOnce) {
+  const Case c = GetParam();
+  TrainerConfig config;
+  config.model = {.vocab_size = 0, .context = 32, .n_embd = 64, .n_head = 4, .n_layer = 2};
+  config.precision = c.mode;
+  config.batch = 4;
+  config.accum = 3;
+  config.steps = 4;
+  config.eval_batches = 0;
+  auto counting = std::make_unique<testing::CountingBackend>(make_cuda_backend());
+  testing::CountingBackend& backend = *counting;
+  Trainer trainer(config, Corpus::synthetic(), std::move(counting));
+  for (int i = 0; i < config.steps; ++i) {
+    backend.reset();
+    const StepEvent e = trainer.step();
+    EXPECT_EQ(backend.host_reads(), 1) << "step " << i;
+    EXPECT_TRUE(std::isfinite(e.loss)) << "step " << i;
+  }
 }
 
 // Overflow injected into the logits' gradient: both back ends find it, skip the step and back

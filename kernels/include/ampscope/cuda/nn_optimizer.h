@@ -58,6 +58,10 @@ void unscale_and_check(std::span<const GradientTensor> grads, const LossScaleSta
 // device and n (fixed grid, fixed reduction trees).
 void sum_squares(float* sum_sq, ConstArray x, std::int64_t n, cudaStream_t stream);
 
+// *acc (FP64, device) += (sum of x (n >= 1)) / n, summed in FP64 the same way: the training
+// loss of a micro-batch added on the device, so that it comes back with the step's one read.
+void accumulate_mean(double* acc, ConstArray x, std::int64_t n, cudaStream_t stream);
+
 // x (n) *= factor.
 void scale(Array x, std::int64_t n, float factor, cudaStream_t stream);
 

@@ -161,6 +161,10 @@ class Backend {
                                  const Tensor& found_inf) = 0;
   // sum_sq = sum of squares of x, accumulated in FP64, stored as FP32.
   virtual void sum_squares(const Tensor& sum_sq, const Tensor& x) = 0;
+  // *acc (one FP64 in this back end's memory) += mean of x, the sum taken in FP64 (the CPU
+  // in element order; the device in fixed blocks). The trainer adds each micro-batch's loss
+  // this way so that a step reads it back together with found_inf and the norm.
+  virtual void accumulate_mean(double* acc, const Tensor& x) = 0;
   // x *= factor (computed in FP32, stored in x.dtype).
   virtual void scale(const Tensor& x, float factor) = 0;
   // PyTorch AdamW (decoupled weight decay, bias-corrected) on params, grads, m, v of equal

@@ -88,7 +88,10 @@ class Gpt {
   std::vector<std::string> injectable_tensors() const;
 
   // Forward pass of one micro-batch (inputs/targets: (B,T), B <= max_batch, T == context).
-  // Returns the mean loss over its B*T tokens (unscaled).
+  // Adds the mean loss over its B*T tokens (unscaled) to *loss_sum, one FP64 in the back end's
+  // memory, and reads nothing back (the training step's path).
+  void forward(const Batch& batch, const StepContext& ctx, double* loss_sum);
+  // The same, returning the mean loss (one host read).
   double forward(const Batch& batch, const StepContext& ctx);
   // Backward pass of the last forward, accumulating into the gradients. dloss multiplies the
   // gradient of the mean loss (loss scale, 1/accum, shrink factor).
@@ -139,6 +142,7 @@ class Gpt {
   std::vector<ParamInfo> params_;
   std::int64_t num_params_ = 0;
   std::unique_ptr<Buffer> params_mem_, compute_mem_, grads_mem_, m_mem_, v_mem_;
+  std::unique_ptr<Buffer> loss_mem_;  // one FP64: the returning forward's loss
   std::unique_ptr<Activations> acts_;
   int cur_batch_ = 0;
 };

@@ -107,7 +107,7 @@ class Trainer {
   LrSchedule schedule_;
   TensorObserver* observer_ = nullptr;
   std::vector<StepListener*> listeners_;
-  std::unique_ptr<Buffer> scalars_;  // found_inf, sum_sq on the device
+  std::unique_ptr<Buffer> scalars_;  // StepScalars (found_inf, sum_sq, loss) on the device
   std::int64_t step_ = 0;
   std::int64_t updates_ = 0;
   Batch batch_;
