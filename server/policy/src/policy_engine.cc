@@ -65,6 +65,7 @@ struct ScaleFinding {
   std::optional<int> ceiling;   // log2 of the largest overflow-free scale, evidence included
   std::optional<int> reaction;  // after an overflow: estimated ceiling for the immediate drop
   Overflow overflow = Overflow::kNone;
+  bool blind = false;  // kScale with no finite value left to show how far the values went
   std::string what;
 };
 
@@ -116,6 +117,7 @@ ScaleFinding analyse_scaled(const TensorInput& t, double cast_scale, int blind_d
     return r;
   }
   r.overflow = ScaleFinding::Overflow::kScale;
+  r.blind = !top;
   const int evidence_top = top_of_format - cast_shift;  // an overflowed value reached this binade
   const int evidence = ceiling_for_top(evidence_top, fmt);
   r.ceiling = std::min(r.ceiling.value_or(evidence), evidence);
@@ -131,6 +133,28 @@ ScaleFinding analyse_scaled(const TensorInput& t, double cast_scale, int blind_d
             " non-finite at scale " + scale_text(cast_scale) + ", top estimated at " +
             binade(estimated_top) + " unscaled";
   return r;
+}
+
+// A tensor whose every value is non-finite (a norm's gradient, a reduction over all tokens)
+// hides where its values went. When no tensor of the step has finite values up at the format's
+// top but some tensor holds Inf/NaN far above its finite values, the step's non-finite values
+// come from that outlier (an injected or propagated Inf, which no scale avoids) and spread
+// through the backward pass: the blind tensors are then not evidence about the scale either.
+// Without this, every injected spike would pull the ceiling blind_drop binades down.
+void discount_propagated(std::vector<ScaleFinding>& findings) {
+  bool outlier = false, seen_at_top = false;
+  for (const ScaleFinding& f : findings) {
+    outlier = outlier || f.overflow == ScaleFinding::Overflow::kOutlier;
+    seen_at_top = seen_at_top || (f.overflow == ScaleFinding::Overflow::kScale && !f.blind);
+  }
+  if (!outlier || seen_at_top) return;
+  for (ScaleFinding& f : findings) {
+    if (f.overflow != ScaleFinding::Overflow::kScale) continue;
+    f.overflow = ScaleFinding::Overflow::kOutlier;
+    f.ceiling.reset();
+    f.reaction.reset();
+    f.what += ": every value non-finite, propagated from an outlier";
+  }
 }
 
 std::string settings_text(const ScalerSettings& s) {
@@ -303,9 +327,13 @@ bool PolicyEngine::record(const StepInput& in) {
   s.found_inf = s.found_inf || in.found_inf;
   const std::string at = " at step " + std::to_string(in.step);
   bool saw_nonfinite = false;
+  std::vector<ScaleFinding> findings;
   for (const TensorInput& t : in.tensors) {
     if (!is_loss_scaled(t.role)) continue;
-    const ScaleFinding f = analyse_scaled(t, in.loss_scale, config_.headroom.blind_drop_binades);
+    findings.push_back(analyse_scaled(t, in.loss_scale, config_.headroom.blind_drop_binades));
+  }
+  discount_propagated(findings);
+  for (const ScaleFinding& f : findings) {
     if (f.ceiling && (!s.ceiling_log2 || *f.ceiling < *s.ceiling_log2)) {
       s.ceiling_log2 = f.ceiling;
       s.limiting = f.what + at;
@@ -332,6 +360,7 @@ bool PolicyEngine::record(const StepInput& in) {
   }
   return true;
 }
+
 
 bool PolicyEngine::overflow_explained_by_scale(double tensor_scale) const {
   const bool engine_sets_scale =
@@ -403,8 +432,13 @@ double PolicyEngine::scale_in_use() const {
   // A decided scale is trusted until its effective step plus the grace period: before that the
   // reports still show the old scale. After it the reports are the truth (they include the
   // local scaler's backoffs, and a decision that never arrived is then decided again).
+  // Within the grace period, a report from the effective step on whose scale is above the
+  // decided one shows a lowering that did not arrive in time (the local scaler, whose probing
+  // the engine stops, cannot have grown past it): decide again at once, not after the grace,
+  // since every step at the old scale may overflow again.
   if (commanded_scale_ && latest_step_ < commanded_from_step_ + config_.apply_grace_steps) {
-    return *commanded_scale_;
+    const bool missed = latest_step_ >= commanded_from_step_ && reported_scale_ > *commanded_scale_;
+    if (!missed) return *commanded_scale_;
   }
   return reported_scale_ > 0.0 ? reported_scale_ : run_scaler_.scale;
 }
@@ -446,7 +480,12 @@ void PolicyEngine::evaluate(const StepInput& in, ScalerSettings* scaler,
                       ".." + std::to_string(latest_step_) + " has ceiling " + binade(*ceiling) +
                       " (" + limiting + "), margin " + std::to_string(h.margin_binades) +
                       " binades, bounds [" + binade(lo) + ", " + binade(hi) + "]";
-  if (urgent) {
+  // An overflow at a scale above a lowering already decided and not yet due is explained by the
+  // old scale: its hard evidence is in the window, but a second estimate (from another step's
+  // overflowed tensors, often small ones) would only compound the first one downwards.
+  const bool superseded = commanded_scale_ && latest_step_ < commanded_from_step_ &&
+                          in.loss_scale > *commanded_scale_;
+  if (urgent && !superseded) {
     auto s = std::find_if(window_.begin(), window_.end(),
                           [&](const StepSummary& x) { return x.step == in.step; });
     if (s != window_.end() && s->reaction_log2) {
