@@ -180,7 +180,10 @@ void AttachReactor::plan(Actions& a) {
     reading_ = true;
     a.read = true;
   }
-  if (end_status_ && !writing_ && (writes_.empty() || hard_end_)) {
+  // A soft end (the server draining, a refused submit, a protocol error) waits for the items
+  // already handed to the ingest thread: they may still be committed, and their Ack must reach
+  // the agent before the stream ends. A hard end (cancelled, store failure) does not wait.
+  if (end_status_ && !writing_ && (hard_end_ || (writes_.empty() && in_flight_ == 0))) {
     finished_ = true;
     a.finish = *end_status_;
   }
