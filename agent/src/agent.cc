@@ -480,6 +480,7 @@ void Agent::observe(const TensorView& t) noexcept {
     s.order = t.order;
     s.level = level;
     s.target = target_for(m.run.compute_format, t.role, s.scale, m.step_scale);
+    s.held = t.held;
     if (!is_stats_storage_format(t.dtype)) {
       m.drop_sample("unsupported dtype " + std::string(format_name(t.dtype)));
       return;

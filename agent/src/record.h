@@ -29,6 +29,7 @@ struct TensorSample {
   int order = 0;
   Level level = Level::kCounts;
   std::optional<TargetSpec> target;  // for kFull
+  std::optional<Format> held;        // TensorView::held
   bool measured = false;             // stats below are final
   TensorStats stats;
   // Pending work (exactly one set while !measured).

@@ -27,6 +27,7 @@ void encode_tensor(const TensorSample& s, v1::TensorStats* t) {
   t->set_role(to_proto(s.role));
   t->set_phase(to_proto(s.phase));
   t->set_dtype(to_proto(s.dtype));
+  if (s.held) t->set_held(to_proto(*s.held));
   for (auto d : s.shape) t->add_shape(d);
   t->set_order(static_cast<std::uint32_t>(std::max(0, s.order)));
   t->set_micro_step(static_cast<std::uint32_t>(std::max(0, s.micro_step)));

@@ -78,6 +78,13 @@ policy::StepInput to_step_input(const v1::StepReport& r, bool all_tensors) {
         ti.underflow = c.underflow();
       }
     }
+    // Where the values are really held, when the agent says so: the counts of targets[0] then
+    // answer a what-if question about another format and are no overflow evidence.
+    if (t.has_held() && engine_format(t.held()) != ti.target) {
+      ti.target = engine_format(t.held());
+      ti.overflow.reset();
+      ti.underflow.reset();
+    }
     in.tensors.push_back(std::move(ti));
   }
   return in;

@@ -213,6 +213,10 @@ Result check_tensor_identity(const v1::TensorStats& t, const std::string& field)
     return violation(field + ".dtype", "enum", "must be FP32, FP16 or BF16, got ",
                      static_cast<int>(t.dtype()));
   }
+  if (t.has_held() && (!v1::Format_IsValid(t.held()) || t.held() == v1::FORMAT_UNSPECIFIED)) {
+    return violation(field + ".held", "enum", "must be a known format, got ",
+                     static_cast<int>(t.held()));
+  }
   if (t.level() != v1::STATS_LEVEL_COUNTS && t.level() != v1::STATS_LEVEL_FULL) {
     return violation(field + ".level", "enum", "must be COUNTS or FULL, got ",
                      static_cast<int>(t.level()));

@@ -68,6 +68,7 @@ void run_steps(Agent& agent, int steps, Poison poison, double scale = 1024.0) {
         v.shape = t.shape;
         v.scale = is_gradient(t.role) ? scale : 1.0;
         v.order = order++;
+        if (t.role == TensorRole::kWeightGrad) v.held = Format::kFP32;
         agent.observe(v);
       }
     }
@@ -124,7 +125,9 @@ TEST(AgentTest, CountsEveryGradientEveryStepAndSpoolsEachStepOnce) {
     EXPECT_EQ(r.step(), i);
     EXPECT_FALSE(r.has_first_offender());
     EXPECT_EQ(r.has_val_loss(), i % 2 == 1);
-    if (r.has_val_loss()) EXPECT_EQ(r.val_loss(), 1.5 + i);
+    if (r.has_val_loss()) {
+      EXPECT_EQ(r.val_loss(), 1.5 + i);
+    }
     // The gradients (counted by default); not the weight or the activations.
     ASSERT_EQ(r.tensors_size(), 3);
     for (const auto& t : r.tensors()) {
@@ -134,6 +137,11 @@ TEST(AgentTest, CountsEveryGradientEveryStepAndSpoolsEachStepOnce) {
       EXPECT_TRUE(t.role() == v1::TENSOR_ROLE_ACTIVATION_GRAD ||
                   t.role() == v1::TENSOR_ROLE_WEIGHT_GRAD);
       EXPECT_GT(t.max_abs(), 0.0);
+      // What the trainer said about where its weight gradients are held, and nothing else.
+      EXPECT_EQ(t.has_held(), t.role() == v1::TENSOR_ROLE_WEIGHT_GRAD) << t.name();
+      if (t.has_held()) {
+        EXPECT_EQ(t.held(), v1::FORMAT_FP32);
+      }
     }
   }
 }

@@ -93,6 +93,7 @@ class ServerPolicyLoopTest : public ::testing::Test {
     const int top = s % 3 == 0 ? -3 : -4;
     v1::StepReport r = make_report(kRun, id, ++rank.seq, s, 0, rank.scale);
     *r.add_tensors() = gradient("h0.mlp.fc.weight", v1::TENSOR_ROLE_WEIGHT_GRAD, top, rank.scale);
+    if (weight_grads_held_in_fp32_) r.mutable_tensors(0)->set_held(v1::FORMAT_FP32);
     *r.add_tensors() =
         gradient("h0.mlp.fc.out.grad", v1::TENSOR_ROLE_ACTIVATION_GRAD, top - 2, rank.scale);
     for (const v1::PolicyOutcome& o : rank.outcomes) *r.add_policy_outcomes() = o;
@@ -126,6 +127,7 @@ class ServerPolicyLoopTest : public ::testing::Test {
   }
 
   TempDir dir_;
+  bool weight_grads_held_in_fp32_ = false;
 };
 
 TEST_F(ServerPolicyLoopTest, HeadroomPicksTheLargestSafeScaleOnEveryRankAndDoesNotFlap) {
@@ -179,6 +181,24 @@ TEST_F(ServerPolicyLoopTest, HeadroomPicksTheLargestSafeScaleOnEveryRankAndDoesN
   EXPECT_EQ(find_samples(m, "ampscope_policy_last_decision_info", {{"run", kRun}}).size(), 1u);
 }
 
+// A trainer that keeps its weight gradients in FP32 says so (TensorStats.held): their FP16
+// what-if no longer limits the scale; the FP16 activation gradient (top binade -5) does.
+TEST_F(ServerPolicyLoopTest, HeadroomSizesTheScaleAgainstTheFormatAGradientIsHeldIn) {
+  weight_grads_held_in_fp32_ = true;
+  ServerProcess server(dir_.path(), dir_ / "store.db", headroom_flags());
+  Rank ranks[2];
+  connect(server, ranks[0], 0);
+  connect(server, ranks[1], 1);
+  run_steps(0, 40, ranks);
+  const std::vector<v1::PolicyUpdate> scales = scale_updates(ranks[0].all);
+  ASSERT_EQ(scales.size(), 1u);
+  // Top binade -5: FP16 is overflow-free at 2^19; margin 1 -> 2^18 (2^16 when the weight
+  // gradient counted as FP16, as in the test above).
+  EXPECT_EQ(scales[0].loss_scale(), 262144.0) << scales[0].reason();
+  EXPECT_NE(scales[0].reason().find("h0.mlp.fc.out.grad"), std::string::npos)
+      << scales[0].reason();
+}
+
 TEST_F(ServerPolicyLoopTest, HeadroomNeverExceedsItsBounds) {
   ServerProcess server(dir_.path(), dir_ / "store.db", headroom_flags("4096"));
   Rank ranks[2];
@@ -189,7 +209,9 @@ TEST_F(ServerPolicyLoopTest, HeadroomNeverExceedsItsBounds) {
   ASSERT_EQ(scales.size(), 1u);
   EXPECT_EQ(scales[0].loss_scale(), 4096.0);
   for (const auto& u : ranks[0].all) {
-    if (u.has_loss_scale()) EXPECT_LE(u.loss_scale(), 4096.0);
+    if (u.has_loss_scale()) {
+      EXPECT_LE(u.loss_scale(), 4096.0);
+    }
   }
 }
 

@@ -143,6 +143,15 @@ TEST(ServerValidationTest, TensorNameRoleDtypeLevel) {
   r.mutable_tensors(0)->set_dtype(v1::FORMAT_E4M3);
   expect_violation(validate_report(r, stream_of()), "report.tensors[0].dtype", "enum");
   r = valid();
+  r.mutable_tensors(0)->set_held(v1::FORMAT_UNSPECIFIED);
+  expect_violation(validate_report(r, stream_of()), "report.tensors[0].held", "enum");
+  r = valid();
+  r.mutable_tensors(0)->set_held(static_cast<v1::Format>(99));
+  expect_violation(validate_report(r, stream_of()), "report.tensors[0].held", "enum");
+  r = valid();
+  r.mutable_tensors(0)->set_held(v1::FORMAT_FP32);
+  EXPECT_FALSE(validate_report(r, stream_of()).has_value());
+  r = valid();
   r.mutable_tensors(0)->set_level(v1::STATS_LEVEL_UNSPECIFIED);
   expect_violation(validate_report(r, stream_of()), "report.tensors[0].level", "enum");
 }

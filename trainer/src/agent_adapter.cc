@@ -204,6 +204,9 @@ void AgentAdapter::on_tensor(const TensorView& t) {
   v.scale = t.scale;
   v.micro_step = t.micro_step;
   v.order = t.order;
+  // The trainer accumulates weight gradients in the parameters' format and never casts them to
+  // the compute format (unlike autocast's FP16 weight copies): they can only overflow there.
+  if (t.role == TensorRole::kWeightGrad) v.held = t.dtype;
   agent_->observe(v);
   // The trainer shows every weight gradient once after unscaling, then runs the norm and the
   // optimizer: the last of them opens the optimizer's range.

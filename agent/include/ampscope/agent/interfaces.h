@@ -62,6 +62,11 @@ struct TensorView {
   double scale = 1.0;  // the loss scale the stored values carry (1 when unscaled)
   int micro_step = 0;
   int order = 0;  // execution order within the step, from 0
+  // For gradients: the narrowest format the values pass through at this scale (where they can
+  // overflow). Unset: the run's compute format (PyTorch autocast casts weight gradients through
+  // it). A trainer whose weight gradients stay in FP32 says FP32, so that the loss-scale policy
+  // does not size the scale against an FP16 they never see.
+  std::optional<Format> held;
 };
 
 // One optimizer step (one effective batch), reported after it finished.
