@@ -204,9 +204,10 @@ void AgentAdapter::on_tensor(const TensorView& t) {
   v.scale = t.scale;
   v.micro_step = t.micro_step;
   v.order = t.order;
-  // The trainer accumulates weight gradients in the parameters' format and never casts them to
-  // the compute format (unlike autocast's FP16 weight copies): they can only overflow there.
-  if (t.role == TensorRole::kWeightGrad) v.held = t.dtype;
+  // TensorView::held stays unset: each micro-batch's matmul weight gradient is rounded to the
+  // compute format before it is added into the FP32 buffer (autocast's FP16 weight-gradient
+  // copy), so weight gradients do pass through FP16. (Measured: claiming FP32 here let the
+  // headroom policy raise the scale into overflows that skipped steps.)
   agent_->observe(v);
   // The trainer shows every weight gradient once after unscaling, then runs the norm and the
   // optimizer: the last of them opens the optimizer's range.
