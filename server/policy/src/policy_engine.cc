@@ -361,7 +361,6 @@ bool PolicyEngine::record(const StepInput& in) {
   return true;
 }
 
-
 bool PolicyEngine::overflow_explained_by_scale(double tensor_scale) const {
   const bool engine_sets_scale =
       config_.mode == PolicyMode::kHeadroom ||
