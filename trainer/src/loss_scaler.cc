@@ -288,6 +288,17 @@ float ScalerHandle::end_step(bool found_inf) {
   return scaler_->scale();
 }
 
+float ScalerHandle::end_step(float scale, int hysteresis_tracker, std::int64_t growth_tracker) {
+  std::lock_guard lock(mu_);
+  ScalerState s = scaler_->state();
+  s.scale = scale;
+  s.hysteresis_tracker = hysteresis_tracker;
+  s.growth_tracker = growth_tracker;
+  scaler_->restore(s);
+  next_step_ += 1;
+  return scaler_->scale();
+}
+
 void ScalerHandle::restore(const ScalerState& state, std::int64_t next_step) {
   std::lock_guard lock(mu_);
   auto fresh = make_loss_scaler(state.config);

@@ -58,9 +58,10 @@ std::string validate(const TrainerConfig& c) {
 namespace {
 // The step's scalars in the back end's memory, read back once at the end of the step.
 struct StepScalars {
-  float found_inf = 0.0f;  // set to 1 by unscale_and_check
-  float sum_sq = 0.0f;     // of the unscaled gradients
-  double loss_sum = 0.0;   // sum over micro-batches of their mean loss
+  float found_inf = 0.0f;     // set to 1 by unscale_and_check
+  float sum_sq = 0.0f;        // of the unscaled gradients
+  double loss_sum = 0.0;      // sum over micro-batches of their mean loss
+  DeviceScalerState scaler;   // the scaler's state, updated by the back end from found_inf
 };
 
 TrainerConfig resolved(TrainerConfig c, const Corpus& corpus) {
@@ -120,8 +121,10 @@ StepEvent Trainer::step() {
   model.zero_grads();
   model.emit_weights(ctx);
   auto* scalars = static_cast<StepScalars*>(scalars_->data());
-  const StepScalars zero;
-  be.copy_from_host(scalars, &zero, sizeof(zero));
+  const ScalerState before = scaler_.state();  // after begin_step's scheduled changes
+  StepScalars start;
+  start.scaler = {before.scale, before.hysteresis_tracker, before.growth_tracker};
+  be.copy_from_host(scalars, &start, sizeof(start));
   // The loss-gradient seed: scale, mean over micro-batches, optional shrink (fault injection).
   const float dloss = static_cast<float>(static_cast<double>(scale) * grad_shrink_at(step) /
                                          static_cast<double>(config_.accum));
@@ -142,6 +145,7 @@ StepEvent Trainer::step() {
   be.unscale_and_check(grads, static_cast<float>(1.0 / static_cast<double>(scale)), found_inf);
   model.emit_unscaled_grads(ctx);
   be.sum_squares(sum_sq, grads);
+  be.update_loss_scale(&scalars->scaler, found_inf, before.config);
   StepScalars host;
   be.copy_to_host(&host, scalars, sizeof(host));
   const double norm = std::sqrt(static_cast<double>(host.sum_sq));
@@ -174,7 +178,12 @@ StepEvent Trainer::step() {
     model.refresh_compute_weights();
     ++updates_;
   }
-  ev.scale_after = scaler_.end_step(found);
+  // The back end updated the scale from found_inf. A norm that overflowed with finite
+  // gradients (found here, not there) is rare: the host's own update takes that step.
+  ev.scale_after = host.found_inf == 0.0f && found
+                       ? scaler_.end_step(true)
+                       : scaler_.end_step(host.scaler.scale, host.scaler.hysteresis_tracker,
+                                          host.scaler.growth_tracker);
   ev.optimizer_steps = updates_;
   ev.fp32_layers = overrides_.active_layers(step);
   ++step_;

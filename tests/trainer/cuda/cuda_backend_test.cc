@@ -409,6 +409,32 @@ TEST_P(CudaBackendTest, OptimizerStepMatchesCpu) {
   EXPECT_TRUE(same_bits(found.host, download(found)));
 }
 
+// The scale update the trainer runs on the back end: the device follows the CPU back end (the
+// loss_scaler.cc rules) bit for bit over a found_inf sequence, for both dynamic rules.
+TEST_P(CudaBackendTest, LossScaleUpdateMatchesCpu) {
+  if (p().out != Format::kFP32 || s().B != 1) GTEST_SKIP() << "one shape/precision suffices";
+  for (ScalerConfig config : {ScalerConfig::pytorch_defaults(), ScalerConfig::megatron_defaults()}) {
+    config.growth_interval = 3;
+    Twin found = zeros(Format::kFP32, {1});
+    auto gpu_state = gpu_->allocate(sizeof(DeviceScalerState));
+    DeviceScalerState cpu_state{config.init_scale, config.hysteresis, 0};
+    gpu_->copy_from_host(gpu_state->data(), &cpu_state, sizeof(cpu_state));
+    for (const bool inf : {false, false, false, true, false, true, true, false, false, false}) {
+      const float flag = inf ? 1.0f : 0.0f;
+      cpu_->fill(found.cpu(), flag);
+      gpu_->fill(found.gpu(), flag);
+      cpu_->update_loss_scale(&cpu_state, found.cpu(), config);
+      gpu_->update_loss_scale(static_cast<DeviceScalerState*>(gpu_state->data()), found.gpu(),
+                              config);
+      DeviceScalerState back;
+      gpu_->copy_to_host(&back, gpu_state->data(), sizeof(back));
+      EXPECT_EQ(back.scale, cpu_state.scale);
+      EXPECT_EQ(back.hysteresis_tracker, cpu_state.hysteresis_tracker);
+      EXPECT_EQ(back.growth_tracker, cpu_state.growth_tracker);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(PrecisionsAndShapes, CudaBackendTest,
                          ::testing::Combine(::testing::ValuesIn(precisions()),
                                             ::testing::ValuesIn(kShapes)),

@@ -108,6 +108,9 @@ class ScalerHandle {
   float scale() const;
   // Training thread: one update per effective batch; returns the scale after it.
   float end_step(bool found_inf);
+  // The same update, computed elsewhere by this scaler's own rule from the state begin_step
+  // left (the back end's update_loss_scale): adopts it and returns the scale after it.
+  float end_step(float scale, int hysteresis_tracker, std::int64_t growth_tracker);
 
   // Checkpointing: the state and pending updates are replaced.
   void restore(const ScalerState& state, std::int64_t next_step);

@@ -6,9 +6,11 @@
 //   scale = scaler.begin_step(step)                    (fixed for the whole effective batch)
 //   for each of `accum` micro-batches: forward, backward with dloss = scale * shrink / accum
 //   grads *= 1/scale (inv computed in FP64, cast to FP32), found_inf = any non-finite
+//   the back end updates the scale state from found_inf (update_loss_scale, on its device)
+//   one read brings found_inf, the norm, the loss and the new scale state to the host
 //   found_inf: skip the update, the LR schedule does not advance
 //   else: clip to grad_clip by the global norm, AdamW at lr = schedule(applied updates)
-//   scaler.end_step(found_inf)                         (once per effective batch)
+//   scaler.end_step(...) adopts the back end's new state (once per effective batch)
 // Every mode checks found_inf and skips a non-finite update; FP32 and BF16 simply do so with a
 // static scale of 1.
 // Thread safety: the Trainer runs on one thread; scaler() and fp32_overrides() may be used from
