@@ -273,6 +273,28 @@ TEST(ScalerHandleTest, KindChangeKeepsScaleAndIsThreadSafe) {
   EXPECT_EQ(h.state().config.kind, ScalerKind::kDynamic);
 }
 
+// The trainer's path: the back end computes the update from the state begin_step left and the
+// handle adopts it; the result equals the handle's own update, step for step.
+TEST(ScalerHandleTest, AdoptingAnUpdateComputedElsewhereEqualsItsOwn) {
+  for (ScalerConfig config : {ScalerConfig::pytorch_defaults(), ScalerConfig::megatron_defaults()}) {
+    config.growth_interval = 2;
+    ScalerHandle own(config), adopting(config);
+    const bool infs[] = {false, true, false, false, false, true, true, false};
+    for (std::int64_t step = 0; step < 8; ++step) {
+      own.begin_step(step);
+      adopting.begin_step(step);
+      auto elsewhere = make_loss_scaler(config);
+      elsewhere->restore(adopting.state());
+      elsewhere->update(infs[step]);
+      const ScalerState s = elsewhere->state();
+      EXPECT_EQ(adopting.end_step(s.scale, s.hysteresis_tracker, s.growth_tracker),
+                own.end_step(infs[step]));
+      EXPECT_EQ(adopting.state(), own.state()) << "step " << step;
+      EXPECT_EQ(adopting.next_step(), own.next_step());
+    }
+  }
+}
+
 TEST(LrScheduleTest, WarmupThenCosineToMin) {
   LrSchedule s{.max_lr = 1.0f, .min_lr = 0.1f, .warmup_steps = 4, .total_steps = 14};
   EXPECT_FLOAT_EQ(s.at(0), 0.25f);
