@@ -119,6 +119,10 @@ v1::GetPolicyResponse QueryClient::get_policy(const v1::GetPolicyRequest& reques
                                                            "GetPolicy");
 }
 
+nlohmann::ordered_json json_number(double x) {
+  return std::isfinite(x) ? nlohmann::ordered_json(x) : nlohmann::ordered_json(nullptr);
+}
+
 std::string format_scale(double scale) {
   if (!std::isfinite(scale)) return std::to_string(scale);
   int e = 0;

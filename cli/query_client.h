@@ -4,6 +4,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <chrono>
 #include <memory>
 #include <stdexcept>
@@ -51,6 +52,9 @@ class QueryClient {
   std::chrono::milliseconds timeout_;
   std::unique_ptr<v1::Query::Stub> stub_;
 };
+
+// NaN and Inf are not JSON: they become null (a diverged loss is still visible as null).
+nlohmann::ordered_json json_number(double x);
 
 // Small renderings shared by the commands.
 std::string format_scale(double scale);             // "65536", "2^-3", "1000.5"

@@ -15,11 +15,6 @@ struct RunsArgs {
   unsigned limit = 100;
 };
 
-// NaN and Inf are not JSON: they become null (a diverged loss is still visible as null).
-nlohmann::ordered_json number(double x) {
-  return std::isfinite(x) ? nlohmann::ordered_json(x) : nlohmann::ordered_json(nullptr);
-}
-
 }  // namespace
 
 void print_runs_text(std::ostream& out, const v1::ListRunsResponse& runs) {
@@ -57,8 +52,8 @@ void print_runs_json(std::ostream& out, const v1::ListRunsResponse& runs) {
     j["first_step"] = r.first_step();
     j["last_step"] = r.last_step();
     j["skipped_steps"] = r.skipped_steps();
-    j["loss_scale"] = number(r.loss_scale());
-    j["loss"] = number(r.loss());
+    j["loss_scale"] = json_number(r.loss_scale());
+    j["loss"] = json_number(r.loss());
     j["policy_mode"] = mode_name(r.policy_mode());
     j["rejected_reports"] = r.rejected_reports();
     j["duplicate_reports"] = r.duplicate_reports();

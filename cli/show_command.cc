@@ -20,8 +20,6 @@ struct ShowArgs {
   unsigned limit = 10;
 };
 
-ordered_json number(double x) { return std::isfinite(x) ? ordered_json(x) : ordered_json(nullptr); }
-
 std::string percent(double ratio) {
   std::ostringstream os;
   os << std::setprecision(3) << ratio * 100 << "%";
@@ -49,7 +47,7 @@ ordered_json tensor_json(const v1::TensorRecord& t) {
   j["nonfinite"] = t.nonfinite();
   j["underflow_ratio"] = t.underflow_ratio();
   j["overflow_ratio"] = t.overflow_ratio();
-  j["max_abs"] = number(t.max_abs());
+  j["max_abs"] = json_number(t.max_abs());
   j["last_step"] = t.last_step();
   return j;
 }
@@ -61,7 +59,7 @@ ordered_json update_json(const v1::PolicyDecision& d) {
   j["mode"] = mode_name(u.mode());
   j["effective_from_step"] = u.effective_from_step();
   j["decided_at_step"] = u.decided_at_step();
-  j["loss_scale"] = u.has_loss_scale() ? number(u.loss_scale()) : ordered_json(nullptr);
+  j["loss_scale"] = u.has_loss_scale() ? json_number(u.loss_scale()) : ordered_json(nullptr);
   if (u.has_growth_interval()) j["growth_interval"] = u.growth_interval();
   if (u.has_growth_factor()) j["growth_factor"] = u.growth_factor();
   if (u.has_backoff_factor()) j["backoff_factor"] = u.backoff_factor();
@@ -190,8 +188,8 @@ void print_run_json(std::ostream& out, const v1::GetRunResponse& run) {
   j["precision"] = s.precision();
   j["compute_format"] = format_name(s.compute_format());
   j["agents_connected"] = s.agents_connected();
-  j["loss_scale"] = number(s.loss_scale());
-  j["loss"] = number(s.loss());
+  j["loss_scale"] = json_number(s.loss_scale());
+  j["loss"] = json_number(s.loss());
   j["policy_mode"] = mode_name(s.policy_mode());
   j["rejected_reports"] = s.rejected_reports();
   j["duplicate_reports"] = s.duplicate_reports();
@@ -201,8 +199,8 @@ void print_run_json(std::ostream& out, const v1::GetRunResponse& run) {
     ordered_json e;
     e["step"] = k.step();
     e["rank"] = k.rank();
-    e["loss_scale"] = number(k.loss_scale());
-    e["scale_after"] = number(k.scale_after());
+    e["loss_scale"] = json_number(k.loss_scale());
+    e["scale_after"] = json_number(k.scale_after());
     e["found_inf"] = k.found_inf();
     e["first_offender"] =
         k.has_first_offender() ? offender_json(k.first_offender()) : ordered_json(nullptr);
@@ -220,7 +218,7 @@ void print_run_json(std::ostream& out, const v1::GetRunResponse& run) {
   j["first_offenders"] = std::move(offenders);
   ordered_json timeline = ordered_json::array();
   for (const v1::ScalePoint& p : run.scale_timeline()) {
-    timeline.push_back(ordered_json{{"step", p.step()}, {"loss_scale", number(p.loss_scale())}});
+    timeline.push_back(ordered_json{{"step", p.step()}, {"loss_scale", json_number(p.loss_scale())}});
   }
   j["scale_timeline"] = std::move(timeline);
   ordered_json under = ordered_json::array();

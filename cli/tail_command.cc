@@ -25,8 +25,6 @@ struct TailArgs {
   std::optional<unsigned> count;
 };
 
-ordered_json number(double x) { return std::isfinite(x) ? ordered_json(x) : ordered_json(nullptr); }
-
 class Tail {
  public:
   explicit Tail(const TailArgs& args) : args_(args), client_(args.server) {}
@@ -115,18 +113,18 @@ void print_report_json(std::ostream& out, const v1::StoredReport& stored) {
   j["rank"] = r.rank();
   j["seq"] = r.seq();
   j["step"] = r.step();
-  j["loss"] = number(r.loss());
-  j["loss_scale"] = number(r.loss_scale());
-  j["scale_after"] = number(r.scale_after());
+  j["loss"] = json_number(r.loss());
+  j["loss_scale"] = json_number(r.loss_scale());
+  j["scale_after"] = json_number(r.scale_after());
   j["found_inf"] = r.found_inf();
   j["skipped"] = r.skipped();
-  j["grad_norm"] = number(r.grad_norm());
-  j["lr"] = number(r.lr());
-  j["step_time_s"] = number(r.step_time_s());
+  j["grad_norm"] = json_number(r.grad_norm());
+  j["lr"] = json_number(r.lr());
+  j["step_time_s"] = json_number(r.step_time_s());
   j["tokens"] = r.tokens();
-  j["val_loss"] = r.has_val_loss() ? number(r.val_loss()) : ordered_json(nullptr);
+  j["val_loss"] = r.has_val_loss() ? json_number(r.val_loss()) : ordered_json(nullptr);
   j["tensor_core_active_ratio"] = r.has_tensor_core_active_ratio()
-                                      ? number(r.tensor_core_active_ratio())
+                                      ? json_number(r.tensor_core_active_ratio())
                                       : ordered_json(nullptr);
   if (r.has_first_offender()) {
     j["first_offender"] = ordered_json{{"tensor", r.first_offender().tensor()},

@@ -15,19 +15,18 @@
 // act_grad_numel and act_grad_zeros split out the activation gradients.
 //
 // It reads the server's Query service (GetReports with tensors), the same API `ampscope tail`
-// uses; the `ampscope` tool prints no per-tensor counts, hence this small client.
+// uses (through its QueryClient); the `ampscope` tool prints no per-tensor counts, hence this
+// small client.
 #include <CLI/CLI.hpp>
-#include <chrono>
-#include <cmath>
 #include <cstdint>
 #include <fstream>
-#include <grpcpp/grpcpp.h>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
-#include "ampscope/v1/query.grpc.pb.h"
+#include "query_client.h"
 
 namespace {
 
@@ -40,7 +39,7 @@ struct StepRow {
   int policy_applied = 0;
 };
 
-ordered_json number(double x) { return std::isfinite(x) ? ordered_json(x) : ordered_json(nullptr); }
+using ampscope::cli::json_number;
 
 bool is_scaled_gradient(const ampscope::v1::TensorStats& t) {
   const bool grad = t.role() == ampscope::v1::TENSOR_ROLE_ACTIVATION_GRAD ||
@@ -68,13 +67,10 @@ void add_report(const ampscope::v1::StepReport& r, StepRow& row) {
   }
 }
 
-int run(const std::string& server, const std::string& run_id, const std::string& out_path,
-        double timeout_s) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(512 << 20);
-  auto stub = ampscope::v1::Query::NewStub(
-      grpc::CreateCustomChannel(server, grpc::InsecureChannelCredentials(), args));
-  std::vector<ampscope::v1::GetReportsResponse> pages;
+int run(const ampscope::cli::ServerArgs& server, const std::string& run_id,
+        const std::string& out_path) {
+  ampscope::cli::QueryClient client(server);
+  std::vector<ampscope::v1::GetReportsResponse> pages;  // own the reports the rows point at
   std::map<std::int64_t, StepRow> rows;
   std::string token;
   do {
@@ -85,18 +81,8 @@ int run(const std::string& server, const std::string& run_id, const std::string&
     q.set_include_tensors(true);
     q.set_order(ampscope::v1::REPORT_ORDER_STEP);
     q.set_page_token(token);
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000)));
-    ampscope::v1::GetReportsResponse page;
-    const grpc::Status s = stub->GetReports(&context, q, &page);
-    if (!s.ok()) {
-      std::cerr << "ampscope_policy_eval_extract: GetReports(" << run_id << ") at " << server
-                << ": " << s.error_message() << "\n";
-      return 1;
-    }
-    token = page.next_page_token();
-    pages.push_back(std::move(page));
+    pages.push_back(client.get_reports(q));
+    token = pages.back().next_page_token();
     for (const auto& stored : pages.back().reports()) {
       add_report(stored.report(), rows[stored.report().step()]);
     }
@@ -110,12 +96,12 @@ int run(const std::string& server, const std::string& run_id, const std::string&
     const auto& r = *row.report;
     ordered_json j;
     j["step"] = step;
-    j["loss"] = number(r.loss());
-    j["loss_scale"] = number(r.loss_scale());
-    j["scale_after"] = number(r.scale_after());
+    j["loss"] = json_number(r.loss());
+    j["loss_scale"] = json_number(r.loss_scale());
+    j["scale_after"] = json_number(r.scale_after());
     j["found_inf"] = r.found_inf();
     j["skipped"] = r.skipped();
-    j["val_loss"] = r.has_val_loss() ? number(r.val_loss()) : ordered_json(nullptr);
+    j["val_loss"] = r.has_val_loss() ? json_number(r.val_loss()) : ordered_json(nullptr);
     j["policy_applied"] = row.policy_applied;
     j["grad_tensors"] = row.grad_tensors;
     j["grad_numel"] = row.grad_numel;
@@ -136,16 +122,20 @@ int run(const std::string& server, const std::string& run_id, const std::string&
 
 int main(int argc, char** argv) {
   CLI::App app{"One run's step reports, reduced for the policy evaluation, as JSON lines"};
-  std::string server, run_id, out;
-  double timeout_s = 60.0;
-  app.add_option("--server", server, "ampscope-server host:port")->required();
+  ampscope::cli::ServerArgs server;
+  std::string run_id, out;
+  ampscope::cli::add_server_options(&app, server);
   app.add_option("--run-id", run_id, "run to read")->required();
   app.add_option("--out", out, "JSON-lines file to write")->required();
-  app.add_option("--timeout", timeout_s, "seconds per query")->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  return run(server, run_id, out, timeout_s);
+  try {
+    return run(server, run_id, out);
+  } catch (const ampscope::cli::ServerError& e) {
+    std::cerr << "ampscope_policy_eval_extract: " << e.what() << "\n";
+    return 1;
+  }
 }
