@@ -9,9 +9,10 @@
 #include <filesystem>
 #include <fstream>
 #include <gtest/gtest.h>
-#include <unistd.h>
 #include <string>
 #include <vector>
+
+#include "ampscope/testing/files.h"
 
 namespace ampscope::testing {
 
@@ -73,20 +74,14 @@ inline void write_file(const std::filesystem::path& path, const Bytes& bytes) {
 // file into it.
 class TempDirTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "ampscope_test_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-
   std::string write(const std::string& name, const Bytes& bytes) {
     const std::string path = (dir_ / name).string();
     write_file(path, bytes);
     return path;
   }
 
-  std::filesystem::path dir_;
+  const TempDir temp_dir_;
+  const std::filesystem::path dir_ = temp_dir_.path();
 };
 
 }  // namespace ampscope::testing

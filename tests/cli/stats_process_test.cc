@@ -1,17 +1,12 @@
 // End to end: .npy files written here, the real `ampscope` binary run on them as a process, its
 // --json output checked against compute_stats_reference on the same values, and every bad input
 // checked to fail with one line on stderr and a non-zero exit.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -19,33 +14,20 @@
 
 #include "ampscope/convert.h"
 #include "ampscope/tensor_stats.h"
+#include "ampscope/testing/child_process.h"
 #include "npy_writer.h"
 
 #ifndef AMPSCOPE_BINARY
 #error "AMPSCOPE_BINARY must name the ampscope executable"
 #endif
 
-extern char** environ;
-
 namespace ampscope {
 namespace {
 
 using nlohmann::json;
 using testing::Bytes;
+using testing::CommandResult;
 using testing::make_npy;
-
-struct ProcessResult {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string read_text(const std::filesystem::path& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> lines;
@@ -56,43 +38,19 @@ std::vector<std::string> lines_of(const std::string& text) {
 
 class StatsProcessTest : public testing::TempDirTest {
  protected:
-  // Runs ampscope with `args`, stdout and stderr captured in files (no pipe to deadlock on).
-  ProcessResult run(const std::vector<std::string>& args) {
-    const std::string out_path = (dir_ / "stdout.txt").string();
-    const std::string err_path = (dir_ / "stderr.txt").string();
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0600);
-    posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0600);
-    std::vector<std::string> storage = {AMPSCOPE_BINARY};
-    storage.insert(storage.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (std::string& s : storage) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    pid_t pid = 0;
-    const int rc = posix_spawn(&pid, AMPSCOPE_BINARY, &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    ProcessResult result;
-    if (rc != 0) {
-      ADD_FAILURE() << "cannot start " << AMPSCOPE_BINARY << ": " << std::strerror(rc);
-      return result;
-    }
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    // A crash (signal) is reported as 128 + signal, like a shell, so it never looks like success.
-    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    result.out = read_text(out_path);
-    result.err = read_text(err_path);
-    return result;
+  // Runs ampscope with `args`, stdout and stderr captured apart. A crash (signal) is reported
+  // as 128 + signal, like a shell, so it never looks like success.
+  CommandResult run(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {AMPSCOPE_BINARY};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return testing::run_process(argv);
   }
 
   json run_json(const std::vector<std::string>& args) {
     std::vector<std::string> with_json = {"stats", "--json"};
     with_json.insert(with_json.end(), args.begin(), args.end());
-    const ProcessResult r = run(with_json);
-    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const CommandResult r = run(with_json);
+    EXPECT_EQ(r.code, 0) << r.err;
     EXPECT_EQ(r.err, "");
     EXPECT_EQ(lines_of(r.out).size(), 1u) << "--json prints one line";
     return json::parse(r.out);
@@ -103,8 +61,8 @@ class StatsProcessTest : public testing::TempDirTest {
   void expect_one_line_failure(const std::vector<std::string>& args, const std::string& expected,
                                int exit_code = 1) {
     SCOPED_TRACE(expected);
-    const ProcessResult r = run(args);
-    EXPECT_EQ(r.exit_code, exit_code);
+    const CommandResult r = run(args);
+    EXPECT_EQ(r.code, exit_code);
     EXPECT_EQ(r.out, "");
     const std::vector<std::string> lines = lines_of(r.err);
     ASSERT_EQ(lines.size(), 1u) << r.err;
@@ -284,8 +242,8 @@ TEST_F(StatsProcessTest, ReadableReportShowsCountsHistogramAndTargets) {
   v[1] = 0.0f;
   v[2] = 1e6f;  // overflows fp16@16 and everything narrower
   const std::string path = write("r.npy", make_npy(v, "<f4", "(100, 100)"));
-  const ProcessResult r = run({"stats", path, "--target", "fp16@16"});
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const CommandResult r = run({"stats", path, "--target", "fp16@16"});
+  ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.err, "");
   EXPECT_EQ(r.out.rfind(path + ": fp32 ('<f4'), shape (100, 100)\n", 0), 0u) << r.out;
   for (const char* needle :
@@ -300,11 +258,11 @@ TEST_F(StatsProcessTest, ReadableReportShowsCountsHistogramAndTargets) {
 }
 
 TEST_F(StatsProcessTest, HelpListsTheStatsSubcommand) {
-  const ProcessResult r = run({"--help"});
-  EXPECT_EQ(r.exit_code, 0);
+  const CommandResult r = run({"--help"});
+  EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("stats"), std::string::npos);
-  const ProcessResult sub = run({"stats", "--help"});
-  EXPECT_EQ(sub.exit_code, 0);
+  const CommandResult sub = run({"stats", "--help"});
+  EXPECT_EQ(sub.code, 0);
   EXPECT_NE(sub.out.find("--target"), std::string::npos);
 }
 

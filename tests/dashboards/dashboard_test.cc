@@ -17,16 +17,15 @@
 #include <sstream>
 #include <thread>
 
-#include "child_process.h"
+#include "ampscope/testing/child_process.h"
+#include "ampscope/testing/files.h"
+#include "ampscope/testing/server_process.h"
 #include "prometheus_process.h"
 #include "promql_names.h"
 #include "server_harness.h"
 
 #ifndef AMPSCOPE_DASHBOARDS_DIR
 #error "AMPSCOPE_DASHBOARDS_DIR must name the source tree's dashboards/ directory"
-#endif
-#ifndef AMPSCOPE_SERVER_BIN
-#error "AMPSCOPE_SERVER_BIN must name the ampscope-server executable"
 #endif
 
 namespace ampscope::testing {
@@ -472,39 +471,13 @@ TEST(ExportedMetricsTest, EveryMetricTheDashboardAndAlertsReadIsExported) {
 
   // The real server, fed like an agent would: a headroom policy with FP32 fallback so that
   // policy decisions (and their series) happen too.
-  ChildProcess server({AMPSCOPE_SERVER_BIN,
-                       "--listen",
-                       "127.0.0.1:0",
-                       "--metrics-listen",
-                       "127.0.0.1:0",
-                       "--db",
-                       (dir / "store.db").string(),
-                       "--ready-file",
-                       (dir / "ready.json").string(),
-                       "--policy",
-                       "headroom",
-                       "--headroom-every",
-                       "1",
-                       "--headroom-window",
-                       "4",
-                       "--headroom-raise-after",
-                       "1",
-                       "--policy-lead-steps",
-                       "1",
-                       "--fp32-fallback",
-                       "--top-k",
-                       "5"},
-                      dir / "server.log");
-  const auto started = std::chrono::steady_clock::now();
-  while (!fs::exists(dir / "ready.json")) {
-    ASSERT_TRUE(server.running()) << server.log_tail();
-    ASSERT_LT(std::chrono::steady_clock::now() - started, 30s) << server.log_tail();
-    std::this_thread::sleep_for(10ms);
-  }
-  const json ready = json::parse(read_text(dir / "ready.json"));
-  const std::string grpc = ready.at("grpc"), metrics = ready.at("metrics");
+  ServerProcess server(dir.path(), dir / "store.db",
+                       {"--policy", "headroom", "--headroom-every", "1", "--headroom-window", "4",
+                        "--headroom-raise-after", "1", "--policy-lead-steps", "1",
+                        "--fp32-fallback", "--top-k", "5"});
+  const std::string& metrics = server.metrics_address();
   {
-    AgentStream agent(make_channel(grpc));
+    AgentStream agent(make_channel(server.address()));
     v1::Hello hello = make_hello("dash-run");
     hello.mutable_scaler()->set_min_scale(1.0);  // a scaler with a minimum (Megatron's)
     ASSERT_TRUE(agent.send_hello(hello));
@@ -515,7 +488,7 @@ TEST(ExportedMetricsTest, EveryMetricTheDashboardAndAlertsReadIsExported) {
       ASSERT_TRUE(agent.send(r));
       scale = r.scale_after();
     }
-    ASSERT_TRUE(agent.wait_ack(kReports).has_value()) << server.log_tail();
+    ASSERT_TRUE(agent.wait_ack(kReports).has_value()) << server.log();
     EXPECT_TRUE(agent.messages().size() > 0);
 
     // Per-tensor and policy-target series are refreshed about once a second.
@@ -549,7 +522,7 @@ TEST(ExportedMetricsTest, EveryMetricTheDashboardAndAlertsReadIsExported) {
     }
     EXPECT_TRUE(agent.finish().ok());
   }
-  EXPECT_EQ(server.stop(), 0) << server.log_tail();
+  EXPECT_EQ(server.terminate(), 0) << server.log();
 }
 
 }  // namespace

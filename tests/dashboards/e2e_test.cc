@@ -5,7 +5,7 @@
 // values the run produced (compared with the trainer's --log-json and with the server's own
 // /metrics) and fire the NaN alert. Ports are chosen at run time; every process runs in its own
 // process group and is killed when the test ends, whether it passed, failed or crashed
-// (child_process.h).
+// (ampscope/testing/child_process.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,15 +14,14 @@
 #include <set>
 #include <thread>
 
-#include "child_process.h"
+#include "ampscope/testing/child_process.h"
+#include "ampscope/testing/files.h"
+#include "ampscope/testing/server_process.h"
 #include "prometheus_process.h"
 #include "server_harness.h"
 
 #ifndef AMPSCOPE_DASHBOARDS_DIR
 #error "AMPSCOPE_DASHBOARDS_DIR must name the source tree's dashboards/ directory"
-#endif
-#ifndef AMPSCOPE_SERVER_BIN
-#error "AMPSCOPE_SERVER_BIN must name the ampscope-server executable"
 #endif
 #ifndef AMPSCOPE_TRAIN_BIN
 #error "AMPSCOPE_TRAIN_BIN must name the ampscope-train executable"
@@ -77,18 +76,9 @@ TEST(AlertingE2ETest, InjectedNanReachesPrometheusAndFiresTheAlert) {
   TempDir dir;
 
   // 1. The server, on ports it picks.
-  ChildProcess server(
-      {AMPSCOPE_SERVER_BIN, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--db",
-       (dir / "store.db").string(), "--ready-file", (dir / "ready.json").string()},
-      dir / "server.log");
-  const auto started = std::chrono::steady_clock::now();
-  while (!fs::exists(dir / "ready.json")) {
-    ASSERT_TRUE(server.running()) << server.log_tail();
-    ASSERT_LT(std::chrono::steady_clock::now() - started, 30s) << server.log_tail();
-    std::this_thread::sleep_for(10ms);
-  }
-  const json ready = json::parse(read_text(dir / "ready.json"));
-  const std::string grpc = ready.at("grpc"), metrics = ready.at("metrics");
+  ServerProcess server(dir.path(), dir / "store.db");
+  const std::string& grpc = server.address();
+  const std::string& metrics = server.metrics_address();
 
   // 2. Prometheus with the shipped configuration and rules: scraping this server, every second,
   //    rules evaluated every second.
@@ -260,7 +250,7 @@ TEST(AlertingE2ETest, InjectedNanReachesPrometheusAndFiresTheAlert) {
   }
   EXPECT_TRUE(fired) << "firing alerts:\n" << seen << prometheus.log_tail();
 
-  EXPECT_EQ(server.stop(), 0) << server.log_tail();
+  EXPECT_EQ(server.terminate(), 0) << server.log();
   prometheus.stop();
 }
 

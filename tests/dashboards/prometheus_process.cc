@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "ampscope/testing/net.h"
+
 namespace ampscope::testing {
 namespace {
 

@@ -1,6 +1,6 @@
 // A real Prometheus (Debian's `prometheus` package) for tests: a generated configuration that
 // scrapes the given targets and loads the given rule files at a short interval, a TSDB in a
-// temporary directory, a free loopback port, and its HTTP API (libcurl + nlohmann-json).
+// temporary directory, a free loopback port, and its HTTP API (http_get + nlohmann-json).
 // The process runs in its own process group and is killed with the test (ChildProcess).
 #pragma once
 
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "child_process.h"
+#include "ampscope/testing/child_process.h"
 
 namespace ampscope::testing {
 

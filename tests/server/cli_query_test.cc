@@ -28,7 +28,7 @@ class CliQueryTest : public ::testing::Test {
  protected:
   void SetUp() override {
     server_ = std::make_unique<ServerProcess>(dir_.path(), dir_ / "store.db");
-    agent_ = std::make_unique<AgentStream>(make_channel(server_->grpc_address()));
+    agent_ = std::make_unique<AgentStream>(make_channel(server_->address()));
     ASSERT_TRUE(agent_->send_hello(make_hello("run-cli")));
     for (std::uint64_t seq = 1; seq <= 8; ++seq) send(seq);
     ASSERT_TRUE(agent_->wait_ack(8).has_value());
@@ -51,7 +51,7 @@ class CliQueryTest : public ::testing::Test {
   CommandResult cli(std::vector<std::string> args) {
     args.insert(args.begin(), AMPSCOPE_CLI_BINARY);
     args.push_back("--server");
-    args.push_back(server_->grpc_address());
+    args.push_back(server_->address());
     return run_process(args, 30s);
   }
 
@@ -137,7 +137,7 @@ TEST_F(CliQueryTest, ClearErrors) {
   EXPECT_NE(unknown.err.find("not known"), std::string::npos) << unknown.err;
 
   // A port nobody listens on: the server just stopped.
-  const std::string address = server_->grpc_address();
+  const std::string address = server_->address();
   agent_.reset();
   ASSERT_EQ(server_->terminate(), 0);
   const CommandResult down = run_process({AMPSCOPE_CLI_BINARY, "runs", "--server", address}, 30s);
@@ -154,11 +154,11 @@ TEST(CliAuthTest, TokenFileIsSentAndRefusalsAreExplained) {
   ServerProcess server(dir.path(), dir / "store.db",
                        {"--auth-token-file", (dir / "token").string()});
   const CommandResult ok =
-      run_process({AMPSCOPE_CLI_BINARY, "runs", "--json", "--server", server.grpc_address(),
+      run_process({AMPSCOPE_CLI_BINARY, "runs", "--json", "--server", server.address(),
                    "--token-file", (dir / "token").string()});
   EXPECT_EQ(ok.code, 0) << ok.err;
   const CommandResult refused =
-      run_process({AMPSCOPE_CLI_BINARY, "runs", "--server", server.grpc_address(), "--token-file",
+      run_process({AMPSCOPE_CLI_BINARY, "runs", "--server", server.address(), "--token-file",
                    (dir / "wrong").string()});
   EXPECT_EQ(refused.code, 1);
   EXPECT_NE(refused.err.find("refused the credentials"), std::string::npos) << refused.err;

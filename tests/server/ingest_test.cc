@@ -12,7 +12,7 @@ class ServerIngestTest : public ::testing::Test {
  protected:
   std::filesystem::path db() const { return dir_ / "store.db"; }
   std::unique_ptr<v1::Query::Stub> query(const ServerProcess& s) {
-    return v1::Query::NewStub(make_channel(s.grpc_address()));
+    return v1::Query::NewStub(make_channel(s.address()));
   }
   v1::GetReportsResponse reports(const ServerProcess& s, const std::string& run,
                                  std::int64_t from = 0, std::int64_t to = 0) {
@@ -33,7 +33,7 @@ class ServerIngestTest : public ::testing::Test {
 TEST_F(ServerIngestTest, StoresReportsAndAnswersQueries) {
   ServerProcess server(dir_.path(), db());
   for (std::uint32_t rank = 0; rank < 2; ++rank) {
-    AgentStream agent(make_channel(server.grpc_address()));
+    AgentStream agent(make_channel(server.address()));
     ASSERT_TRUE(agent.send_hello(make_hello("run-a", rank, 2)));
     for (std::uint64_t seq = 1; seq <= 10; ++seq) {
       v1::StepReport r = make_report("run-a", rank, seq, static_cast<std::int64_t>(seq - 1));
@@ -114,7 +114,7 @@ TEST_F(ServerIngestTest, StoresReportsAndAnswersQueries) {
 
 TEST_F(ServerIngestTest, PagesReportsInStepOrderAndTailsInArrivalOrder) {
   ServerProcess server(dir_.path(), db());
-  AgentStream agent(make_channel(server.grpc_address()));
+  AgentStream agent(make_channel(server.address()));
   ASSERT_TRUE(agent.send_hello(make_hello("run-p")));
   for (std::uint64_t seq = 1; seq <= 25; ++seq) {
     ASSERT_TRUE(agent.send(make_report("run-p", 0, seq, static_cast<std::int64_t>(seq), 1)));
@@ -155,7 +155,7 @@ TEST_F(ServerIngestTest, AcknowledgedReportsSurviveKill9) {
   std::uint64_t acked = 0;
   {
     ServerProcess server(dir_.path(), db());
-    AgentStream agent(make_channel(server.grpc_address()));
+    AgentStream agent(make_channel(server.address()));
     ASSERT_TRUE(agent.send_hello(make_hello("run-k")));
     for (std::uint64_t seq = 1; seq <= 200; ++seq) {
       ASSERT_TRUE(agent.send(make_report("run-k", 0, seq, static_cast<std::int64_t>(seq), 2)));
@@ -177,7 +177,7 @@ TEST_F(ServerIngestTest, AcknowledgedReportsSurviveKill9) {
     EXPECT_EQ(stored.reports(static_cast<int>(i)).report().seq(), i + 1);
   }
   // The restored last seq: a new stream is told where the server is.
-  AgentStream agent(make_channel(restarted.grpc_address()));
+  AgentStream agent(make_channel(restarted.address()));
   ASSERT_TRUE(agent.send_hello(make_hello("run-k")));
   const std::optional<std::uint64_t> first = agent.wait_ack(0);
   ASSERT_TRUE(first.has_value());
@@ -188,7 +188,7 @@ TEST_F(ServerIngestTest, ReplayedReportsAreDroppedAsDuplicatesAlsoAfterRestart) 
   {
     ServerProcess server(dir_.path(), db());
     {
-      AgentStream agent(make_channel(server.grpc_address()));
+      AgentStream agent(make_channel(server.address()));
       ASSERT_TRUE(agent.send_hello(make_hello("run-d")));
       for (std::uint64_t seq = 1; seq <= 10; ++seq) {
         ASSERT_TRUE(agent.send(make_report("run-d", 0, seq, static_cast<std::int64_t>(seq), 1)));
@@ -198,7 +198,7 @@ TEST_F(ServerIngestTest, ReplayedReportsAreDroppedAsDuplicatesAlsoAfterRestart) 
     }
     {
       // A reconnecting agent replays its whole spool: 1..15.
-      AgentStream replay(make_channel(server.grpc_address()));
+      AgentStream replay(make_channel(server.address()));
       v1::Hello hello = make_hello("run-d");
       hello.set_resume_from_seq(1);
       ASSERT_TRUE(replay.send_hello(hello));
@@ -219,7 +219,7 @@ TEST_F(ServerIngestTest, ReplayedReportsAreDroppedAsDuplicatesAlsoAfterRestart) 
     EXPECT_EQ(server.terminate(), 0);
   }
   ServerProcess restarted(dir_.path(), db());
-  AgentStream replay(make_channel(restarted.grpc_address()));
+  AgentStream replay(make_channel(restarted.address()));
   ASSERT_TRUE(replay.send_hello(make_hello("run-d")));
   for (std::uint64_t seq = 10; seq <= 16; ++seq) {
     ASSERT_TRUE(replay.send(make_report("run-d", 0, seq, static_cast<std::int64_t>(seq), 1)));
@@ -238,7 +238,7 @@ TEST_F(ServerIngestTest, GracefulShutdownCommitsAndAcknowledgesEverythingReceive
     ServerProcess server(dir_.path(), db());
     std::vector<std::unique_ptr<AgentStream>> agents;
     for (std::uint32_t rank = 0; rank < kRanks; ++rank) {
-      agents.push_back(std::make_unique<AgentStream>(make_channel(server.grpc_address())));
+      agents.push_back(std::make_unique<AgentStream>(make_channel(server.address())));
       ASSERT_TRUE(agents.back()->send_hello(make_hello("run-g", rank, kRanks)));
     }
     // Keep every stream busy while SIGTERM arrives.
@@ -286,7 +286,7 @@ TEST_F(ServerIngestTest, GracefulShutdownCommitsAndAcknowledgesEverythingReceive
   ASSERT_GT(total_acked, 0u);
   // The replay after a lost Ack: every stored report sent again is a duplicate, nothing new.
   {
-    AgentStream agent(make_channel(restarted.grpc_address()));
+    AgentStream agent(make_channel(restarted.address()));
     ASSERT_TRUE(agent.send_hello(make_hello("run-g", 0, kRanks)));
     for (std::uint64_t seq = acked[0] + 1; seq <= stored[0]; ++seq) {
       ASSERT_TRUE(agent.send(make_report("run-g", 0, seq, static_cast<std::int64_t>(seq), 2)));
@@ -306,7 +306,7 @@ TEST_F(ServerIngestTest, RetentionDeletesReportsOlderThanTheLimitWhileServing) {
   ServerProcess server(dir_.path(), db(),
                        {"--retention-max-age", "1s", "--retention-interval", "200ms"});
   {
-    AgentStream agent(make_channel(server.grpc_address()));
+    AgentStream agent(make_channel(server.address()));
     ASSERT_TRUE(agent.send_hello(make_hello("run-old")));
     for (std::uint64_t seq = 1; seq <= 5; ++seq) {
       ASSERT_TRUE(agent.send(make_report("run-old", 0, seq, static_cast<std::int64_t>(seq), 1)));

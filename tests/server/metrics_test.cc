@@ -70,7 +70,7 @@ TEST(ServerMetricsTest, FamiliesValuesAndCardinality) {
   TempDir dir;
   ServerProcess server(dir.path(), dir / "store.db", {"--top-k", "3"});
   for (std::uint32_t rank = 0; rank < 2; ++rank) {
-    AgentStream agent(make_channel(server.grpc_address()));
+    AgentStream agent(make_channel(server.address()));
     v1::Hello hello = make_hello("run-m", rank, 2);
     if (rank == 1) hello.mutable_scaler()->set_min_scale(8.0);  // rank 0's scaler has none
     ASSERT_TRUE(agent.send_hello(hello));

@@ -67,7 +67,7 @@ class ServerPolicyLoopTest : public ::testing::Test {
   };
 
   void connect(const ServerProcess& server, Rank& rank, std::uint32_t id) {
-    rank.stream = std::make_unique<AgentStream>(make_channel(server.grpc_address()));
+    rank.stream = std::make_unique<AgentStream>(make_channel(server.address()));
     v1::Hello hello = make_hello(kRun, id, 2);
     hello.mutable_scaler()->set_init_scale(1024.0);  // the run's configuration, not its state
     ASSERT_TRUE(rank.stream->send_hello(hello));
@@ -152,7 +152,7 @@ TEST_F(ServerPolicyLoopTest, HeadroomPicksTheLargestSafeScaleOnEveryRankAndDoesN
   }
   EXPECT_EQ(ranks[0].scale, 65536.0);
 
-  auto stub = v1::Query::NewStub(make_channel(server.grpc_address()));
+  auto stub = v1::Query::NewStub(make_channel(server.address()));
   v1::GetPolicyRequest q;
   q.set_run_id(kRun);
   v1::GetPolicyResponse policy;

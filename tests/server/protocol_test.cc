@@ -16,7 +16,7 @@ class ServerProtocolTest : public ::testing::Test {
     server_ = std::make_unique<ServerProcess>(
         dir_.path(), dir_ / "store.db", std::vector<std::string>{"--max-message-bytes", "32K"});
   }
-  std::shared_ptr<grpc::Channel> channel() { return make_channel(server_->grpc_address()); }
+  std::shared_ptr<grpc::Channel> channel() { return make_channel(server_->address()); }
   TempDir dir_;
   std::unique_ptr<ServerProcess> server_;
 };

@@ -24,7 +24,7 @@ TEST(ServerSecurityTest, EveryRpcNeedsTheBearerToken) {
   write_text(dir / "token", std::string(kToken) + "\n");
   ServerProcess server(dir.path(), dir / "store.db",
                        {"--auth-token-file", (dir / "token").string()});
-  auto channel = make_channel(server.grpc_address());
+  auto channel = make_channel(server.address());
   const ClientOptions none;
   const ClientOptions wrong{"s3cret-token-for-tesTs", "", ""};
   const ClientOptions right{kToken, "", ""};
@@ -68,7 +68,7 @@ bool make_certificates(const TempDir& dir, std::string* log) {
   for (const auto& argv : steps) {
     std::vector<std::string> full = {"/usr/bin/env"};
     full.insert(full.end(), argv.begin(), argv.end());
-    if (run_command(full, log) != 0) return false;
+    if (run_to_completion(full, log) != 0) return false;
   }
   return true;
 }
@@ -80,7 +80,7 @@ TEST(ServerSecurityTest, TlsWithCertificatesMadeByOpenssl) {
   ServerProcess server(
       dir.path(), dir / "store.db",
       {"--tls-cert", (dir / "server.pem").string(), "--tls-key", (dir / "server.key").string()});
-  const std::string port = server.grpc_address().substr(server.grpc_address().rfind(':') + 1);
+  const std::string port = server.address().substr(server.address().rfind(':') + 1);
   ClientOptions tls;
   tls.tls_ca = read_text(dir / "ca.pem");
 
@@ -106,7 +106,7 @@ TEST(ServerSecurityTest, TlsWithCertificatesMadeByOpenssl) {
 
 TEST(ServerSecurityTest, ListensOnLoopbackByDefault) {
   std::string help;
-  ASSERT_EQ(run_command({AMPSCOPE_SERVER_BINARY, "--help"}, &help), 0);
+  ASSERT_EQ(run_to_completion({AMPSCOPE_SERVER_BINARY, "--help"}, &help), 0);
   EXPECT_NE(help.find("127.0.0.1:50051"), std::string::npos) << help;
   EXPECT_NE(help.find("127.0.0.1:9464"), std::string::npos) << help;
 }

@@ -1,25 +1,13 @@
 #include "server_harness.h"
 #include "ampscope/proto/stats_codec.h"
 
-#include <curl/curl.h>
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cmath>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 
-#ifndef AMPSCOPE_SERVER_BINARY
-#error "AMPSCOPE_SERVER_BINARY must name the ampscope-server executable"
-#endif
-
-extern char** environ;
+#include "ampscope/testing/net.h"
 
 namespace ampscope::testing {
 namespace {
@@ -32,178 +20,7 @@ const bool kFastBackupPoll = [] {
   return true;
 }();
 
-pid_t spawn(const std::vector<std::string>& argv, const std::filesystem::path& log,
-            const std::filesystem::path& err_log = {}) {
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(),
-                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
-  if (err_log.empty()) {
-    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  } else {
-    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_log.c_str(),
-                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
-  }
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) return -1;
-  return pid;
-}
-
-// Waits for `pid` up to `timeout`; the exit code, 128 + signal, or -1 when still running.
-int wait_for(pid_t pid, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    int status = 0;
-    const pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid) {
-      if (WIFEXITED(status)) return WEXITSTATUS(status);
-      if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-      return -1;
-    }
-    if (r < 0) return -1;
-    if (std::chrono::steady_clock::now() >= deadline) return -1;
-    std::this_thread::sleep_for(5ms);
-  }
-}
-
 }  // namespace
-
-TempDir::TempDir() {
-  std::string tmpl = (std::filesystem::temp_directory_path() / "ampscope-server-test-XXXXXX");
-  if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-  path_ = tmpl;
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
-
-std::string read_text(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_text(const std::filesystem::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-}
-
-int run_command(const std::vector<std::string>& argv, std::string* output,
-                std::chrono::milliseconds timeout) {
-  TempDir dir;
-  const std::filesystem::path log = dir / "output.txt";
-  const pid_t pid = spawn(argv, log);
-  if (pid < 0) return -1;
-  int code = wait_for(pid, timeout);
-  if (code == -1) {
-    ::kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-  }
-  if (output != nullptr) *output += read_text(log);
-  return code;
-}
-
-CommandResult run_process(const std::vector<std::string>& argv, std::chrono::milliseconds timeout) {
-  TempDir dir;
-  CommandResult result;
-  const pid_t pid = spawn(argv, dir / "out.txt", dir / "err.txt");
-  if (pid < 0) return result;
-  result.code = wait_for(pid, timeout);
-  if (result.code == -1) {
-    ::kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-  }
-  result.out = read_text(dir / "out.txt");
-  result.err = read_text(dir / "err.txt");
-  return result;
-}
-
-ServerProcess::ServerProcess(const std::filesystem::path& dir, const std::filesystem::path& db,
-                             std::vector<std::string> extra) {
-  static int counter = 0;
-  const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(++counter);
-  const std::filesystem::path ready = dir / ("ready-" + tag + ".json");
-  log_path_ = dir / ("server-" + tag + ".log");
-  std::vector<std::string> argv = {AMPSCOPE_SERVER_BINARY,
-                                   "--listen",
-                                   "127.0.0.1:0",
-                                   "--metrics-listen",
-                                   "127.0.0.1:0",
-                                   "--db",
-                                   db.string(),
-                                   "--ready-file",
-                                   ready.string(),
-                                   "--shutdown-timeout",
-                                   "10s"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  pid_ = spawn(argv, log_path_);
-  if (pid_ < 0) {
-    ADD_FAILURE() << "cannot start " << AMPSCOPE_SERVER_BINARY;
-    throw std::runtime_error("spawn failed");
-  }
-  const auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (!std::filesystem::exists(ready)) {
-    if (!running() || std::chrono::steady_clock::now() > deadline) {
-      ADD_FAILURE() << "ampscope-server did not start; its log:\n" << log();
-      kill9();
-      throw std::runtime_error("server did not start");
-    }
-    std::this_thread::sleep_for(10ms);
-  }
-  const nlohmann::json j = nlohmann::json::parse(read_text(ready));
-  grpc_ = j.at("grpc").get<std::string>();
-  metrics_ = j.at("metrics").get<std::string>();
-}
-
-ServerProcess::~ServerProcess() {
-  if (pid_ > 0) {
-    ::kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-  }
-}
-
-bool ServerProcess::running() {
-  if (pid_ <= 0) return false;
-  int status = 0;
-  const pid_t r = waitpid(pid_, &status, WNOHANG);
-  if (r == pid_) {
-    pid_ = -1;
-    return false;
-  }
-  return true;
-}
-
-int ServerProcess::wait_exit(std::chrono::milliseconds timeout) {
-  const int code = wait_for(pid_, timeout);
-  if (code != -1) pid_ = -1;
-  return code;
-}
-
-int ServerProcess::terminate(std::chrono::milliseconds timeout) {
-  if (pid_ <= 0) return -1;
-  ::kill(pid_, SIGTERM);
-  const int code = wait_exit(timeout);
-  if (code == -1) kill9();
-  return code;
-}
-
-void ServerProcess::kill9() {
-  if (pid_ <= 0) return;
-  ::kill(pid_, SIGKILL);
-  waitpid(pid_, nullptr, 0);
-  pid_ = -1;
-}
-
-std::string ServerProcess::log() const { return read_text(log_path_); }
 
 std::shared_ptr<grpc::Channel> make_channel(const std::string& address,
                                             const ClientOptions& options) {
@@ -229,6 +46,57 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& address,
 
 void add_auth(grpc::ClientContext* context, const ClientOptions& options) {
   if (!options.token.empty()) context->AddMetadata("authorization", "Bearer " + options.token);
+}
+
+std::vector<v1::StepReport> stored_reports(const std::string& address, const std::string& run) {
+  auto client = v1::Query::NewStub(make_channel(address));
+  std::vector<v1::StepReport> out;
+  std::string token;
+  for (int page = 0; page < 1000; ++page) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 20s);
+    v1::GetReportsRequest req;
+    req.set_run_id(run);
+    req.set_include_tensors(true);
+    req.set_limit(10000);
+    req.set_page_token(token);
+    v1::GetReportsResponse resp;
+    const grpc::Status s = client->GetReports(&ctx, req, &resp);
+    if (!s.ok()) {
+      ADD_FAILURE() << "GetReports(" << run << "): " << s.error_message();
+      return out;
+    }
+    for (const auto& r : resp.reports()) out.push_back(r.report());
+    token = resp.next_page_token();
+    if (token.empty()) break;
+  }
+  return out;
+}
+
+std::optional<v1::GetRunResponse> get_run(const std::string& address, const std::string& run) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 20s);
+  v1::GetRunRequest req;
+  req.set_run_id(run);
+  req.set_limit(1000);
+  v1::GetRunResponse resp;
+  if (!v1::Query::NewStub(make_channel(address))->GetRun(&ctx, req, &resp).ok()) {
+    return std::nullopt;
+  }
+  return resp;
+}
+
+std::optional<v1::GetPolicyResponse> get_policy(const std::string& address,
+                                                const std::string& run) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 20s);
+  v1::GetPolicyRequest req;
+  req.set_run_id(run);
+  v1::GetPolicyResponse resp;
+  if (!v1::Query::NewStub(make_channel(address))->GetPolicy(&ctx, req, &resp).ok()) {
+    return std::nullopt;
+  }
+  return resp;
 }
 
 AgentStream::AgentStream(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options) {
@@ -343,25 +211,10 @@ std::vector<v1::ServerMessage> AgentStream::messages() {
 }
 
 std::string scrape(const std::string& address) {
-  CURL* curl = curl_easy_init();
-  std::string body;
   const std::string url = "http://" + address + "/metrics";
-  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(curl, CURLOPT_TIMEOUT, 10L);
-  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(
-      curl, CURLOPT_WRITEFUNCTION,
-      +[](char* data, std::size_t size, std::size_t n, void* out) -> std::size_t {
-        static_cast<std::string*>(out)->append(data, size * n);
-        return size * n;
-      });
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &body);
-  const CURLcode rc = curl_easy_perform(curl);
-  long status = 0;
-  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
-  curl_easy_cleanup(curl);
-  EXPECT_EQ(rc, CURLE_OK) << url << ": " << curl_easy_strerror(rc);
-  EXPECT_EQ(status, 200) << url;
+  std::string body;
+  const long status = http_get(url, &body);
+  EXPECT_EQ(status, 200) << url << (status == 0 ? ": no connection" : "");
   return body;
 }
 

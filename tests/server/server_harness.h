@@ -1,12 +1,10 @@
-// Test harness for ampscope-server: the real binary as a child process on loopback (port 0, the
-// chosen ports read back from --ready-file), gRPC clients for both services, an agent stream
-// that collects the server's messages on a reader thread, and builders of consistent reports.
-// Every process started here is killed and reaped when its ServerProcess goes away, whether the
-// test passed or not.
+// Test harness for ampscope-server, over the real binary on loopback (ServerProcess, from
+// ampscope::test_support): gRPC clients for both services, an agent stream that collects the
+// server's messages on a reader thread, what the server stored read back, its /metrics, and
+// builders of consistent reports.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
-#include <sys/types.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -21,63 +19,15 @@
 #include <vector>
 
 #include "ampscope/tensor_stats.h"
+#include "ampscope/testing/child_process.h"
+#include "ampscope/testing/files.h"
+#include "ampscope/testing/server_process.h"
 #include "ampscope/v1/query.grpc.pb.h"
 #include "ampscope/v1/telemetry.grpc.pb.h"
 
 namespace ampscope::testing {
 
 using namespace std::chrono_literals;
-
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  const std::filesystem::path& path() const { return path_; }
-  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
-
- private:
-  std::filesystem::path path_;
-};
-
-std::string read_text(const std::filesystem::path& path);
-void write_text(const std::filesystem::path& path, const std::string& text);
-
-// Runs a command to completion; returns its exit code (stdout+stderr appended to *output).
-int run_command(const std::vector<std::string>& argv, std::string* output = nullptr,
-                std::chrono::milliseconds timeout = 60s);
-
-struct CommandResult {
-  int code = -1;  // exit code, 128 + signal, or -1 when killed at the timeout
-  std::string out;
-  std::string err;
-};
-CommandResult run_process(const std::vector<std::string>& argv,
-                          std::chrono::milliseconds timeout = 60s);
-
-class ServerProcess {
- public:
-  // Starts ampscope-server with --listen/--metrics-listen on port 0, --db `db` and `extra`
-  // flags; waits until it serves. Fails the test (ADD_FAILURE + throws) when it does not.
-  ServerProcess(const std::filesystem::path& dir, const std::filesystem::path& db,
-                std::vector<std::string> extra = {});
-  ~ServerProcess();
-
-  const std::string& grpc_address() const { return grpc_; }
-  const std::string& metrics_address() const { return metrics_; }
-  pid_t pid() const { return pid_; }
-  bool running();
-  // SIGTERM, then waits up to `timeout`; returns the exit code (-1: did not exit, killed).
-  int terminate(std::chrono::milliseconds timeout = 20s);
-  void kill9();
-  std::string log() const;
-
- private:
-  int wait_exit(std::chrono::milliseconds timeout);
-  pid_t pid_ = -1;
-  std::filesystem::path log_path_;
-  std::string grpc_;
-  std::string metrics_;
-};
 
 struct ClientOptions {
   std::string token;              // sent as "authorization: Bearer <token>" when set
@@ -88,6 +38,13 @@ struct ClientOptions {
 std::shared_ptr<grpc::Channel> make_channel(const std::string& address,
                                             const ClientOptions& options = {});
 void add_auth(grpc::ClientContext* context, const ClientOptions& options);
+
+// What the server stored, through the Query service. Every stored report of `run` (all ranks),
+// in step order, with their tensors; fails the test on an error.
+std::vector<v1::StepReport> stored_reports(const std::string& address, const std::string& run);
+// nullopt on an error (an unknown run as well), so that a test can poll.
+std::optional<v1::GetRunResponse> get_run(const std::string& address, const std::string& run);
+std::optional<v1::GetPolicyResponse> get_policy(const std::string& address, const std::string& run);
 
 // One agent stream with a reader thread that collects everything the server sends.
 class AgentStream {
