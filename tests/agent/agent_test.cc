@@ -7,13 +7,13 @@
 #include <limits>
 
 #include "ampscope/convert.h"
+#include "ampscope/testing/files.h"
 #include "spool_reader.h"
-#include "temp_dir.h"
 
 namespace ampscope::agent {
 namespace {
 
-using testing::TempDir;
+using ampscope::testing::TempDir;
 
 // A tiny "model": tensors with names, roles and values, shown in execution order.
 struct FakeTensor {

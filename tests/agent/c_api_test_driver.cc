@@ -1,8 +1,8 @@
 // Runs the C source c_api_test.c and checks what the agent spooled for it.
 #include <gtest/gtest.h>
 
+#include "ampscope/testing/files.h"
 #include "spool_reader.h"
-#include "temp_dir.h"
 
 extern "C" int run_c_api_test(const char* spool_dir, char* why, size_t why_size);
 
@@ -10,7 +10,7 @@ namespace ampscope::agent {
 namespace {
 
 TEST(CApiTest, ExercisedFromC) {
-  testing::TempDir dir;
+  ampscope::testing::TempDir dir;
   char why[512] = {0};
   const int failed = run_c_api_test((dir / "spool").c_str(), why, sizeof(why));
   ASSERT_EQ(failed, 0) << "check " << failed << ": " << why;

@@ -5,7 +5,7 @@
 
 #include <fstream>
 
-#include "temp_dir.h"
+#include "ampscope/testing/files.h"
 
 namespace ampscope::agent {
 namespace {
@@ -40,7 +40,7 @@ TEST(AgentConfigTest, BadValuesNameTheKeyAndChangeNothing) {
 }
 
 TEST(AgentConfigTest, ReadsTheEnvironment) {
-  testing::TempDir dir;
+  ampscope::testing::TempDir dir;
   const auto token = dir / "token";
   std::ofstream(token) << "s3cret\n";
   setenv("AMPSCOPE_SERVER", "localhost:9", 1);

@@ -2,13 +2,11 @@
 // through `ampscope cupti-check`.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
-#include <cstdio>
 #include <memory>
 #include <string>
 
 #include "ampscope/agent/cupti.h"
+#include "ampscope/testing/child_process.h"
 
 namespace ampscope::agent {
 namespace {
@@ -58,22 +56,12 @@ TEST(CuptiCheckTest, UnknownChipIsNamed) {
   EXPECT_GT(c.supported_chips.size(), 3u);
 }
 
-std::string run(const std::string& command, int* code) {
-  std::string out;
-  FILE* p = popen(command.c_str(), "r");
-  char buf[4096];
-  while (p != nullptr && std::fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-  const int status = p != nullptr ? pclose(p) : -1;
-  *code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
-}
-
 TEST(CuptiCheckCommandTest, ThreeChipsOffline) {
   if (!cupti_built_in()) GTEST_SKIP() << "built without CUPTI";
-  int code = -1;
-  const std::string out =
-      run(std::string(AMPSCOPE_CLI_BINARY) + " cupti-check --chip GA100 --chip GH100 --chip GB100 2>&1",
-          &code);
+  std::string out;
+  const int code = ampscope::testing::run_to_completion(
+      {AMPSCOPE_CLI_BINARY, "cupti-check", "--chip", "GA100", "--chip", "GH100", "--chip", "GB100"},
+      &out);
   EXPECT_EQ(code, 0) << out;
   for (const char* chip : {"chip GA100: supported", "chip GH100: supported", "chip GB100: supported"}) {
     EXPECT_NE(out.find(chip), std::string::npos) << out;
@@ -84,11 +72,10 @@ TEST(CuptiCheckCommandTest, ThreeChipsOffline) {
 
 TEST(CuptiCheckCommandTest, UnknownChipFailsWithOneLine) {
   if (!cupti_built_in()) GTEST_SKIP() << "built without CUPTI";
-  int code = -1;
-  const std::string err =
-      run(std::string(AMPSCOPE_CLI_BINARY) + " cupti-check --chip ZZ999 2>&1 >/dev/null", &code);
-  EXPECT_EQ(code, 1);
-  EXPECT_NE(err.find("ZZ999"), std::string::npos) << err;
+  const ampscope::testing::CommandResult r =
+      ampscope::testing::run_process({AMPSCOPE_CLI_BINARY, "cupti-check", "--chip", "ZZ999"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("ZZ999"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -7,11 +7,15 @@
 #include <map>
 #include <regex>
 
-#include "process.h"
-#include "temp_dir.h"
+#include "ampscope/testing/child_process.h"
+#include "ampscope/testing/files.h"
+#include "ampscope/testing/net.h"
+#include "ampscope/testing/server_process.h"
+#include "ampscope/testing/wait_until.h"
+#include "server_harness.h"
 #include "trainer_run.h"
 
-namespace ampscope::agent::testing {
+namespace ampscope::testing {
 namespace {
 
 namespace fs = std::filesystem;
@@ -55,16 +59,15 @@ double agent_share(const std::string& log) {
 
 TEST(DeliveryTest, ServerAbsentThenStartedEveryStepArrivesOnce) {
   TempDir dir;
-  const int port = free_port();
-  Server server(dir.path(), port);
-  TrainerRun run{dir.path(), "absent", server.address(), 120, {}};
-  Process trainer(run.argv(), dir / "train.log");
+  const int port = free_loopback_port();  // the trainer starts first, with the address
+  TrainerRun run{dir.path(), "absent", "127.0.0.1:" + std::to_string(port), 120, {}};
+  ChildProcess trainer(run.argv(), dir / "train.log");
   // Training goes on without the server; the spool fills.
   ASSERT_TRUE(wait_until([&] { return count_lines(dir / "log.jsonl") >= 60 || !trainer.running(); },
                          120s));
   EXPECT_GT(spool_bytes(dir / "spool"), 0u);
-  ASSERT_TRUE(server.start());
-  ASSERT_EQ(trainer.wait(120s), std::optional<int>(0)) << trainer.log();
+  ServerProcess server(trainer_server(dir.path(), {}, port));
+  ASSERT_EQ(trainer.wait(120s), 0) << trainer.log();
   EXPECT_EQ(count_lines(dir / "log.jsonl"), 120u);
   expect_every_step_once(stored_reports(server.address(), "absent"), 120);
   const std::string log = trainer.log();
@@ -78,11 +81,9 @@ TEST(DeliveryTest, ServerAbsentThenStartedEveryStepArrivesOnce) {
 
 TEST(DeliveryTest, ServerKilledMidRunAndRestartedEveryStepOnce) {
   TempDir dir;
-  const int port = free_port();
-  Server server(dir.path(), port);
-  ASSERT_TRUE(server.start());
+  ServerProcess server(trainer_server(dir.path()));
   TrainerRun run{dir.path(), "server-killed", server.address(), 300, {}};
-  Process trainer(run.argv(), dir / "train.log");
+  ChildProcess trainer(run.argv(), dir / "train.log");
   ASSERT_TRUE(wait_until(
       [&] {
         auto r = get_run(server.address(), "server-killed");
@@ -92,8 +93,8 @@ TEST(DeliveryTest, ServerKilledMidRunAndRestartedEveryStepOnce) {
   server.kill9();
   const std::size_t at_kill = count_lines(dir / "log.jsonl");
   std::this_thread::sleep_for(300ms);
-  ASSERT_TRUE(server.start());
-  ASSERT_EQ(trainer.wait(120s), std::optional<int>(0)) << trainer.log();
+  server.restart();  // on the same port: the trainer reconnects to it
+  ASSERT_EQ(trainer.wait(120s), 0) << trainer.log();
   EXPECT_LT(at_kill, 300u) << "the server was killed mid-run";
   expect_every_step_once(stored_reports(server.address(), "server-killed"), 300);
   // The agent's own account: one stream after the first (reports already encoded while it
@@ -103,22 +104,22 @@ TEST(DeliveryTest, ServerKilledMidRunAndRestartedEveryStepOnce) {
 
 TEST(DeliveryTest, TrainerKilledAndResumedReplaysTheSpool) {
   TempDir dir;
-  const int port = free_port();
-  Server server(dir.path(), port);  // not started: everything stays in the spool
-  TrainerRun run{dir.path(), "trainer-killed", server.address(), 160,
+  const int port = free_loopback_port();  // no server yet: everything stays in the spool
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  TrainerRun run{dir.path(), "trainer-killed", address, 160,
                  {"--checkpoint-dir", (dir / "ckpt").string(), "--checkpoint-every", "20"}};
   {
-    Process trainer(run.argv(), dir / "train1.log");
+    ChildProcess trainer(run.argv(), dir / "train1.log");
     ASSERT_TRUE(wait_until([&] { return count_lines(dir / "log.jsonl") >= 70; }, 120s));
     trainer.kill9();
   }
   const std::size_t killed_at = count_lines(dir / "log.jsonl");
   EXPECT_LT(killed_at, 160u);
   EXPECT_GT(spool_bytes(dir / "spool"), 0u);
-  ASSERT_TRUE(server.start());
+  ServerProcess server(trainer_server(dir.path(), {}, port));
   run.extra.push_back("--resume");
-  Process resumed(run.argv(), dir / "train2.log");
-  ASSERT_EQ(resumed.wait(120s), std::optional<int>(0)) << resumed.log();
+  ChildProcess resumed(run.argv(), dir / "train2.log");
+  ASSERT_EQ(resumed.wait(120s), 0) << resumed.log();
   // The first process's reports came from its spool; the steps between the checkpoint and the
   // kill ran twice but are reported once.
   expect_every_step_once(stored_reports(server.address(), "trainer-killed"), 160);
@@ -133,4 +134,4 @@ TEST(DeliveryTest, TrainerKilledAndResumedReplaysTheSpool) {
 }
 
 }  // namespace
-}  // namespace ampscope::agent::testing
+}  // namespace ampscope::testing

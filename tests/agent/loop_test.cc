@@ -5,11 +5,13 @@
 
 #include <map>
 
-#include "process.h"
-#include "temp_dir.h"
+#include "ampscope/testing/child_process.h"
+#include "ampscope/testing/files.h"
+#include "ampscope/testing/server_process.h"
+#include "server_harness.h"
 #include "trainer_run.h"
 
-namespace ampscope::agent::testing {
+namespace ampscope::testing {
 namespace {
 
 std::map<std::int64_t, v1::StepReport> by_step(const std::vector<v1::StepReport>& reports) {
@@ -33,13 +35,12 @@ LoopResult run_loop(const TempDir& dir, const std::string& run_id,
   // The update has to arrive before its effective step: commits without fsync keep the
   // server's answer quick on a loaded machine.
   server_flags.insert(server_flags.end(), {"--sync", "normal"});
-  Server server(dir.path(), free_port(), std::move(server_flags));
-  if (!server.start()) return out;
+  ServerProcess server(trainer_server(dir.path(), std::move(server_flags)));
   TrainerRun run{dir.path(), run_id, server.address(), steps, std::move(trainer_flags)};
-  Process trainer(run.argv(), dir / "train.log");
-  const auto code = trainer.wait(120s);
+  ChildProcess trainer(run.argv(), dir / "train.log");
+  const int code = trainer.wait(120s);
   out.trainer_log = trainer.log();
-  EXPECT_EQ(code, std::optional<int>(0)) << out.trainer_log;
+  EXPECT_EQ(code, 0) << out.trainer_log;
   out.reports = by_step(stored_reports(server.address(), run_id));
   out.policy = get_policy(server.address(), run_id);
   return out;
@@ -174,4 +175,4 @@ TEST(FirstOffenderTest, WithDefaultSamplingAForwardFaultShowsAtTheLoss) {
 }
 
 }  // namespace
-}  // namespace ampscope::agent::testing
+}  // namespace ampscope::testing

@@ -2,8 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "ampscope/testing/files.h"
 #include "spool.h"
-#include "temp_dir.h"
 
 namespace ampscope::agent {
 namespace {
@@ -176,9 +176,9 @@ TEST_F(PolicyApplierTest, TheScalersOwnRefusalIsReported) {
 }
 
 TEST_F(PolicyApplierTest, AnIdIsHandledOnceAlsoAcrossRestarts) {
-  testing::TempDir dir;
+  ampscope::testing::TempDir dir;
   SpoolOptions o;
-  o.dir = dir.str();
+  o.dir = dir.path().string();
   std::string error;
   std::vector<std::string> n;
   auto spool = Spool::open(o, &error, &n);

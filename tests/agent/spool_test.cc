@@ -7,13 +7,13 @@
 #include <fstream>
 #include <thread>
 
-#include "temp_dir.h"
+#include "ampscope/testing/files.h"
 
 namespace ampscope::agent {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::TempDir;
+using ampscope::testing::TempDir;
 
 std::unique_ptr<Spool> open_spool(const TempDir& dir, std::uint64_t max_bytes = 1 << 20,
                                   std::uint64_t segment_bytes = 4096,

@@ -1,12 +1,16 @@
-// ampscope-train with the agent attached, as the end-to-end tests run it: a small model (a few
-// milliseconds a step on a CPU), the agent's retries shortened so outages heal within a test.
+// ampscope-train with the agent attached and the ampscope-server it reports to, as the
+// end-to-end tests run them: a small model (a few milliseconds a step on a CPU), the agent's
+// retries shortened so outages heal within a test.
 #pragma once
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
-namespace ampscope::agent::testing {
+#include "ampscope/testing/server_process.h"
+
+namespace ampscope::testing {
 
 struct TrainerRun {
   std::filesystem::path dir;  // log.jsonl, spool/, checkpoints/ go here
@@ -34,4 +38,21 @@ struct TrainerRun {
   }
 };
 
-}  // namespace ampscope::agent::testing
+// The server for a TrainerRun in `dir` (its store there, kept across restarts); `port` as in
+// ServerOptions.
+inline ServerOptions trainer_server(const std::filesystem::path& dir,
+                                    std::vector<std::string> flags = {}, int port = 0) {
+  flags.insert(flags.end(), {"--log-level", "warn"});
+  return {.dir = dir, .flags = std::move(flags), .port = port};
+}
+
+// Lines of a JSON-lines file (the trainer's --log-json); 0 when it does not exist.
+inline std::size_t count_lines(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::size_t n = 0;
+  std::string line;
+  while (std::getline(in, line)) n += line.empty() ? 0 : 1;
+  return n;
+}
+
+}  // namespace ampscope::testing

@@ -2,54 +2,29 @@
 // --help works; --log-json writes the documented fields; fault injection and checkpoint/resume
 // work through the command line.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
+
+#include "ampscope/testing/child_process.h"
+#include "ampscope/testing/files.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using namespace std::chrono_literals;
 
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-};
+using Result = ampscope::testing::CommandResult;
 
 class CliTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("ampscope_cli_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  static std::string read(const fs::path& p) {
-    std::ifstream f(p);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-  }
-
+  // `args` is a shell command line (paths in it are quoted).
   Result run(const std::string& args) {
-    const fs::path out = dir_ / "stdout", err = dir_ / "stderr";
-    const std::string cmd = std::string("'") + AMPSCOPE_TRAIN_BIN + "' " + args + " >'" +
-                            out.string() + "' 2>'" + err.string() + "' </dev/null";
-    const int status = std::system(cmd.c_str());
-    Result r;
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = read(out);
-    r.err = read(err);
-    return r;
+    return ampscope::testing::run_process(
+        {"/bin/sh", "-c", std::string("exec '") + AMPSCOPE_TRAIN_BIN + "' " + args}, 120s);
   }
 
   // A model small enough that a step takes about a millisecond.
@@ -64,7 +39,8 @@ class CliTest : public ::testing::Test {
     return v;
   }
 
-  fs::path dir_;
+  const ampscope::testing::TempDir temp_dir_;
+  const fs::path dir_ = temp_dir_.path();
 };
 
 TEST_F(CliTest, BadInputGivesOneLineErrorAndNonZeroExit) {
@@ -96,7 +72,7 @@ TEST_F(CliTest, BadInputGivesOneLineErrorAndNonZeroExit) {
   };
   for (const auto& args : bad) {
     const Result r = run(tiny() + args);
-    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_NE(r.code, 0) << args;
     EXPECT_TRUE(r.out.empty()) << args << ": " << r.out;
     ASSERT_FALSE(r.err.empty()) << args;
     EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << args << ": " << r.err;
@@ -106,7 +82,7 @@ TEST_F(CliTest, BadInputGivesOneLineErrorAndNonZeroExit) {
 
 TEST_F(CliTest, HelpListsTheFlags) {
   const Result r = run("--help");
-  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.code, 0);
   for (const char* flag : {"--precision", "--steps", "--seed", "--batch", "--accum", "--lr",
                            "--data", "--checkpoint-dir", "--resume", "--log-json", "--context",
                            "--width", "--heads", "--layers", "--inject-nan", "--grad-shrink",
@@ -119,7 +95,7 @@ TEST_F(CliTest, LogJsonHasEveryFieldAndInjectedOverflowIsSkipped) {
   const fs::path log = dir_ / "log.jsonl";
   const Result r = run(tiny() + "--precision amp-fp16 --steps 6 --eval-every 3 --inject-overflow 2 "
                        "--log-json '" + log.string() + "'");
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(r.code, 0) << r.err;
   const auto lines = log_lines(log);
   ASSERT_EQ(lines.size(), 6u);
   for (const auto& j : lines) {
@@ -142,7 +118,7 @@ TEST_F(CliTest, PeriodicOverflowSpikesSkipExactlyTheirSteps) {
   const fs::path log = dir_ / "log.jsonl";
   const Result r = run(tiny() + "--precision amp-fp16 --steps 7 --inject-overflow-every 3 "
                        "--grad-shrink 0.5 --grad-shrink-end 0.01 --log-json '" + log.string() + "'");
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(r.code, 0) << r.err;
   const auto lines = log_lines(log);
   ASSERT_EQ(lines.size(), 7u);
   for (std::size_t i = 0; i < lines.size(); ++i) {
@@ -154,11 +130,11 @@ TEST_F(CliTest, PeriodicOverflowSpikesSkipExactlyTheirSteps) {
 TEST_F(CliTest, ResumeContinuesTheRunBitForBit) {
   const std::string ck = "--checkpoint-dir '" + (dir_ / "ck").string() + "' ";
   const std::string common = tiny() + "--precision amp-bf16 --steps 6 --accum 2 ";
-  ASSERT_EQ(run(common + "--log-json '" + (dir_ / "straight.jsonl").string() + "'").exit_code, 0);
+  ASSERT_EQ(run(common + "--log-json '" + (dir_ / "straight.jsonl").string() + "'").code, 0);
   // Interrupted after 3 steps (the checkpoint at exit), then resumed to 6.
-  ASSERT_EQ(run(common + ck + "--stop-at 3").exit_code, 0);
+  ASSERT_EQ(run(common + ck + "--stop-at 3").code, 0);
   const Result r = run(common + ck + "--resume --log-json '" + (dir_ / "b.jsonl").string() + "'");
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(r.code, 0) << r.err;
   const auto straight = log_lines(dir_ / "straight.jsonl");
   const auto resumed = log_lines(dir_ / "b.jsonl");
   ASSERT_EQ(resumed.size(), 3u);
@@ -175,7 +151,7 @@ TEST_F(CliTest, TrainsOnATextFile) {
   f.close();
   const Result r =
       run(tiny() + "--precision fp32 --steps 3 --data '" + (dir_ / "text.txt").string() + "'");
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("text.txt"), std::string::npos) << r.err;
   EXPECT_NE(r.out.find("steps 3"), std::string::npos) << r.out;
 }

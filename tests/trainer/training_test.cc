@@ -6,7 +6,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <unistd.h>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -15,6 +14,7 @@
 
 #include "ampscope/check.h"
 #include "ampscope/tensor_stats.h"
+#include "ampscope/testing/files.h"
 #include "ampscope/trainer/trainer.h"
 #include "counting_backend.h"
 
@@ -233,9 +233,8 @@ TEST(TrainingTest, ResumeReproducesTheUninterruptedRunBitForBit) {
   c.scaler = ScalerConfig::pytorch_defaults();
   c.scaler->growth_interval = 2;  // the scaler state changes inside the window
   c.injections = {{Injection::Kind::kNaN, "logits.grad", 6}};  // a skipped step after resume
-  const std::string path =
-      (std::filesystem::temp_directory_path() / ("ampscope_resume_" + std::to_string(::getpid()) +
-                                                 ".ckpt")).string();
+  const ampscope::testing::TempDir dir;
+  const std::string path = (dir / "resume.ckpt").string();
   // Both runs move one layer to FP32 at step 3; the override set is part of the checkpoint.
   auto straight = make(c);
   ASSERT_EQ(straight->fp32_overrides().add("h1.mlp.fc", 3), "");
@@ -249,7 +248,6 @@ TEST(TrainingTest, ResumeReproducesTheUninterruptedRunBitForBit) {
 
   auto resumed = make(c);
   resumed->load_checkpoint(path);
-  std::filesystem::remove(path);
   EXPECT_EQ(resumed->next_step(), 5);
   EXPECT_EQ(resumed->fp32_overrides().entries().size(), 1u);
   for (int i = 5; i < 8; ++i) {
@@ -275,8 +273,8 @@ TEST(TrainingTest, ResumeReproducesTheUninterruptedRunBitForBit) {
 
 TEST(TrainingTest, CorruptOrMismatchedCheckpointsAreRejected) {
   TrainerConfig c = tiny(PrecisionMode::kAmpFP16, 2);
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("ampscope_bad_" + std::to_string(::getpid()) + ".ckpt")).string();
+  const ampscope::testing::TempDir dir;
+  const std::string path = (dir / "bad.ckpt").string();
   make(c)->save_checkpoint(path);
   TrainerConfig other = c;
   other.precision = PrecisionMode::kAmpBF16;
@@ -295,7 +293,6 @@ TEST(TrainingTest, CorruptOrMismatchedCheckpointsAreRejected) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("CRC"), std::string::npos) << e.what();
   }
-  std::filesystem::remove(path);
 }
 
 TEST(TrainingTest, Fp32OverrideMovesALayerToFp32AtItsStep) {
