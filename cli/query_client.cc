@@ -8,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "ampscope/proto/vocabulary_codec.h"
+
 namespace ampscope::cli {
 namespace {
 
@@ -147,11 +149,13 @@ std::string format_time_ago(std::int64_t unix_ns) {
 }
 
 std::string role_name(v1::TensorRole role) {
-  return lower_suffix(v1::TensorRole_Name(role), "TENSOR_ROLE_");
+  const auto r = proto::from_proto(role);
+  return r ? std::string(ampscope::role_name(*r)) : "unspecified";
 }
 
 std::string format_name(v1::Format format) {
-  return lower_suffix(v1::Format_Name(format), "FORMAT_");
+  const auto f = proto::from_proto(format);
+  return f ? std::string(ampscope::format_name(*f)) : "unspecified";
 }
 
 std::string mode_name(v1::PolicyMode mode) {

@@ -458,7 +458,7 @@ void Agent::observe(const TensorView& t) noexcept {
     m.nvtx_phase_to(t.phase);
     nvtx::Scoped range(nvtx::Range::kAgentObserve, m.config.nvtx);
     // The step's loss scale, from the tensors that carry it (before unscaling).
-    if (is_gradient(t.role) && t.phase != TensorPhase::kAfterUnscale && t.scale > m.step_scale) {
+    if (is_loss_scaled(t.role) && t.phase != TensorPhase::kAfterUnscale && t.scale > m.step_scale) {
       m.step_scale = t.scale;
     }
     if (t.device == Device::kCuda) m.saw_device_tensor = true;

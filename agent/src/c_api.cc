@@ -193,8 +193,8 @@ ampscope_status ampscope_agent_create(ampscope_agent_config* config, const ampsc
       return AMPSCOPE_INVALID_ARGUMENT;
     }
     r.compute_format = static_cast<ampscope::Format>(run->compute_format);
-    r.scaler.kind = run->dynamic ? ampscope::agent::ScalerKind::kDynamic
-                                 : ampscope::agent::ScalerKind::kStatic;
+    r.scaler.kind = run->dynamic ? ampscope::ScalerKind::kDynamic
+                                 : ampscope::ScalerKind::kStatic;
     if (run->loss_scale > 0) r.scaler.scale = run->loss_scale;
     if (run->growth_factor > 0) r.scaler.growth_factor = run->growth_factor;
     if (run->backoff_factor > 0) r.scaler.backoff_factor = run->backoff_factor;
@@ -273,8 +273,8 @@ ampscope_status ampscope_agent_observe(ampscope_agent* agent, const ampscope_ten
   try {
     ampscope::agent::TensorView v;
     v.name = view->name;
-    v.role = static_cast<ampscope::agent::TensorRole>(view->role);
-    v.phase = static_cast<ampscope::agent::TensorPhase>(view->phase);
+    v.role = static_cast<ampscope::TensorRole>(view->role);
+    v.phase = static_cast<ampscope::TensorPhase>(view->phase);
     v.dtype = static_cast<ampscope::Format>(view->dtype);
     v.data = view->data;
     if (view->rank > 0) {
@@ -283,7 +283,7 @@ ampscope_status ampscope_agent_observe(ampscope_agent* agent, const ampscope_ten
       agent->shape.assign(1, view->numel);
       v.shape = agent->shape;
     }
-    v.device = view->device == 1 ? ampscope::agent::Device::kCuda : ampscope::agent::Device::kCpu;
+    v.device = view->device == 1 ? ampscope::Device::kCuda : ampscope::Device::kCpu;
     v.stream = view->stream;
     v.scale = view->scale;
     v.micro_step = view->micro_step;

@@ -4,24 +4,17 @@
 #include <cmath>
 #include <exception>
 
+#include "ampscope/loss_scale.h"
 #include "counts.h"
 
 namespace ampscope::agent {
-namespace {
-
-int log2_rounded(double x) {
-  if (!(x > 0.0) || !std::isfinite(x)) return 0;
-  return static_cast<int>(std::lround(std::log2(x)));
-}
-
-}  // namespace
-
 TargetSpec target_for(Format compute_format, TensorRole role, double sample_scale,
                       double step_scale) {
   TargetSpec t;
   t.format = compute_format;
-  if (is_gradient(role)) {
-    const int k = log2_rounded(step_scale) - log2_rounded(sample_scale);
+  const auto valid = [](double x) { return std::isfinite(x) && x > 0.0; };
+  if (is_loss_scaled(role) && valid(step_scale) && valid(sample_scale)) {
+    const int k = scale_exponent(step_scale) - scale_exponent(sample_scale);
     t.scale_log2 = std::clamp(k, -kMaxScaleLog2, kMaxScaleLog2);
   }
   return t;

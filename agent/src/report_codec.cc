@@ -3,22 +3,11 @@
 #include <algorithm>
 
 #include "ampscope/proto/stats_codec.h"
+#include "ampscope/proto/vocabulary_codec.h"
 
 namespace ampscope::agent {
 
-v1::Format to_proto(Format f) { return proto::to_proto(f); }
-
-v1::TensorRole to_proto(TensorRole r) {
-  return static_cast<v1::TensorRole>(static_cast<int>(r) + 1);
-}
-
-v1::TensorPhase to_proto(TensorPhase p) {
-  return static_cast<v1::TensorPhase>(static_cast<int>(p));
-}
-
-v1::ScalerKind to_proto(ScalerKind k) {
-  return static_cast<v1::ScalerKind>(static_cast<int>(k) + 1);
-}
+using proto::to_proto;
 
 namespace {
 

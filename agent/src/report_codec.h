@@ -1,5 +1,5 @@
 // The agent's records in the wire contract (proto/ampscope/v1): StepRecord -> StepReport, the
-// run -> Hello, and the mapping of the agent's enums onto the proto's.
+// run -> Hello (the enums map through ampscope/proto/vocabulary_codec.h).
 #pragma once
 
 #include <cstdint>
@@ -11,11 +11,6 @@
 #include "record.h"
 
 namespace ampscope::agent {
-
-v1::Format to_proto(Format f);
-v1::TensorRole to_proto(TensorRole r);
-v1::TensorPhase to_proto(TensorPhase p);
-v1::ScalerKind to_proto(ScalerKind k);
 
 struct ReportContext {
   const AgentConfig* config = nullptr;

@@ -1,8 +1,7 @@
 // Element functions of the trainer kernels: loading and storing FP32/FP16/BF16 elements,
-// rounding to a compute format, the precision contract's commit step, GELU, AdamW and the
-// loss-scale update. __host__ __device__ so that the host-model test
-// (tests/trainer/cuda/nn_host_model*) runs them against the CPU back end on a machine without a
-// GPU; on the device they compile to the same expressions (the library is built with
+// rounding to a compute format, the precision contract's commit step, GELU and AdamW.
+// __host__ __device__ so that the host-model test (tests/trainer/cuda/nn_host_model*) runs them
+// against the CPU back end on a machine without a GPU; on the device they compile to the same expressions (the library is built with
 // --fmad=false, so no product is fused into an add behind the reference's back).
 //
 // Each function is the CPU back end's expression (trainer/src/cpu_backend.cc), term for term and
@@ -143,58 +142,8 @@ __host__ __device__ inline void adamw_element(float& p, float& m, float& v, floa
   v = vi;
 }
 
-// scale * factor formed in FP64 and stored in FP32 (the CPU scalers' times()).
-__host__ __device__ inline float scale_times(float scale, double factor) {
-  return static_cast<float>(static_cast<double>(scale) * factor);
-}
-
-// 1 / scale in FP64, cast to FP32 (GradScaler's inv_scale; the trainer computes the same).
-__host__ __device__ inline float inverse_scale(float scale) {
-  return static_cast<float>(1.0 / static_cast<double>(scale));
-}
-
-__host__ __device__ inline void update_loss_scale_state(LossScaleState& s, const LossScaleRule& r,
-                                                        bool found_inf) {
-  switch (r.kind) {
-    case LossScaleKind::kStatic:
-      return;
-    case LossScaleKind::kDynamic: {
-      if (found_inf) {
-        const float backed = scale_times(s.scale, r.backoff_factor);
-        s.scale = (backed < r.min_scale) ? r.min_scale : backed;
-        s.growth_tracker = 0;
-        return;
-      }
-      const std::int64_t successful = s.growth_tracker + 1;
-      if (successful == r.growth_interval) {
-        const float grown = scale_times(s.scale, r.growth_factor);
-        if (is_finite(grown) && grown <= r.max_scale) s.scale = grown;
-        s.growth_tracker = 0;
-      } else {
-        s.growth_tracker = successful;
-      }
-      return;
-    }
-    case LossScaleKind::kHysteresis: {
-      if (found_inf) {
-        s.growth_tracker = 0;
-        s.hysteresis_tracker -= 1;
-        if (s.hysteresis_tracker <= 0) {
-          const float backed = scale_times(s.scale, r.backoff_factor);
-          s.scale = (backed < r.min_scale) ? r.min_scale : backed;
-        }
-        return;
-      }
-      s.growth_tracker += 1;
-      if (s.growth_tracker == r.growth_interval) {
-        s.growth_tracker = 0;
-        s.hysteresis_tracker = r.hysteresis;
-        const float grown = scale_times(s.scale, r.growth_factor);
-        s.scale = is_finite(grown) ? ((r.max_scale < grown) ? r.max_scale : grown) : r.max_scale;
-      }
-      return;
-    }
-  }
-}
+// The loss-scale update and inverse scale are ampscope/loss_scale.h's host/device functions.
+using ::ampscope::inverse_scale;
+using ::ampscope::update_loss_scale_state;
 
 }  // namespace ampscope::cuda::nn::detail

@@ -1,8 +1,8 @@
 #include "ampscope/proto/stats_codec.h"
 
-namespace ampscope::proto {
+#include "ampscope/proto/vocabulary_codec.h"
 
-v1::Format to_proto(Format f) { return static_cast<v1::Format>(static_cast<int>(f) + 1); }
+namespace ampscope::proto {
 
 void encode_stats(const TensorStats& s, bool full, v1::TensorStats* out) {
   out->set_numel(s.numel);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "ampscope/proto/stats_codec.h"
 #include "log.h"
 
 namespace ampscope::server {
@@ -243,12 +244,12 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
             d.role = t.role();
           }
           ++d.samples;
-          d.nonfinite += t.nan() + t.pos_inf() + t.neg_inf();
+          d.nonfinite += proto::nonfinite(t);
           d.max_abs = std::max(d.max_abs, t.max_abs() / t.scale());
           d.last_step = std::max(d.last_step, r.step());
           if (t.targets_size() > 0) {
             d.format = t.targets(0).format();
-            d.values += t.numel() - t.zeros() - t.nan() - t.pos_inf() - t.neg_inf();
+            d.values += proto::finite_nonzero(t);
             d.overflow += t.targets(0).overflow();
             d.underflow += t.targets(0).underflow();
           }

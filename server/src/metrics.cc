@@ -2,6 +2,9 @@
 
 #include <cmath>
 
+#include "ampscope/loss_scale.h"
+#include "ampscope/proto/stats_codec.h"
+#include "ampscope/proto/vocabulary_codec.h"
 #include "validation.h"
 
 namespace ampscope::server {
@@ -15,13 +18,8 @@ using prometheus::Family;
 using prometheus::Gauge;
 using prometheus::Histogram;
 
-constexpr int kRoles = 8;    // v1::TensorRole values
-constexpr int kFormats = 6;  // v1::Format values
-constexpr std::array<std::string_view, kRoles> kRoleLabels = {
-    "unspecified",     "weight",      "master_weight",   "activation",
-    "activation_grad", "weight_grad", "optimizer_state", "loss"};
-constexpr std::array<std::string_view, kFormats> kFormatLabels = {"unspecified", "fp32", "fp16",
-                                                                  "bf16",        "e4m3", "e5m2"};
+constexpr int kRoles = kNumTensorRoles + 1;  // v1::TensorRole values, UNSPECIFIED included
+constexpr int kFormats = kNumFormats + 1;    // v1::Format values, UNSPECIFIED included
 constexpr std::array<const char*, 3> kNonfiniteKinds = {"nan", "pos_inf", "neg_inf"};
 constexpr int kGradBuckets = kGradBucketMaxLog2 - kGradBucketMinLog2 + 1;
 
@@ -31,13 +29,6 @@ Histogram::BucketBoundaries gradient_buckets() {
   return b;
 }
 
-// log2 of the scale the values carry, rounded down (exact for power-of-two loss scales).
-int floor_log2(double scale) {
-  int e = 0;
-  std::frexp(scale, &e);
-  return e - 1;
-}
-
 void increment(Counter* c, double v) {
   if (v > 0) c->Increment(v);
 }
@@ -45,11 +36,15 @@ void increment(Counter* c, double v) {
 }  // namespace
 
 std::string_view role_label(int role) {
-  return role >= 0 && role < kRoles ? kRoleLabels[role] : kRoleLabels[0];
+  const auto r = role > 0 && role < kRoles ? proto::from_proto(static_cast<v1::TensorRole>(role))
+                                           : std::nullopt;
+  return r ? role_name(*r) : "unspecified";
 }
 
 std::string_view format_label(int format) {
-  return format >= 0 && format < kFormats ? kFormatLabels[format] : kFormatLabels[0];
+  const auto f = format > 0 && format < kFormats ? proto::from_proto(static_cast<v1::Format>(format))
+                                                 : std::nullopt;
+  return f ? format_name(*f) : "unspecified";
 }
 
 struct Metrics::Families {
@@ -562,21 +557,20 @@ void Metrics::on_report(const v1::StepReport& r) {
     if (t.targets_size() > 0) {
       const v1::TargetCounts& c = t.targets(0);
       const int fmt = c.format() > 0 && c.format() < kFormats ? c.format() : 0;
-      const std::uint64_t values = t.numel() - t.zeros() - t.nan() - t.pos_inf() - t.neg_inf();
+      const std::uint64_t values = proto::finite_nonzero(t);
       s.has_target[fmt] = true;
       s.target[fmt][0] += static_cast<double>(values);
       s.target[fmt][1] += static_cast<double>(c.overflow());
       s.target[fmt][2] += static_cast<double>(c.underflow());
       s.target[fmt][3] += static_cast<double>(c.subnormal());
     }
-    const bool grad =
-        t.role() == v1::TENSOR_ROLE_ACTIVATION_GRAD || t.role() == v1::TENSOR_ROLE_WEIGHT_GRAD;
+    const bool grad = proto::is_loss_scaled(t.role());
     // Weight grads are also measured after unscaling; counting both would count them twice.
     if (grad && t.has_histogram() && t.phase() != v1::TENSOR_PHASE_AFTER_UNSCALE) {
       const int g = t.role() == v1::TENSOR_ROLE_ACTIVATION_GRAD ? 0 : 1;
       std::vector<double>& b = grad_buckets[g];
       if (b.empty()) b.assign(kGradBuckets + 1, 0.0);
-      const int shift = floor_log2(t.scale());
+      const int shift = scale_exponent(t.scale());
       const v1::BinadeHistogram& h = t.histogram();
       for (int i = 0; i < h.counts_size(); ++i) {
         if (h.counts(i) == 0) continue;

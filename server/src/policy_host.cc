@@ -4,31 +4,14 @@
 
 #include <cmath>
 
+#include "ampscope/proto/vocabulary_codec.h"
 #include "log.h"
 #include "policy_merge.h"
 
 namespace ampscope::server {
-namespace {
-
-std::optional<Format> engine_format(int wire) {
-  if (wire < 1 || wire > kNumFormats) return std::nullopt;
-  return static_cast<Format>(wire - 1);
-}
-
-}  // namespace
-
 policy::ScalerConfig to_engine_scaler(const v1::ScalerConfig& s) {
   policy::ScalerConfig c;
-  switch (s.kind()) {
-    case v1::SCALER_KIND_STATIC:
-      c.kind = policy::ScalerKind::kStatic;
-      break;
-    case v1::SCALER_KIND_HYSTERESIS:
-      c.kind = policy::ScalerKind::kHysteresis;
-      break;
-    default:
-      c.kind = policy::ScalerKind::kDynamic;
-  }
+  c.kind = proto::from_proto(s.kind()).value_or(ScalerKind::kDynamic);
   if (s.init_scale() > 0) c.scale = s.init_scale();
   if (s.growth_factor() > 0) c.growth_factor = s.growth_factor();
   if (s.backoff_factor() > 0) c.backoff_factor = s.backoff_factor();
@@ -50,13 +33,11 @@ policy::StepInput to_step_input(const v1::StepReport& r, bool all_tensors) {
   in.skipped = r.skipped();
   in.tensors.reserve(r.tensors_size());
   for (const v1::TensorStats& t : r.tensors()) {
-    const bool scaled =
-        t.role() == v1::TENSOR_ROLE_ACTIVATION_GRAD || t.role() == v1::TENSOR_ROLE_WEIGHT_GRAD;
-    if (!all_tensors && !scaled) continue;
+    if (!all_tensors && !proto::is_loss_scaled(t.role())) continue;
     policy::TensorInput ti;
     ti.name = t.name();
-    ti.role = static_cast<policy::TensorRole>(t.role() - 1);
-    ti.storage = engine_format(t.dtype()).value_or(Format::kFP32);
+    ti.role = proto::from_proto(t.role()).value_or(TensorRole::kActivation);
+    ti.storage = proto::from_proto(t.dtype()).value_or(Format::kFP32);
     ti.scale = t.scale();
     if (t.has_histogram()) {
       BinadeHistogram h;
@@ -71,7 +52,7 @@ policy::StepInput to_step_input(const v1::StepReport& r, bool all_tensors) {
     ti.neg_inf = t.neg_inf();
     if (t.targets_size() > 0) {
       const v1::TargetCounts& c = t.targets(0);
-      ti.target = engine_format(c.format());
+      ti.target = proto::from_proto(c.format());
       // targets[0] at scale_log2 0 is the question "as cast this step": its counts are exact.
       if (c.scale_log2() == 0) {
         ti.overflow = c.overflow();
@@ -80,8 +61,8 @@ policy::StepInput to_step_input(const v1::StepReport& r, bool all_tensors) {
     }
     // Where the values are really held, when the agent says so: the counts of targets[0] then
     // answer a what-if question about another format and are no overflow evidence.
-    if (t.has_held() && engine_format(t.held()) != ti.target) {
-      ti.target = engine_format(t.held());
+    if (t.has_held() && proto::from_proto(t.held()) != ti.target) {
+      ti.target = proto::from_proto(t.held());
       ti.overflow.reset();
       ti.underflow.reset();
     }

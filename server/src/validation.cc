@@ -6,6 +6,8 @@
 #include <limits>
 #include <sstream>
 
+#include "ampscope/proto/stats_codec.h"
+
 namespace ampscope::server {
 namespace {
 
@@ -270,10 +272,6 @@ Result check_magnitudes(const v1::TensorStats& t, const std::string& field) {
   return std::nullopt;
 }
 
-std::uint64_t finite_nonzero(const v1::TensorStats& t) {
-  return t.numel() - t.zeros() - t.nan() - t.pos_inf() - t.neg_inf();
-}
-
 Result check_histogram(const v1::TensorStats& t, const std::string& field) {
   const bool full = t.level() == v1::STATS_LEVEL_FULL;
   if (full != t.has_histogram()) {
@@ -297,17 +295,17 @@ Result check_histogram(const v1::TensorStats& t, const std::string& field) {
   }
   unsigned __int128 total = 0;
   for (std::uint64_t c : h.counts()) total += c;
-  if (total != finite_nonzero(t)) {
+  if (total != proto::finite_nonzero(t)) {
     return violation(hfield + ".counts", "histogram_total", "sum ",
                      static_cast<std::uint64_t>(total), " differs from the finite nonzero count ",
-                     finite_nonzero(t));
+                     proto::finite_nonzero(t));
   }
   return std::nullopt;
 }
 
 Result check_targets(const v1::TensorStats& t, const std::string& field) {
   if (auto v = check_count(t.targets_size(), field + ".targets", limits::kMaxTargets)) return v;
-  const std::uint64_t values = finite_nonzero(t);
+  const std::uint64_t values = proto::finite_nonzero(t);
   for (int i = 0; i < t.targets_size(); ++i) {
     const v1::TargetCounts& c = t.targets(i);
     const std::string tfield = indexed(field + ".targets", i);

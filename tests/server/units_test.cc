@@ -57,8 +57,8 @@ TEST(ServerPolicyConversionTest, ReportBecomesEngineInput) {
   EXPECT_EQ(in.step, 6);
   EXPECT_EQ(in.loss_scale, 1024.0);
   ASSERT_EQ(in.tensors.size(), 2u);
-  EXPECT_EQ(in.tensors[0].role, policy::TensorRole::kWeightGrad);
-  EXPECT_EQ(in.tensors[1].role, policy::TensorRole::kActivationGrad);
+  EXPECT_EQ(in.tensors[0].role, ampscope::TensorRole::kWeightGrad);
+  EXPECT_EQ(in.tensors[1].role, ampscope::TensorRole::kActivationGrad);
   EXPECT_EQ(in.tensors[0].storage, Format::kFP32);
   EXPECT_EQ(in.tensors[0].format(), Format::kFP16);
   EXPECT_EQ(in.tensors[0].scale, 1024.0);

@@ -94,9 +94,9 @@ class CountingBackend final : public Backend {
   void sum_squares(const Tensor& sum_sq, const Tensor& x) override {
     inner_->sum_squares(sum_sq, x);
   }
-  void update_loss_scale(DeviceScalerState* state, const Tensor& found_inf,
-                         const ScalerConfig& config) override {
-    inner_->update_loss_scale(state, found_inf, config);
+  void update_loss_scale(LossScaleState* state, const Tensor& found_inf,
+                         const LossScaleRule& rule) override {
+    inner_->update_loss_scale(state, found_inf, rule);
   }
   void accumulate_mean(double* acc, const Tensor& x) override { inner_->accumulate_mean(acc, x); }
   void scale(const Tensor& x, float factor) override { inner_->scale(x, factor); }

@@ -96,7 +96,7 @@ TEST(LossScalerTest, DynamicMatchesPyTorchReferenceOnScriptedSequences) {
   for (std::size_t k = 0; k < scripts.size(); ++k) {
     ScalerConfig c = ScalerConfig::pytorch_defaults();
     c.growth_interval = 4;
-    auto scaler = make_loss_scaler(c);
+    auto scaler = std::make_unique<LossScaler>(c);
     const auto ref = pytorch_reference(65536.0f, 2.0, 0.5, 4, scripts[k]);
     for (std::size_t i = 0; i < ref.size(); ++i) {
       scaler->update(scripts[k][i]);
@@ -112,7 +112,7 @@ TEST(LossScalerTest, DynamicWithOddFactorsRoundsLikeTheReference) {
   c.growth_factor = 1.7;
   c.backoff_factor = 0.3;
   c.growth_interval = 2;
-  auto scaler = make_loss_scaler(c);
+  auto scaler = std::make_unique<LossScaler>(c);
   const auto infs = random_pattern(3, 300, 4);
   const auto ref = pytorch_reference(1000.0f, 1.7, 0.3, 2, infs);
   for (std::size_t i = 0; i < ref.size(); ++i) {
@@ -129,7 +129,7 @@ TEST(LossScalerTest, DynamicDefaultsAreGradScalers) {
   EXPECT_EQ(c.backoff_factor, 0.5);
   EXPECT_EQ(c.growth_interval, 2000);
   EXPECT_EQ(c.min_scale, 0.0f);  // no floor: the scale may fall below 1
-  auto s = make_loss_scaler(c);
+  auto s = std::make_unique<LossScaler>(c);
   for (int i = 0; i < 1999; ++i) s->update(false);
   EXPECT_EQ(s->scale(), 65536.0f);
   s->update(false);
@@ -142,7 +142,7 @@ TEST(LossScalerTest, DynamicNeverGrowsPastFiniteFp32) {
   ScalerConfig c = ScalerConfig::pytorch_defaults();
   c.init_scale = 0x1p127f;
   c.growth_interval = 1;
-  auto s = make_loss_scaler(c);
+  auto s = std::make_unique<LossScaler>(c);
   for (int i = 0; i < 5; ++i) {
     s->update(false);
     EXPECT_EQ(s->scale(), 0x1p127f);
@@ -159,7 +159,7 @@ TEST(LossScalerTest, HysteresisMatchesMegatronReferenceOnScriptedSequences) {
   for (std::size_t k = 0; k < scripts.size(); ++k) {
     ScalerConfig c = ScalerConfig::megatron_defaults();
     c.growth_interval = 5;
-    auto scaler = make_loss_scaler(c);
+    auto scaler = std::make_unique<LossScaler>(c);
     const auto ref = megatron_reference(4294967296.0f, 1.0f, 2.0, 0.5, 5, 2, scripts[k]);
     for (std::size_t i = 0; i < ref.size(); ++i) {
       scaler->update(scripts[k][i]);
@@ -174,7 +174,7 @@ TEST(LossScalerTest, HysteresisMatchesMegatronReferenceOnScriptedSequences) {
 TEST(LossScalerTest, HysteresisToleratesOneInfAndStopsAtMinScale) {
   ScalerConfig c = ScalerConfig::megatron_defaults();
   c.init_scale = 8.0f;
-  auto s = make_loss_scaler(c);
+  auto s = std::make_unique<LossScaler>(c);
   s->update(true);
   EXPECT_EQ(s->scale(), 8.0f);  // hysteresis 2: the first inf only spends the budget
   s->update(true);
@@ -184,7 +184,7 @@ TEST(LossScalerTest, HysteresisToleratesOneInfAndStopsAtMinScale) {
 }
 
 TEST(LossScalerTest, StaticNeverChanges) {
-  auto s = make_loss_scaler(ScalerConfig::static_scale(128.0f));
+  auto s = std::make_unique<LossScaler>(ScalerConfig::static_scale(128.0f));
   for (bool inf : random_pattern(6, 100, 2)) {
     s->update(inf);
     EXPECT_EQ(s->scale(), 128.0f);
@@ -204,7 +204,7 @@ TEST(LossScalerTest, InvalidConfigsAreRejected) {
   c = {};
   c.init_scale = std::numeric_limits<float>::infinity();
   EXPECT_NE(validate(c).find("init_scale"), std::string::npos);
-  EXPECT_THROW(make_loss_scaler(c), Error);
+  EXPECT_THROW(std::make_unique<LossScaler>(c), Error);
 }
 
 TEST(ScalerHandleTest, ReadsFullStateAndAppliesUpdateAtItsStep) {
@@ -283,12 +283,11 @@ TEST(ScalerHandleTest, AdoptingAnUpdateComputedElsewhereEqualsItsOwn) {
     for (std::int64_t step = 0; step < 8; ++step) {
       own.begin_step(step);
       adopting.begin_step(step);
-      auto elsewhere = make_loss_scaler(config);
+      auto elsewhere = std::make_unique<LossScaler>(config);
       elsewhere->restore(adopting.state());
       elsewhere->update(infs[step]);
       const ScalerState s = elsewhere->state();
-      EXPECT_EQ(adopting.end_step(s.scale, s.hysteresis_tracker, s.growth_tracker),
-                own.end_step(infs[step]));
+      EXPECT_EQ(adopting.end_step(s), own.end_step(infs[step]));
       EXPECT_EQ(adopting.state(), own.state()) << "step " << step;
       EXPECT_EQ(adopting.next_step(), own.next_step());
     }

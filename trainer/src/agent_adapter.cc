@@ -9,21 +9,9 @@
 namespace ampscope::trainer {
 namespace {
 
-agent::ScalerKind to_agent(ScalerKind k) {
-  switch (k) {
-    case ScalerKind::kStatic:
-      return agent::ScalerKind::kStatic;
-    case ScalerKind::kDynamic:
-      return agent::ScalerKind::kDynamic;
-    case ScalerKind::kHysteresis:
-      return agent::ScalerKind::kHysteresis;
-  }
-  return agent::ScalerKind::kDynamic;
-}
-
 agent::ScalerSettings settings_of(const ScalerState& s) {
   agent::ScalerSettings a;
-  a.kind = to_agent(s.config.kind);
+  a.kind = s.config.kind;
   a.scale = s.scale;
   a.growth_factor = s.config.growth_factor;
   a.backoff_factor = s.config.backoff_factor;
@@ -181,25 +169,12 @@ bool AgentAdapter::observe_step(std::int64_t step) {
 void AgentAdapter::on_tensor(const TensorView& t) {
   agent::TensorView v;
   v.name = t.name;
-  v.role = static_cast<agent::TensorRole>(t.role);  // the same DESIGN.md roles, same order
-  switch (t.phase) {
-    case TensorPhase::kStepStart:
-      v.phase = agent::TensorPhase::kStepStart;
-      break;
-    case TensorPhase::kForward:
-      v.phase = agent::TensorPhase::kForward;
-      break;
-    case TensorPhase::kBackward:
-      v.phase = agent::TensorPhase::kBackward;
-      break;
-    case TensorPhase::kAfterUnscale:
-      v.phase = agent::TensorPhase::kAfterUnscale;
-      break;
-  }
+  v.role = t.role;
+  v.phase = t.phase;
   v.dtype = t.dtype;
   v.data = t.data;
   v.shape = t.shape;
-  v.device = t.device == Device::kCuda ? agent::Device::kCuda : agent::Device::kCpu;
+  v.device = t.device;
   v.stream = t.stream;
   v.scale = t.scale;
   v.micro_step = t.micro_step;

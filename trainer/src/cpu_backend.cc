@@ -671,21 +671,9 @@ class CpuBackend final : public Backend {
     *static_cast<float*>(sum_sq.data) = static_cast<float>(acc);
   }
 
-  void update_loss_scale(DeviceScalerState* state, const Tensor& found_inf,
-                         const ScalerConfig& config) override {
-    // The scalers of loss_scaler.cc are the reference the device kernel is tested against.
-    ScalerState s;
-    s.config = config;
-    s.scale = state->scale;
-    s.hysteresis_tracker = state->hysteresis_tracker;
-    s.growth_tracker = state->growth_tracker;
-    auto scaler = make_loss_scaler(config);
-    scaler->restore(s);
-    scaler->update(*static_cast<const float*>(found_inf.data) != 0.0f);
-    s = scaler->state();
-    state->scale = s.scale;
-    state->hysteresis_tracker = s.hysteresis_tracker;
-    state->growth_tracker = s.growth_tracker;
+  void update_loss_scale(LossScaleState* state, const Tensor& found_inf,
+                         const LossScaleRule& rule) override {
+    update_loss_scale_state(*state, rule, *static_cast<const float*>(found_inf.data) != 0.0f);
   }
 
   void accumulate_mean(double* acc, const Tensor& x) override {

@@ -325,24 +325,9 @@ class CudaBackend final : public Backend {
     nn::sum_squares(scalar(sum_sq, "sum_sq"), array(x, "sum_squares: x"), x.numel(), s());
   }
 
-  void update_loss_scale(DeviceScalerState* state, const Tensor& found_inf,
-                         const ScalerConfig& config) override {
-    static_assert(sizeof(DeviceScalerState) == sizeof(nn::LossScaleState) &&
-                  offsetof(DeviceScalerState, scale) == offsetof(nn::LossScaleState, scale) &&
-                  offsetof(DeviceScalerState, hysteresis_tracker) ==
-                      offsetof(nn::LossScaleState, hysteresis_tracker) &&
-                  offsetof(DeviceScalerState, growth_tracker) ==
-                      offsetof(nn::LossScaleState, growth_tracker));
-    nn::LossScaleRule rule;
-    rule.kind = static_cast<nn::LossScaleKind>(static_cast<int>(config.kind));
-    rule.growth_factor = config.growth_factor;
-    rule.backoff_factor = config.backoff_factor;
-    rule.growth_interval = config.growth_interval;
-    rule.hysteresis = config.hysteresis;
-    rule.min_scale = config.min_scale;
-    rule.max_scale = config.max_scale;
-    nn::update_loss_scale(reinterpret_cast<nn::LossScaleState*>(state),
-                          scalar(found_inf, "found_inf"), rule, s());
+  void update_loss_scale(LossScaleState* state, const Tensor& found_inf,
+                         const LossScaleRule& rule) override {
+    nn::update_loss_scale(state, scalar(found_inf, "found_inf"), rule, s());
   }
 
   void accumulate_mean(double* acc, const Tensor& x) override {

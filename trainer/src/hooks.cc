@@ -4,26 +4,6 @@
 
 namespace ampscope::trainer {
 
-std::string_view role_name(TensorRole role) {
-  switch (role) {
-    case TensorRole::kWeight:
-      return "weight";
-    case TensorRole::kMasterWeight:
-      return "master_weight";
-    case TensorRole::kActivation:
-      return "activation";
-    case TensorRole::kActivationGrad:
-      return "activation_grad";
-    case TensorRole::kWeightGrad:
-      return "weight_grad";
-    case TensorRole::kOptimizerState:
-      return "optimizer_state";
-    case TensorRole::kLoss:
-      return "loss";
-  }
-  return "unknown";
-}
-
 Fp32OverrideSet::Fp32OverrideSet(std::vector<std::string> valid_layers)
     : valid_(std::move(valid_layers)) {}
 

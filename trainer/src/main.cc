@@ -25,6 +25,8 @@
 namespace {
 
 using namespace ampscope::trainer;
+using ampscope::parse_scaler_kind;
+using ampscope::ScalerKind;
 
 struct Options {
   std::string precision = "amp-fp16";

@@ -1,18 +1,8 @@
-// Tensor views and small enum helpers shared by every back end.
+// Tensor views shared by every back end.
 #include "ampscope/check.h"
 #include "ampscope/trainer/backend.h"
 
 namespace ampscope::trainer {
-
-std::string_view device_name(Device device) {
-  switch (device) {
-    case Device::kCpu:
-      return "cpu";
-    case Device::kCuda:
-      return "cuda";
-  }
-  return "unknown";
-}
 
 Tensor::Tensor(void* data_in, Format dtype_in, std::initializer_list<std::int64_t> shape,
                Device device_in)

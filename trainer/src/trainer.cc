@@ -61,7 +61,7 @@ struct StepScalars {
   float found_inf = 0.0f;     // set to 1 by unscale_and_check
   float sum_sq = 0.0f;        // of the unscaled gradients
   double loss_sum = 0.0;      // sum over micro-batches of their mean loss
-  DeviceScalerState scaler;   // the scaler's state, updated by the back end from found_inf
+  LossScaleState scaler;   // the scaler's state, updated by the back end from found_inf
 };
 
 TrainerConfig resolved(TrainerConfig c, const Corpus& corpus) {
@@ -123,7 +123,7 @@ StepEvent Trainer::step() {
   auto* scalars = static_cast<StepScalars*>(scalars_->data());
   const ScalerState before = scaler_.state();  // after begin_step's scheduled changes
   StepScalars start;
-  start.scaler = {before.scale, before.hysteresis_tracker, before.growth_tracker};
+  start.scaler = before;
   be.copy_from_host(scalars, &start, sizeof(start));
   // The loss-gradient seed: scale, mean over micro-batches, optional shrink (fault injection).
   const float dloss = static_cast<float>(static_cast<double>(scale) * grad_shrink_at(step) /
@@ -142,7 +142,7 @@ StepEvent Trainer::step() {
   const Tensor found_inf(&scalars->found_inf, Format::kFP32, {1}, be.device());
   const Tensor sum_sq(&scalars->sum_sq, Format::kFP32, {1}, be.device());
   const Tensor grads = model.grad_buffer();
-  be.unscale_and_check(grads, static_cast<float>(1.0 / static_cast<double>(scale)), found_inf);
+  be.unscale_and_check(grads, inverse_scale(scale), found_inf);
   model.emit_unscaled_grads(ctx);
   be.sum_squares(sum_sq, grads);
   be.update_loss_scale(&scalars->scaler, found_inf, before.config);
@@ -182,8 +182,7 @@ StepEvent Trainer::step() {
   // gradients (found here, not there) is rare: the host's own update takes that step.
   ev.scale_after = host.found_inf == 0.0f && found
                        ? scaler_.end_step(true)
-                       : scaler_.end_step(host.scaler.scale, host.scaler.hysteresis_tracker,
-                                          host.scaler.growth_tracker);
+                       : scaler_.end_step(host.scaler);
   ev.optimizer_steps = updates_;
   ev.fp32_layers = overrides_.active_layers(step);
   ++step_;

@@ -18,10 +18,6 @@ std::string lower(std::string_view s) {
   return r;
 }
 
-constexpr std::array<std::string_view, 7> kRoleNames = {
-    "weight",      "master_weight",   "activation", "activation_grad",
-    "weight_grad", "optimizer_state", "loss"};
-constexpr std::array<std::string_view, 3> kKindNames = {"static", "dynamic", "hysteresis"};
 constexpr std::array<std::string_view, 3> kModeNames = {"observe", "static-params", "headroom"};
 
 // Accumulates the first failure; later checks are skipped once one failed.
@@ -100,37 +96,11 @@ void check_settings(Checker& c, const ScalerSettings& s, const std::string& pref
 
 void check_bound(Checker& c, const char* field, double v) {
   c.that(
-      detail::is_power_of_two(v) && detail::floor_log2(v) >= -126 && detail::floor_log2(v) <= 127,
+      is_power_of_two(v) && floor_log2(v) >= -126 && floor_log2(v) <= 127,
       std::string(field) + " must be a power of two in [2^-126, 2^127], got " + num(v));
 }
 
 }  // namespace
-
-std::string_view role_name(TensorRole role) {
-  const auto i = static_cast<std::size_t>(role);
-  return i < kRoleNames.size() ? kRoleNames[i] : "unknown";
-}
-
-std::optional<TensorRole> parse_role(std::string_view name) {
-  const std::string n = lower(name);
-  for (std::size_t i = 0; i < kRoleNames.size(); ++i) {
-    if (n == kRoleNames[i]) return static_cast<TensorRole>(i);
-  }
-  return std::nullopt;
-}
-
-std::string_view scaler_kind_name(ScalerKind kind) {
-  const auto i = static_cast<std::size_t>(kind);
-  return i < kKindNames.size() ? kKindNames[i] : "unknown";
-}
-
-std::optional<ScalerKind> parse_scaler_kind(std::string_view name) {
-  const std::string n = lower(name);
-  for (std::size_t i = 0; i < kKindNames.size(); ++i) {
-    if (n == kKindNames[i]) return static_cast<ScalerKind>(i);
-  }
-  return std::nullopt;
-}
 
 std::string_view mode_name(PolicyMode mode) {
   const auto i = static_cast<std::size_t>(mode);

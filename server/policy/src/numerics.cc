@@ -11,25 +11,10 @@
 namespace ampscope::policy {
 namespace detail {
 
-int floor_log2(double x) {
-  int e = 0;
-  const double m = std::frexp(x, &e);  // x = m * 2^e, m in [0.5, 1)
-  (void)m;
-  return e - 1;
-}
-
-int ceil_log2(double x) { return is_power_of_two(x) ? floor_log2(x) : floor_log2(x) + 1; }
-
-bool is_power_of_two(double x) {
-  if (!(std::isfinite(x) && x > 0.0)) return false;
-  int e = 0;
-  return std::frexp(x, &e) == 0.5;
-}
-
 double pow2(int k) { return std::ldexp(1.0, k); }
 
 std::string scale_text(double scale) {
-  if (is_power_of_two(scale)) return "2^" + std::to_string(floor_log2(scale));
+  if (is_power_of_two(scale)) return "2^" + std::to_string(scale_exponent(scale));
   std::ostringstream os;
   os.precision(9);
   os << scale;
@@ -63,7 +48,7 @@ BinadeHistogram to_unscaled(const BinadeHistogram& measured, double scale) {
   BinadeHistogram h = measured;
   // Power of two: exact. Otherwise floor(log2(scale)): every value x / scale is below
   // 2^(e + 1) / 2^floor(log2 scale), so each bin lands where its largest possible value lies.
-  if (!h.empty()) h.min_exponent -= detail::floor_log2(scale);
+  if (!h.empty()) h.min_exponent -= scale_exponent(scale);
   return h;
 }
 

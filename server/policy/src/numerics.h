@@ -6,15 +6,12 @@
 #include <optional>
 #include <string>
 
+#include "ampscope/loss_scale.h"
 #include "ampscope/tensor_stats.h"
 
 namespace ampscope::policy::detail {
 
-// floor(log2(x)) for finite x > 0, exact (frexp, no rounding).
-int floor_log2(double x);
-// ceil(log2(x)) for finite x > 0, exact.
-int ceil_log2(double x);
-bool is_power_of_two(double x);
+// floor_log2, ceil_log2, is_power_of_two and scale_exponent are ampscope/loss_scale.h's.
 // 2^k as a double (k in [-1074, 1023]).
 double pow2(int k);
 // "2^k" for powers of two, the plain number otherwise.

@@ -19,8 +19,6 @@
 
 namespace ampscope::policy {
 
-using detail::ceil_log2;
-using detail::floor_log2;
 using detail::pow2;
 using detail::scale_text;
 
@@ -88,8 +86,8 @@ ScaleFinding analyse_scaled(const TensorInput& t, double cast_scale, int blind_d
   ScaleFinding r;
   const Format fmt = t.format();
   const int top_of_format = format_info(fmt).max_exponent;
-  const int shift = floor_log2(t.scale);
-  const int cast_shift = floor_log2(cast_scale);
+  const int shift = scale_exponent(t.scale);
+  const int cast_shift = scale_exponent(cast_scale);
   const bool has_histogram = t.histogram && !t.histogram->empty();
   std::optional<int> top;  // measured (scaled) domain
   if (has_histogram) top = t.histogram->max_exponent();
@@ -346,7 +344,7 @@ bool PolicyEngine::record(const StepInput& in) {
   }
   if (in.found_inf && !saw_nonfinite) {
     // The step overflowed but no reported tensor shows where: the scale used is the evidence.
-    const int evidence = floor_log2(in.loss_scale) - 1;
+    const int evidence = scale_exponent(in.loss_scale) - 1;
     const std::string what =
         "found_inf with no reported tensor showing it, scale " + scale_text(in.loss_scale) + at;
     if (!s.ceiling_log2 || evidence < *s.ceiling_log2) {

@@ -416,17 +416,17 @@ TEST_P(CudaBackendTest, LossScaleUpdateMatchesCpu) {
   for (ScalerConfig config : {ScalerConfig::pytorch_defaults(), ScalerConfig::megatron_defaults()}) {
     config.growth_interval = 3;
     Twin found = zeros(Format::kFP32, {1});
-    auto gpu_state = gpu_->allocate(sizeof(DeviceScalerState));
-    DeviceScalerState cpu_state{config.init_scale, config.hysteresis, 0};
+    auto gpu_state = gpu_->allocate(sizeof(LossScaleState));
+    LossScaleState cpu_state{config.init_scale, config.hysteresis, 0};
     gpu_->copy_from_host(gpu_state->data(), &cpu_state, sizeof(cpu_state));
     for (const bool inf : {false, false, false, true, false, true, true, false, false, false}) {
       const float flag = inf ? 1.0f : 0.0f;
       cpu_->fill(found.cpu(), flag);
       gpu_->fill(found.gpu(), flag);
       cpu_->update_loss_scale(&cpu_state, found.cpu(), config);
-      gpu_->update_loss_scale(static_cast<DeviceScalerState*>(gpu_state->data()), found.gpu(),
+      gpu_->update_loss_scale(static_cast<LossScaleState*>(gpu_state->data()), found.gpu(),
                               config);
-      DeviceScalerState back;
+      LossScaleState back;
       gpu_->copy_to_host(&back, gpu_state->data(), sizeof(back));
       EXPECT_EQ(back.scale, cpu_state.scale);
       EXPECT_EQ(back.hysteresis_tracker, cpu_state.hysteresis_tracker);

@@ -91,31 +91,19 @@ TEST_F(CudaOptimizerTest, MultiTensorUnscaleMatchesCpuPerTensor) {
   EXPECT_EQ(gpu_found, 1.0f);
 }
 
-nn::LossScaleRule rule_of(const ScalerConfig& c) {
-  nn::LossScaleRule r;
-  r.kind = static_cast<nn::LossScaleKind>(static_cast<int>(c.kind));
-  r.growth_factor = c.growth_factor;
-  r.backoff_factor = c.backoff_factor;
-  r.growth_interval = c.growth_interval;
-  r.hysteresis = c.hysteresis;
-  r.min_scale = c.min_scale;
-  r.max_scale = c.max_scale;
-  return r;
-}
-
 // The device-resident step: found_inf = 0; unscale by the state's scale; sum of squares;
 // update the scale; one host read of all of it.
 struct StepScalars {
   float found_inf;
   float sum_sq;
-  nn::LossScaleState state;
+  LossScaleState state;
 };
 
 TEST_F(CudaOptimizerTest, DeviceScaleUpdateFollowsTheCpuScalersWithOneReadPerStep) {
   for (ScalerConfig config :
        {ScalerConfig::pytorch_defaults(), ScalerConfig::megatron_defaults()}) {
     config.growth_interval = 3;
-    auto cpu = make_loss_scaler(config);
+    auto cpu = std::make_unique<LossScaler>(config);
     StepScalars init{};
     init.state.scale = config.init_scale;
     init.state.hysteresis_tracker = config.hysteresis;
@@ -132,7 +120,7 @@ TEST_F(CudaOptimizerTest, DeviceScaleUpdateFollowsTheCpuScalersWithOneReadPerSte
       AMPSCOPE_CHECK_CUDA(cudaMemsetAsync(&scalars->found_inf, 0, sizeof(float), stream_));
       nn::unscale_and_check(std::span(&t, 1), &scalars->state, &scalars->found_inf, stream_);
       nn::sum_squares(&scalars->sum_sq, nn::ConstArray{t.data, t.dtype}, n, stream_);
-      nn::update_loss_scale(&scalars->state, &scalars->found_inf, rule_of(config), stream_);
+      nn::update_loss_scale(&scalars->state, &scalars->found_inf, config, stream_);
       StepScalars got{};
       download(&got, scalars, sizeof(got));  // the step's one read
 

@@ -78,7 +78,7 @@ void host_commit_accumulate(void* out, Format out_dtype, const float* contributi
   for (std::int64_t i = 0; i < n; ++i) d::commit(out, out_dtype, i, contribution[i], compute, true);
 }
 
-void host_update_loss_scale(cuda::nn::LossScaleState& state, const cuda::nn::LossScaleRule& rule,
+void host_update_loss_scale(LossScaleState& state, const LossScaleRule& rule,
                             bool found_inf) {
   d::update_loss_scale_state(state, rule, found_inf);
 }

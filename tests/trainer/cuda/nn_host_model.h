@@ -32,7 +32,7 @@ void host_adamw(void* params, void* grads, void* m, void* v, Format dtype, std::
 // The accumulate path of every gradient output: out = store(out + round(contribution)).
 void host_commit_accumulate(void* out, Format out_dtype, const float* contribution, std::int64_t n,
                             Format compute);
-void host_update_loss_scale(cuda::nn::LossScaleState& state, const cuda::nn::LossScaleRule& rule,
+void host_update_loss_scale(LossScaleState& state, const LossScaleRule& rule,
                             bool found_inf);
 float host_inverse_scale(float scale);
 

@@ -187,25 +187,13 @@ TEST(NnHostModelRoundingTest, RoundToFormatMatchesReference) {
 // with short growth intervals so growth, backoff, floors, caps and hysteresis all happen.
 class LossScaleHostModelTest : public ::testing::TestWithParam<ScalerConfig> {};
 
-cuda::nn::LossScaleRule rule_of(const ScalerConfig& c) {
-  cuda::nn::LossScaleRule r;
-  r.kind = static_cast<cuda::nn::LossScaleKind>(static_cast<int>(c.kind));
-  r.growth_factor = c.growth_factor;
-  r.backoff_factor = c.backoff_factor;
-  r.growth_interval = c.growth_interval;
-  r.hysteresis = c.hysteresis;
-  r.min_scale = c.min_scale;
-  r.max_scale = c.max_scale;
-  return r;
-}
-
 TEST_P(LossScaleHostModelTest, MatchesCpuScalerStepByStep) {
   const ScalerConfig config = GetParam();
-  auto cpu = make_loss_scaler(config);
-  cuda::nn::LossScaleState state;
+  auto cpu = std::make_unique<LossScaler>(config);
+  LossScaleState state;
   state.scale = config.init_scale;
   state.hysteresis_tracker = config.hysteresis;
-  const cuda::nn::LossScaleRule rule = rule_of(config);
+  const LossScaleRule& rule = config;
   std::mt19937 rng(31);
   std::bernoulli_distribution inf(0.2);
   for (int step = 0; step < 2000; ++step) {
@@ -232,13 +220,13 @@ ScalerConfig with(ScalerConfig c, float init, std::int64_t interval, float min_s
 
 INSTANTIATE_TEST_SUITE_P(
     Scalers, LossScaleHostModelTest,
-    ::testing::Values(with(ScalerConfig::pytorch_defaults(), 65536.0f, 3, 0.0f, kFp32MaxFinite),
+    ::testing::Values(with(ScalerConfig::pytorch_defaults(), 65536.0f, 3, 0.0f, kFp32MaxScale),
                       with(ScalerConfig::pytorch_defaults(), 65536.0f, 2, 4.0f, 1048576.0f),
                       // Growth past FP32's range: the product is Inf and the scale stays.
-                      with(ScalerConfig::pytorch_defaults(), 0x1p126f, 1, 0.0f, kFp32MaxFinite),
+                      with(ScalerConfig::pytorch_defaults(), 0x1p126f, 1, 0.0f, kFp32MaxScale),
                       with(ScalerConfig::megatron_defaults(), 4294967296.0f, 3, 1.0f,
-                           kFp32MaxFinite),
-                      with(ScalerConfig::megatron_defaults(), 0x1p126f, 1, 1.0f, kFp32MaxFinite),
+                           kFp32MaxScale),
+                      with(ScalerConfig::megatron_defaults(), 0x1p126f, 1, 1.0f, kFp32MaxScale),
                       ScalerConfig::static_scale(128.0f)),
     [](const auto& info) { return "config" + std::to_string(info.index); });
 

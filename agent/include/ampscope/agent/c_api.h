@@ -42,7 +42,7 @@ typedef enum ampscope_status {
   AMPSCOPE_INTERNAL = 5
 } ampscope_status;
 
-/* Formats and roles have the numbers of ampscope::Format and ampscope::agent::TensorRole. */
+/* Formats and roles have the numbers of ampscope::Format and ampscope::TensorRole. */
 typedef enum ampscope_format {
   AMPSCOPE_FORMAT_FP32 = 0,
   AMPSCOPE_FORMAT_FP16 = 1,

@@ -16,36 +16,12 @@
 #include <vector>
 
 #include "ampscope/formats.h"
+#include "ampscope/vocabulary.h"
 
 namespace ampscope::agent {
 
-// DESIGN.md roles.
-enum class TensorRole : std::uint8_t {
-  kWeight = 0,
-  kMasterWeight = 1,
-  kActivation = 2,
-  kActivationGrad = 3,
-  kWeightGrad = 4,
-  kOptimizerState = 5,
-  kLoss = 6,
-};
-inline constexpr int kNumTensorRoles = 7;
-std::string_view role_name(TensorRole role);
-std::optional<TensorRole> parse_role(std::string_view name);
-constexpr bool is_gradient(TensorRole r) {
-  return r == TensorRole::kActivationGrad || r == TensorRole::kWeightGrad;
-}
-
-// Where in the step a tensor is shown.
-enum class TensorPhase : std::uint8_t {
-  kUnknown = 0,
-  kStepStart = 1,     // weights before the first micro-batch
-  kForward = 2,
-  kBackward = 3,      // activation grads per micro-batch; weight grads after the last one
-  kAfterUnscale = 4,  // weight grads after unscaling, before clipping
-};
-
-enum class Device : std::uint8_t { kCpu = 0, kCuda = 1 };
+// Roles, phases, devices and scaler kinds are ampscope/vocabulary.h's (TensorRole,
+// TensorPhase, Device, ScalerKind), shared with every trainer and the server.
 
 // One tensor at one point of a step. `data` holds numel elements of `dtype` storage (float, or
 // 16-bit patterns for FP16/BF16), dense, valid only during the call. On Device::kCuda it is a
@@ -85,8 +61,6 @@ struct StepInfo {
   std::vector<std::string> fp32_layers;
   std::optional<double> val_loss;  // validation loss after this step, where evaluated
 };
-
-enum class ScalerKind : std::uint8_t { kStatic = 0, kDynamic = 1, kHysteresis = 2 };
 
 // A loss scaler's configuration, as the Hello reports it and a fallback restores it.
 struct ScalerSettings {

@@ -5,7 +5,7 @@
 // one copy).
 //
 // CPU references: the trainer's CPU back end (unscale_and_check, sum_squares, scale, adamw) and
-// its loss scalers (trainer/src/loss_scaler.cc: PyTorch GradScaler and Megatron semantics). The
+// the loss-scale rules of ampscope/loss_scale.h (PyTorch GradScaler and Megatron semantics). The
 // element arithmetic is the same expression in the same order, compiled without FMA
 // contraction, so unscale, scale, AdamW and the scale update are bit-exact; sum_squares is an
 // FP64 sum in another order.
@@ -22,6 +22,7 @@
 
 #include "ampscope/cuda/nn.h"
 #include "ampscope/formats.h"
+#include "ampscope/loss_scale.h"
 
 namespace ampscope::cuda::nn {
 
@@ -41,13 +42,6 @@ inline constexpr int kMultiTensorMaxPerLaunch = 96;
 // Inf; it is never cleared here. One launch for up to kMultiTensorMaxPerLaunch tensors.
 void unscale_and_check(std::span<const GradientTensor> grads, float inv_scale, float* found_inf,
                        cudaStream_t stream);
-
-// The loss scaler's state, kept in device memory (see update_loss_scale).
-struct LossScaleState {
-  float scale = 1.0f;
-  std::int32_t hysteresis_tracker = 0;
-  std::int64_t growth_tracker = 0;
-};
 
 // The same, with inv_scale = float(1 / double(state->scale)) computed on the device (what the
 // trainer computes on the host), so the scale never has to come back to the host.
@@ -79,28 +73,8 @@ struct AdamWArgs {
 void adamw(Array params, ConstArray grads, Array m, Array v, std::int64_t n, const AdamWArgs& args,
            cudaStream_t stream);
 
-// The loss-scale update rule (mirrors the trainer's ScalerConfig; the kernels library does not
-// depend on the trainer).
-//   kStatic      no change
-//   kDynamic     PyTorch GradScaler: on found_inf scale = max(scale * backoff, min_scale) and
-//                growth_tracker = 0; else growth_tracker + 1, and at growth_interval scale *=
-//                growth (kept only when finite and <= max_scale), growth_tracker = 0
-//   kHysteresis  Megatron-LM: on found_inf growth_tracker = 0, hysteresis_tracker -= 1 and once
-//                it is <= 0 scale = max(scale * backoff, min_scale); else growth_tracker + 1,
-//                and at growth_interval both trackers reset and scale = min(scale * growth,
-//                max_scale) (max_scale when the product is not finite)
-// Products with the factors are formed in FP64 and stored in FP32.
-enum class LossScaleKind : std::int32_t { kStatic = 0, kDynamic = 1, kHysteresis = 2 };
-struct LossScaleRule {
-  LossScaleKind kind = LossScaleKind::kDynamic;
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  std::int64_t growth_interval = 2000;
-  std::int32_t hysteresis = 2;
-  float min_scale = 0.0f;
-  float max_scale = 3.4028234663852886e38f;
-};
-
+// The loss scaler's state (ampscope::LossScaleState) lives in device memory; the rule
+// (ampscope::LossScaleRule) is the one in ampscope/loss_scale.h that the CPU scalers follow.
 // One update of *state (device) from *found_inf (device, nonzero = found) by `rule`: a single
 // thread on `stream`, no host read.
 void update_loss_scale(LossScaleState* state, const float* found_inf, const LossScaleRule& rule,

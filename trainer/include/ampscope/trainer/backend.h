@@ -29,12 +29,11 @@
 #include <string_view>
 
 #include "ampscope/formats.h"
+#include "ampscope/vocabulary.h"
 #include "ampscope/trainer/loss_scaler.h"
 
 namespace ampscope::trainer {
 
-enum class Device : std::uint8_t { kCpu = 0, kCuda = 1 };
-std::string_view device_name(Device device);
 
 // Owned storage. data() is a device address for device buffers; never dereference it on the
 // host unless device() == Device::kCpu.
@@ -56,14 +55,6 @@ class Stream {
 };
 
 inline constexpr int kMaxRank = 4;
-
-// A loss scaler's moving state as the back end updates it in its own memory (the layout of
-// ampscope::cuda::nn::LossScaleState).
-struct DeviceScalerState {
-  float scale = 1.0f;
-  std::int32_t hysteresis_tracker = 0;
-  std::int64_t growth_tracker = 0;
-};
 
 // A non-owning, dense, row-major view of a Buffer's memory with a storage dtype (FP32, FP16 or
 // BF16; 16-bit tensors hold the bit patterns). Cheap to copy.
@@ -170,11 +161,11 @@ class Backend {
                                  const Tensor& found_inf) = 0;
   // sum_sq = sum of squares of x, accumulated in FP64, stored as FP32.
   virtual void sum_squares(const Tensor& sum_sq, const Tensor& x) = 0;
-  // *state (in this back end's memory) updated once by `config`'s rule (loss_scaler.h:
+  // *state (in this back end's memory) updated once by `rule` (ampscope/loss_scale.h:
   // GradScaler or Megatron semantics, products in FP64 stored in FP32) from found_inf (nonzero:
   // found). No host read: the trainer brings the result back with the step's one read.
-  virtual void update_loss_scale(DeviceScalerState* state, const Tensor& found_inf,
-                                 const ScalerConfig& config) = 0;
+  virtual void update_loss_scale(LossScaleState* state, const Tensor& found_inf,
+                                 const LossScaleRule& rule) = 0;
   // *acc (one FP64 in this back end's memory) += mean of x, the sum taken in FP64 (the CPU
   // in element order; the device in fixed blocks). The trainer adds each micro-batch's loss
   // this way so that a step reads it back together with found_inf and the norm.

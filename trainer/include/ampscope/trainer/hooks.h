@@ -13,28 +13,12 @@
 #include <vector>
 
 #include "ampscope/formats.h"
+#include "ampscope/vocabulary.h"
 #include "ampscope/trainer/backend.h"
 
 namespace ampscope::trainer {
 
-// DESIGN.md roles.
-enum class TensorRole : std::uint8_t {
-  kWeight = 0,          // the copy the forward pass reads (FP16/BF16 in AMP)
-  kMasterWeight = 1,    // FP32 master weights (AMP only)
-  kActivation = 2,
-  kActivationGrad = 3,
-  kWeightGrad = 4,
-  kOptimizerState = 5,
-  kLoss = 6,
-};
-std::string_view role_name(TensorRole role);
-
-enum class TensorPhase : std::uint8_t {
-  kStepStart = 0,     // weights before the first micro-batch
-  kForward = 1,
-  kBackward = 2,      // activation grads per micro-batch; weight grads after the last one
-  kAfterUnscale = 3,  // weight grads after unscaling (before clipping)
-};
+// Roles, phases and devices are ampscope/vocabulary.h's.
 
 // A tensor as the observer sees it. `data` is only valid during the callback and points to
 // device memory when device != kCpu (then `stream` is the back end's native stream handle and

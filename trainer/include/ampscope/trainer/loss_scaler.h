@@ -1,16 +1,7 @@
-// Loss scalers and the handle through which an outside controller steers them.
-//
-//   static      the scale never changes (1 for FP32/BF16 runs without scaling)
-//   dynamic     PyTorch GradScaler: on found_inf scale *= backoff and the growth tracker resets;
-//               otherwise tracker += 1 and at growth_interval scale *= growth (only if the
-//               result is finite and <= max_scale) and the tracker resets. Defaults 2^16, 2,
-//               0.5, 2000; no minimum.
-//   hysteresis  Megatron-LM DynamicGradScaler: on found_inf the growth tracker resets, the
-//               hysteresis tracker drops by one and, once it is <= 0, scale =
-//               max(scale * backoff, min_scale); on a clean step tracker += 1 and at
-//               growth_interval both trackers reset and scale *= growth (capped at max_scale).
-// Products with the factors are formed in FP64 and stored in FP32, as the reference kernels do.
-// update() is called once per effective batch (after gradient accumulation).
+// The trainer's loss scaler and the handle through which an outside controller steers it. The
+// rules (static; dynamic = PyTorch GradScaler; hysteresis = Megatron-LM DynamicGradScaler) are
+// ampscope/loss_scale.h's, shared with the CUDA kernel and the policy engine; update() is called
+// once per effective batch (after gradient accumulation).
 #pragma once
 
 #include <cstdint>
@@ -21,57 +12,46 @@
 #include <string_view>
 #include <vector>
 
+#include "ampscope/loss_scale.h"
+
 namespace ampscope::trainer {
 
-enum class ScalerKind { kStatic = 0, kDynamic = 1, kHysteresis = 2 };
-std::string_view scaler_kind_name(ScalerKind kind);
-std::optional<ScalerKind> parse_scaler_kind(std::string_view name);  // static|dynamic|hysteresis
-
-inline constexpr float kFp32MaxFinite = 3.4028234663852886e38f;
-
-struct ScalerConfig {
-  ScalerKind kind = ScalerKind::kDynamic;
-  float init_scale = 65536.0f;
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  std::int64_t growth_interval = 2000;
-  int hysteresis = 2;            // hysteresis scaler only
-  float min_scale = 0.0f;        // 0 = no floor (dynamic); Megatron uses 1
-  float max_scale = kFp32MaxFinite;
+// A scaler's rule and the scale it starts from.
+struct ScalerConfig : LossScaleRule {
+  float init_scale = kGradScalerInitScale;
 
   // PyTorch GradScaler defaults, Megatron defaults (init 2^32, window 1000, min 1), static.
   static ScalerConfig pytorch_defaults();
   static ScalerConfig megatron_defaults();
   static ScalerConfig static_scale(float scale);
+  friend bool operator==(const ScalerConfig&, const ScalerConfig&) = default;
 };
 
 // Empty when valid, otherwise a one-line reason naming the field.
 std::string validate(const ScalerConfig& config);
 
-struct ScalerState {
+// The rule's moving state (scale and trackers) with the configuration it runs under.
+struct ScalerState : LossScaleState {
   ScalerConfig config;
-  float scale = 1.0f;
-  std::int64_t growth_tracker = 0;
-  int hysteresis_tracker = 0;
-  friend bool operator==(const ScalerState& a, const ScalerState& b);
+  friend bool operator==(const ScalerState&, const ScalerState&) = default;
 };
 
-// One scaler algorithm. Not thread-safe on its own; the trainer reaches it through a
-// ScalerHandle.
+// One scaler: its configuration's rule applied to its state. Not thread-safe on its own; the
+// trainer reaches it through a ScalerHandle.
 class LossScaler {
  public:
-  virtual ~LossScaler() = default;
-  virtual ScalerKind kind() const = 0;
-  virtual float scale() const = 0;
-  virtual void update(bool found_inf) = 0;
-  virtual ScalerState state() const = 0;
-  // Restores a state produced by state() of a scaler of the same kind.
-  virtual void restore(const ScalerState& state) = 0;
-};
+  // Starts at config.init_scale. Throws ampscope::Error when validate(config) fails.
+  explicit LossScaler(const ScalerConfig& config);
+  ScalerKind kind() const { return state_.config.kind; }
+  float scale() const { return state_.scale; }
+  void update(bool found_inf) { update_loss_scale_state(state_, state_.config, found_inf); }
+  const ScalerState& state() const { return state_; }
+  // Restores a state produced by state(); throws ampscope::Error when its config is invalid.
+  void restore(const ScalerState& state);
 
-// Builds the scaler for config.kind, starting at config.init_scale. Throws ampscope::Error when
-// validate(config) fails.
-std::unique_ptr<LossScaler> make_loss_scaler(const ScalerConfig& config);
+ private:
+  ScalerState state_;
+};
 
 // A change an outside controller asks for; unset fields keep their value. Applied at the start
 // of the first step >= effective_from_step.
@@ -110,7 +90,7 @@ class ScalerHandle {
   float end_step(bool found_inf);
   // The same update, computed elsewhere by this scaler's own rule from the state begin_step
   // left (the back end's update_loss_scale): adopts it and returns the scale after it.
-  float end_step(float scale, int hysteresis_tracker, std::int64_t growth_tracker);
+  float end_step(const LossScaleState& updated);
 
   // Checkpointing: the state and pending updates are replaced.
   void restore(const ScalerState& state, std::int64_t next_step);
@@ -118,7 +98,7 @@ class ScalerHandle {
  private:
   std::string apply_locked(const ScalerUpdate& update);
   mutable std::mutex mu_;
-  std::unique_ptr<LossScaler> scaler_;
+  LossScaler scaler_;
   std::vector<ScalerUpdate> pending_;
   std::int64_t next_step_ = 0;
 };

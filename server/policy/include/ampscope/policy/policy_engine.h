@@ -49,6 +49,8 @@
 
 #include "ampscope/check.h"
 #include "ampscope/formats.h"
+#include "ampscope/loss_scale.h"
+#include "ampscope/vocabulary.h"
 #include "ampscope/tensor_stats.h"
 
 namespace ampscope::policy {
@@ -63,22 +65,8 @@ class PolicyError : public Error {
 // ---------------------------------------------------------------------------------------------
 // Input: one report per (step, rank).
 
-// DESIGN.md roles.
-enum class TensorRole : std::uint8_t {
-  kWeight = 0,
-  kMasterWeight = 1,
-  kActivation = 2,
-  kActivationGrad = 3,  // carries the loss scale
-  kWeightGrad = 4,      // carries the loss scale until unscaled (then scale == 1)
-  kOptimizerState = 5,
-  kLoss = 6,
-};
-std::string_view role_name(TensorRole role);  // weight, master_weight, activation, ...
-std::optional<TensorRole> parse_role(std::string_view name);
-// The roles whose values the loss scale multiplies: activation_grad and weight_grad.
-constexpr bool is_loss_scaled(TensorRole role) {
-  return role == TensorRole::kActivationGrad || role == TensorRole::kWeightGrad;
-}
+// Roles and scaler kinds are ampscope/vocabulary.h's; is_loss_scaled() names the roles whose
+// values the loss scale multiplies (activation_grad and weight_grad).
 
 struct TensorInput {
   std::string name;  // the trainer's tensor name; the FP32 fallback recommends these names
@@ -124,11 +112,7 @@ struct StepInput {
 // ---------------------------------------------------------------------------------------------
 // The run's loss scaler (from Hello), with the trainer's semantics (DESIGN.md, REFERENCES.md).
 
-enum class ScalerKind : std::uint8_t { kStatic = 0, kDynamic = 1, kHysteresis = 2 };
-std::string_view scaler_kind_name(ScalerKind kind);  // static, dynamic, hysteresis
-std::optional<ScalerKind> parse_scaler_kind(std::string_view name);
-
-inline constexpr double kFp32Max = 3.4028234663852886e38;
+inline constexpr double kFp32Max = kFp32MaxScale;
 
 struct ScalerConfig {
   ScalerKind kind = ScalerKind::kDynamic;

@@ -1,7 +1,7 @@
 // Numeric format descriptors: FP32, FP16 (IEEE binary16), BF16, FP8 E4M3 (OCP "fn") and
 // FP8 E5M2 (OCP). Every constant here is derived from the encoding (exponent bits, mantissa
-// bits, bias, whether the all-ones exponent is Inf) and checked against DESIGN.md's table in
-// tests/kernels/formats_test.cc.
+// bits, bias, whether the all-ones exponent is Inf) and checked against the formats'
+// definitions in tests/kernels/formats_test.cc.
 //
 // The same enum names a tensor's storage type and a target format of a what-if question.
 // Thread safety: everything here is constexpr or immutable.
@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "ampscope/detail/hd.h"
@@ -99,7 +100,23 @@ constexpr std::string_view format_name(Format f) { return format_info(f).name; }
 
 // Accepts the canonical names and common aliases (float32, half, float16, bfloat16,
 // fp8e4m3, fp8_e4m3, e4m3fn, fp8e5m2, ...), case-insensitive. nullopt when unknown.
-std::optional<Format> parse_format(std::string_view name);
+inline std::optional<Format> parse_format(std::string_view name) {
+  std::string s;
+  for (const char c : name) {
+    if (c == '_' || c == '-') continue;
+    s += (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+  }
+  if (s == "fp32" || s == "float32" || s == "float" || s == "f32") return Format::kFP32;
+  if (s == "fp16" || s == "float16" || s == "half" || s == "f16" || s == "binary16") {
+    return Format::kFP16;
+  }
+  if (s == "bf16" || s == "bfloat16") return Format::kBF16;
+  if (s == "e4m3" || s == "fp8e4m3" || s == "e4m3fn" || s == "fp8e4m3fn" || s == "float8e4m3fn") {
+    return Format::kE4M3;
+  }
+  if (s == "e5m2" || s == "fp8e5m2" || s == "float8e5m2") return Format::kE5M2;
+  return std::nullopt;
+}
 
 // Storage types the statistics kernels read.
 constexpr bool is_stats_storage_format(Format f) {
