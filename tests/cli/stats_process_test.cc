@@ -10,11 +10,11 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <sstream>
 
 #include "ampscope/convert.h"
 #include "ampscope/tensor_stats.h"
 #include "ampscope/testing/child_process.h"
+#include "ampscope/testing/files.h"
 #include "npy_writer.h"
 
 #ifndef AMPSCOPE_BINARY
@@ -27,14 +27,8 @@ namespace {
 using nlohmann::json;
 using testing::Bytes;
 using testing::CommandResult;
+using testing::lines_of;
 using testing::make_npy;
-
-std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
 
 class StatsProcessTest : public testing::TempDirTest {
  protected:

@@ -17,13 +17,6 @@ namespace {
 
 using nlohmann::json;
 
-std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return out;
-}
-
 class CliQueryTest : public ::testing::Test {
  protected:
   void SetUp() override {

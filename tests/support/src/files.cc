@@ -31,4 +31,11 @@ void write_text(const std::filesystem::path& path, const std::string& text) {
   out << text;
 }
 
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
 }  // namespace ampscope::testing

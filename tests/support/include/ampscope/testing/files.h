@@ -1,9 +1,10 @@
-// Files for tests: a fresh temporary directory removed with everything in it, and whole text
-// files read and written.
+// Files for tests: a fresh temporary directory removed with everything in it, whole text files
+// read and written, and text (a command's output) split into lines.
 #pragma once
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 namespace ampscope::testing {
 
@@ -27,5 +28,8 @@ class TempDir {
 std::string read_text(const std::filesystem::path& path);
 // Replaces the file's contents with `text`.
 void write_text(const std::filesystem::path& path, const std::string& text);
+
+// The lines of `text` without their '\n' (a last line without one counts too).
+std::vector<std::string> lines_of(const std::string& text);
 
 }  // namespace ampscope::testing
