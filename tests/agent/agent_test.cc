@@ -66,7 +66,7 @@ void run_steps(Agent& agent, int steps, Poison poison, double scale = 1024.0) {
         v.dtype = Format::kFP16;
         v.data = t.fp16.data();
         v.shape = t.shape;
-        v.scale = is_gradient(t.role) ? scale : 1.0;
+        v.scale = is_loss_scaled(t.role) ? scale : 1.0;
         v.order = order++;
         if (t.role == TensorRole::kWeightGrad) v.held = Format::kFP32;
         agent.observe(v);
