@@ -403,7 +403,7 @@ TEST_F(ConvertF16cTest, Fp16EncodeMatchesF16cOnRandomPatterns) {
   check(random_inputs_in_range(5'000'000, 127 - 27, 127 + 17, 5678));
 }
 
-// The thresholds of DESIGN.md, with results written by hand.
+// The thresholds of the formats' definitions, with results written by hand.
 TEST_F(ConvertF16cTest, Fp16OverflowAndUnderflowThresholds) {
   struct Case {
     float x;

@@ -7,7 +7,7 @@
 namespace ampscope {
 namespace {
 
-// DESIGN.md's table, written out independently of the derivation in formats.h. Overflow
+// The formats' table (docs/numerics.md), written out independently of the derivation in formats.h. Overflow
 // thresholds are max finite plus half an ulp (hex literals for the 2^127 formats).
 struct Expected {
   Format format;

@@ -172,7 +172,7 @@ TEST(TensorStatsReferenceTest, HandComputedValues) {
 }
 
 TEST(TensorStatsReferenceTest, ThresholdsFollowDesign) {
-  // DESIGN.md: FP16 overflows from 65520 up; E4M3 only above 464; half the smallest subnormal
+  // By definition: FP16 overflows from 65520 up; E4M3 only above 464; half the smallest subnormal
   // underflows.
   const std::vector<float> x = {65504.0f, 65519.996f, 65520.0f, 464.0f, 464.00003f,
                                 0x1p-25f, 0x1.000002p-25f, 0x1p-10f, 0x1.000002p-10f};

@@ -1,5 +1,5 @@
 // Loss scalers replayed on scripted found_inf sequences against the reference algorithms of
-// REFERENCES.md, transcribed here independently of the implementation: PyTorch's
+// the published sources, transcribed here independently of the implementation: PyTorch's
 // _amp_update_scale_ (scale and factors: float scale times double factor, stored as float) and
 // Megatron-LM's DynamicGradScaler.update. Also the handle's bounds checks and scheduling, and
 // the LR schedule.

@@ -140,7 +140,8 @@ TrainerConfig to_config(const Options& o) {
     } else if (*kind == ScalerKind::kDynamic) {
       s = ScalerConfig::pytorch_defaults();
     } else {
-      s = ScalerConfig::static_scale(s.kind == ScalerKind::kStatic ? s.init_scale : 65536.0f);
+      s = ScalerConfig::static_scale(s.kind == ScalerKind::kStatic ? s.init_scale
+                                                                   : ampscope::kGradScalerInitScale);
     }
   }
   if (o.init_scale) s.init_scale = *o.init_scale;

@@ -1,6 +1,6 @@
 // Tensor statistics: the core measurement of ampscope.
 //
-// One pass over a tensor stored as FP32, FP16 or BF16 yields TensorStats (DESIGN.md):
+// One pass over a tensor stored as FP32, FP16 or BF16 yields TensorStats:
 //   - numel, zeros, nan, pos_inf, neg_inf
 //   - max_abs and min_abs_nonzero over finite values, sum and sum_sq over finite values in FP64
 //   - the binade histogram: for each finite nonzero x, bin e = floor(log2|x|), e in [-149, 127]

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ampscope/formats.h"
+#include "ampscope/loss_scale.h"
 #include "ampscope/vocabulary.h"
 
 namespace ampscope::agent {
@@ -63,12 +64,13 @@ struct StepInfo {
 };
 
 // A loss scaler's configuration, as the Hello reports it and a fallback restores it.
+// Defaults: PyTorch GradScaler's (ampscope/loss_scale.h).
 struct ScalerSettings {
   ScalerKind kind = ScalerKind::kDynamic;
-  double scale = 65536.0;
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  std::int64_t growth_interval = 2000;
+  double scale = kGradScalerInitScale;
+  double growth_factor = gradscaler_rule().growth_factor;
+  double backoff_factor = gradscaler_rule().backoff_factor;
+  std::int64_t growth_interval = gradscaler_rule().growth_interval;
   int hysteresis = 0;        // 0: none
   double min_scale = 0.0;    // 0: none
   double max_scale = 0.0;    // 0: none

@@ -1,4 +1,4 @@
-// Precision modes of the trainer (DESIGN.md, "Training-side concepts") and the per-tensor
+// Precision modes of the trainer and the per-tensor
 // formats each implies. The mode is chosen in this one place; model code asks the policy.
 // Thread safety: plain values.
 #pragma once

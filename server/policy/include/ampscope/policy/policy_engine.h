@@ -1,4 +1,4 @@
-// The loss-scaler policy engine (DESIGN.md "Policy engine"): a pure library that turns a run's
+// The loss-scaler policy engine: a pure library that turns a run's
 // step reports into scaler decisions. No I/O, no clock, no randomness: the same inputs in the
 // same order give the same decisions, also across save_state()/restore().
 //
@@ -110,17 +110,18 @@ struct StepInput {
 };
 
 // ---------------------------------------------------------------------------------------------
-// The run's loss scaler (from Hello), with the trainer's semantics (DESIGN.md, REFERENCES.md).
+// The run's loss scaler (from Hello), with the rules of ampscope/loss_scale.h.
 
 inline constexpr double kFp32Max = kFp32MaxScale;
 
+// Defaults: PyTorch GradScaler's (ampscope/loss_scale.h).
 struct ScalerConfig {
   ScalerKind kind = ScalerKind::kDynamic;
-  double scale = 65536.0;  // the current (or initial) scale
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  std::int64_t growth_interval = 2000;
-  int hysteresis = 2;
+  double scale = kGradScalerInitScale;  // the current (or initial) scale
+  double growth_factor = gradscaler_rule().growth_factor;
+  double backoff_factor = gradscaler_rule().backoff_factor;
+  std::int64_t growth_interval = gradscaler_rule().growth_interval;
+  int hysteresis = gradscaler_rule().hysteresis;
   double min_scale = 0.0;  // 0: no floor
   double max_scale = kFp32Max;
   friend bool operator==(const ScalerConfig&, const ScalerConfig&) = default;
