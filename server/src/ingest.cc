@@ -1,6 +1,8 @@
 #include "ingest.h"
 
 #include <algorithm>
+#include <map>
+#include <unordered_map>
 
 #include "ampscope/proto/stats_codec.h"
 #include "log.h"
@@ -29,35 +31,51 @@ double tensor_score(const TensorTotals& t) {
 struct Ingest::Batch {
   struct SinkResult {
     std::shared_ptr<StreamSink> sink;
-    std::string agent;  // agent_key
+    RunState* run = nullptr;
+    std::uint32_t rank = 0;
     int items = 0;
     bool hello = false;
-    std::string run_id;
+  };
+  struct Undo {  // an agent's seq before the batch, restored when the commit fails
+    RunState* run;
+    std::uint32_t rank;
+    std::uint64_t seq;
+  };
+  struct Stored {
+    RunState* run;
+    const v1::StepReport* report;
+    std::int64_t id;
+  };
+  struct Gap {
+    RunState* run;
+    std::uint32_t rank;
+    std::uint64_t missing;
   };
   std::map<const StreamSink*, SinkResult> sinks;
-  std::vector<std::pair<std::string, std::uint64_t>> previous_seq;  // to undo on failure
-  std::vector<const v1::StepReport*> stored;
-  std::map<std::string, std::uint64_t> duplicates;
-  std::vector<std::pair<std::string, std::pair<std::uint32_t, std::uint64_t>>> gaps;
-  std::vector<v1::PolicyUpdate> decisions;
+  std::vector<Undo> previous_seq;
+  std::vector<Stored> stored;
+  std::map<RunState*, std::uint64_t> duplicates;
+  std::vector<Gap> gaps;
+  std::vector<std::pair<RunState*, v1::PolicyUpdate>> decisions;
   std::vector<std::chrono::steady_clock::time_point> received;
   int policy_errors = 0;
 
-  SinkResult& settle(const IngestItem& item, const std::string& agent) {
+  SinkResult& settle(const IngestItem& item, RunState& run) {
     SinkResult& r = sinks[item.sink.get()];
     if (!r.sink) {
       r.sink = item.sink;
-      r.agent = agent;
-      r.run_id = item.run_id;
+      r.run = &run;
+      r.rank = item.rank;
     }
     ++r.items;
     return r;
   }
 };
 
-Ingest::Ingest(StoreWriter& store, Metrics& metrics, PolicyHost& policy, StreamTable& streams,
-               IngestOptions options)
+Ingest::Ingest(StoreWriter& store, RunRegistry& runs, Metrics& metrics, PolicyHost& policy,
+               StreamTable& streams, IngestOptions options)
     : store_(store),
+      runs_(runs),
       metrics_(metrics),
       policy_(policy),
       streams_(streams),
@@ -65,31 +83,23 @@ Ingest::Ingest(StoreWriter& store, Metrics& metrics, PolicyHost& policy, StreamT
 
 Ingest::~Ingest() { stop(); }
 
-std::string Ingest::agent_key(const std::string& run_id, std::uint32_t rank) {
-  std::string key = run_id;
-  key += '\0';
-  key += std::to_string(rank);
-  return key;
-}
-
 void Ingest::restore() {
   RestoredState state = store_.load_state();
   for (const RestoredAgent& a : state.agents) {
-    agents_[agent_key(a.run_id, a.rank)].last_seq = a.last_seq;
+    runs_.get(a.run_id).last_seq[a.rank] = a.last_seq;
   }
   for (TensorTotals& t : state.tensors) {
-    const std::string run_id = t.run_id;
-    totals_[run_id][{t.name, t.role}] = std::move(t);
-    top_dirty_[run_id] = true;
+    RunState& run = runs_.get(t.run_id);
+    run.totals[{t.name, t.role}] = std::move(t);
+    run.top_stale = true;
   }
   std::map<std::string, const RestoredPolicy*> saved;
   for (const RestoredPolicy& p : state.policies) saved[p.run_id] = &p;
   for (const RestoredRun& run : state.runs) {
-    known_runs_.insert(run.run_id);
     const auto s = saved.find(run.run_id);
     const auto c = state.current_updates.find(run.run_id);
     policy_.restore_run(
-        run, s == saved.end() ? nullptr : s->second,
+        runs_.get(run.run_id), run, s == saved.end() ? nullptr : s->second,
         c == state.current_updates.end() ? std::nullopt
                                          : std::optional<v1::PolicyUpdate>(c->second),
         [&](std::int64_t after) { return store_.reports_after(run.run_id, after); });
@@ -121,12 +131,6 @@ void Ingest::stop() {
   }
   cv_.notify_one();
   thread_.join();
-}
-
-std::uint64_t Ingest::duplicates(const std::string& run_id) const {
-  std::lock_guard lock(mu_);
-  auto it = duplicates_.find(run_id);
-  return it == duplicates_.end() ? 0 : it->second;
 }
 
 void Ingest::on_failure(std::function<void(const std::string&)> callback) {
@@ -174,53 +178,49 @@ void Ingest::process(std::vector<IngestItem>& items) {
 }
 
 void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t now_ns) {
-  std::map<std::string, const v1::AgentCounters*> progressed;  // agent_key -> latest counters
-  std::map<std::string, std::pair<std::string, std::uint32_t>> identities;
-  std::unordered_map<std::string, TensorTotals> deltas;  // by run \0 name \0 role
-  std::string delta_key;
-  std::vector<std::int64_t> stored_ids;
-
-  auto advance = [&](const std::string& key, AgentState& a, std::uint64_t seq) {
-    batch.previous_seq.emplace_back(key, a.last_seq);
-    a.last_seq = seq;
+  // (run, rank) -> the agent's latest counters
+  std::map<std::pair<RunState*, std::uint32_t>, const v1::AgentCounters*> progressed;
+  struct Delta {
+    RunState* run;
+    TensorTotals totals;
   };
+  std::unordered_map<std::string, Delta> deltas;  // by run \0 name \0 role
+  std::string delta_key;
 
   for (IngestItem& item : items) {
-    const std::string key = agent_key(item.run_id, item.rank);
-    identities.emplace(key, std::make_pair(item.run_id, item.rank));
+    RunState& run = runs_.get(item.run_id);
     switch (item.kind) {
       case IngestItem::Kind::kHello: {
-        known_runs_.insert(item.run_id);
         store_.upsert_run(*item.hello, now_ns);
         store_.upsert_agent(*item.hello, now_ns);
-        agents_.try_emplace(key);
-        policy_.on_hello(*item.hello);
-        metrics_.on_hello(*item.hello);
-        batch.settle(item, key).hello = true;
+        run.last_seq.try_emplace(item.rank, 0);
+        policy_.on_hello(run, *item.hello);
+        metrics_.on_hello(run, *item.hello);
+        batch.settle(item, run).hello = true;
         break;
       }
       case IngestItem::Kind::kReport: {
-        AgentState& a = agents_[key];
+        std::uint64_t& last_seq = run.last_seq[item.rank];
         const v1::StepReport& r = *item.report;
         batch.received.push_back(item.received);
-        if (r.seq() <= a.last_seq) {
-          ++batch.duplicates[item.run_id];
-          batch.settle(item, key);
+        if (r.seq() <= last_seq) {
+          ++batch.duplicates[&run];
+          batch.settle(item, run);
           break;
         }
-        if (r.seq() > a.last_seq + 1) {
-          batch.gaps.push_back({item.run_id, {item.rank, r.seq() - a.last_seq - 1}});
+        if (r.seq() > last_seq + 1) {
+          batch.gaps.push_back({&run, item.rank, r.seq() - last_seq - 1});
         }
-        advance(key, a, r.seq());
+        batch.previous_seq.push_back({&run, item.rank, last_seq});
+        last_seq = r.seq();
         const std::int64_t id = store_.insert_report(r, item.payload, item.received_ns);
         if (id == 0) {  // the unique index knew it: a duplicate the seq map had not seen
-          ++batch.duplicates[item.run_id];
-          batch.settle(item, key);
+          ++batch.duplicates[&run];
+          batch.settle(item, run);
           break;
         }
-        batch.stored.push_back(&r);
-        stored_ids.push_back(id);
-        const v1::AgentCounters*& counters = progressed[key];
+        batch.stored.push_back({&run, &r, id});
+        const v1::AgentCounters*& counters = progressed[{&run, item.rank}];
         if (r.has_agent()) counters = &r.agent();
         for (const v1::PolicyOutcome& o : r.policy_outcomes()) {
           std::int64_t policy_id = 0;
@@ -237,8 +237,10 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
         for (const v1::TensorStats& t : r.tensors()) {
           delta_key.assign(item.run_id).append(1, '\0').append(t.name()).append(1, '\0');
           delta_key.push_back(static_cast<char>('0' + t.role()));
-          TensorTotals& d = deltas[delta_key];
+          Delta& delta = deltas[delta_key];
+          TensorTotals& d = delta.totals;
           if (d.samples == 0) {
+            delta.run = &run;
             d.run_id = item.run_id;
             d.name = t.name();
             d.role = t.role();
@@ -254,16 +256,19 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
             d.underflow += t.targets(0).underflow();
           }
         }
-        batch.settle(item, key);
+        batch.settle(item, run);
         break;
       }
       case IngestItem::Kind::kReject: {
-        AgentState& a = agents_[key];
+        std::uint64_t& last_seq = run.last_seq[item.rank];
         store_.insert_rejection(item.run_id, item.rank, item.seq, item.violation.field,
                                 item.violation.reason, item.violation.message, now_ns);
-        if (item.seq > a.last_seq) advance(key, a, item.seq);
-        progressed.try_emplace(key, nullptr);
-        batch.settle(item, key);
+        if (item.seq > last_seq) {
+          batch.previous_seq.push_back({&run, item.rank, last_seq});
+          last_seq = item.seq;
+        }
+        progressed.try_emplace({&run, item.rank}, nullptr);
+        batch.settle(item, run);
         break;
       }
     }
@@ -271,22 +276,22 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
 
   // Policy: the committed reports in commit order; decisions are stored in the same
   // transaction, so a decision exists exactly when the reports that caused it do.
-  for (std::size_t i = 0; i < batch.stored.size(); ++i) {
-    for (EngineUpdate& e :
-         policy_.observe(*batch.stored[i], stored_ids[i], now_ns, &batch.policy_errors)) {
+  for (const Batch::Stored& s : batch.stored) {
+    for (EngineUpdate& e : policy_.observe(*s.run, *s.report, s.id, now_ns, &batch.policy_errors)) {
       const std::int64_t id = store_.insert_decision(e.update.run_id(), e.engine_id, e.update);
       e.update.set_policy_id(std::to_string(id));
       store_.set_decision_update(id, e.update);
-      batch.decisions.push_back(std::move(e.update));
+      batch.decisions.emplace_back(s.run, std::move(e.update));
     }
   }
   for (const PolicySnapshot& s : policy_.snapshots(std::chrono::steady_clock::now(), false)) {
     store_.save_policy_state(s.run_id, std::string(policy_.mode_name()), s.state, s.last_report_id,
                              now_ns);
   }
-  for (auto& [k, d] : deltas) {
+  for (auto& [k, delta] : deltas) {
+    const TensorTotals& d = delta.totals;
     store_.add_tensor_totals(d);
-    TensorTotals& total = totals_[d.run_id][{d.name, d.role}];
+    TensorTotals& total = delta.run->totals[{d.name, d.role}];
     if (total.samples == 0) {
       total.run_id = d.run_id;
       total.name = d.name;
@@ -300,31 +305,30 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
     total.nonfinite += d.nonfinite;
     total.max_abs = std::max(total.max_abs, d.max_abs);
     total.last_step = std::max(total.last_step, d.last_step);
-    top_dirty_[d.run_id] = true;
+    delta.run->top_stale = true;
   }
-  for (const auto& [key, counters] : progressed) {
-    const auto& [run_id, rank] = identities[key];
-    store_.set_agent_progress(run_id, rank, agents_[key].last_seq, now_ns, counters);
+  for (const auto& [agent, counters] : progressed) {
+    const auto& [run, rank] = agent;
+    store_.set_agent_progress(run->id, rank, run->last_seq[rank], now_ns, counters);
   }
 }
 
 void Ingest::publish(Batch& batch, std::int64_t now_ns) {
   (void)now_ns;
-  for (const v1::StepReport* r : batch.stored) metrics_.on_report(*r);
-  for (const auto& [run_id, n] : batch.duplicates) metrics_.duplicates(run_id, n);
-  for (const auto& [run_id, gap] : batch.gaps) metrics_.seq_gap(run_id, gap.first, gap.second);
-  for (int i = 0; i < batch.policy_errors; ++i) metrics_.policy_error();
-  if (!batch.duplicates.empty()) {
-    std::lock_guard lock(mu_);
-    for (const auto& [run_id, n] : batch.duplicates) duplicates_[run_id] += n;
+  for (const Batch::Stored& s : batch.stored) metrics_.on_report(*s.run, *s.report);
+  for (const auto& [run, n] : batch.duplicates) {
+    metrics_.duplicates(*run, n);
+    run->duplicates.fetch_add(n, std::memory_order_relaxed);
   }
+  for (const Batch::Gap& g : batch.gaps) metrics_.seq_gap(*g.run, g.rank, g.missing);
+  for (int i = 0; i < batch.policy_errors; ++i) metrics_.policy_error();
 
   // Decisions first: an agent that sees Ack(n) has seen every decision the reports up to n
   // caused.
-  for (const v1::PolicyUpdate& u : batch.decisions) {
-    policy_.set_current(u.run_id(), u);
+  for (const auto& [run, u] : batch.decisions) {
+    policy_.set_current(*run, u);
     metrics_.policy_decision(
-        u.run_id(), policy_.mode_name(), decision_kind(u), u.reason(),
+        *run, policy_.mode_name(), decision_kind(u), u.reason(),
         u.has_loss_scale() ? std::optional<double>(u.loss_scale()) : std::nullopt,
         u.has_min_scale() ? std::optional<double>(u.min_scale()) : std::nullopt,
         static_cast<std::size_t>(u.fp32_tensors_size()));
@@ -333,9 +337,9 @@ void Ingest::publish(Batch& batch, std::int64_t now_ns) {
     for (const std::shared_ptr<StreamSink>& s : streams_.of_run(u.run_id())) s->on_policy(u);
   }
   for (auto& [ptr, result] : batch.sinks) {
-    result.sink->on_settled(agents_[result.agent].last_seq, result.items);
+    result.sink->on_settled(result.run->last_seq[result.rank], result.items);
     if (result.hello) {
-      if (std::optional<v1::PolicyUpdate> current = policy_.current(result.run_id)) {
+      if (std::optional<v1::PolicyUpdate> current = policy_.current(*result.run)) {
         result.sink->on_policy(*current);
       }
     }
@@ -349,7 +353,7 @@ void Ingest::publish(Batch& batch, std::int64_t now_ns) {
 void Ingest::fail(std::vector<IngestItem>& items, Batch& batch, const std::string& message) {
   // Undo in reverse so that each agent ends at its seq before the batch.
   for (auto it = batch.previous_seq.rbegin(); it != batch.previous_seq.rend(); ++it) {
-    agents_[it->first].last_seq = it->second;
+    it->run->last_seq[it->rank] = it->seq;
   }
   log_error("store: commit failed, nothing of the batch is stored: ", message);
   {
@@ -367,10 +371,9 @@ void Ingest::fail(std::vector<IngestItem>& items, Batch& batch, const std::strin
   if (on_failure_) on_failure_(message);
 }
 
-void Ingest::refresh_top_tensors(const std::string& run_id) {
-  const auto& all = totals_[run_id];
+void Ingest::refresh_top_tensors(RunState& run) {
   std::vector<const TensorTotals*> ranked;
-  for (const auto& [key, t] : all) {
+  for (const auto& [key, t] : run.totals) {
     if (tensor_score(t) > 0) ranked.push_back(&t);
   }
   const std::size_t k = std::min(options_.top_k, ranked.size());
@@ -382,7 +385,7 @@ void Ingest::refresh_top_tensors(const std::string& run_id) {
                     });
   std::vector<TensorTotals> top;
   for (std::size_t i = 0; i < k; ++i) top.push_back(*ranked[i]);
-  metrics_.set_top_tensors(run_id, top);
+  metrics_.set_top_tensors(run, top);
 }
 
 void Ingest::maintenance(bool force) {
@@ -390,14 +393,14 @@ void Ingest::maintenance(bool force) {
   try {
     if (force || now >= next_refresh_) {
       next_refresh_ = now + options_.refresh_interval;
-      for (auto& [run_id, dirty] : top_dirty_) {
-        if (dirty) refresh_top_tensors(run_id);
-        dirty = false;
-        metrics_.policy_target(run_id, policy_.target_scale(run_id));
-      }
-      for (const std::string& run_id : known_runs_) {
-        metrics_.set_agents_connected(run_id, streams_.connected_ranks(run_id).size());
-      }
+      runs_.for_each([&](RunState& run) {
+        if (!run.totals.empty()) {
+          if (run.top_stale) refresh_top_tensors(run);
+          run.top_stale = false;
+          metrics_.policy_target(run, policy_.target_scale(run));
+        }
+        metrics_.set_agents_connected(run, streams_.connected_ranks(run.id).size());
+      });
       metrics_.store_live_bytes(store_.live_bytes());
     }
     if (!force && now >= next_retention_) {

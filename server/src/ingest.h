@@ -5,8 +5,11 @@
 // streams. Duplicates by (run, rank, seq) are dropped here, against the last seq per agent,
 // which survives restarts in the store.
 //
-// Thread safety: submit() and duplicates() from any thread; everything else runs on the ingest
-// thread or before start() / after stop().
+// What it keeps per run (settled seq per agent, tensor totals) lives in the run's RunState
+// (run_registry.h), next to the run's policy engine and series.
+//
+// Thread safety: submit() from any thread; everything else runs on the ingest thread or before
+// start() / after stop().
 #pragma once
 
 #include <chrono>
@@ -14,18 +17,16 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "ampscope/v1/telemetry.pb.h"
 #include "metrics.h"
 #include "policy_host.h"
+#include "run_registry.h"
 #include "store.h"
 #include "streams.h"
 #include "validation.h"
@@ -58,8 +59,8 @@ struct IngestItem {
 
 class Ingest {
  public:
-  Ingest(StoreWriter& store, Metrics& metrics, PolicyHost& policy, StreamTable& streams,
-         IngestOptions options);
+  Ingest(StoreWriter& store, RunRegistry& runs, Metrics& metrics, PolicyHost& policy,
+         StreamTable& streams, IngestOptions options);
   ~Ingest();
 
   // Before start(): last seq per agent, tensor totals, policy engines from the store.
@@ -70,14 +71,10 @@ class Ingest {
   // Commits everything queued, saves the policy state, and joins the thread.
   void stop();
 
-  std::uint64_t duplicates(const std::string& run_id) const;
   // Called once, from the ingest thread, when a commit fails (the server then shuts down).
   void on_failure(std::function<void(const std::string&)> callback);
 
  private:
-  struct AgentState {
-    std::uint64_t last_seq = 0;
-  };
   struct Batch;
   void run();
   void process(std::vector<IngestItem>& items);
@@ -85,10 +82,10 @@ class Ingest {
   void publish(Batch& batch, std::int64_t now_ns);
   void fail(std::vector<IngestItem>& items, Batch& batch, const std::string& message);
   void maintenance(bool force);
-  void refresh_top_tensors(const std::string& run_id);
-  static std::string agent_key(const std::string& run_id, std::uint32_t rank);
+  void refresh_top_tensors(RunState& run);
 
   StoreWriter& store_;
+  RunRegistry& runs_;
   Metrics& metrics_;
   PolicyHost& policy_;
   StreamTable& streams_;
@@ -99,15 +96,10 @@ class Ingest {
   std::deque<IngestItem> queue_;
   bool stopping_ = false;
   bool stopped_ = false;
-  std::map<std::string, std::uint64_t> duplicates_;
   std::function<void(const std::string&)> on_failure_;
   std::thread thread_;
 
   // Ingest thread only.
-  std::unordered_map<std::string, AgentState> agents_;
-  std::map<std::string, std::map<std::pair<std::string, int>, TensorTotals>> totals_;
-  std::map<std::string, bool> top_dirty_;
-  std::set<std::string> known_runs_;
   std::chrono::steady_clock::time_point next_retention_{};
   std::chrono::steady_clock::time_point next_refresh_{};
 };

@@ -47,201 +47,202 @@ std::string_view format_label(int format) {
   return f ? format_name(*f) : "unspecified";
 }
 
-struct Metrics::Families {
-  explicit Families(prometheus::Registry& r)
-      : build_info(BuildGauge()
+struct MetricFamilies {
+  explicit MetricFamilies(std::shared_ptr<prometheus::Registry> owner)
+      : registry(std::move(owner)), build_info(BuildGauge()
                        .Name("ampscope_build_info")
                        .Help("Constant 1, labelled with the server version")
-                       .Register(r)),
+                       .Register(*registry)),
         streams_active(BuildGauge()
                            .Name("ampscope_streams_active")
                            .Help("Open Attach streams (agents connected)")
-                           .Register(r)),
+                           .Register(*registry)),
         streams_opened(BuildCounter()
                            .Name("ampscope_streams_opened_total")
                            .Help("Attach streams opened")
-                           .Register(r)),
+                           .Register(*registry)),
         auth_failures(BuildCounter()
                           .Name("ampscope_auth_failures_total")
                           .Help("Calls refused with UNAUTHENTICATED")
-                          .Register(r)),
+                          .Register(*registry)),
         rejected(BuildCounter()
                      .Name("ampscope_reports_rejected_total")
                      .Help("Messages refused by validation, by rule")
-                     .Register(r)),
+                     .Register(*registry)),
         duplicates(BuildCounter()
                        .Name("ampscope_reports_duplicate_total")
                        .Help("Replayed reports dropped because (run, rank, seq) was stored")
-                       .Register(r)),
+                       .Register(*registry)),
         seq_gaps(BuildCounter()
                      .Name("ampscope_report_seq_gaps_total")
                      .Help("Sequence numbers an agent skipped (reports it never sent)")
-                     .Register(r)),
+                     .Register(*registry)),
         ack_delay(BuildHistogram()
                       .Name("ampscope_ack_delay_seconds")
                       .Help("Time from reading a report to acknowledging its commit")
-                      .Register(r)),
+                      .Register(*registry)),
         commit_seconds(BuildHistogram()
                            .Name("ampscope_store_commit_duration_seconds")
                            .Help("Duration of one group commit (write and sync)")
-                           .Register(r)),
+                           .Register(*registry)),
         commits(BuildCounter()
                     .Name("ampscope_store_commits_total")
                     .Help("Group commits to the store")
-                    .Register(r)),
+                    .Register(*registry)),
         store_bytes(BuildGauge()
                         .Name("ampscope_store_live_bytes")
                         .Help("Bytes of live data in the store (pages in use)")
-                        .Register(r)),
+                        .Register(*registry)),
         retention_deleted(BuildCounter()
                               .Name("ampscope_retention_deleted_reports_total")
                               .Help("Reports deleted by the age or size retention limits")
-                              .Register(r)),
+                              .Register(*registry)),
         policy_errors(BuildCounter()
                           .Name("ampscope_policy_errors_total")
                           .Help("Reports the policy engine refused (logged with the field)")
-                          .Register(r)),
+                          .Register(*registry)),
         tensor_stats(BuildCounter()
                          .Name("ampscope_tensor_stats_total")
                          .Help("TensorStats stored")
-                         .Register(r)),
-        steps(BuildCounter().Name("ampscope_steps_total").Help("Step reports stored").Register(r)),
+                         .Register(*registry)),
+        steps(BuildCounter().Name("ampscope_steps_total").Help("Step reports stored").Register(*registry)),
         skipped(BuildCounter()
                     .Name("ampscope_skipped_steps_total")
                     .Help("Steps whose optimizer update was skipped")
-                    .Register(r)),
+                    .Register(*registry)),
         found_inf(BuildCounter()
                       .Name("ampscope_found_inf_steps_total")
                       .Help("Steps whose gradients held NaN or Inf at the check")
-                      .Register(r)),
+                      .Register(*registry)),
         step_seconds(BuildCounter()
                          .Name("ampscope_step_seconds_total")
                          .Help("Wall time of the reported steps")
-                         .Register(r)),
+                         .Register(*registry)),
         tokens(BuildCounter()
                    .Name("ampscope_tokens_total")
                    .Help("Tokens in the reported steps")
-                   .Register(r)),
+                   .Register(*registry)),
         agent_dropped(BuildCounter()
                           .Name("ampscope_agent_dropped_reports_total")
                           .Help("Reports the agent dropped because its queue and spool were full")
-                          .Register(r)),
-        step(BuildGauge().Name("ampscope_step").Help("Latest reported step index").Register(r)),
+                          .Register(*registry)),
+        step(BuildGauge().Name("ampscope_step").Help("Latest reported step index").Register(*registry)),
         loss(BuildGauge()
                  .Name("ampscope_loss")
                  .Help("Training loss of the latest reported step (NaN when not finite)")
-                 .Register(r)),
+                 .Register(*registry)),
         loss_scale(BuildGauge()
                        .Name("ampscope_loss_scale")
                        .Help("Loss scale after the latest reported step")
-                       .Register(r)),
+                       .Register(*registry)),
         val_loss(BuildGauge()
                      .Name("ampscope_validation_loss")
                      .Help("Validation loss of the latest evaluated step (NaN when not finite)")
-                     .Register(r)),
+                     .Register(*registry)),
         loss_scale_min(BuildGauge()
                            .Name("ampscope_loss_scale_min")
                            .Help("The scaler's lowest loss scale (its Hello or a policy update); "
                                  "absent when it has none")
-                           .Register(r)),
+                           .Register(*registry)),
         grad_norm(BuildGauge()
                       .Name("ampscope_grad_norm")
                       .Help("Global gradient L2 norm (unscaled) of the latest reported step")
-                      .Register(r)),
+                      .Register(*registry)),
         lr(BuildGauge()
                .Name("ampscope_learning_rate")
                .Help("Learning rate of the latest reported step")
-               .Register(r)),
+               .Register(*registry)),
         tc_ratio(BuildGauge()
                      .Name("ampscope_tensor_core_active_ratio")
                      .Help("Share of cycles the tensor pipes were active, latest sampled step")
-                     .Register(r)),
+                     .Register(*registry)),
         spool_bytes(BuildGauge()
                         .Name("ampscope_agent_spool_bytes")
                         .Help("Bytes in the agent's on-disk spool")
-                        .Register(r)),
+                        .Register(*registry)),
         nonfinite(BuildCounter()
                       .Name("ampscope_nonfinite_values_total")
                       .Help("NaN, +Inf and -Inf elements observed, by tensor role")
-                      .Register(r)),
+                      .Register(*registry)),
         first_offenders(BuildCounter()
                             .Name("ampscope_first_offenders_total")
                             .Help("Steps whose first non-finite tensor had this role")
-                            .Register(r)),
+                            .Register(*registry)),
         checked(BuildCounter()
                     .Name("ampscope_checked_values_total")
                     .Help("Finite nonzero elements checked against the target format "
                           "(targets[0])")
-                    .Register(r)),
+                    .Register(*registry)),
         overflow(BuildCounter()
                      .Name("ampscope_overflow_values_total")
                      .Help("Elements that overflow the target format at the scale in use")
-                     .Register(r)),
+                     .Register(*registry)),
         underflow(BuildCounter()
                       .Name("ampscope_underflow_values_total")
                       .Help("Nonzero elements that round to zero in the target format")
-                      .Register(r)),
+                      .Register(*registry)),
         subnormal(BuildCounter()
                       .Name("ampscope_subnormal_values_total")
                       .Help("Elements that round to a subnormal of the target format")
-                      .Register(r)),
+                      .Register(*registry)),
         overflow_ratio(BuildGauge()
                            .Name("ampscope_overflow_ratio")
                            .Help("Overflowing share of checked elements, latest step")
-                           .Register(r)),
+                           .Register(*registry)),
         underflow_ratio(BuildGauge()
                             .Name("ampscope_underflow_ratio")
                             .Help("Underflowing share of checked elements, latest step")
-                            .Register(r)),
+                            .Register(*registry)),
         gradient(BuildHistogram()
                      .Name("ampscope_gradient_magnitude")
                      .Help("Unscaled gradient magnitudes |g|, power-of-two buckets (from the "
                            "binade histograms; _sum approximates each binade by 1.5 * 2^e)")
-                     .Register(r)),
+                     .Register(*registry)),
         tensor_underflow(BuildGauge()
                              .Name("ampscope_tensor_underflow_ratio")
                              .Help("Underflowing share of a top-K tensor's checked elements, "
                                    "over the run")
-                             .Register(r)),
+                             .Register(*registry)),
         tensor_overflow(BuildGauge()
                             .Name("ampscope_tensor_overflow_ratio")
                             .Help("Overflowing share of a top-K tensor's checked elements, "
                                   "over the run")
-                            .Register(r)),
+                            .Register(*registry)),
         tensor_nonfinite(BuildGauge()
                              .Name("ampscope_tensor_nonfinite_values")
                              .Help("Non-finite elements of a top-K tensor over the run")
-                             .Register(r)),
+                             .Register(*registry)),
         tensor_max_abs(BuildGauge()
                            .Name("ampscope_tensor_max_abs")
                            .Help("Largest unscaled |x| of a top-K tensor over the run")
-                           .Register(r)),
+                           .Register(*registry)),
         agents_connected(BuildGauge()
                              .Name("ampscope_agents_connected")
                              .Help("Agents of the run with an open stream")
-                             .Register(r)),
+                             .Register(*registry)),
         policy_decisions(BuildCounter()
                              .Name("ampscope_policy_decisions_total")
                              .Help("Policy decisions pushed, by mode and kind "
                                    "(scale, params, fp32_fallback)")
-                             .Register(r)),
+                             .Register(*registry)),
         policy_last(BuildGauge()
                         .Name("ampscope_policy_last_decision_info")
                         .Help("Constant 1, labelled with the latest decision's reason")
-                        .Register(r)),
+                        .Register(*registry)),
         policy_scale(BuildGauge()
                          .Name("ampscope_policy_loss_scale")
                          .Help("Loss scale of the latest policy decision that set one")
-                         .Register(r)),
+                         .Register(*registry)),
         policy_target(BuildGauge()
                           .Name("ampscope_policy_target_loss_scale")
                           .Help("Scale the headroom evaluation wants now (also in observe mode)")
-                          .Register(r)),
+                          .Register(*registry)),
         policy_fp32(BuildGauge()
                         .Name("ampscope_policy_fp32_tensors")
                         .Help("Tensors the policy keeps in FP32")
-                        .Register(r)) {}
+                        .Register(*registry)) {}
 
+  std::shared_ptr<prometheus::Registry> registry;  // owns the families below
   Family<Gauge>& build_info;
   Family<Gauge>& streams_active;
   Family<Counter>& streams_opened;
@@ -292,66 +293,214 @@ struct Metrics::Families {
   Family<Gauge>& policy_fp32;
 };
 
-struct Metrics::FormatSeries {
-  Counter* checked;
-  Counter* overflow;
-  Counter* underflow;
-  Counter* subnormal;
-  Gauge* overflow_ratio;
-  Gauge* underflow_ratio;
-};
-
-struct Metrics::RoleSeries {
-  std::array<Counter*, 3> nonfinite{};
-  Counter* first_offenders = nullptr;
-  std::array<std::unique_ptr<FormatSeries>, kFormats> formats;
-};
-
-struct Metrics::RankSeries {
-  std::string rank;
-  Counter* steps;
-  Counter* skipped;
-  Counter* found_inf;
-  Counter* step_seconds;
-  Counter* tokens;
-  Counter* agent_dropped;
-  Counter* seq_gaps;
-  Gauge* step;
-  Gauge* loss;
-  Gauge* loss_scale;
-  Gauge* grad_norm;
-  Gauge* lr;
-  Gauge* tc_ratio = nullptr;        // created at the first measured value
-  Gauge* val_loss = nullptr;        // created at the first evaluation
-  Gauge* loss_scale_min = nullptr;  // created when the scaler has a minimum
-  Gauge* spool_bytes;
-  std::uint64_t agent_dropped_seen = 0;
-  std::array<std::unique_ptr<RoleSeries>, kRoles> roles;
-};
-
-struct Metrics::RunSeries {
-  std::string run_id;
-  Counter* tensor_stats;
-  Counter* duplicates;
-  Gauge* agents_connected;
-  std::array<Histogram*, 2> gradient{};  // activation_grad, weight_grad
-  std::unordered_map<std::uint32_t, std::unique_ptr<RankSeries>> ranks;
+// A run's cached series. Everything created through it is removed from its family when it is
+// destroyed (RemoveSeries), so a run that is forgotten or evicted leaves /metrics entirely.
+struct RunSeries {
+  struct Format {
+    Counter* checked;
+    Counter* overflow;
+    Counter* underflow;
+    Counter* subnormal;
+    Gauge* overflow_ratio;
+    Gauge* underflow_ratio;
+  };
+  struct Role {
+    std::array<Counter*, 3> nonfinite{};
+    Counter* first_offenders = nullptr;
+    std::array<std::unique_ptr<Format>, kFormats> formats;
+  };
+  struct Rank {
+    std::string rank;
+    Counter* steps;
+    Counter* skipped;
+    Counter* found_inf;
+    Counter* step_seconds;
+    Counter* tokens;
+    Counter* agent_dropped;
+    Counter* seq_gaps;
+    Gauge* step;
+    Gauge* loss;
+    Gauge* loss_scale;
+    Gauge* grad_norm;
+    Gauge* lr;
+    Gauge* tc_ratio = nullptr;        // created at the first measured value
+    Gauge* val_loss = nullptr;        // created at the first evaluation
+    Gauge* loss_scale_min = nullptr;  // created when the scaler has a minimum
+    Gauge* spool_bytes;
+    std::uint64_t agent_dropped_seen = 0;
+    std::array<std::unique_ptr<Role>, kRoles> roles;
+  };
   struct TensorSeries {
     Gauge* underflow;
     Gauge* overflow;
     Gauge* nonfinite;
     Gauge* max_abs;
   };
+
+  RunSeries(std::shared_ptr<MetricFamilies> families, const std::string& run_id);
+  ~RunSeries();
+  RunSeries(const RunSeries&) = delete;
+  RunSeries& operator=(const RunSeries&) = delete;
+
+  Rank& rank(std::uint32_t rank);
+  Role& role(Rank& rank, int role);
+  Format& format(Rank& rank, int role, int format);
+  // Sets (min_scale > 0) or removes (0: none) ampscope_loss_scale_min of `rank`.
+  void set_loss_scale_min(Rank& rank, double min_scale);
+  void remove_tensor(const TensorSeries& t);
+
+  std::shared_ptr<MetricFamilies> f;
+  std::string run_id;
+  Counter* tensor_stats;
+  Counter* duplicates;
+  Gauge* agents_connected;
+  std::array<Histogram*, 2> gradient{};  // activation_grad, weight_grad
+  std::unordered_map<std::uint32_t, std::unique_ptr<Rank>> ranks;
   std::map<std::pair<std::string, int>, TensorSeries> tensors;  // (name, role) of the top-K
+  std::map<std::pair<std::string, std::string>, Counter*> decisions;  // by (mode, kind)
   Gauge* policy_last = nullptr;
   Gauge* policy_scale = nullptr;
   Gauge* policy_target = nullptr;
   Gauge* policy_fp32 = nullptr;
 };
 
+void RemoveSeries::operator()(RunSeries* series) const { delete series; }
+
+namespace {
+
+template <typename T>
+void remove(Family<T>& family, T* series) {
+  if (series != nullptr) family.Remove(series);
+}
+
+}  // namespace
+
+RunSeries::RunSeries(std::shared_ptr<MetricFamilies> families, const std::string& id)
+    : f(std::move(families)), run_id(id) {
+  const prometheus::Labels run{{"run", run_id}};
+  tensor_stats = &f->tensor_stats.Add(run);
+  duplicates = &f->duplicates.Add(run);
+  agents_connected = &f->agents_connected.Add(run);
+  const Histogram::BucketBoundaries buckets = gradient_buckets();
+  gradient[0] = &f->gradient.Add({{"run", run_id}, {"role", "activation_grad"}}, buckets);
+  gradient[1] = &f->gradient.Add({{"run", run_id}, {"role", "weight_grad"}}, buckets);
+}
+
+RunSeries::~RunSeries() {
+  remove(f->tensor_stats, tensor_stats);
+  remove(f->duplicates, duplicates);
+  remove(f->agents_connected, agents_connected);
+  for (Histogram* h : gradient) remove(f->gradient, h);
+  for (auto& [id, r] : ranks) {
+    remove(f->steps, r->steps);
+    remove(f->skipped, r->skipped);
+    remove(f->found_inf, r->found_inf);
+    remove(f->step_seconds, r->step_seconds);
+    remove(f->tokens, r->tokens);
+    remove(f->agent_dropped, r->agent_dropped);
+    remove(f->seq_gaps, r->seq_gaps);
+    remove(f->step, r->step);
+    remove(f->loss, r->loss);
+    remove(f->loss_scale, r->loss_scale);
+    remove(f->grad_norm, r->grad_norm);
+    remove(f->lr, r->lr);
+    remove(f->tc_ratio, r->tc_ratio);
+    remove(f->val_loss, r->val_loss);
+    remove(f->loss_scale_min, r->loss_scale_min);
+    remove(f->spool_bytes, r->spool_bytes);
+    for (const std::unique_ptr<Role>& role : r->roles) {
+      if (!role) continue;
+      for (Counter* c : role->nonfinite) remove(f->nonfinite, c);
+      remove(f->first_offenders, role->first_offenders);
+      for (const std::unique_ptr<Format>& fs : role->formats) {
+        if (!fs) continue;
+        remove(f->checked, fs->checked);
+        remove(f->overflow, fs->overflow);
+        remove(f->underflow, fs->underflow);
+        remove(f->subnormal, fs->subnormal);
+        remove(f->overflow_ratio, fs->overflow_ratio);
+        remove(f->underflow_ratio, fs->underflow_ratio);
+      }
+    }
+  }
+  for (const auto& [key, t] : tensors) remove_tensor(t);
+  for (const auto& [key, c] : decisions) remove(f->policy_decisions, c);
+  remove(f->policy_last, policy_last);
+  remove(f->policy_scale, policy_scale);
+  remove(f->policy_target, policy_target);
+  remove(f->policy_fp32, policy_fp32);
+}
+
+void RunSeries::remove_tensor(const TensorSeries& t) {
+  remove(f->tensor_underflow, t.underflow);
+  remove(f->tensor_overflow, t.overflow);
+  remove(f->tensor_nonfinite, t.nonfinite);
+  remove(f->tensor_max_abs, t.max_abs);
+}
+
+RunSeries::Rank& RunSeries::rank(std::uint32_t rank) {
+  auto it = ranks.find(rank);
+  if (it != ranks.end()) return *it->second;
+  auto s = std::make_unique<Rank>();
+  s->rank = std::to_string(rank);
+  const prometheus::Labels l{{"run", run_id}, {"rank", s->rank}};
+  s->steps = &f->steps.Add(l);
+  s->skipped = &f->skipped.Add(l);
+  s->found_inf = &f->found_inf.Add(l);
+  s->step_seconds = &f->step_seconds.Add(l);
+  s->tokens = &f->tokens.Add(l);
+  s->agent_dropped = &f->agent_dropped.Add(l);
+  s->seq_gaps = &f->seq_gaps.Add(l);
+  s->step = &f->step.Add(l);
+  s->loss = &f->loss.Add(l);
+  s->loss_scale = &f->loss_scale.Add(l);
+  s->grad_norm = &f->grad_norm.Add(l);
+  s->lr = &f->lr.Add(l);
+  s->spool_bytes = &f->spool_bytes.Add(l);
+  return *ranks.emplace(rank, std::move(s)).first->second;
+}
+
+RunSeries::Role& RunSeries::role(Rank& rank, int role) {
+  std::unique_ptr<Role>& slot = rank.roles[role];
+  if (slot) return *slot;
+  slot = std::make_unique<Role>();
+  const std::string role_name(role_label(role));
+  for (std::size_t k = 0; k < kNonfiniteKinds.size(); ++k) {
+    slot->nonfinite[k] = &f->nonfinite.Add(
+        {{"run", run_id}, {"rank", rank.rank}, {"role", role_name}, {"kind", kNonfiniteKinds[k]}});
+  }
+  slot->first_offenders =
+      &f->first_offenders.Add({{"run", run_id}, {"rank", rank.rank}, {"role", role_name}});
+  return *slot;
+}
+
+RunSeries::Format& RunSeries::format(Rank& rank, int role_id, int format) {
+  std::unique_ptr<Format>& slot = role(rank, role_id).formats[format];
+  if (slot) return *slot;
+  const prometheus::Labels l{{"run", run_id},
+                             {"rank", rank.rank},
+                             {"role", std::string(role_label(role_id))},
+                             {"format", std::string(format_label(format))}};
+  slot = std::make_unique<Format>(
+      Format{&f->checked.Add(l), &f->overflow.Add(l), &f->underflow.Add(l), &f->subnormal.Add(l),
+             &f->overflow_ratio.Add(l), &f->underflow_ratio.Add(l)});
+  return *slot;
+}
+
+void RunSeries::set_loss_scale_min(Rank& rank, double min_scale) {
+  if (min_scale > 0.0) {
+    if (rank.loss_scale_min == nullptr) {
+      rank.loss_scale_min = &f->loss_scale_min.Add({{"run", run_id}, {"rank", rank.rank}});
+    }
+    rank.loss_scale_min->Set(min_scale);
+  } else if (rank.loss_scale_min != nullptr) {
+    f->loss_scale_min.Remove(rank.loss_scale_min);
+    rank.loss_scale_min = nullptr;
+  }
+}
+
 Metrics::Metrics(std::string version)
-    : registry_(std::make_shared<prometheus::Registry>()),
-      f_(std::make_unique<Families>(*registry_)) {
+    : f_(std::make_shared<MetricFamilies>(std::make_shared<prometheus::Registry>())) {
   f_->build_info.Add({{"version", std::move(version)}}).Set(1);
   streams_active_ = &f_->streams_active.Add({});
   streams_opened_ = &f_->streams_opened.Add({});
@@ -371,6 +520,8 @@ Metrics::Metrics(std::string version)
 }
 
 Metrics::~Metrics() = default;
+
+std::shared_ptr<prometheus::Registry> Metrics::registry() const { return f_->registry; }
 
 void Metrics::stream_opened() {
   streams_opened_->Increment();
@@ -403,102 +554,31 @@ void Metrics::retention_deleted(std::int64_t reports) {
 
 void Metrics::policy_error() { policy_errors_->Increment(); }
 
-Metrics::RunSeries& Metrics::run_series(const std::string& run_id) {
-  auto it = runs_.find(run_id);
-  if (it != runs_.end()) return *it->second;
-  auto s = std::make_unique<RunSeries>();
-  s->run_id = run_id;
-  const prometheus::Labels run{{"run", run_id}};
-  s->tensor_stats = &f_->tensor_stats.Add(run);
-  s->duplicates = &f_->duplicates.Add(run);
-  s->agents_connected = &f_->agents_connected.Add(run);
-  const Histogram::BucketBoundaries buckets = gradient_buckets();
-  s->gradient[0] = &f_->gradient.Add({{"run", run_id}, {"role", "activation_grad"}}, buckets);
-  s->gradient[1] = &f_->gradient.Add({{"run", run_id}, {"role", "weight_grad"}}, buckets);
-  return *runs_.emplace(run_id, std::move(s)).first->second;
-}
-
-Metrics::RankSeries& Metrics::rank_series(RunSeries& run, std::uint32_t rank) {
-  auto it = run.ranks.find(rank);
-  if (it != run.ranks.end()) return *it->second;
-  auto s = std::make_unique<RankSeries>();
-  s->rank = std::to_string(rank);
-  const prometheus::Labels l{{"run", run.run_id}, {"rank", s->rank}};
-  s->steps = &f_->steps.Add(l);
-  s->skipped = &f_->skipped.Add(l);
-  s->found_inf = &f_->found_inf.Add(l);
-  s->step_seconds = &f_->step_seconds.Add(l);
-  s->tokens = &f_->tokens.Add(l);
-  s->agent_dropped = &f_->agent_dropped.Add(l);
-  s->seq_gaps = &f_->seq_gaps.Add(l);
-  s->step = &f_->step.Add(l);
-  s->loss = &f_->loss.Add(l);
-  s->loss_scale = &f_->loss_scale.Add(l);
-  s->grad_norm = &f_->grad_norm.Add(l);
-  s->lr = &f_->lr.Add(l);
-  s->spool_bytes = &f_->spool_bytes.Add(l);
-  return *run.ranks.emplace(rank, std::move(s)).first->second;
-}
-
-Metrics::RoleSeries& Metrics::role_series(RunSeries& run, RankSeries& rank, int role) {
-  std::unique_ptr<RoleSeries>& slot = rank.roles[role];
-  if (slot) return *slot;
-  slot = std::make_unique<RoleSeries>();
-  const std::string role_name(role_label(role));
-  for (std::size_t k = 0; k < kNonfiniteKinds.size(); ++k) {
-    slot->nonfinite[k] = &f_->nonfinite.Add({{"run", run.run_id},
-                                             {"rank", rank.rank},
-                                             {"role", role_name},
-                                             {"kind", kNonfiniteKinds[k]}});
+RunSeries& Metrics::run_series(RunState& run) {
+  if (!run.series) {
+    run.series.reset(new RunSeries(f_, run.id));
+    run.top_stale = true;  // the new series have no top-K tensors yet
   }
-  slot->first_offenders =
-      &f_->first_offenders.Add({{"run", run.run_id}, {"rank", rank.rank}, {"role", role_name}});
-  return *slot;
+  return *run.series;
 }
 
-Metrics::FormatSeries& Metrics::format_series(RunSeries& run, RankSeries& rank, int role,
-                                              int format) {
-  std::unique_ptr<FormatSeries>& slot = role_series(run, rank, role).formats[format];
-  if (slot) return *slot;
-  const prometheus::Labels l{{"run", run.run_id},
-                             {"rank", rank.rank},
-                             {"role", std::string(role_label(role))},
-                             {"format", std::string(format_label(format))}};
-  slot = std::make_unique<FormatSeries>(
-      FormatSeries{&f_->checked.Add(l), &f_->overflow.Add(l), &f_->underflow.Add(l),
-                   &f_->subnormal.Add(l), &f_->overflow_ratio.Add(l), &f_->underflow_ratio.Add(l)});
-  return *slot;
+void Metrics::duplicates(RunState& run, std::uint64_t n) {
+  increment(run_series(run).duplicates, static_cast<double>(n));
 }
 
-void Metrics::duplicates(const std::string& run_id, std::uint64_t n) {
-  increment(run_series(run_id).duplicates, static_cast<double>(n));
+void Metrics::seq_gap(RunState& run, std::uint32_t rank, std::uint64_t missing) {
+  RunSeries& s = run_series(run);
+  increment(s.rank(rank).seq_gaps, static_cast<double>(missing));
 }
 
-void Metrics::seq_gap(const std::string& run_id, std::uint32_t rank, std::uint64_t missing) {
-  RunSeries& run = run_series(run_id);
-  increment(rank_series(run, rank).seq_gaps, static_cast<double>(missing));
+void Metrics::on_hello(RunState& run, const v1::Hello& hello) {
+  RunSeries& s = run_series(run);
+  s.set_loss_scale_min(s.rank(hello.rank()), hello.scaler().min_scale());
 }
 
-void Metrics::set_loss_scale_min(RunSeries& run, RankSeries& rank, double min_scale) {
-  if (min_scale > 0.0) {
-    if (rank.loss_scale_min == nullptr) {
-      rank.loss_scale_min = &f_->loss_scale_min.Add({{"run", run.run_id}, {"rank", rank.rank}});
-    }
-    rank.loss_scale_min->Set(min_scale);
-  } else if (rank.loss_scale_min != nullptr) {
-    f_->loss_scale_min.Remove(rank.loss_scale_min);
-    rank.loss_scale_min = nullptr;
-  }
-}
-
-void Metrics::on_hello(const v1::Hello& hello) {
-  RunSeries& run = run_series(hello.run_id());
-  set_loss_scale_min(run, rank_series(run, hello.rank()), hello.scaler().min_scale());
-}
-
-void Metrics::on_report(const v1::StepReport& r) {
-  RunSeries& run = run_series(r.run_id());
-  RankSeries& rank = rank_series(run, r.rank());
+void Metrics::on_report(RunState& state, const v1::StepReport& r) {
+  RunSeries& run = run_series(state);
+  RunSeries::Rank& rank = run.rank(r.rank());
   rank.steps->Increment();
   if (r.skipped()) rank.skipped->Increment();
   if (r.found_inf()) rank.found_inf->Increment();
@@ -532,7 +612,7 @@ void Metrics::on_report(const v1::StepReport& r) {
   }
   if (r.has_first_offender()) {
     const int role = r.first_offender().role();
-    if (role > 0 && role < kRoles) role_series(run, rank, role).first_offenders->Increment();
+    if (role > 0 && role < kRoles) run.role(rank, role).first_offenders->Increment();
   }
   increment(run.tensor_stats, r.tensors_size());
 
@@ -588,11 +668,11 @@ void Metrics::on_report(const v1::StepReport& r) {
   for (int role = 1; role < kRoles; ++role) {
     const Sums& s = sums[role];
     if (!s.seen) continue;
-    RoleSeries& rs = role_series(run, rank, role);
+    RunSeries::Role& rs = run.role(rank, role);
     for (int k = 0; k < 3; ++k) increment(rs.nonfinite[k], s.nonfinite[k]);
     for (int fmt = 0; fmt < kFormats; ++fmt) {
       if (!s.has_target[fmt]) continue;
-      FormatSeries& fs = format_series(run, rank, role, fmt);
+      RunSeries::Format& fs = run.format(rank, role, fmt);
       const auto& v = s.target[fmt];
       increment(fs.checked, v[0]);
       increment(fs.overflow, v[1]);
@@ -607,8 +687,9 @@ void Metrics::on_report(const v1::StepReport& r) {
   }
 }
 
-void Metrics::set_top_tensors(const std::string& run_id, const std::vector<TensorTotals>& top) {
-  RunSeries& run = run_series(run_id);
+void Metrics::set_top_tensors(RunState& state, const std::vector<TensorTotals>& top) {
+  RunSeries& run = run_series(state);
+  const std::string& run_id = state.id;
   std::map<std::pair<std::string, int>, const TensorTotals*> wanted;
   for (const TensorTotals& t : top) wanted[{t.name, t.role}] = &t;
   for (auto it = run.tensors.begin(); it != run.tensors.end();) {
@@ -616,10 +697,7 @@ void Metrics::set_top_tensors(const std::string& run_id, const std::vector<Tenso
       ++it;
       continue;
     }
-    f_->tensor_underflow.Remove(it->second.underflow);
-    f_->tensor_overflow.Remove(it->second.overflow);
-    f_->tensor_nonfinite.Remove(it->second.nonfinite);
-    f_->tensor_max_abs.Remove(it->second.max_abs);
+    run.remove_tensor(it->second);
     it = run.tensors.erase(it);
   }
   for (const auto& [key, t] : wanted) {
@@ -646,21 +724,24 @@ void Metrics::set_top_tensors(const std::string& run_id, const std::vector<Tenso
   }
 }
 
-void Metrics::set_agents_connected(const std::string& run_id, std::size_t n) {
-  run_series(run_id).agents_connected->Set(static_cast<double>(n));
+void Metrics::set_agents_connected(RunState& run, std::size_t n) {
+  run_series(run).agents_connected->Set(static_cast<double>(n));
 }
 
-void Metrics::policy_decision(const std::string& run_id, std::string_view mode,
-                              std::string_view kind, const std::string& reason,
-                              std::optional<double> loss_scale, std::optional<double> min_scale,
-                              std::size_t fp32_tensors) {
-  RunSeries& run = run_series(run_id);
+void Metrics::policy_decision(RunState& state, std::string_view mode, std::string_view kind,
+                              const std::string& reason, std::optional<double> loss_scale,
+                              std::optional<double> min_scale, std::size_t fp32_tensors) {
+  RunSeries& run = run_series(state);
+  const std::string& run_id = state.id;
   if (min_scale) {
-    for (auto& [rank_id, rank] : run.ranks) set_loss_scale_min(run, *rank, *min_scale);
+    for (auto& [rank_id, rank] : run.ranks) run.set_loss_scale_min(*rank, *min_scale);
   }
-  f_->policy_decisions
-      .Add({{"run", run_id}, {"mode", std::string(mode)}, {"kind", std::string(kind)}})
-      .Increment();
+  Counter*& decisions = run.decisions[{std::string(mode), std::string(kind)}];
+  if (decisions == nullptr) {
+    decisions = &f_->policy_decisions.Add(
+        {{"run", run_id}, {"mode", std::string(mode)}, {"kind", std::string(kind)}});
+  }
+  decisions->Increment();
   if (run.policy_last != nullptr) f_->policy_last.Remove(run.policy_last);
   run.policy_last = &f_->policy_last.Add({{"run", run_id},
                                           {"mode", std::string(mode)},
@@ -675,11 +756,11 @@ void Metrics::policy_decision(const std::string& run_id, std::string_view mode,
   run.policy_fp32->Set(static_cast<double>(fp32_tensors));
 }
 
-void Metrics::policy_target(const std::string& run_id, std::optional<double> target_scale) {
+void Metrics::policy_target(RunState& state, std::optional<double> target_scale) {
   if (!target_scale) return;
-  RunSeries& run = run_series(run_id);
+  RunSeries& run = run_series(state);
   if (run.policy_target == nullptr) {
-    run.policy_target = &f_->policy_target.Add({{"run", run_id}});
+    run.policy_target = &f_->policy_target.Add({{"run", state.id}});
   }
   run.policy_target->Set(*target_scale);
 }

@@ -2,9 +2,11 @@
 //
 // Families are built once into one long-lived registry. Series are created the first time a
 // (run, rank[, role[, format]]) appears and their Counter&/Gauge& are cached in plain structs,
-// so the hot path never looks labels up. Per-tensor series exist only for the top-K tensors of
-// each run (set_top_tensors replaces them). The gradient magnitude distribution is a histogram
-// with power-of-two buckets fed with pre-bucketed counts (ObserveMultiple).
+// so the hot path never looks labels up. A run's cached series (RunSeries) hang off its
+// RunState (run_registry.h); destroying them removes them from the families, so a run that is
+// forgotten leaves /metrics. Per-tensor series exist only for the top-K tensors of each run
+// (set_top_tensors replaces them). The gradient magnitude distribution is a histogram with
+// power-of-two buckets fed with pre-bucketed counts (ObserveMultiple).
 //
 // Thread safety: the per-run/per-report methods are called by the ingest thread only; the
 // server-level counters (streams, auth, rejections) from any thread (prometheus-cpp metrics are
@@ -24,10 +26,10 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "ampscope/v1/telemetry.pb.h"
+#include "run_registry.h"
 #include "store.h"
 
 namespace ampscope::server {
@@ -38,12 +40,15 @@ namespace ampscope::server {
 inline constexpr int kGradBucketMinLog2 = -64;
 inline constexpr int kGradBucketMaxLog2 = 16;
 
+// The families, shared by Metrics and every RunSeries (which removes its series from them).
+struct MetricFamilies;
+
 class Metrics {
  public:
   explicit Metrics(std::string version);
   ~Metrics();
 
-  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+  std::shared_ptr<prometheus::Registry> registry() const;
 
   // Any thread.
   void stream_opened();
@@ -54,37 +59,26 @@ class Metrics {
 
   // Ingest thread.
   void commit(double seconds, std::size_t reports);
-  void duplicates(const std::string& run_id, std::uint64_t n);
-  void seq_gap(const std::string& run_id, std::uint32_t rank, std::uint64_t missing);
-  // Per-rank series known from the Hello (the scaler's minimum).
-  void on_hello(const v1::Hello& hello);
-  void on_report(const v1::StepReport& report);
-  void set_top_tensors(const std::string& run_id, const std::vector<TensorTotals>& top);
-  void set_agents_connected(const std::string& run_id, std::size_t n);
   void store_live_bytes(std::uint64_t bytes);
   void retention_deleted(std::int64_t reports);
-  void policy_decision(const std::string& run_id, std::string_view mode, std::string_view kind,
+  void policy_error();
+  // Per run: the series live in `run.series`.
+  void duplicates(RunState& run, std::uint64_t n);
+  void seq_gap(RunState& run, std::uint32_t rank, std::uint64_t missing);
+  // Per-rank series known from the Hello (the scaler's minimum).
+  void on_hello(RunState& run, const v1::Hello& hello);
+  void on_report(RunState& run, const v1::StepReport& report);
+  void set_top_tensors(RunState& run, const std::vector<TensorTotals>& top);
+  void set_agents_connected(RunState& run, std::size_t n);
+  void policy_decision(RunState& run, std::string_view mode, std::string_view kind,
                        const std::string& reason, std::optional<double> loss_scale,
                        std::optional<double> min_scale, std::size_t fp32_tensors);
-  void policy_target(const std::string& run_id, std::optional<double> target_scale);
-  void policy_error();
+  void policy_target(RunState& run, std::optional<double> target_scale);
 
  private:
-  struct FormatSeries;
-  struct RoleSeries;
-  struct RankSeries;
-  struct RunSeries;
-  RunSeries& run_series(const std::string& run_id);
-  RankSeries& rank_series(RunSeries& run, std::uint32_t rank);
-  RoleSeries& role_series(RunSeries& run, RankSeries& rank, int role);
-  // Sets (min_scale > 0) or removes (0: none) ampscope_loss_scale_min of `rank`.
-  void set_loss_scale_min(RunSeries& run, RankSeries& rank, double min_scale);
-  FormatSeries& format_series(RunSeries& run, RankSeries& rank, int role, int format);
+  RunSeries& run_series(RunState& run);
 
-  std::shared_ptr<prometheus::Registry> registry_;
-  struct Families;
-  std::unique_ptr<Families> f_;
-  std::unordered_map<std::string, std::unique_ptr<RunSeries>> runs_;
+  std::shared_ptr<MetricFamilies> f_;
   // Server-level series, created up front.
   prometheus::Gauge* streams_active_;
   prometheus::Counter* streams_opened_;

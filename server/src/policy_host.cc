@@ -110,8 +110,9 @@ std::string_view decision_kind(const v1::PolicyUpdate& u) {
   return "fp32_fallback";
 }
 
-PolicyHost::PolicyHost(policy::EngineConfig config, std::chrono::milliseconds snapshot_interval)
-    : config_(std::move(config)), snapshot_interval_(snapshot_interval) {}
+PolicyHost::PolicyHost(policy::EngineConfig config, std::chrono::milliseconds snapshot_interval,
+                       RunRegistry& runs)
+    : config_(std::move(config)), snapshot_interval_(snapshot_interval), runs_(runs) {}
 
 v1::PolicyMode PolicyHost::mode() const {
   switch (config_.mode) {
@@ -125,7 +126,10 @@ v1::PolicyMode PolicyHost::mode() const {
   return v1::POLICY_MODE_UNSPECIFIED;
 }
 
-PolicyHost::RunPolicy& PolicyHost::run(const std::string& run_id) { return runs_[run_id]; }
+RunPolicy& PolicyHost::policy_of(RunState& run) {
+  if (!run.policy) run.policy = std::make_unique<RunPolicy>();
+  return *run.policy;
+}
 
 bool PolicyHost::create_engine(const std::string& run_id, RunPolicy& rp, const v1::Hello& hello) {
   try {
@@ -138,10 +142,11 @@ bool PolicyHost::create_engine(const std::string& run_id, RunPolicy& rp, const v
   }
 }
 
-void PolicyHost::restore_run(const RestoredRun& restored, const RestoredPolicy* saved,
+void PolicyHost::restore_run(RunState& run, const RestoredRun& restored,
+                             const RestoredPolicy* saved,
                              const std::optional<v1::PolicyUpdate>& current,
                              const ReportsAfter& after) {
-  RunPolicy& rp = run(restored.run_id);
+  RunPolicy& rp = policy_of(run);
   std::int64_t from_id = 0;
   if (saved != nullptr) {
     try {
@@ -175,15 +180,15 @@ void PolicyHost::restore_run(const RestoredRun& restored, const RestoredPolicy* 
   }
   if (rp.last_report_id == 0) rp.last_report_id = from_id;
   rp.dirty = replayed > 0;
-  if (current) set_current(restored.run_id, *current);
+  if (current) set_current(run, *current);
   if (replayed > 0) {
     log_info("policy: run '", restored.run_id, "': replayed ", replayed,
              " reports after the saved state", errors > 0 ? " (some refused)" : "");
   }
 }
 
-void PolicyHost::on_hello(const v1::Hello& hello) {
-  RunPolicy& rp = run(hello.run_id());
+void PolicyHost::on_hello(RunState& run, const v1::Hello& hello) {
+  RunPolicy& rp = policy_of(run);
   const bool new_config =
       hello.has_scaler() && !(rp.hello_scaler && google::protobuf::util::MessageDifferencer::Equals(
                                                      *rp.hello_scaler, hello.scaler()));
@@ -207,12 +212,12 @@ void PolicyHost::on_hello(const v1::Hello& hello) {
   }
 }
 
-std::vector<EngineUpdate> PolicyHost::observe(const v1::StepReport& report, std::int64_t report_id,
-                                              std::int64_t now_ns, int* errors) {
+std::vector<EngineUpdate> PolicyHost::observe(RunState& run, const v1::StepReport& report,
+                                              std::int64_t report_id, std::int64_t now_ns,
+                                              int* errors) {
   std::vector<EngineUpdate> updates;
-  auto it = runs_.find(report.run_id());
-  if (it == runs_.end() || !it->second.engine) return updates;
-  RunPolicy& rp = it->second;
+  if (!run.policy || !run.policy->engine) return updates;
+  RunPolicy& rp = *run.policy;
   std::vector<policy::PolicyDecision> decisions;
   try {
     decisions = rp.engine->observe(to_step_input(report, config_.fp32_fallback.enabled));
@@ -235,42 +240,34 @@ std::vector<EngineUpdate> PolicyHost::observe(const v1::StepReport& report, std:
 std::vector<PolicySnapshot> PolicyHost::snapshots(std::chrono::steady_clock::time_point now,
                                                   bool all) {
   std::vector<PolicySnapshot> out;
-  for (auto& [run_id, rp] : runs_) {
-    if (!rp.engine) continue;
+  runs_.for_each([&](RunState& run) {
+    if (!run.policy || !run.policy->engine) return;
+    RunPolicy& rp = *run.policy;
     const bool due = rp.force_save || (rp.dirty && now - rp.saved_at >= snapshot_interval_);
-    if (!due && !(all && rp.dirty)) continue;
-    out.push_back(PolicySnapshot{run_id, rp.engine->save_state(), rp.last_report_id});
+    if (!due && !(all && rp.dirty)) return;
+    out.push_back(PolicySnapshot{run.id, rp.engine->save_state(), rp.last_report_id});
     rp.saved_at = now;
     rp.dirty = false;
     rp.force_save = false;
-  }
+  });
   return out;
 }
 
-void PolicyHost::set_current(const std::string& run_id, const v1::PolicyUpdate& update) {
-  std::lock_guard lock(current_mu_);
-  merge_policy_update(&current_[run_id], update);
+void PolicyHost::set_current(RunState& run, const v1::PolicyUpdate& update) {
+  std::optional<v1::PolicyUpdate>& current = policy_of(run).current;
+  if (!current) current.emplace();
+  merge_policy_update(&*current, update);
 }
 
-std::optional<v1::PolicyUpdate> PolicyHost::current(const std::string& run_id) const {
-  std::lock_guard lock(current_mu_);
-  if (auto it = current_.find(run_id); it != current_.end()) return it->second;
-  return std::nullopt;
+std::optional<v1::PolicyUpdate> PolicyHost::current(const RunState& run) const {
+  return run.policy ? run.policy->current : std::nullopt;
 }
 
-std::optional<double> PolicyHost::target_scale(const std::string& run_id) const {
-  auto it = runs_.find(run_id);
-  if (it == runs_.end() || !it->second.engine) return std::nullopt;
-  const std::optional<int>& t = it->second.engine->last_evaluation().target_log2;
+std::optional<double> PolicyHost::target_scale(const RunState& run) const {
+  if (!run.policy || !run.policy->engine) return std::nullopt;
+  const std::optional<int>& t = run.policy->engine->last_evaluation().target_log2;
   if (!t) return std::nullopt;
   return std::ldexp(1.0, *t);
-}
-
-std::size_t PolicyHost::fp32_tensors(const std::string& run_id) const {
-  auto it = runs_.find(run_id);
-  if (it == runs_.end() || !it->second.engine) return 0;
-  const auto& last = it->second.engine->last_decision();
-  return last ? last->fp32_tensors.size() : 0;
 }
 
 }  // namespace ampscope::server

@@ -1,23 +1,22 @@
 // The server side of the policy engine (server/policy, a pure library): one PolicyEngine per
 // run, fed with the committed reports in commit order, its decisions turned into PolicyUpdates,
 // its state saved into the store and restored (snapshot + replay of the reports stored after
-// it) when the server restarts.
+// it) when the server restarts. Each run's engine lives in its RunState (run_registry.h), so
+// it goes when the run is forgotten.
 //
-// Thread safety: used by the ingest thread only, except current()/mode_name(), which are
-// synchronised for the query and stream threads.
+// Thread safety: used by the ingest thread only (mode() and mode_name() are immutable).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "ampscope/policy/policy_engine.h"
 #include "ampscope/v1/telemetry.pb.h"
+#include "run_registry.h"
 #include "store.h"
 
 namespace ampscope::server {
@@ -33,10 +32,23 @@ struct PolicySnapshot {
   std::int64_t last_report_id = 0;
 };
 
+// A run's policy state, held by its RunState.
+struct RunPolicy {
+  std::optional<policy::PolicyEngine> engine;
+  std::optional<v1::ScalerConfig> hello_scaler;  // as the run's agents last said it
+  std::int64_t last_report_id = 0;
+  std::chrono::steady_clock::time_point saved_at{};
+  bool dirty = false;
+  bool force_save = false;
+  // The policy in force: every stored decision folded in (merge_policy_update).
+  std::optional<v1::PolicyUpdate> current;
+};
+
 class PolicyHost {
  public:
-  // `config` is validated by the caller (policy::validate).
-  PolicyHost(policy::EngineConfig config, std::chrono::milliseconds snapshot_interval);
+  // `config` is validated by the caller (policy::validate). `runs` is walked for snapshots.
+  PolicyHost(policy::EngineConfig config, std::chrono::milliseconds snapshot_interval,
+             RunRegistry& runs);
 
   std::string_view mode_name() const { return policy::mode_name(config_.mode); }
   v1::PolicyMode mode() const;
@@ -45,46 +57,35 @@ class PolicyHost {
       std::function<std::vector<std::pair<std::int64_t, v1::StepReport>>(std::int64_t)>;
   // At start: the run's engine from its snapshot (or fresh from its Hello when there is none,
   // or when the configuration changed), brought up to date with the reports stored after it.
-  void restore_run(const RestoredRun& run, const RestoredPolicy* saved,
+  void restore_run(RunState& run, const RestoredRun& restored, const RestoredPolicy* saved,
                    const std::optional<v1::PolicyUpdate>& current, const ReportsAfter& after);
 
   // A Hello: creates the run's engine, or tells it the run's scaler.
-  void on_hello(const v1::Hello& hello);
+  void on_hello(RunState& run, const v1::Hello& hello);
 
   // Feeds one committed report. Returns the decisions as PolicyUpdates without policy_id (the
   // store assigns it). A report the engine refuses is logged and counted in *errors.
-  std::vector<EngineUpdate> observe(const v1::StepReport& report, std::int64_t report_id,
-                                    std::int64_t now_ns, int* errors);
+  std::vector<EngineUpdate> observe(RunState& run, const v1::StepReport& report,
+                                    std::int64_t report_id, std::int64_t now_ns, int* errors);
 
   // Engines whose state should be saved now: every `snapshot_interval`, after a decision, and
   // all of them when `all`.
   std::vector<PolicySnapshot> snapshots(std::chrono::steady_clock::time_point now, bool all);
 
   // The policy in force for a run: every decision folded in (merge_policy_update), sent to an
-  // agent after its Hello. Set by the ingest thread once a decision is stored.
-  void set_current(const std::string& run_id, const v1::PolicyUpdate& update);
-  std::optional<v1::PolicyUpdate> current(const std::string& run_id) const;
+  // agent after its Hello. Set once a decision is stored.
+  void set_current(RunState& run, const v1::PolicyUpdate& update);
+  std::optional<v1::PolicyUpdate> current(const RunState& run) const;
   // 2^target_log2 of the latest evaluation, when there is one.
-  std::optional<double> target_scale(const std::string& run_id) const;
-  std::size_t fp32_tensors(const std::string& run_id) const;
+  std::optional<double> target_scale(const RunState& run) const;
 
  private:
-  struct RunPolicy {
-    std::optional<policy::PolicyEngine> engine;
-    std::optional<v1::ScalerConfig> hello_scaler;  // as the run's agents last said it
-    std::int64_t last_report_id = 0;
-    std::chrono::steady_clock::time_point saved_at{};
-    bool dirty = false;
-    bool force_save = false;
-  };
-  RunPolicy& run(const std::string& run_id);
+  static RunPolicy& policy_of(RunState& run);
   bool create_engine(const std::string& run_id, RunPolicy& rp, const v1::Hello& hello);
 
   policy::EngineConfig config_;
   std::chrono::milliseconds snapshot_interval_;
-  std::map<std::string, RunPolicy> runs_;
-  mutable std::mutex current_mu_;
-  std::map<std::string, v1::PolicyUpdate> current_;
+  RunRegistry& runs_;
 };
 
 // Conversions between the wire and the engine's types (exposed for tests).

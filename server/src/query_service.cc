@@ -38,14 +38,14 @@ grpc::Status check_run_id_arg(const std::string& run_id) {
 
 }  // namespace
 
-QueryService::QueryService(StoreReader& store, const StreamTable& streams, const Ingest& ingest,
+QueryService::QueryService(StoreReader& store, const StreamTable& streams, const RunRegistry& runs,
                            const Authenticator& auth, Metrics& metrics)
-    : store_(store), streams_(streams), ingest_(ingest), auth_(auth), metrics_(metrics) {}
+    : store_(store), streams_(streams), runs_(runs), auth_(auth), metrics_(metrics) {}
 
 void QueryService::add_live_facts(v1::RunSummary* summary) const {
   summary->set_agents_connected(
       static_cast<std::uint32_t>(streams_.connected_ranks(summary->run_id()).size()));
-  summary->set_duplicate_reports(ingest_.duplicates(summary->run_id()));
+  summary->set_duplicate_reports(runs_.duplicates(summary->run_id()));
 }
 
 grpc::ServerUnaryReactor* QueryService::ListRuns(grpc::CallbackServerContext* context,

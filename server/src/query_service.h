@@ -8,6 +8,7 @@
 #include "auth.h"
 #include "ingest.h"
 #include "metrics.h"
+#include "run_registry.h"
 #include "store.h"
 #include "streams.h"
 
@@ -15,7 +16,7 @@ namespace ampscope::server {
 
 class QueryService final : public v1::Query::CallbackService {
  public:
-  QueryService(StoreReader& store, const StreamTable& streams, const Ingest& ingest,
+  QueryService(StoreReader& store, const StreamTable& streams, const RunRegistry& runs,
                const Authenticator& auth, Metrics& metrics);
 
   grpc::ServerUnaryReactor* ListRuns(grpc::CallbackServerContext* context,
@@ -36,7 +37,7 @@ class QueryService final : public v1::Query::CallbackService {
 
   StoreReader& store_;
   const StreamTable& streams_;
-  const Ingest& ingest_;
+  const RunRegistry& runs_;
   const Authenticator& auth_;
   Metrics& metrics_;
 };

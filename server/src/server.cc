@@ -17,6 +17,7 @@
 #include "metrics.h"
 #include "policy_host.h"
 #include "query_service.h"
+#include "run_registry.h"
 #include "store.h"
 #include "streams.h"
 #include "telemetry_service.h"
@@ -48,6 +49,8 @@ struct Server::Impl {
   ServerOptions options;
   Authenticator auth;
   std::unique_ptr<Metrics> metrics;
+  // After metrics: a run's series are removed from the families when the registry goes.
+  std::unique_ptr<RunRegistry> runs;
   std::unique_ptr<StoreWriter> store;
   std::unique_ptr<StoreReader> reader;
   std::unique_ptr<Checkpointer> checkpointer;
@@ -81,17 +84,18 @@ std::unique_ptr<Server> Server::create(ServerOptions options) {
   auto impl = std::make_unique<Impl>(std::move(options));
   const ServerOptions& o = impl->options;
   impl->metrics = std::make_unique<Metrics>(o.version);
+  impl->runs = std::make_unique<RunRegistry>();
   impl->store = std::make_unique<StoreWriter>(StoreOptions{o.db_path, o.sync_full});
   impl->reader = std::make_unique<StoreReader>(o.db_path);
-  impl->policy = std::make_unique<PolicyHost>(o.policy, o.policy_snapshot_interval);
+  impl->policy = std::make_unique<PolicyHost>(o.policy, o.policy_snapshot_interval, *impl->runs);
   IngestOptions io;
   io.retention_interval = o.retention_interval;
   io.retention_max_age_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(o.retention_max_age).count();
   io.retention_max_bytes = o.retention_max_bytes;
   io.top_k = o.top_k_tensors;
-  impl->ingest =
-      std::make_unique<Ingest>(*impl->store, *impl->metrics, *impl->policy, impl->streams, io);
+  impl->ingest = std::make_unique<Ingest>(*impl->store, *impl->runs, *impl->metrics, *impl->policy,
+                                          impl->streams, io);
   impl->ingest->restore();
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
@@ -126,7 +130,7 @@ BoundAddresses Server::start() {
   s.telemetry = std::make_unique<TelemetryService>(
       AttachReactor::Deps{s.ingest.get(), &s.streams, s.metrics.get(), o.max_in_flight_per_stream},
       s.auth);
-  s.query = std::make_unique<QueryService>(*s.reader, s.streams, *s.ingest, s.auth, *s.metrics);
+  s.query = std::make_unique<QueryService>(*s.reader, s.streams, *s.runs, s.auth, *s.metrics);
 
   std::shared_ptr<grpc::ServerCredentials> creds;
   if (!o.tls_cert_file.empty()) {

@@ -1,0 +1,48 @@
+#include "run_registry.h"
+
+#include "metrics.h"
+#include "policy_host.h"
+
+namespace ampscope::server {
+
+RunState::RunState(std::string run_id) : id(std::move(run_id)) {}
+
+RunState::~RunState() = default;
+
+RunRegistry::RunRegistry() = default;
+
+RunRegistry::~RunRegistry() = default;
+
+RunState* RunRegistry::find(const std::string& run_id) {
+  auto it = runs_.find(run_id);
+  return it == runs_.end() ? nullptr : it->second.get();
+}
+
+RunState& RunRegistry::get(const std::string& run_id) {
+  if (RunState* run = find(run_id)) return *run;
+  auto run = std::make_unique<RunState>(run_id);
+  std::lock_guard lock(mu_);
+  return *runs_.emplace(run_id, std::move(run)).first->second;
+}
+
+bool RunRegistry::forget(const std::string& run_id) {
+  std::unique_ptr<RunState> gone;
+  {
+    std::lock_guard lock(mu_);
+    auto it = runs_.find(run_id);
+    if (it == runs_.end()) return false;
+    gone = std::move(it->second);
+    runs_.erase(it);
+  }
+  // Destroyed outside the lock: removing the series takes the families' own locks.
+  gone.reset();
+  return true;
+}
+
+std::uint64_t RunRegistry::duplicates(const std::string& run_id) const {
+  std::lock_guard lock(mu_);
+  auto it = runs_.find(run_id);
+  return it == runs_.end() ? 0 : it->second->duplicates.load(std::memory_order_relaxed);
+}
+
+}  // namespace ampscope::server

@@ -1,0 +1,84 @@
+// Everything the server keeps in memory about a run, in one place: its agents' settled seq, its
+// tensor totals, its policy engine and its cached Prometheus series. The registry owns them;
+// Ingest, PolicyHost and Metrics keep no per-run map of their own, they are handed a RunState.
+// Forgetting a run (deleted by an operator or by retention) therefore drops all of it at once:
+// its engine is destroyed and its series leave /metrics (RunSeries' deleter removes them).
+//
+// Threads: the ingest thread owns the registry and every RunState. It alone creates, changes
+// and forgets runs; ingest, policy and per-run metrics code all run on it. Other threads (the
+// Query handlers) only read a run's duplicate count through duplicates(): runs_ is changed by
+// the ingest thread under mu_ and read by the others under mu_ (the ingest thread reads it
+// without the lock, as its only writer); the count itself is atomic.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "store.h"
+
+namespace ampscope::server {
+
+// A run's cached series (metrics.cc). Its deleter takes them off /metrics before freeing them.
+struct RunSeries;
+struct RemoveSeries {
+  void operator()(RunSeries* series) const;
+};
+// A run's policy engine and what it needs (policy_host.h).
+struct RunPolicy;
+
+struct RunState {
+  explicit RunState(std::string run_id);
+  ~RunState();
+  RunState(const RunState&) = delete;
+  RunState& operator=(const RunState&) = delete;
+
+  const std::string id;
+
+  // Ingest: the highest settled seq per rank, and the tensor totals over the run.
+  std::map<std::uint32_t, std::uint64_t> last_seq;
+  std::map<std::pair<std::string, int>, TensorTotals> totals;  // by (name, role)
+  // The top-K series must be recomputed: the totals changed, or the series are new.
+  bool top_stale = false;
+  // Replays dropped since the server started; read by the Query handlers.
+  std::atomic<std::uint64_t> duplicates{0};
+
+  // PolicyHost: null until the run's first Hello (or its restore).
+  std::unique_ptr<RunPolicy> policy;
+
+  // Metrics: the run's series, created at its first event.
+  std::unique_ptr<RunSeries, RemoveSeries> series;
+};
+
+class RunRegistry {
+ public:
+  RunRegistry();
+  ~RunRegistry();
+  RunRegistry(const RunRegistry&) = delete;
+  RunRegistry& operator=(const RunRegistry&) = delete;
+
+  // Ingest thread.
+  RunState* find(const std::string& run_id);
+  RunState& get(const std::string& run_id);  // creates it when unknown
+  // Drops everything the server holds about the run; false when it was not known.
+  bool forget(const std::string& run_id);
+  template <typename F>
+  void for_each(F&& f) {
+    for (auto& [id, run] : runs_) f(*run);
+  }
+  std::size_t size() const { return runs_.size(); }
+
+  // Any thread: 0 for an unknown run.
+  std::uint64_t duplicates(const std::string& run_id) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, std::unique_ptr<RunState>> runs_;
+};
+
+}  // namespace ampscope::server
