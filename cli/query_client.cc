@@ -121,6 +121,11 @@ v1::GetPolicyResponse QueryClient::get_policy(const v1::GetPolicyRequest& reques
                                                            "GetPolicy");
 }
 
+v1::DeleteRunResponse QueryClient::delete_run(const v1::DeleteRunRequest& request) {
+  return call<v1::DeleteRunRequest, v1::DeleteRunResponse>(request, &v1::Query::Stub::DeleteRun,
+                                                           "DeleteRun");
+}
+
 nlohmann::ordered_json json_number(double x) {
   return std::isfinite(x) ? nlohmann::ordered_json(x) : nlohmann::ordered_json(nullptr);
 }

@@ -40,6 +40,7 @@ class QueryClient {
   v1::GetRunResponse get_run(const v1::GetRunRequest& request);
   v1::GetReportsResponse get_reports(const v1::GetReportsRequest& request);
   v1::GetPolicyResponse get_policy(const v1::GetPolicyRequest& request);
+  v1::DeleteRunResponse delete_run(const v1::DeleteRunRequest& request);
 
  private:
   void prepare(grpc::ClientContext* context) const;

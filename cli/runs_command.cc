@@ -15,6 +15,41 @@ struct RunsArgs {
   unsigned limit = 100;
 };
 
+struct DeleteArgs {
+  ServerArgs server;
+  std::string run_id;
+};
+
+void add_delete_command(CLI::App* runs) {
+  auto args = std::make_shared<DeleteArgs>();
+  CLI::App* cmd = runs->add_subcommand(
+      "delete",
+      "Delete a run on the server: its stored reports, agents, policy decisions and state, and "
+      "its metric series. Agents still streaming it are disconnected; when they reconnect the run "
+      "starts again.");
+  cmd->add_option("RUN", args->run_id, "Run id (see 'ampscope runs')")->required();
+  add_server_options(cmd, args->server);
+  cmd->callback([args] {
+    QueryClient client(args->server);
+    v1::DeleteRunRequest request;
+    request.set_run_id(args->run_id);
+    const v1::DeleteRunResponse r = client.delete_run(request);
+    if (args->server.json) {
+      nlohmann::ordered_json j;
+      j["run_id"] = args->run_id;
+      j["deleted_reports"] = r.deleted_reports();
+      j["streams_ended"] = r.streams_ended();
+      std::cout << j.dump() << "\n";
+    } else {
+      std::cout << "deleted run '" << args->run_id << "': " << r.deleted_reports() << " reports"
+                << (r.streams_ended() > 0
+                        ? ", " + std::to_string(r.streams_ended()) + " agent streams ended"
+                        : std::string())
+                << "\n";
+    }
+  });
+}
+
 }  // namespace
 
 void print_runs_text(std::ostream& out, const v1::ListRunsResponse& runs) {
@@ -72,7 +107,9 @@ void add_runs_command(CLI::App& app) {
   add_server_options(cmd, args->server);
   cmd->add_option("--limit", args->limit, "Most recently active runs to list")
       ->capture_default_str();
-  cmd->callback([args] {
+  add_delete_command(cmd);
+  cmd->callback([args, cmd] {
+    if (cmd->got_subcommand("delete")) return;  // `runs delete` did the work
     QueryClient client(args->server);
     v1::ListRunsRequest request;
     request.set_limit(args->limit);

@@ -1,4 +1,5 @@
-// `ampscope runs`: the runs the server knows, most recently active first.
+// `ampscope runs`: the runs the server knows, most recently active first; `ampscope runs delete
+// RUN` deletes one of them on the server (its stored data, its policy state and its metrics).
 #pragma once
 
 #include <CLI/CLI.hpp>

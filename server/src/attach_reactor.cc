@@ -86,12 +86,14 @@ void AttachReactor::handle_message(Actions& a) {
 void AttachReactor::handle_hello(const v1::Hello& hello) {
   identity_ = StreamIdentity{hello.run_id(), hello.rank(), 0};
   phase_ = Phase::kStreaming;
+  // Listed before the Hello reaches the ingest thread, so that deleting the run after that
+  // Hello always finds (and ends) this stream.
+  deps_.streams->add(identity_.run_id, identity_.rank, self_);
+  registered_ = true;
   IngestItem item;
   item.kind = IngestItem::Kind::kHello;
   item.hello = std::make_unique<v1::Hello>(hello);
   submit(std::move(item));
-  deps_.streams->add(identity_.run_id, identity_.rank, self_);
-  registered_ = true;
 }
 
 void AttachReactor::handle_report(std::unique_ptr<v1::StepReport> report) {
@@ -264,6 +266,18 @@ void AttachReactor::on_store_failure(const std::string& message) {
     std::lock_guard lock(mu_);
     if (done_) return;
     end(grpc::Status(grpc::StatusCode::INTERNAL, message), true);
+    plan(a);
+  }
+  act(a);
+}
+
+void AttachReactor::on_run_deleted(const std::string& message) {
+  Actions a;
+  {
+    std::lock_guard lock(mu_);
+    if (done_) return;
+    end(grpc::Status(grpc::StatusCode::ABORTED, message));
+    in_flight_ = 0;  // dropped by the ingest thread: nothing more will settle
     plan(a);
   }
   act(a);

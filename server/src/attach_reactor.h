@@ -8,8 +8,9 @@
 // OnWriteDone (back-pressure), and an Ack still queued is updated in place rather than queued
 // again.
 // End: OK once the agent half-closed and everything it sent is settled; UNAVAILABLE after a
-// drain (shutdown); INVALID_ARGUMENT for a bad Hello; INTERNAL when the store fails; CANCELLED
-// when a read or write fails.
+// drain (shutdown); INVALID_ARGUMENT for a bad Hello; INTERNAL when the store fails; ABORTED
+// when its run is deleted (after the Acks already queued); CANCELLED when a read or write
+// fails.
 //
 // Lifetime: owned by itself (self_) until OnDone, and by whoever holds it as a StreamSink; late
 // calls after OnDone are ignored. Thread safety: every member is guarded by mu_; gRPC
@@ -59,6 +60,7 @@ class AttachReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1:
   void on_settled(std::uint64_t persisted_seq, int items) override;
   void on_policy(const v1::PolicyUpdate& update) override;
   void on_store_failure(const std::string& message) override;
+  void on_run_deleted(const std::string& message) override;
   void drain() override;
 
  private:

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <unordered_map>
 
 #include "ampscope/proto/stats_codec.h"
@@ -59,6 +60,8 @@ struct Ingest::Batch {
   std::vector<std::pair<RunState*, v1::PolicyUpdate>> decisions;
   std::vector<std::chrono::steady_clock::time_point> received;
   int policy_errors = 0;
+  // Streams whose run is not known (any more): ended after the batch, their items skipped.
+  std::map<const StreamSink*, std::shared_ptr<StreamSink>> orphans;
 
   SinkResult& settle(const IngestItem& item, RunState& run) {
     SinkResult& r = sinks[item.sink.get()];
@@ -123,6 +126,15 @@ bool Ingest::submit(IngestItem item) {
   return true;
 }
 
+bool Ingest::delete_run(const std::string& run_id,
+                        std::function<void(const DeleteOutcome&)> done) {
+  IngestItem item;
+  item.kind = IngestItem::Kind::kDelete;
+  item.run_id = run_id;
+  item.deleted = std::move(done);
+  return submit(std::move(item));
+}
+
 void Ingest::stop() {
   {
     std::lock_guard lock(mu_);
@@ -146,13 +158,21 @@ void Ingest::run() {
                      [&] { return !queue_.empty() || stopping_ || stopped_; });
       if (stopped_) return;
       if (queue_.empty() && stopping_) break;
+      // A deletion is a transaction of its own: the items before it, or it alone.
       const std::size_t n = std::min(queue_.size(), options_.max_batch_items);
       for (std::size_t i = 0; i < n; ++i) {
+        const bool deletion = queue_.front().kind == IngestItem::Kind::kDelete;
+        if (deletion && !items.empty()) break;
         items.push_back(std::move(queue_.front()));
         queue_.pop_front();
+        if (deletion) break;
       }
     }
-    if (!items.empty()) process(items);
+    if (!items.empty() && items.front().kind == IngestItem::Kind::kDelete) {
+      remove_run(items.front());
+    } else if (!items.empty()) {
+      process(items);
+    }
     items.clear();
     if (!stopped_) maintenance(false);
   }
@@ -188,7 +208,17 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
   std::string delta_key;
 
   for (IngestItem& item : items) {
-    RunState& run = runs_.get(item.run_id);
+    if (batch.orphans.contains(item.sink.get())) continue;
+    // A Hello (re)creates its run; anything else belongs to the run its stream's Hello made.
+    RunState* known = item.kind == IngestItem::Kind::kHello ? &runs_.get(item.run_id)
+                                                            : runs_.find(item.run_id);
+    if (known == nullptr) {
+      // The run was deleted under the stream, which forget() normally ends first: end it now
+      // rather than fail the commit.
+      batch.orphans.emplace(item.sink.get(), item.sink);
+      continue;
+    }
+    RunState& run = *known;
     switch (item.kind) {
       case IngestItem::Kind::kHello: {
         store_.upsert_run(*item.hello, now_ns);
@@ -271,6 +301,8 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
         batch.settle(item, run);
         break;
       }
+      case IngestItem::Kind::kDelete:
+        break;  // taken alone by run()
     }
   }
 
@@ -348,6 +380,11 @@ void Ingest::publish(Batch& batch, std::int64_t now_ns) {
   for (const auto& t : batch.received) {
     metrics_.ack_delay(std::chrono::duration<double>(now - t).count());
   }
+  if (!batch.orphans.empty()) {
+    std::vector<std::shared_ptr<StreamSink>> orphans;
+    for (auto& [ptr, sink] : batch.orphans) orphans.push_back(sink);
+    end_streams(orphans, "the stream's run is not known (deleted); reconnecting starts it again");
+  }
 }
 
 void Ingest::fail(std::vector<IngestItem>& items, Batch& batch, const std::string& message) {
@@ -361,14 +398,70 @@ void Ingest::fail(std::vector<IngestItem>& items, Batch& batch, const std::strin
     stopped_ = true;
   }
   std::map<const StreamSink*, std::shared_ptr<StreamSink>> sinks;
-  for (IngestItem& item : items) sinks.emplace(item.sink.get(), item.sink);
+  std::vector<IngestItem> deletions;
+  auto settle = [&](IngestItem& item) {
+    if (item.kind == IngestItem::Kind::kDelete) {
+      deletions.push_back(std::move(item));
+    } else {
+      sinks.emplace(item.sink.get(), item.sink);
+    }
+  };
+  for (IngestItem& item : items) settle(item);
   {
     std::lock_guard lock(mu_);
-    for (IngestItem& item : queue_) sinks.emplace(item.sink.get(), item.sink);
+    for (IngestItem& item : queue_) settle(item);
     queue_.clear();
   }
   for (auto& [ptr, sink] : sinks) sink->on_store_failure("store failed: " + message);
+  for (IngestItem& item : deletions) {
+    item.deleted(DeleteOutcome{DeleteOutcome::Result::kFailed, 0, 0, "store failed: " + message});
+  }
   if (on_failure_) on_failure_(message);
+}
+
+void Ingest::remove_run(IngestItem& item) {
+  std::optional<std::int64_t> reports;
+  try {
+    store_.begin();
+    reports = store_.delete_run(item.run_id);
+    store_.commit();
+  } catch (const std::exception& e) {
+    // Nothing else was in the transaction: the run is still whole, and the server goes on.
+    store_.rollback();
+    log_error("store: deleting run '", item.run_id, "' failed: ", e.what());
+    item.deleted(DeleteOutcome{DeleteOutcome::Result::kFailed, 0, 0, e.what()});
+    return;
+  }
+  if (!reports) {
+    item.deleted(DeleteOutcome{DeleteOutcome::Result::kNotFound, 0, 0, ""});
+    return;
+  }
+  const std::size_t ended =
+      forget(item.run_id, "run '" + item.run_id +
+                              "' was deleted on the server; reconnecting starts it again");
+  log_info("runs: deleted run '", item.run_id, "' (", *reports, " reports, ", ended,
+           " streams ended)");
+  item.deleted(DeleteOutcome{DeleteOutcome::Result::kDeleted, *reports, ended, ""});
+}
+
+std::size_t Ingest::forget(const std::string& run_id, const std::string& why) {
+  runs_.forget(run_id);
+  return end_streams(streams_.of_run(run_id), why);
+}
+
+std::size_t Ingest::end_streams(const std::vector<std::shared_ptr<StreamSink>>& ended,
+                                const std::string& why) {
+  if (ended.empty()) return 0;
+  // Once told, a stream submits nothing more; what it submitted before is still queued and was
+  // for the run that is gone.
+  std::set<const StreamSink*> gone;
+  for (const std::shared_ptr<StreamSink>& s : ended) {
+    s->on_run_deleted(why);
+    gone.insert(s.get());
+  }
+  std::lock_guard lock(mu_);
+  std::erase_if(queue_, [&](const IngestItem& i) { return gone.contains(i.sink.get()); });
+  return ended.size();
 }
 
 void Ingest::refresh_top_tensors(RunState& run) {
@@ -406,8 +499,13 @@ void Ingest::maintenance(bool force) {
     if (!force && now >= next_retention_) {
       next_retention_ = now + options_.retention_interval;
       if (options_.retention_max_age_ns > 0 || options_.retention_max_bytes > 0) {
-        const RetentionResult r = store_.apply_retention(options_.retention_max_age_ns,
-                                                         options_.retention_max_bytes, unix_ns());
+        // A run with an agent connected is alive, however long it has been quiet.
+        const RetentionResult r =
+            store_.apply_retention(options_.retention_max_age_ns, options_.retention_max_bytes,
+                                   unix_ns(), streams_.runs());
+        for (const std::string& run_id : r.deleted_run_ids) {
+          forget(run_id, "run '" + run_id + "' was deleted by retention");
+        }
         metrics_.retention_deleted(r.deleted_reports);
         if (r.deleted_reports > 0 || r.deleted_runs > 0) {
           log_info("retention: deleted ", r.deleted_reports, " reports and ", r.deleted_runs,

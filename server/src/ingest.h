@@ -6,7 +6,10 @@
 // which survives restarts in the store.
 //
 // What it keeps per run (settled seq per agent, tensor totals) lives in the run's RunState
-// (run_registry.h), next to the run's policy engine and series.
+// (run_registry.h), next to the run's policy engine and series. Deleting a run (an operator's
+// DeleteRun, or age retention) goes through here too, in queue order: the run's rows go in a
+// transaction of their own, then the registry forgets it and its open streams end (ABORTED),
+// their queued items dropped; a later Hello of the run starts it afresh.
 //
 // Thread safety: submit() from any thread; everything else runs on the ingest thread or before
 // start() / after stop().
@@ -42,8 +45,17 @@ struct IngestOptions {
   std::chrono::milliseconds refresh_interval{1000};  // top-K series, store size gauge
 };
 
+// The answer to Ingest::delete_run.
+struct DeleteOutcome {
+  enum class Result { kDeleted, kNotFound, kFailed };
+  Result result = Result::kFailed;
+  std::int64_t reports = 0;        // kDeleted: the run's stored reports that went
+  std::size_t streams_ended = 0;   // kDeleted: its open streams, now ended
+  std::string error;               // kFailed
+};
+
 struct IngestItem {
-  enum class Kind { kHello, kReport, kReject };
+  enum class Kind { kHello, kReport, kReject, kDelete };
   Kind kind = Kind::kReport;
   std::shared_ptr<StreamSink> sink;
   std::string run_id;
@@ -53,6 +65,7 @@ struct IngestItem {
   std::unique_ptr<v1::StepReport> report;  // kReport
   std::string payload;                     // kReport: the report serialised
   Violation violation;                     // kReject
+  std::function<void(const DeleteOutcome&)> deleted;  // kDelete: called on the ingest thread
   std::int64_t received_ns = 0;
   std::chrono::steady_clock::time_point received{};
 };
@@ -68,6 +81,9 @@ class Ingest {
   void start();
   // False once the ingest thread stopped or failed: the item was not taken.
   bool submit(IngestItem item);
+  // Deletes the run from the store and forgets it (see above); `done` is called on the ingest
+  // thread. False once the ingest thread stopped or failed.
+  bool delete_run(const std::string& run_id, std::function<void(const DeleteOutcome&)> done);
   // Commits everything queued, saves the policy state, and joins the thread.
   void stop();
 
@@ -81,6 +97,12 @@ class Ingest {
   void write(std::vector<IngestItem>& items, Batch& batch, std::int64_t now_ns);
   void publish(Batch& batch, std::int64_t now_ns);
   void fail(std::vector<IngestItem>& items, Batch& batch, const std::string& message);
+  void remove_run(IngestItem& item);
+  // Drops the run from the registry and ends its open streams with `why`, dropping what they
+  // queued. Returns the streams ended.
+  std::size_t forget(const std::string& run_id, const std::string& why);
+  std::size_t end_streams(const std::vector<std::shared_ptr<StreamSink>>& ended,
+                          const std::string& why);
   void maintenance(bool force);
   void refresh_top_tensors(RunState& run);
 

@@ -39,8 +39,13 @@ grpc::Status check_run_id_arg(const std::string& run_id) {
 }  // namespace
 
 QueryService::QueryService(StoreReader& store, const StreamTable& streams, const RunRegistry& runs,
-                           const Authenticator& auth, Metrics& metrics)
-    : store_(store), streams_(streams), runs_(runs), auth_(auth), metrics_(metrics) {}
+                           Ingest& ingest, const Authenticator& auth, Metrics& metrics)
+    : store_(store),
+      streams_(streams),
+      runs_(runs),
+      ingest_(ingest),
+      auth_(auth),
+      metrics_(metrics) {}
 
 void QueryService::add_live_facts(v1::RunSummary* summary) const {
   summary->set_agents_connected(
@@ -110,6 +115,39 @@ grpc::ServerUnaryReactor* QueryService::GetPolicy(grpc::CallbackServerContext* c
     *response = std::move(*policy);
     return grpc::Status::OK;
   });
+}
+
+grpc::ServerUnaryReactor* QueryService::DeleteRun(grpc::CallbackServerContext* context,
+                                                  const v1::DeleteRunRequest* request,
+                                                  v1::DeleteRunResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  grpc::Status status = auth_.check(*context);
+  if (!status.ok()) metrics_.auth_failure();
+  if (status.ok()) status = check_run_id_arg(request->run_id());
+  if (!status.ok()) {
+    reactor->Finish(status);
+    return reactor;
+  }
+  const std::string run_id = request->run_id();
+  auto answer = [reactor, response, run_id](const DeleteOutcome& o) {
+    switch (o.result) {
+      case DeleteOutcome::Result::kDeleted:
+        response->set_deleted_reports(static_cast<std::uint64_t>(o.reports));
+        response->set_streams_ended(static_cast<std::uint32_t>(o.streams_ended));
+        reactor->Finish(grpc::Status::OK);
+        return;
+      case DeleteOutcome::Result::kNotFound:
+        reactor->Finish(not_found(run_id));
+        return;
+      case DeleteOutcome::Result::kFailed:
+        reactor->Finish(grpc::Status(grpc::StatusCode::INTERNAL, "store: " + o.error));
+        return;
+    }
+  };
+  if (!ingest_.delete_run(run_id, std::move(answer))) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is shutting down"));
+  }
+  return reactor;
 }
 
 }  // namespace ampscope::server

@@ -1,7 +1,9 @@
 // The Query service: unary ListRuns, GetRun, GetReports and GetPolicy over the store, plus the
-// live facts only the running server knows (connected agents, duplicates since start).
+// live facts only the running server knows (connected agents, duplicates since start), and
+// DeleteRun, which the ingest thread carries out (the store's only writer) and answers.
 //
-// Thread safety: handlers run on gRPC's threads; StoreReader serialises them.
+// Thread safety: handlers run on gRPC's threads; StoreReader serialises them; a DeleteRun is
+// finished from the ingest thread.
 #pragma once
 
 #include "ampscope/v1/query.grpc.pb.h"
@@ -17,7 +19,7 @@ namespace ampscope::server {
 class QueryService final : public v1::Query::CallbackService {
  public:
   QueryService(StoreReader& store, const StreamTable& streams, const RunRegistry& runs,
-               const Authenticator& auth, Metrics& metrics);
+               Ingest& ingest, const Authenticator& auth, Metrics& metrics);
 
   grpc::ServerUnaryReactor* ListRuns(grpc::CallbackServerContext* context,
                                      const v1::ListRunsRequest* request,
@@ -31,6 +33,9 @@ class QueryService final : public v1::Query::CallbackService {
   grpc::ServerUnaryReactor* GetPolicy(grpc::CallbackServerContext* context,
                                       const v1::GetPolicyRequest* request,
                                       v1::GetPolicyResponse* response) override;
+  grpc::ServerUnaryReactor* DeleteRun(grpc::CallbackServerContext* context,
+                                      const v1::DeleteRunRequest* request,
+                                      v1::DeleteRunResponse* response) override;
 
  private:
   void add_live_facts(v1::RunSummary* summary) const;
@@ -38,6 +43,7 @@ class QueryService final : public v1::Query::CallbackService {
   StoreReader& store_;
   const StreamTable& streams_;
   const RunRegistry& runs_;
+  Ingest& ingest_;
   const Authenticator& auth_;
   Metrics& metrics_;
 };

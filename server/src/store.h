@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -78,6 +79,7 @@ struct RestoredState {
 struct RetentionResult {
   std::int64_t deleted_reports = 0;
   std::int64_t deleted_runs = 0;
+  std::vector<std::string> deleted_run_ids;  // the runs that went, for the caller to forget
 };
 
 class StoreWriter {
@@ -117,17 +119,23 @@ class StoreWriter {
                          const std::string& state, std::int64_t last_report_id,
                          std::int64_t now_ns);
 
+  // Deletes every row of the run, in the caller's transaction. The number of its reports that
+  // went, or nullopt when the store does not know the run.
+  std::optional<std::int64_t> delete_run(const std::string& run_id);
+
   // Deletes reports older than max_age_ns (0: no age limit) and then, while the live data
   // exceeds max_bytes (0: no size limit), the oldest reports, in chunks; runs with no report
-  // left and not seen within max_age_ns go too. Runs its own transactions.
+  // left and not seen within max_age_ns go too (as delete_run does it), except those in
+  // `keep` (runs with an agent connected). Runs its own transactions.
   RetentionResult apply_retention(std::int64_t max_age_ns, std::uint64_t max_bytes,
-                                  std::int64_t now_ns);
+                                  std::int64_t now_ns, const std::set<std::string>& keep = {});
   std::uint64_t live_bytes();
   // Moves the WAL into the database file (at shutdown).
   void checkpoint();
 
  private:
   std::int64_t run_key(const std::string& run_id);  // cached; throws for an unknown run
+  std::int64_t delete_run_rows(std::int64_t run);    // returns the reports deleted
   struct Statements;
   std::unique_ptr<Connection> conn_;
   std::unique_ptr<Statements> st_;

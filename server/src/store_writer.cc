@@ -53,11 +53,25 @@ struct StoreWriter::Statements {
         save_policy(c.prepare(
             "INSERT INTO policy_state (run, mode, state, last_report_id, saved_ns) VALUES "
             "(?1, ?2, ?3, ?4, ?5) ON CONFLICT (run) DO UPDATE SET mode = ?2, state = ?3, "
-            "last_report_id = ?4, saved_ns = ?5")) {}
+            "last_report_id = ?4, saved_ns = ?5")),
+        delete_reports(c.prepare("DELETE FROM reports WHERE run = ?1")),
+        delete_applications(c.prepare(
+            "DELETE FROM policy_applications WHERE policy IN "
+            "(SELECT id FROM policy_decisions WHERE run = ?1)")),
+        delete_agents(c.prepare("DELETE FROM agents WHERE run = ?1")),
+        delete_notices(c.prepare("DELETE FROM agent_notices WHERE run = ?1")),
+        delete_tensors(c.prepare("DELETE FROM tensor_totals WHERE run = ?1")),
+        delete_policy_state(c.prepare("DELETE FROM policy_state WHERE run = ?1")),
+        delete_decisions(c.prepare("DELETE FROM policy_decisions WHERE run = ?1")),
+        delete_rejections(c.prepare("DELETE FROM rejections WHERE run = ?1")),
+        delete_run(c.prepare("DELETE FROM runs WHERE id = ?1")) {}
 
   Statement upsert_run, run_id_of, touch_run, upsert_agent, agent_progress, agent_notice,
       insert_report, add_tensor, insert_rejection, insert_decision, set_decision_update,
       upsert_application, save_policy;
+  // A run's rows, every table; the runs row last.
+  Statement delete_reports, delete_applications, delete_agents, delete_notices, delete_tensors,
+      delete_policy_state, delete_decisions, delete_rejections, delete_run;
 };
 
 StoreWriter::StoreWriter(const StoreOptions& options)
@@ -340,8 +354,33 @@ std::uint64_t StoreWriter::live_bytes() {
   return static_cast<std::uint64_t>((pages - free_pages) * page_size);
 }
 
+std::int64_t StoreWriter::delete_run_rows(std::int64_t run) {
+  st_->delete_reports.bind(1, run).run();
+  const std::int64_t reports = conn_->changes();
+  // Applications hang off the run's decisions: they go first.
+  for (Statement* s : {&st_->delete_applications, &st_->delete_agents, &st_->delete_notices,
+                       &st_->delete_tensors, &st_->delete_policy_state, &st_->delete_decisions,
+                       &st_->delete_rejections, &st_->delete_run}) {
+    s->bind(1, run).run();
+  }
+  return reports;
+}
+
+std::optional<std::int64_t> StoreWriter::delete_run(const std::string& run_id) {
+  std::int64_t key = 0;
+  try {
+    key = run_key(run_id);
+  } catch (const StoreError&) {
+    return std::nullopt;  // not in the store
+  }
+  const std::int64_t reports = delete_run_rows(key);
+  run_keys_.erase(run_id);
+  return reports;
+}
+
 RetentionResult StoreWriter::apply_retention(std::int64_t max_age_ns, std::uint64_t max_bytes,
-                                             std::int64_t now_ns) {
+                                             std::int64_t now_ns,
+                                             const std::set<std::string>& keep) {
   RetentionResult result;
   constexpr std::int64_t kChunk = 2000;  // reports per transaction: short write locks
   if (max_age_ns > 0) {
@@ -360,24 +399,26 @@ RetentionResult StoreWriter::apply_retention(std::int64_t max_age_ns, std::uint6
     }
     Transaction tx(*conn_);
     // A run goes when nothing of it is left and no agent spoke within the age limit.
-    const char* kOldRuns =
-        "SELECT id FROM runs WHERE last_seen_ns < ?1 AND NOT EXISTS "
-        "(SELECT 1 FROM reports WHERE reports.run = runs.id)";
-    for (const char* table : {"agents", "agent_notices", "tensor_totals", "policy_state",
-                              "policy_decisions", "rejections"}) {
-      conn_->prepare(std::string("DELETE FROM ") + table + " WHERE run IN (" + kOldRuns + ")")
-          .bind(1, cutoff)
-          .run();
+    Statement old = conn_->prepare(
+        "SELECT id, run_id FROM runs WHERE last_seen_ns < ?1 AND NOT EXISTS "
+        "(SELECT 1 FROM reports WHERE reports.run = runs.id)");
+    old.bind(1, cutoff);
+    std::vector<std::pair<std::int64_t, std::string>> gone;
+    while (old.step()) {
+      std::string run_id = old.column_text(1);
+      if (!keep.contains(run_id)) gone.emplace_back(old.column_int(0), std::move(run_id));
     }
+    for (const auto& [key, run_id] : gone) delete_run_rows(key);
+    // And applications an agent reported for decisions the store never had.
     conn_->exec(
         "DELETE FROM policy_applications WHERE policy NOT IN "
         "(SELECT id FROM policy_decisions)");
-    conn_->prepare(std::string("DELETE FROM runs WHERE id IN (") + kOldRuns + ")")
-        .bind(1, cutoff)
-        .run();
-    result.deleted_runs = conn_->changes();
     tx.commit();
-    if (result.deleted_runs > 0) run_keys_.clear();
+    for (auto& [key, run_id] : gone) {
+      run_keys_.erase(run_id);
+      result.deleted_run_ids.push_back(std::move(run_id));
+    }
+    result.deleted_runs = static_cast<std::int64_t>(result.deleted_run_ids.size());
   }
   if (max_bytes > 0) {
     // Delete the oldest reports in steps sized from the average report, re-measuring after

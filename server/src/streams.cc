@@ -45,6 +45,13 @@ std::set<std::uint32_t> StreamTable::connected_ranks(const std::string& run_id) 
   return out;
 }
 
+std::set<std::string> StreamTable::runs() const {
+  std::lock_guard lock(mu_);
+  std::set<std::string> out;
+  for (const auto& [run, entries] : by_run_) out.insert(run);
+  return out;
+}
+
 std::size_t StreamTable::size() const {
   std::lock_guard lock(mu_);
   std::size_t n = 0;

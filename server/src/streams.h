@@ -30,6 +30,9 @@ class StreamSink {
   virtual void on_policy(const v1::PolicyUpdate& update) = 0;
   // The store failed; nothing of the stream's unsettled items was stored.
   virtual void on_store_failure(const std::string& message) = 0;
+  // The stream's run was deleted: end with ABORTED once what is queued is written; the items
+  // still unsettled never will be (the ingest thread dropped them).
+  virtual void on_run_deleted(const std::string& message) = 0;
   // Graceful shutdown: settle what was received, then end with UNAVAILABLE.
   virtual void drain() = 0;
 };
@@ -41,6 +44,7 @@ class StreamTable {
   std::vector<std::shared_ptr<StreamSink>> of_run(const std::string& run_id) const;
   std::vector<std::shared_ptr<StreamSink>> all() const;
   std::set<std::uint32_t> connected_ranks(const std::string& run_id) const;
+  std::set<std::string> runs() const;  // runs with an open stream
   std::size_t size() const;
 
  private:

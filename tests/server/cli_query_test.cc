@@ -1,6 +1,6 @@
-// `ampscope runs`, `show` and `tail`: the real CLI binary against the real server, their --json
-// output parsed and checked, and one clear line on stderr (exit 1) when the server is
-// unreachable, the run unknown or the credentials refused.
+// `ampscope runs`, `runs delete`, `show` and `tail`: the real CLI binary against the real
+// server, their --json output parsed and checked, and one clear line on stderr (exit 1) when the
+// server is unreachable, the run unknown or the credentials refused.
 #include <gtest/gtest.h>
 
 #include <future>
@@ -120,6 +120,66 @@ TEST_F(CliQueryTest, TailPrintsTheLatestAndFollows) {
   ASSERT_EQ(followed.size(), 2u) << f.out;
   EXPECT_EQ(json::parse(followed[0]).at("seq"), 9);
   EXPECT_EQ(json::parse(followed[1]).at("seq"), 10);
+}
+
+bool has_series_of(const std::string& metrics_address, const std::string& run) {
+  for (const Sample& s : parse_samples(scrape(metrics_address))) {
+    if (s.labels.contains("run") && s.labels.at("run") == run) return true;
+  }
+  return false;
+}
+
+TEST_F(CliQueryTest, RunsDeleteForgetsTheRunWhileItsAgentStreamsAndTheAgentStartsItAgain) {
+  ASSERT_TRUE(has_series_of(server_->metrics_address(), "run-cli"));
+  const CommandResult r = cli({"runs", "delete", "run-cli"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "deleted run 'run-cli': 8 reports, 1 agent streams ended\n");
+
+  // The agent still streaming the run is told so: its stream ends with ABORTED.
+  const grpc::Status ended = agent_->wait_end();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::ABORTED) << ended.error_message();
+  EXPECT_NE(ended.error_message().find("deleted"), std::string::npos) << ended.error_message();
+
+  // Gone from the store, the queries and /metrics.
+  const CommandResult show = cli({"show", "run-cli"});
+  EXPECT_EQ(show.code, 1);
+  EXPECT_NE(show.err.find("not known"), std::string::npos) << show.err;
+  const CommandResult runs = cli({"runs", "--json"});
+  ASSERT_EQ(runs.code, 0) << runs.err;
+  EXPECT_EQ(json::parse(runs.out).at("runs").size(), 0u) << runs.out;
+  EXPECT_FALSE(has_series_of(server_->metrics_address(), "run-cli"));
+  const CommandResult again = cli({"runs", "delete", "run-cli"});
+  EXPECT_EQ(again.code, 1);
+  EXPECT_EQ(lines_of(again.err).size(), 1u) << again.err;
+  EXPECT_NE(again.err.find("run 'run-cli' is not known"), std::string::npos) << again.err;
+
+  // The agent reconnects, as after any stream end: its Hello starts the run again, with what it
+  // sends from now on.
+  agent_ = std::make_unique<AgentStream>(make_channel(server_->address()));
+  ASSERT_TRUE(agent_->send_hello(make_hello("run-cli")));
+  send(9);
+  ASSERT_TRUE(agent_->wait_ack(9).has_value());
+  const CommandResult back = cli({"show", "run-cli", "--json"});
+  ASSERT_EQ(back.code, 0) << back.err;
+  EXPECT_EQ(json::parse(back.out).at("reports"), 1);
+  EXPECT_TRUE(has_series_of(server_->metrics_address(), "run-cli"));
+
+  const CommandResult quiet = cli({"runs", "delete", "run-cli", "--json"});
+  ASSERT_EQ(quiet.code, 0) << quiet.err;
+  const json j = json::parse(quiet.out);
+  EXPECT_EQ(j.at("run_id"), "run-cli");
+  EXPECT_EQ(j.at("deleted_reports"), 1);
+  EXPECT_EQ(j.at("streams_ended"), 1);
+}
+
+TEST_F(CliQueryTest, DeleteRunNamesTheBadArgument) {
+  const grpc::Status empty = delete_run(server_->address(), "");
+  EXPECT_EQ(empty.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(empty.error_message().find("run_id"), std::string::npos) << empty.error_message();
+  EXPECT_EQ(delete_run(server_->address(), "no-such-run").error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  // Nothing was deleted on the way.
+  EXPECT_TRUE(get_run(server_->address(), "run-cli").has_value());
 }
 
 TEST_F(CliQueryTest, ClearErrors) {

@@ -1,8 +1,10 @@
 // The real ampscope-server on loopback: ingest and query, acknowledgement only after commit
 // (kill -9 right after an ack, restart, everything acknowledged is there), duplicates dropped
-// on replay (also across a restart), graceful shutdown that loses nothing it received.
+// on replay (also across a restart), graceful shutdown that loses nothing it received, and
+// retention that forgets the runs it deletes (and never deletes one whose agent is connected).
 #include <gtest/gtest.h>
 
+#include "ampscope/testing/wait_until.h"
 #include "server_harness.h"
 
 namespace ampscope::testing {
@@ -327,6 +329,70 @@ TEST_F(ServerIngestTest, RetentionDeletesReportsOlderThanTheLimitWhileServing) {
   EXPECT_EQ(left, 0);
   const std::vector<Sample> m = parse_samples(scrape(server.metrics_address()));
   EXPECT_EQ(sample_value(m, "ampscope_retention_deleted_reports_total"), 5);
+}
+
+TEST_F(ServerIngestTest, RetentionForgetsTheRunsItDeletesEverywhere) {
+  ServerProcess server(dir_.path(), db(),
+                       {"--retention-max-age", "1s", "--retention-interval", "200ms"});
+  {
+    AgentStream agent(make_channel(server.address()));
+    ASSERT_TRUE(agent.send_hello(make_hello("run-old")));
+    for (std::uint64_t seq = 1; seq <= 5; ++seq) {
+      ASSERT_TRUE(agent.send(make_report("run-old", 0, seq, static_cast<std::int64_t>(seq), 1)));
+    }
+    ASSERT_TRUE(agent.wait_ack(5).has_value());
+    EXPECT_TRUE(agent.finish().ok());
+  }
+  EXPECT_FALSE(find_samples(parse_samples(scrape(server.metrics_address())),
+                            "ampscope_steps_total", {{"run", "run-old"}})
+                   .empty());
+  ASSERT_TRUE(wait_until([&] { return !get_run(server.address(), "run-old").has_value(); }, 10s));
+
+  // Its series left /metrics with it.
+  for (const Sample& s : parse_samples(scrape(server.metrics_address()))) {
+    EXPECT_FALSE(s.labels.contains("run") && s.labels.at("run") == "run-old") << s.name;
+  }
+  // A new agent of the same run starts afresh: the server remembers none of the old seqs (it
+  // answers the Hello with Ack(0)) and stores seq 1.. instead of dropping them as replays.
+  AgentStream agent(make_channel(server.address()));
+  ASSERT_TRUE(agent.send_hello(make_hello("run-old")));
+  ASSERT_TRUE(agent.wait_ack(0).has_value());
+  EXPECT_EQ(agent.highest_ack(), 0u);
+  for (std::uint64_t seq = 1; seq <= 3; ++seq) {
+    ASSERT_TRUE(agent.send(make_report("run-old", 0, seq, static_cast<std::int64_t>(seq), 1)));
+  }
+  ASSERT_TRUE(agent.wait_ack(3).has_value());
+  double duplicates = 0;
+  for (const Sample& s : find_samples(parse_samples(scrape(server.metrics_address())),
+                                      "ampscope_reports_duplicate_total", {{"run", "run-old"}})) {
+    duplicates += s.value;
+  }
+  EXPECT_EQ(duplicates, 0);
+  EXPECT_TRUE(agent.finish().ok());
+}
+
+TEST_F(ServerIngestTest, RetentionKeepsARunWhoseAgentIsConnected) {
+  ServerProcess server(dir_.path(), db(),
+                       {"--retention-max-age", "1s", "--retention-interval", "200ms"});
+  AgentStream agent(make_channel(server.address()));
+  ASSERT_TRUE(agent.send_hello(make_hello("run-quiet")));
+  for (std::uint64_t seq = 1; seq <= 2; ++seq) {
+    ASSERT_TRUE(agent.send(make_report("run-quiet", 0, seq, static_cast<std::int64_t>(seq), 1)));
+  }
+  ASSERT_TRUE(agent.wait_ack(2).has_value());
+  // Its reports age out; the run, quiet for longer than the limit, stays while its agent is
+  // connected, and the agent's next report is stored.
+  ASSERT_TRUE(wait_until(
+      [&] {
+        const std::optional<v1::GetRunResponse> run = get_run(server.address(), "run-quiet");
+        return !run || run->summary().reports() == 0;
+      },
+      10s));
+  std::this_thread::sleep_for(1s);
+  ASSERT_TRUE(get_run(server.address(), "run-quiet").has_value());
+  ASSERT_TRUE(agent.send(make_report("run-quiet", 0, 3, 3, 1)));
+  EXPECT_TRUE(agent.wait_ack(3).has_value()) << server.log();
+  EXPECT_TRUE(agent.finish().ok());
 }
 
 }  // namespace

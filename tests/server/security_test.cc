@@ -51,6 +51,29 @@ TEST(ServerSecurityTest, EveryRpcNeedsTheBearerToken) {
   EXPECT_EQ(sample_value(metrics, "ampscope_auth_failures_total"), 4.0);
 }
 
+TEST(ServerSecurityTest, DeleteRunNeedsTheBearerToken) {
+  TempDir dir;
+  write_text(dir / "token", std::string(kToken) + "\n");
+  ServerProcess server(dir.path(), dir / "store.db",
+                       {"--auth-token-file", (dir / "token").string()});
+  const ClientOptions right{kToken, "", ""};
+  {
+    AgentStream agent(make_channel(server.address()), right);
+    ASSERT_TRUE(agent.send_hello(make_hello("run-keep")));
+    ASSERT_TRUE(agent.send(make_report("run-keep", 0, 1, 0, 1)));
+    ASSERT_TRUE(agent.wait_ack(1).has_value());
+    EXPECT_TRUE(agent.finish().ok());
+  }
+  for (const ClientOptions& bad : {ClientOptions{}, ClientOptions{"wrong", "", ""}}) {
+    EXPECT_EQ(delete_run(server.address(), "run-keep", bad).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  v1::DeleteRunResponse deleted;
+  const grpc::Status ok = delete_run(server.address(), "run-keep", right, &deleted);
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(deleted.deleted_reports(), 1u);
+}
+
 // Certificates for "localhost" and 127.0.0.1 signed by a throwaway CA.
 bool make_certificates(const TempDir& dir, std::string* log) {
   const std::string d = dir.path().string();

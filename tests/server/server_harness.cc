@@ -86,6 +86,19 @@ std::optional<v1::GetRunResponse> get_run(const std::string& address, const std:
   return resp;
 }
 
+grpc::Status delete_run(const std::string& address, const std::string& run,
+                        const ClientOptions& options, v1::DeleteRunResponse* out) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 20s);
+  add_auth(&ctx, options);
+  v1::DeleteRunRequest req;
+  req.set_run_id(run);
+  v1::DeleteRunResponse resp;
+  const grpc::Status s = v1::Query::NewStub(make_channel(address))->DeleteRun(&ctx, req, &resp);
+  if (out != nullptr) *out = resp;
+  return s;
+}
+
 std::optional<v1::GetPolicyResponse> get_policy(const std::string& address,
                                                 const std::string& run) {
   grpc::ClientContext ctx;

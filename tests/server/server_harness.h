@@ -45,6 +45,9 @@ std::vector<v1::StepReport> stored_reports(const std::string& address, const std
 // nullopt on an error (an unknown run as well), so that a test can poll.
 std::optional<v1::GetRunResponse> get_run(const std::string& address, const std::string& run);
 std::optional<v1::GetPolicyResponse> get_policy(const std::string& address, const std::string& run);
+// Query.DeleteRun: its status, and its answer in *out when given.
+grpc::Status delete_run(const std::string& address, const std::string& run,
+                        const ClientOptions& options = {}, v1::DeleteRunResponse* out = nullptr);
 
 // One agent stream with a reader thread that collects everything the server sends.
 class AgentStream {

@@ -1,8 +1,10 @@
 // The SQLite store on its own: schema version and migrations, what survives a reopen, the
-// unique (run, rank, seq), queries, and retention by age and by size.
+// unique (run, rank, seq), queries, retention by age and by size, and deleting one run.
 #include "store.h"
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include "server_harness.h"
 
@@ -144,6 +146,77 @@ TEST_F(ServerStoreTest, RetentionBySizeKeepsTheStoreUnderTheLimitNewestFirst) {
   EXPECT_EQ(kept.reports(kept.reports_size() - 1).report().seq(), 2000u);
   // The agent's last seq is kept, so replays of deleted reports are still duplicates.
   EXPECT_EQ(w.load_state().agents[0].last_seq, 2000u);
+}
+
+TEST_F(ServerStoreTest, DeleteRunRemovesEveryRowOfThatRunOnly) {
+  StoreWriter w(StoreOptions{path(), true});
+  w.begin();
+  for (const char* run : {"gone", "kept"}) {
+    w.upsert_run(make_hello(run), kSecond);
+    w.upsert_agent(make_hello(run), kSecond);
+  }
+  w.commit();
+  add_reports(w, "gone", 1, 5, kSecond);
+  add_reports(w, "kept", 1, 3, kSecond);
+  w.begin();
+  w.add_agent_notice("gone", 0, "transport: reconnected");
+  TensorTotals t;
+  t.run_id = "gone";
+  t.name = "h0.w";
+  t.role = v1::TENSOR_ROLE_WEIGHT_GRAD;
+  t.samples = 1;
+  w.add_tensor_totals(t);
+  w.insert_rejection("gone", 0, 9, "report.seq", "seq_order", "seq 9 twice", kSecond);
+  const std::int64_t decision = w.insert_decision("gone", 1, v1::PolicyUpdate());
+  w.upsert_application(decision, 0, 3, true, "");
+  w.save_policy_state("gone", "observe", "{}", 0, kSecond);
+  w.commit();
+
+  w.begin();
+  EXPECT_EQ(w.delete_run("gone"), std::optional<std::int64_t>(5));
+  EXPECT_EQ(w.delete_run("no-such-run"), std::nullopt);
+  w.commit();
+
+  Connection c(path(), false, true);
+  EXPECT_EQ(c.query_int("SELECT count(*) FROM runs"), 1);
+  EXPECT_EQ(c.query_int("SELECT count(*) FROM agents"), 1);
+  EXPECT_EQ(c.query_int("SELECT count(*) FROM reports"), 3);
+  for (const char* table : {"agent_notices", "tensor_totals", "rejections", "policy_decisions",
+                            "policy_applications", "policy_state"}) {
+    EXPECT_EQ(c.query_int(std::string("SELECT count(*) FROM ") + table), 0) << table;
+  }
+  StoreReader reader(path());
+  EXPECT_FALSE(reader.get_run("gone", 0).has_value());
+  EXPECT_EQ(reader.get_run("kept", 0)->summary().reports(), 3u);
+
+  // The same id can start again: a new run, nothing of the old one.
+  w.begin();
+  w.upsert_run(make_hello("gone"), 2 * kSecond);
+  w.upsert_agent(make_hello("gone"), 2 * kSecond);
+  w.commit();
+  add_reports(w, "gone", 1, 2, 2 * kSecond);
+  EXPECT_EQ(reader.get_run("gone", 0)->summary().reports(), 2u);
+}
+
+TEST_F(ServerStoreTest, RetentionNamesTheRunsItDeletedAndSparesThoseToKeep) {
+  StoreWriter w(StoreOptions{path(), true});
+  for (const char* run : {"old-a", "old-b", "connected"}) {
+    w.begin();
+    w.upsert_run(make_hello(run), kSecond);
+    w.upsert_agent(make_hello(run), kSecond);
+    w.commit();
+    add_reports(w, run, 1, 3, kSecond);
+  }
+  const RetentionResult r = w.apply_retention(50 * kSecond, 0, 120 * kSecond, {"connected"});
+  EXPECT_EQ(r.deleted_reports, 9);
+  EXPECT_EQ(r.deleted_runs, 2);
+  std::vector<std::string> ids = r.deleted_run_ids;
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(ids, (std::vector<std::string>{"old-a", "old-b"}));
+  StoreReader reader(path());
+  const std::vector<v1::RunSummary> runs = reader.list_runs(0);
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].run_id(), "connected");
 }
 
 }  // namespace
