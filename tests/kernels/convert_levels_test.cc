@@ -177,7 +177,7 @@ class ConvertLevelTest : public ::testing::TestWithParam<SimdLevel> {
     const std::vector<std::uint32_t> bits = inputs(n, src_off * 7 + dst_off + n);
     GuardedBuffer src(n, 4, src_off);
     GuardedBuffer dst(n, storage_bytes(f), dst_off);
-    std::memcpy(src.data(), bits.data(), n * 4);
+    if (n > 0) std::memcpy(src.data(), bits.data(), n * 4);  // bits.data() is null when n == 0
     convert_from_fp32(static_cast<const float*>(src.data()), dst.data(), n, f, mode, level());
     SCOPED_TRACE(::testing::Message() << format_name(f) << " " << mode_name(mode) << " n=" << n
                                       << " src+" << src_off << " dst+" << dst_off);
@@ -221,7 +221,7 @@ class ConvertLevelTest : public ::testing::TestWithParam<SimdLevel> {
   void check_round_through(Format f, OverflowMode mode, std::size_t n, std::size_t off) {
     const std::vector<std::uint32_t> bits = inputs(n, off * 11 + 2 * n);
     GuardedBuffer data(n, 4, off);
-    std::memcpy(data.data(), bits.data(), n * 4);
+    if (n > 0) std::memcpy(data.data(), bits.data(), n * 4);
     detail::round_through_at_level(static_cast<float*>(data.data()), n, f, mode, level());
     SCOPED_TRACE(::testing::Message()
                  << format_name(f) << " " << mode_name(mode) << " n=" << n << " +" << off);
