@@ -98,11 +98,14 @@ void Ingest::restore() {
   }
   std::map<std::string, const RestoredPolicy*> saved;
   for (const RestoredPolicy& p : state.policies) saved[p.run_id] = &p;
+  // Least recently seen first: the most recently seen runs end up exported.
   for (const RestoredRun& run : state.runs) {
     const auto s = saved.find(run.run_id);
     const auto c = state.current_updates.find(run.run_id);
+    RunState& restored = runs_.get(run.run_id);
+    runs_.mark_active(restored);
     policy_.restore_run(
-        runs_.get(run.run_id), run, s == saved.end() ? nullptr : s->second,
+        restored, run, s == saved.end() ? nullptr : s->second,
         c == state.current_updates.end() ? std::nullopt
                                          : std::optional<v1::PolicyUpdate>(c->second),
         [&](std::int64_t after) { return store_.reports_after(run.run_id, after); });
@@ -221,6 +224,7 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
     RunState& run = *known;
     switch (item.kind) {
       case IngestItem::Kind::kHello: {
+        runs_.mark_active(run);
         store_.upsert_run(*item.hello, now_ns);
         store_.upsert_agent(*item.hello, now_ns);
         run.last_seq.try_emplace(item.rank, 0);
@@ -230,6 +234,7 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
         break;
       }
       case IngestItem::Kind::kReport: {
+        runs_.mark_active(run);
         std::uint64_t& last_seq = run.last_seq[item.rank];
         const v1::StepReport& r = *item.report;
         batch.received.push_back(item.received);
@@ -486,14 +491,15 @@ void Ingest::maintenance(bool force) {
   try {
     if (force || now >= next_refresh_) {
       next_refresh_ = now + options_.refresh_interval;
-      runs_.for_each([&](RunState& run) {
-        if (!run.totals.empty()) {
-          if (run.top_stale) refresh_top_tensors(run);
-          run.top_stale = false;
-          metrics_.policy_target(run, policy_.target_scale(run));
+      // Only exported runs have series to refresh; the others catch up once active again.
+      for (RunState* run : runs_.exported()) {
+        if (!run->totals.empty()) {
+          if (run->top_stale) refresh_top_tensors(*run);
+          run->top_stale = false;
+          metrics_.policy_target(*run, policy_.target_scale(*run));
         }
-        metrics_.set_agents_connected(run, streams_.connected_ranks(run.id).size());
-      });
+        metrics_.set_agents_connected(*run, streams_.connected_ranks(run->id).size());
+      }
       metrics_.store_live_bytes(store_.live_bytes());
     }
     if (!force && now >= next_retention_) {

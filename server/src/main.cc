@@ -79,6 +79,9 @@ void add_flags(CLI::App& app, Flags& f) {
       ->capture_default_str();
   app.add_option("--top-k", o.top_k_tensors, "Per-tensor metric series per run")
       ->capture_default_str();
+  app.add_option("--metrics-max-runs", o.metrics_max_runs,
+                 "Runs exported on /metrics: the most recently active ones (a Hello or a report)")
+      ->capture_default_str();
   app.add_option("--shutdown-timeout", f.shutdown_timeout,
                  "Deadline of the graceful shutdown on SIGTERM/SIGINT")
       ->capture_default_str();

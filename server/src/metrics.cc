@@ -554,30 +554,35 @@ void Metrics::retention_deleted(std::int64_t reports) {
 
 void Metrics::policy_error() { policy_errors_->Increment(); }
 
-RunSeries& Metrics::run_series(RunState& run) {
+RunSeries* Metrics::run_series(RunState& run) {
+  if (!run.exported) return nullptr;
   if (!run.series) {
     run.series.reset(new RunSeries(f_, run.id));
     run.top_stale = true;  // the new series have no top-K tensors yet
   }
-  return *run.series;
+  return run.series.get();
 }
 
 void Metrics::duplicates(RunState& run, std::uint64_t n) {
-  increment(run_series(run).duplicates, static_cast<double>(n));
+  if (RunSeries* s = run_series(run)) increment(s->duplicates, static_cast<double>(n));
 }
 
 void Metrics::seq_gap(RunState& run, std::uint32_t rank, std::uint64_t missing) {
-  RunSeries& s = run_series(run);
-  increment(s.rank(rank).seq_gaps, static_cast<double>(missing));
+  if (RunSeries* s = run_series(run)) {
+    increment(s->rank(rank).seq_gaps, static_cast<double>(missing));
+  }
 }
 
 void Metrics::on_hello(RunState& run, const v1::Hello& hello) {
-  RunSeries& s = run_series(run);
-  s.set_loss_scale_min(s.rank(hello.rank()), hello.scaler().min_scale());
+  if (RunSeries* s = run_series(run)) {
+    s->set_loss_scale_min(s->rank(hello.rank()), hello.scaler().min_scale());
+  }
 }
 
 void Metrics::on_report(RunState& state, const v1::StepReport& r) {
-  RunSeries& run = run_series(state);
+  RunSeries* exported = run_series(state);
+  if (exported == nullptr) return;
+  RunSeries& run = *exported;
   RunSeries::Rank& rank = run.rank(r.rank());
   rank.steps->Increment();
   if (r.skipped()) rank.skipped->Increment();
@@ -688,7 +693,9 @@ void Metrics::on_report(RunState& state, const v1::StepReport& r) {
 }
 
 void Metrics::set_top_tensors(RunState& state, const std::vector<TensorTotals>& top) {
-  RunSeries& run = run_series(state);
+  RunSeries* exported = run_series(state);
+  if (exported == nullptr) return;
+  RunSeries& run = *exported;
   const std::string& run_id = state.id;
   std::map<std::pair<std::string, int>, const TensorTotals*> wanted;
   for (const TensorTotals& t : top) wanted[{t.name, t.role}] = &t;
@@ -725,13 +732,15 @@ void Metrics::set_top_tensors(RunState& state, const std::vector<TensorTotals>& 
 }
 
 void Metrics::set_agents_connected(RunState& run, std::size_t n) {
-  run_series(run).agents_connected->Set(static_cast<double>(n));
+  if (RunSeries* s = run_series(run)) s->agents_connected->Set(static_cast<double>(n));
 }
 
 void Metrics::policy_decision(RunState& state, std::string_view mode, std::string_view kind,
                               const std::string& reason, std::optional<double> loss_scale,
                               std::optional<double> min_scale, std::size_t fp32_tensors) {
-  RunSeries& run = run_series(state);
+  RunSeries* exported = run_series(state);
+  if (exported == nullptr) return;
+  RunSeries& run = *exported;
   const std::string& run_id = state.id;
   if (min_scale) {
     for (auto& [rank_id, rank] : run.ranks) run.set_loss_scale_min(*rank, *min_scale);
@@ -757,8 +766,9 @@ void Metrics::policy_decision(RunState& state, std::string_view mode, std::strin
 }
 
 void Metrics::policy_target(RunState& state, std::optional<double> target_scale) {
-  if (!target_scale) return;
-  RunSeries& run = run_series(state);
+  RunSeries* exported = run_series(state);
+  if (!target_scale || exported == nullptr) return;
+  RunSeries& run = *exported;
   if (run.policy_target == nullptr) {
     run.policy_target = &f_->policy_target.Add({{"run", state.id}});
   }

@@ -62,7 +62,8 @@ class Metrics {
   void store_live_bytes(std::uint64_t bytes);
   void retention_deleted(std::int64_t reports);
   void policy_error();
-  // Per run: the series live in `run.series`.
+  // Per run: the series live in `run.series`, and exist only while the run is exported
+  // (RunRegistry::mark_active); for any other run these do nothing.
   void duplicates(RunState& run, std::uint64_t n);
   void seq_gap(RunState& run, std::uint32_t rank, std::uint64_t missing);
   // Per-rank series known from the Hello (the scaler's minimum).
@@ -76,7 +77,8 @@ class Metrics {
   void policy_target(RunState& run, std::optional<double> target_scale);
 
  private:
-  RunSeries& run_series(RunState& run);
+  // The run's series, created when missing; null when the run is not exported.
+  RunSeries* run_series(RunState& run);
 
   std::shared_ptr<MetricFamilies> f_;
   // Server-level series, created up front.

@@ -9,7 +9,7 @@ RunState::RunState(std::string run_id) : id(std::move(run_id)) {}
 
 RunState::~RunState() = default;
 
-RunRegistry::RunRegistry() = default;
+RunRegistry::RunRegistry(std::size_t max_exported_runs) : max_exported_(max_exported_runs) {}
 
 RunRegistry::~RunRegistry() = default;
 
@@ -34,9 +34,25 @@ bool RunRegistry::forget(const std::string& run_id) {
     gone = std::move(it->second);
     runs_.erase(it);
   }
+  if (gone->exported) exported_.erase(gone->exported_at_);
   // Destroyed outside the lock: removing the series takes the families' own locks.
   gone.reset();
   return true;
+}
+
+void RunRegistry::mark_active(RunState& run) {
+  if (run.exported) {
+    exported_.splice(exported_.begin(), exported_, run.exported_at_);
+    return;
+  }
+  exported_.push_front(&run);
+  run.exported_at_ = exported_.begin();
+  run.exported = true;
+  if (exported_.size() <= max_exported_) return;
+  RunState* idle = exported_.back();
+  exported_.pop_back();
+  idle->exported = false;
+  idle->series.reset();
 }
 
 std::uint64_t RunRegistry::duplicates(const std::string& run_id) const {

@@ -4,6 +4,10 @@
 // Forgetting a run (deleted by an operator or by retention) therefore drops all of it at once:
 // its engine is destroyed and its series leave /metrics (RunSeries' deleter removes them).
 //
+// /metrics stays bounded however many runs the server knows: only the `max_exported_runs` most
+// recently active runs (a Hello or a report: mark_active) are exported. A run that falls out
+// of that set loses its series; they come back, from zero, at its next event.
+//
 // Threads: the ingest thread owns the registry and every RunState. It alone creates, changes
 // and forgets runs; ingest, policy and per-run metrics code all run on it. Other threads (the
 // Query handlers) only read a run's duplicate count through duplicates(): runs_ is changed by
@@ -13,6 +17,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -51,13 +56,20 @@ struct RunState {
   // PolicyHost: null until the run's first Hello (or its restore).
   std::unique_ptr<RunPolicy> policy;
 
-  // Metrics: the run's series, created at its first event.
+  // Metrics: the run's series, created at its first event while it is exported; null
+  // otherwise.
   std::unique_ptr<RunSeries, RemoveSeries> series;
+  bool exported = false;  // among the most recently active runs (RunRegistry::mark_active)
+
+ private:
+  friend class RunRegistry;
+  std::list<RunState*>::iterator exported_at_;  // in RunRegistry::exported_
 };
 
 class RunRegistry {
  public:
-  RunRegistry();
+  // `max_exported_runs` >= 1.
+  explicit RunRegistry(std::size_t max_exported_runs);
   ~RunRegistry();
   RunRegistry(const RunRegistry&) = delete;
   RunRegistry& operator=(const RunRegistry&) = delete;
@@ -73,12 +85,20 @@ class RunRegistry {
   }
   std::size_t size() const { return runs_.size(); }
 
+  // The run did something: it becomes the most recently active exported run; beyond
+  // max_exported_runs the least recently active one loses its series.
+  void mark_active(RunState& run);
+  // The exported runs, most recently active first.
+  const std::list<RunState*>& exported() const { return exported_; }
+
   // Any thread: 0 for an unknown run.
   std::uint64_t duplicates(const std::string& run_id) const;
 
  private:
+  std::size_t max_exported_;
   mutable std::mutex mu_;
   std::unordered_map<std::string, std::unique_ptr<RunState>> runs_;
+  std::list<RunState*> exported_;
 };
 
 }  // namespace ampscope::server

@@ -81,10 +81,11 @@ std::unique_ptr<Server> Server::create(ServerOptions options) {
     throw Error("--tls-cert and --tls-key go together: give both or neither");
   }
   if (options.max_in_flight_per_stream == 0) throw Error("--max-in-flight: must be >= 1");
+  if (options.metrics_max_runs == 0) throw Error("--metrics-max-runs: must be >= 1");
   auto impl = std::make_unique<Impl>(std::move(options));
   const ServerOptions& o = impl->options;
   impl->metrics = std::make_unique<Metrics>(o.version);
-  impl->runs = std::make_unique<RunRegistry>();
+  impl->runs = std::make_unique<RunRegistry>(o.metrics_max_runs);
   impl->store = std::make_unique<StoreWriter>(StoreOptions{o.db_path, o.sync_full});
   impl->reader = std::make_unique<StoreReader>(o.db_path);
   impl->policy = std::make_unique<PolicyHost>(o.policy, o.policy_snapshot_interval, *impl->runs);

@@ -44,6 +44,7 @@ int schema_version(Connection& c);
 struct RestoredRun {
   std::string run_id;
   v1::Hello hello;  // the latest Hello of the run (rank and host of whichever agent sent it)
+  std::int64_t last_seen_ns = 0;
 };
 struct RestoredAgent {
   std::string run_id;
@@ -69,7 +70,7 @@ struct TensorTotals {
   std::int64_t last_step = 0;
 };
 struct RestoredState {
-  std::vector<RestoredRun> runs;
+  std::vector<RestoredRun> runs;  // least recently seen first
   std::vector<RestoredAgent> agents;
   std::vector<RestoredPolicy> policies;
   std::vector<TensorTotals> tensors;

@@ -95,12 +95,14 @@ RestoredState StoreWriter::load_state() {
   RestoredState state;
   std::map<std::int64_t, std::string> names;
   {
-    Statement s = conn_->prepare("SELECT id, run_id, hello FROM runs");
+    Statement s =
+        conn_->prepare("SELECT id, run_id, hello, last_seen_ns FROM runs ORDER BY last_seen_ns");
     while (s.step()) {
       RestoredRun r;
       r.run_id = s.column_text(1);
       const std::string_view blob = s.column_blob(2);
       r.hello.ParseFromArray(blob.data(), static_cast<int>(blob.size()));
+      r.last_seen_ns = s.column_int(3);
       names[s.column_int(0)] = r.run_id;
       run_keys_[r.run_id] = s.column_int(0);
       state.runs.push_back(std::move(r));

@@ -1,12 +1,14 @@
 // /metrics of the real server, scraped over HTTP with libcurl after scripted reports: the
 // families of DESIGN.md exist with the expected values, counters end in _total, ratios stay in
-// [0, 1], per-tensor series are limited to the top K, and the gradient histogram has
-// power-of-two buckets in the unscaled domain.
+// [0, 1], per-tensor series are limited to the top K, the gradient histogram has power-of-two
+// buckets in the unscaled domain, and per-run series exist only for the most recently active
+// runs (--metrics-max-runs) and leave with a deleted run.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <regex>
 #include <set>
+#include <thread>
 
 #include "server_harness.h"
 
@@ -191,6 +193,94 @@ TEST(ServerMetricsTest, FamiliesValuesAndCardinality) {
         "ampscope_subnormal_values_total", "ampscope_first_offenders_total"}) {
     EXPECT_FALSE(find_samples(m, family).empty()) << family;
   }
+}
+
+// The sample lines of ampscope's families in a scrape, and the runs they name.
+struct SeriesCount {
+  std::size_t lines = 0;      // every ampscope_* sample
+  std::size_t run_lines = 0;  // those with a run label
+  std::set<std::string> runs;
+};
+
+SeriesCount count_series(const std::string& text) {
+  SeriesCount c;
+  for (const std::string& line : lines_of(text)) {
+    if (line.rfind("ampscope_", 0) != 0) continue;
+    ++c.lines;
+    const std::size_t at = line.find("run=\"");
+    if (at == std::string::npos) continue;
+    ++c.run_lines;
+    const std::size_t from = at + 5;
+    c.runs.insert(line.substr(from, line.find('"', from) - from));
+  }
+  return c;
+}
+
+// One agent of `run`: its Hello and one report, acknowledged.
+void one_run(const std::shared_ptr<grpc::Channel>& channel, const std::string& run,
+             std::uint64_t seq = 1) {
+  AgentStream agent(channel);
+  EXPECT_TRUE(agent.send_hello(make_hello(run)));
+  EXPECT_TRUE(agent.send(make_report(run, 0, seq, static_cast<std::int64_t>(seq), 2)));
+  EXPECT_TRUE(agent.wait_ack(seq).has_value()) << run;
+  EXPECT_TRUE(agent.finish().ok()) << run;
+}
+
+TEST(ServerMetricsTest, PerRunSeriesStayBoundedToTheMostRecentlyActiveRuns) {
+  constexpr std::size_t kBound = 50;
+  constexpr int kRounds = 4;
+  constexpr int kThreads = 4;
+  constexpr int kRunsPerThread = 125;  // 4 x 4 x 125 = 2,000 runs
+  TempDir dir;
+  ServerProcess server(dir.path(), dir / "store.db",
+                       {"--metrics-max-runs", std::to_string(kBound), "--sync", "normal"});
+  const auto channel = make_channel(server.address());
+
+  // What one run of this shape exports, top-K tensors included (refreshed about once a second).
+  one_run(channel, "run-first");
+  std::this_thread::sleep_for(1500ms);
+  const SeriesCount one = count_series(scrape(server.metrics_address()));
+  ASSERT_EQ(one.runs, std::set<std::string>{"run-first"});
+  const std::size_t per_run = one.run_lines;
+  const std::size_t server_level = one.lines - one.run_lines;
+
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<std::thread> agents;
+    for (int t = 0; t < kThreads; ++t) {
+      agents.emplace_back([&, round, t] {
+        for (int i = 0; i < kRunsPerThread; ++i) {
+          one_run(channel, "run-" + std::to_string(round) + "-" + std::to_string(t) + "-" +
+                               std::to_string(i));
+        }
+      });
+    }
+    for (std::thread& a : agents) a.join();
+    const SeriesCount c = count_series(scrape(server.metrics_address()));
+    EXPECT_EQ(c.runs.size(), kBound) << "round " << round;
+    EXPECT_LE(c.run_lines, kBound * per_run) << "round " << round;
+    EXPECT_LE(c.lines, kBound * per_run + server_level) << "round " << round;
+  }
+
+  // Exported are the most recently active runs.
+  std::set<std::string> latest;
+  for (std::size_t i = 0; i < kBound; ++i) {
+    latest.insert("run-last-" + std::to_string(i));
+    one_run(channel, "run-last-" + std::to_string(i));
+  }
+  EXPECT_EQ(count_series(scrape(server.metrics_address())).runs, latest);
+
+  // A deleted run's series go at once.
+  ASSERT_TRUE(delete_run(server.address(), "run-last-0").ok());
+  latest.erase("run-last-0");
+  EXPECT_EQ(count_series(scrape(server.metrics_address())).runs, latest);
+
+  // A run that was evicted is exported again when it is active again.
+  one_run(channel, "run-0-0-0", 2);
+  latest.insert("run-0-0-0");
+  EXPECT_EQ(count_series(scrape(server.metrics_address())).runs, latest);
+  EXPECT_EQ(sample_value(parse_samples(scrape(server.metrics_address())), "ampscope_steps_total",
+                         {{"run", "run-0-0-0"}, {"rank", "0"}}),
+            1);
 }
 
 }  // namespace

@@ -34,6 +34,7 @@ struct ServerOptions {
   std::size_t max_message_bytes = 16u << 20;   // per gRPC message
   std::size_t max_in_flight_per_stream = 256;  // reports awaiting commit per stream
   std::size_t top_k_tensors = 20;              // per-tensor metric series per run
+  std::size_t metrics_max_runs = 100;          // runs with series: the most recently active
   std::chrono::seconds retention_max_age{0};   // 0: keep forever
   std::uint64_t retention_max_bytes = 0;       // 0: no size limit
   std::chrono::milliseconds retention_interval{60000};
