@@ -1,7 +1,10 @@
 // The C API (ampscope/agent/c_api.h) over the C++ Agent. Every entry point catches everything:
-// no exception crosses into C.
+// no exception crosses into C. Structs from the caller are read through read_struct (never
+// past their struct_size) and structs for the caller written through write_struct; enums
+// convert through c_vocabulary.h.
 #include "ampscope/agent/c_api.h"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -10,11 +13,25 @@
 #include <vector>
 
 #include "ampscope/agent/agent.h"
+#include "c_vocabulary.h"
 
 using ampscope::agent::Agent;
 using ampscope::agent::AgentConfig;
 using ampscope::agent::Status;
-using ampscope::agent::StatusCode;
+namespace c = ampscope::agent::c;
+
+// A layout that ends inside its 8-byte alignment would let an older caller's tail padding
+// (counted in its sizeof) overlap the next version's first field.
+static_assert(AMPSCOPE_RUN_INFO_SIZE_V1 % alignof(ampscope_run_info) == 0);
+static_assert(AMPSCOPE_TENSOR_VIEW_SIZE_V1 % alignof(ampscope_tensor_view) == 0);
+static_assert(AMPSCOPE_STEP_INFO_SIZE_V1 % alignof(ampscope_step_info) == 0);
+static_assert(offsetof(ampscope_run_info, struct_size) == 0 &&
+              offsetof(ampscope_tensor_view, struct_size) == 0 &&
+              offsetof(ampscope_step_info, struct_size) == 0 &&
+              offsetof(ampscope_scaler_change, struct_size) == 0 &&
+              offsetof(ampscope_scaler_ops, struct_size) == 0 &&
+              offsetof(ampscope_overrides_ops, struct_size) == 0 &&
+              offsetof(ampscope_agent_counters, struct_size) == 0);
 
 struct ampscope_agent_config {
   AgentConfig config;
@@ -23,6 +40,44 @@ struct ampscope_agent_config {
 
 namespace {
 
+std::string below_first_layout(const char* what, std::size_t size, std::size_t size_v1) {
+  return std::string(what) + ".struct_size is " + std::to_string(size) +
+         ", below its first layout (" + std::to_string(size_v1) +
+         " bytes): initialise it with its _INIT macro";
+}
+
+// The caller's struct of any layout as this library's: the bytes within its struct_size (at
+// most this library's size), the rest zero, which every field reads as its default. Returns
+// empty, or a message naming `what` when the pointer is NULL or the struct is smaller than its
+// first layout.
+template <typename T>
+std::string read_struct(const T* in, std::size_t size_v1, const char* what, T* out) {
+  if (in == nullptr) return std::string(what) + " must not be NULL";
+  const std::size_t size = in->struct_size;
+  if (size < size_v1) return below_first_layout(what, size, size_v1);
+  *out = T{};
+  std::memcpy(static_cast<void*>(out), static_cast<const void*>(in), std::min(size, sizeof(T)));
+  out->struct_size = static_cast<std::uint32_t>(std::min(size, sizeof(T)));
+  return {};
+}
+
+// Writes `value` into the caller's struct up to its struct_size, which then says how much.
+template <typename T>
+std::string write_struct(const T& value, std::size_t size_v1, const char* what, T* out) {
+  if (out == nullptr) return std::string(what) + " must not be NULL";
+  const std::size_t size = std::min<std::size_t>(out->struct_size, sizeof(T));
+  if (size < size_v1) return below_first_layout(what, out->struct_size, size_v1);
+  std::memcpy(static_cast<void*>(out), static_cast<const void*>(&value), size);
+  out->struct_size = static_cast<std::uint32_t>(size);
+  return {};
+}
+
+// A one-line reason from a callback's buffer, or `fallback` when it left it empty.
+std::string reason_from(char* buffer, std::size_t size, const char* fallback) {
+  buffer[size - 1] = '\0';
+  return buffer[0] != '\0' ? std::string(buffer) : std::string(fallback);
+}
+
 // The scaler as a C trainer exposes it.
 class CScaler final : public ampscope::agent::ScalerControl {
  public:
@@ -30,13 +85,14 @@ class CScaler final : public ampscope::agent::ScalerControl {
       : ops_(ops), user_(user), base_(base) {}
   ampscope::agent::ScalerSettings settings() const override {
     ampscope::agent::ScalerSettings s = base_;
-    if (ops_.scale != nullptr) s.scale = ops_.scale(user_);
-    s.min_scale = ops_.min_scale;
-    s.max_scale = ops_.max_scale;
+    s.scale = ops_.scale(user_);
+    if (ops_.min_scale > 0) s.min_scale = ops_.min_scale;
+    if (ops_.max_scale > 0) s.max_scale = ops_.max_scale;
     return s;
   }
   std::string schedule(const ampscope::agent::ScalerChange& c) override {
     ampscope_scaler_change cc{};
+    cc.struct_size = sizeof(cc);
     cc.effective_from_step = c.effective_from_step;
     cc.has_scale = c.scale.has_value();
     cc.scale = c.scale.value_or(0.0);
@@ -52,62 +108,127 @@ class CScaler final : public ampscope::agent::ScalerControl {
     cc.min_scale = c.min_scale.value_or(0.0);
     cc.has_max_scale = c.max_scale.has_value();
     cc.max_scale = c.max_scale.value_or(0.0);
-    if (ops_.schedule == nullptr) return "the C scaler has no schedule callback";
     char reason[512] = {0};
     if (ops_.schedule(user_, &cc, reason, sizeof(reason)) == 0) return {};
-    reason[sizeof(reason) - 1] = '\0';
-    return reason[0] != '\0' ? std::string(reason) : std::string("refused by the trainer");
+    return reason_from(reason, sizeof(reason), "refused by the trainer");
   }
 
  private:
   ampscope_scaler_ops ops_;
   void* user_;
-  ampscope::agent::ScalerSettings base_;  // the run info's scaler: kind and factors
+  ampscope::agent::ScalerSettings base_;  // the run info's scaler: kind, factors, bounds
 };
 
-ampscope_status to_c(StatusCode code) {
-  switch (code) {
-    case StatusCode::kOk:
-      return AMPSCOPE_OK;
-    case StatusCode::kInvalidArgument:
-      return AMPSCOPE_INVALID_ARGUMENT;
-    case StatusCode::kUnavailable:
-      return AMPSCOPE_UNAVAILABLE;
-    case StatusCode::kDeadlineExceeded:
-      return AMPSCOPE_DEADLINE_EXCEEDED;
-    case StatusCode::kFailedPrecondition:
-      return AMPSCOPE_FAILED_PRECONDITION;
-    case StatusCode::kInternal:
-      return AMPSCOPE_INTERNAL;
+// The FP32 override set as a C trainer exposes it. The capable layers are asked for once, at
+// attach, so that no callback runs on the agent's own threads.
+class COverrides final : public ampscope::agent::PrecisionOverrides {
+ public:
+  COverrides(const ampscope_overrides_ops& ops, void* user, std::vector<std::string> capable)
+      : ops_(ops), user_(user), capable_(std::move(capable)) {}
+  std::vector<std::string> capable_layers() const override { return capable_; }
+  std::string replace(const std::vector<std::string>& layers, std::int64_t from_step) override {
+    std::vector<const char*> names;
+    names.reserve(layers.size());
+    for (const std::string& l : layers) names.push_back(l.c_str());
+    char reason[512] = {0};
+    if (ops_.replace(user_, names.data(), names.size(), from_step, reason, sizeof(reason)) == 0) {
+      return {};
+    }
+    return reason_from(reason, sizeof(reason), "refused by the trainer");
   }
-  return AMPSCOPE_INTERNAL;
+
+ private:
+  ampscope_overrides_ops ops_;
+  void* user_;
+  std::vector<std::string> capable_;
+};
+
+// The trainer's capable layers through its count-then-fill callback.
+std::vector<std::string> ask_capable_layers(const ampscope_overrides_ops& ops, void* user) {
+  const std::size_t count = ops.capable_layers(user, nullptr, 0);
+  std::vector<const char*> names(count, nullptr);
+  const std::size_t filled = std::min(count, ops.capable_layers(user, names.data(), count));
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < filled; ++i) {
+    if (names[i] != nullptr && names[i][0] != '\0') out.emplace_back(names[i]);
+  }
+  return out;
 }
 
-bool valid_format(int f) { return f >= 0 && f < ampscope::kNumFormats; }
+std::string to_run_info(const ampscope_run_info& run, ampscope::agent::RunInfo* r) {
+  if (run.host != nullptr) r->host = run.host;
+  if (run.trainer != nullptr) r->trainer = run.trainer;
+  if (run.precision != nullptr) r->precision = run.precision;
+  const auto format = c::from_c_format(run.compute_format);
+  if (!format) return "run.compute_format: unknown format " + std::to_string(run.compute_format);
+  r->compute_format = *format;
+  const auto kind = c::from_c_scaler_kind(run.scaler_kind);
+  if (!kind) return "run.scaler_kind: unknown kind " + std::to_string(run.scaler_kind);
+  ampscope::agent::ScalerSettings& s = r->scaler;
+  s.kind = *kind;
+  if (run.loss_scale > 0) s.scale = run.loss_scale;
+  if (run.growth_factor > 0) s.growth_factor = run.growth_factor;
+  if (run.backoff_factor > 0) s.backoff_factor = run.backoff_factor;
+  if (run.growth_interval > 0) s.growth_interval = run.growth_interval;
+  if (run.hysteresis < 0) return "run.hysteresis: must be >= 0";
+  s.hysteresis = run.hysteresis;
+  if (!(run.min_scale >= 0) || !(run.max_scale >= 0)) {
+    return "run.min_scale, run.max_scale: must be >= 0 (0: none)";
+  }
+  if (run.max_scale > 0 && run.max_scale < run.min_scale) {
+    return "run.max_scale: below run.min_scale";
+  }
+  s.min_scale = run.min_scale;
+  s.max_scale = run.max_scale;
+  return {};
+}
 
 }  // namespace
 
 struct ampscope_agent {
   std::unique_ptr<Agent> agent;
   std::unique_ptr<CScaler> scaler;
+  std::unique_ptr<COverrides> overrides;
   ampscope::agent::ScalerSettings base_scaler;
   std::vector<std::int64_t> shape;  // scratch for views without a shape
   mutable std::mutex mu;             // guards the strings below
   mutable std::string last_error;
   std::string notice;
 
-  ampscope_status fail(ampscope_status s, std::string message) const {
-    std::lock_guard lock(mu);
-    last_error = std::move(message);
+  ampscope_status fail(ampscope_status s, std::string message) const noexcept {
+    try {
+      std::lock_guard lock(mu);
+      last_error = std::move(message);
+    } catch (...) {
+    }
     return s;
   }
   ampscope_status result(const Status& s) const {
     if (s.ok()) return AMPSCOPE_OK;
-    return fail(to_c(s.code), s.message);
+    return fail(c::to_c(s.code), s.message);
+  }
+  // Inside a catch block: the exception in flight as AMPSCOPE_INTERNAL, with its message.
+  ampscope_status internal(const char* where) const noexcept {
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      try {
+        return fail(AMPSCOPE_INTERNAL, std::string(where) + ": " + e.what());
+      } catch (...) {
+      }
+    } catch (...) {
+      try {
+        return fail(AMPSCOPE_INTERNAL, std::string(where) + ": unknown error");
+      } catch (...) {
+      }
+    }
+    return AMPSCOPE_INTERNAL;
   }
 };
 
 extern "C" {
+
+uint32_t ampscope_agent_abi_version(void) { return AMPSCOPE_AGENT_ABI_VERSION; }
 
 const char* ampscope_status_string(ampscope_status status) {
   switch (status) {
@@ -145,16 +266,13 @@ void ampscope_agent_config_destroy(ampscope_agent_config* config) { delete confi
 ampscope_status ampscope_agent_config_set(ampscope_agent_config* config, const char* key,
                                           const char* value) {
   if (config == nullptr) return AMPSCOPE_INVALID_ARGUMENT;
-  if (key == nullptr || value == nullptr) {
-    config->last_error = "key and value must not be NULL";
-    return AMPSCOPE_INVALID_ARGUMENT;
-  }
   try {
+    if (key == nullptr || value == nullptr) {
+      config->last_error = "key and value must not be NULL";
+      return AMPSCOPE_INVALID_ARGUMENT;
+    }
     config->last_error = ampscope::agent::set_option(config->config, key, value);
     return config->last_error.empty() ? AMPSCOPE_OK : AMPSCOPE_INVALID_ARGUMENT;
-  } catch (const std::exception& e) {
-    config->last_error = e.what();
-    return AMPSCOPE_INTERNAL;
   } catch (...) {
     return AMPSCOPE_INTERNAL;
   }
@@ -179,32 +297,21 @@ ampscope_status ampscope_agent_create(ampscope_agent_config* config, const ampsc
   if (out == nullptr) return AMPSCOPE_INVALID_ARGUMENT;
   *out = nullptr;
   if (config == nullptr) return AMPSCOPE_INVALID_ARGUMENT;
-  if (run == nullptr) {
-    config->last_error = "run info must not be NULL";
-    return AMPSCOPE_INVALID_ARGUMENT;
-  }
   try {
+    ampscope_run_info in;
+    std::string error = read_struct(run, AMPSCOPE_RUN_INFO_SIZE_V1, "run", &in);
     ampscope::agent::RunInfo r;
-    if (run->host != nullptr) r.host = run->host;
-    if (run->trainer != nullptr) r.trainer = run->trainer;
-    if (run->precision != nullptr) r.precision = run->precision;
-    if (!valid_format(run->compute_format)) {
-      config->last_error = "run.compute_format: unknown format";
+    if (error.empty()) error = to_run_info(in, &r);
+    if (!error.empty()) {
+      config->last_error = std::move(error);
       return AMPSCOPE_INVALID_ARGUMENT;
     }
-    r.compute_format = static_cast<ampscope::Format>(run->compute_format);
-    r.scaler.kind = run->dynamic ? ampscope::ScalerKind::kDynamic
-                                 : ampscope::ScalerKind::kStatic;
-    if (run->loss_scale > 0) r.scaler.scale = run->loss_scale;
-    if (run->growth_factor > 0) r.scaler.growth_factor = run->growth_factor;
-    if (run->backoff_factor > 0) r.scaler.backoff_factor = run->backoff_factor;
-    if (run->growth_interval > 0) r.scaler.growth_interval = run->growth_interval;
     auto handle = std::make_unique<ampscope_agent>();
     handle->base_scaler = r.scaler;
     const Status s = Agent::create(config->config, r, &handle->agent);
     if (!s.ok()) {
       config->last_error = s.message;
-      return to_c(s.code);
+      return c::to_c(s.code);
     }
     config->last_error.clear();
     *out = handle.release();
@@ -221,8 +328,9 @@ ampscope_status ampscope_agent_destroy(ampscope_agent* agent, int64_t timeout_ms
   if (agent == nullptr) return AMPSCOPE_OK;
   ampscope_status result = AMPSCOPE_OK;
   try {
-    const Status s = agent->agent->shutdown(std::chrono::milliseconds(std::max<int64_t>(0, timeout_ms)));
-    result = to_c(s.code);
+    const Status s =
+        agent->agent->shutdown(std::chrono::milliseconds(std::max<int64_t>(0, timeout_ms)));
+    result = c::to_c(s.code);
   } catch (...) {
     result = AMPSCOPE_INTERNAL;
   }
@@ -239,17 +347,45 @@ ampscope_status ampscope_agent_attach_scaler(ampscope_agent* agent, const ampsco
       if (s.ok()) agent->scaler.reset();
       return agent->result(s);
     }
-    if (ops->schedule == nullptr || ops->scale == nullptr) {
+    ampscope_scaler_ops in;
+    if (std::string e = read_struct(ops, AMPSCOPE_SCALER_OPS_SIZE_V1, "ops", &in); !e.empty()) {
+      return agent->fail(AMPSCOPE_INVALID_ARGUMENT, std::move(e));
+    }
+    if (in.schedule == nullptr || in.scale == nullptr) {
       return agent->fail(AMPSCOPE_INVALID_ARGUMENT, "ops.schedule and ops.scale are required");
     }
-    auto scaler = std::make_unique<CScaler>(*ops, user, agent->base_scaler);
+    auto scaler = std::make_unique<CScaler>(in, user, agent->base_scaler);
     const Status s = agent->agent->attach_scaler(scaler.get());
     if (s.ok()) agent->scaler = std::move(scaler);
     return agent->result(s);
-  } catch (const std::exception& e) {
-    return agent->fail(AMPSCOPE_INTERNAL, e.what());
   } catch (...) {
-    return AMPSCOPE_INTERNAL;
+    return agent->internal("attach_scaler");
+  }
+}
+
+ampscope_status ampscope_agent_attach_overrides(ampscope_agent* agent,
+                                                const ampscope_overrides_ops* ops, void* user) {
+  if (agent == nullptr) return AMPSCOPE_INVALID_ARGUMENT;
+  try {
+    if (ops == nullptr) {
+      const Status s = agent->agent->attach_overrides(nullptr);
+      if (s.ok()) agent->overrides.reset();
+      return agent->result(s);
+    }
+    ampscope_overrides_ops in;
+    if (std::string e = read_struct(ops, AMPSCOPE_OVERRIDES_OPS_SIZE_V1, "ops", &in); !e.empty()) {
+      return agent->fail(AMPSCOPE_INVALID_ARGUMENT, std::move(e));
+    }
+    if (in.capable_layers == nullptr || in.replace == nullptr) {
+      return agent->fail(AMPSCOPE_INVALID_ARGUMENT,
+                         "ops.capable_layers and ops.replace are required");
+    }
+    auto overrides = std::make_unique<COverrides>(in, user, ask_capable_layers(in, user));
+    const Status s = agent->agent->attach_overrides(overrides.get());
+    if (s.ok()) agent->overrides = std::move(overrides);
+    return agent->result(s);
+  } catch (...) {
+    return agent->internal("attach_overrides");
   }
 }
 
@@ -260,102 +396,141 @@ int ampscope_agent_begin_step(ampscope_agent* agent, int64_t step) {
 
 ampscope_status ampscope_agent_observe(ampscope_agent* agent, const ampscope_tensor_view* view) {
   if (agent == nullptr) return AMPSCOPE_INVALID_ARGUMENT;
-  if (view == nullptr || view->name == nullptr) {
-    return agent->fail(AMPSCOPE_INVALID_ARGUMENT, "view and view->name must not be NULL");
-  }
-  if (!valid_format(view->dtype) || view->role < AMPSCOPE_ROLE_WEIGHT ||
-      view->role > AMPSCOPE_ROLE_LOSS || view->phase < AMPSCOPE_PHASE_UNKNOWN ||
-      view->phase > AMPSCOPE_PHASE_AFTER_UNSCALE || view->rank < 0 || view->rank > 8 ||
-      (view->rank > 0 && view->shape == nullptr)) {
-    return agent->fail(AMPSCOPE_INVALID_ARGUMENT,
-                       std::string("view of '") + view->name + "': bad dtype, role, phase or shape");
-  }
   try {
+    ampscope_tensor_view in;
+    if (std::string e = read_struct(view, AMPSCOPE_TENSOR_VIEW_SIZE_V1, "view", &in); !e.empty()) {
+      return agent->fail(AMPSCOPE_INVALID_ARGUMENT, std::move(e));
+    }
+    if (in.name == nullptr) return agent->fail(AMPSCOPE_INVALID_ARGUMENT, "view.name is NULL");
+    const auto role = c::from_c_role(in.role);
+    const auto phase = c::from_c_phase(in.phase);
+    const auto dtype = c::from_c_format(in.dtype);
+    const auto device = c::from_c_device(in.device);
+    const auto held = in.has_held != 0 ? c::from_c_format(in.held) : std::nullopt;
+    const char* bad = !role                                   ? "role"
+                      : !phase                                ? "phase"
+                      : !dtype                                ? "dtype"
+                      : !device                               ? "device"
+                      : in.has_held != 0 && !held             ? "held"
+                      : in.rank < 0 || in.rank > 8            ? "rank (0..8)"
+                      : in.rank > 0 && in.shape == nullptr    ? "shape (NULL with rank > 0)"
+                      : in.rank == 0 && in.numel < 0          ? "numel"
+                                                              : nullptr;
+    if (bad != nullptr) {
+      return agent->fail(AMPSCOPE_INVALID_ARGUMENT,
+                         std::string("view of '") + in.name + "': bad " + bad);
+    }
     ampscope::agent::TensorView v;
-    v.name = view->name;
-    v.role = static_cast<ampscope::TensorRole>(view->role);
-    v.phase = static_cast<ampscope::TensorPhase>(view->phase);
-    v.dtype = static_cast<ampscope::Format>(view->dtype);
-    v.data = view->data;
-    if (view->rank > 0) {
-      v.shape = std::span<const std::int64_t>(view->shape, static_cast<std::size_t>(view->rank));
+    v.name = in.name;
+    v.role = *role;
+    v.phase = *phase;
+    v.dtype = *dtype;
+    v.data = in.data;
+    if (in.rank > 0) {
+      v.shape = std::span<const std::int64_t>(in.shape, static_cast<std::size_t>(in.rank));
     } else {
-      agent->shape.assign(1, view->numel);
+      agent->shape.assign(1, in.numel);
       v.shape = agent->shape;
     }
-    v.device = view->device == 1 ? ampscope::Device::kCuda : ampscope::Device::kCpu;
-    v.stream = view->stream;
-    v.scale = view->scale;
-    v.micro_step = view->micro_step;
-    v.order = view->order;
+    v.device = *device;
+    v.stream = in.stream;
+    v.scale = in.scale != 0.0 ? in.scale : 1.0;
+    v.micro_step = in.micro_step;
+    v.order = in.order;
+    v.held = held;
     agent->agent->observe(v);
     return AMPSCOPE_OK;
   } catch (...) {
-    return AMPSCOPE_INTERNAL;
+    return agent->internal("observe");
   }
 }
 
 ampscope_status ampscope_agent_mark_phase(ampscope_agent* agent, ampscope_step_phase phase) {
   if (agent == nullptr) return AMPSCOPE_INVALID_ARGUMENT;
-  if (phase < AMPSCOPE_STEP_PHASE_FORWARD || phase > AMPSCOPE_STEP_PHASE_OPTIMIZER) {
-    return agent->fail(AMPSCOPE_INVALID_ARGUMENT, "unknown step phase");
+  try {
+    const auto p = c::from_c_step_phase(phase);
+    if (!p) return agent->fail(AMPSCOPE_INVALID_ARGUMENT, "unknown step phase");
+    agent->agent->mark_phase(*p);  // noexcept
+    return AMPSCOPE_OK;
+  } catch (...) {
+    return agent->internal("mark_phase");
   }
-  agent->agent->mark_phase(static_cast<ampscope::agent::StepPhase>(phase));
-  return AMPSCOPE_OK;
 }
 
 ampscope_status ampscope_agent_end_step(ampscope_agent* agent, const ampscope_step_info* info) {
   if (agent == nullptr) return AMPSCOPE_INVALID_ARGUMENT;
-  if (info == nullptr) return agent->fail(AMPSCOPE_INVALID_ARGUMENT, "info must not be NULL");
   try {
+    ampscope_step_info in;
+    if (std::string e = read_struct(info, AMPSCOPE_STEP_INFO_SIZE_V1, "info", &in); !e.empty()) {
+      return agent->fail(AMPSCOPE_INVALID_ARGUMENT, std::move(e));
+    }
+    if (in.num_fp32_layers > 0 && in.fp32_layers == nullptr) {
+      return agent->fail(AMPSCOPE_INVALID_ARGUMENT, "info.fp32_layers is NULL");
+    }
     ampscope::agent::StepInfo s;
-    s.step = info->step;
-    s.loss = info->loss;
-    s.loss_scale = info->loss_scale;
-    s.scale_after = info->scale_after;
-    s.found_inf = info->found_inf != 0;
-    s.skipped = info->skipped != 0;
-    s.grad_norm = info->grad_norm;
-    s.lr = info->lr;
-    s.tokens = info->tokens;
-    s.step_time_s = info->step_time_s;
-    s.optimizer_steps = info->optimizer_steps;
-    if (info->has_val_loss != 0) s.val_loss = info->val_loss;
+    s.step = in.step;
+    s.loss = in.loss;
+    s.loss_scale = in.loss_scale != 0.0 ? in.loss_scale : 1.0;
+    s.scale_after = in.scale_after != 0.0 ? in.scale_after : 1.0;
+    s.found_inf = in.found_inf != 0;
+    s.skipped = in.skipped != 0;
+    s.grad_norm = in.grad_norm;
+    s.lr = in.lr;
+    s.tokens = in.tokens;
+    s.step_time_s = in.step_time_s;
+    s.optimizer_steps = in.optimizer_steps;
+    if (in.has_val_loss != 0) s.val_loss = in.val_loss;
+    for (std::size_t i = 0; i < in.num_fp32_layers; ++i) {
+      if (in.fp32_layers[i] != nullptr) s.fp32_layers.emplace_back(in.fp32_layers[i]);
+    }
     agent->agent->end_step(s);
     return AMPSCOPE_OK;
   } catch (...) {
-    return AMPSCOPE_INTERNAL;
+    return agent->internal("end_step");
   }
 }
 
 ampscope_status ampscope_agent_flush(ampscope_agent* agent, int64_t timeout_ms) {
   if (agent == nullptr) return AMPSCOPE_INVALID_ARGUMENT;
-  return agent->result(
-      agent->agent->flush(std::chrono::milliseconds(std::max<int64_t>(0, timeout_ms))));
+  try {
+    return agent->result(
+        agent->agent->flush(std::chrono::milliseconds(std::max<int64_t>(0, timeout_ms))));
+  } catch (...) {
+    return agent->internal("flush");
+  }
 }
 
 ampscope_status ampscope_agent_get_counters(const ampscope_agent* agent,
                                             ampscope_agent_counters* out) {
-  if (agent == nullptr || out == nullptr) return AMPSCOPE_INVALID_ARGUMENT;
-  const ampscope::agent::Counters c = agent->agent->counters();
-  out->steps = c.steps;
-  out->reports_spooled = c.reports_spooled;
-  out->reports_acked = c.reports_acked;
-  out->dropped_reports = c.dropped_reports;
-  out->dropped_tensors = c.dropped_tensors;
-  out->rejected_reports = c.rejected_reports;
-  out->spool_bytes = c.spool_bytes;
-  out->reconnects = c.reconnects;
-  out->policies_applied = c.policies_applied;
-  out->policies_refused = c.policies_refused;
-  out->training_thread_s = c.training_thread_s;
-  out->connected = c.connected ? 1 : 0;
-  return AMPSCOPE_OK;
+  if (agent == nullptr) return AMPSCOPE_INVALID_ARGUMENT;
+  try {
+    const ampscope::agent::Counters c = agent->agent->counters();
+    ampscope_agent_counters v{};
+    v.struct_size = sizeof(v);
+    v.steps = c.steps;
+    v.reports_spooled = c.reports_spooled;
+    v.reports_acked = c.reports_acked;
+    v.dropped_reports = c.dropped_reports;
+    v.dropped_tensors = c.dropped_tensors;
+    v.rejected_reports = c.rejected_reports;
+    v.spool_bytes = c.spool_bytes;
+    v.reconnects = c.reconnects;
+    v.policies_applied = c.policies_applied;
+    v.policies_refused = c.policies_refused;
+    v.training_thread_s = c.training_thread_s;
+    v.connected = c.connected ? 1 : 0;
+    if (std::string e = write_struct(v, AMPSCOPE_AGENT_COUNTERS_SIZE_V1, "out", out); !e.empty()) {
+      return agent->fail(AMPSCOPE_INVALID_ARGUMENT, std::move(e));
+    }
+    return AMPSCOPE_OK;
+  } catch (...) {
+    return agent->internal("get_counters");
+  }
 }
 
 size_t ampscope_agent_notice_count(const ampscope_agent* agent) {
   if (agent == nullptr) return 0;
-  return agent->agent->notices().size();
+  return agent->agent->notices().size();  // noexcept
 }
 
 const char* ampscope_agent_notice(ampscope_agent* agent, size_t index) {
@@ -373,8 +548,12 @@ const char* ampscope_agent_notice(ampscope_agent* agent, size_t index) {
 
 const char* ampscope_agent_last_error(const ampscope_agent* agent) {
   if (agent == nullptr) return "agent is NULL";
-  std::lock_guard lock(agent->mu);
-  return agent->last_error.c_str();
+  try {
+    std::lock_guard lock(agent->mu);
+    return agent->last_error.c_str();
+  } catch (...) {
+    return "";
+  }
 }
 
 }  // extern "C"

@@ -1,12 +1,34 @@
-/* The agent's C API exercised from C: configuration, a scaler control with callbacks, steps
- * with tensors (one holding a NaN), counters, notices and error paths. Called by
- * c_api_test_driver.cc; returns 0 on success, otherwise the number of the failed check (and a
- * message in `why`). */
+/* A C trainer of its own: the agent's C API exercised from C through libampscope_agent.so, in a
+ * process that links nothing else of ampscope. c_api_test_driver.cc runs it and checks what
+ * reached the spool, the server or a recording stand-in for the server.
+ *
+ *   agent_c_api_program exercise SPOOL_DIR          configuration, a scaler, three steps (one
+ *                                                   with a NaN), held, FP32 layers, errors
+ *   agent_c_api_program old-layouts SPOOL_DIR ADDR  a caller compiled against the first layouts
+ *   agent_c_api_program hello SPOOL_DIR ADDR        the scaler and capable layers of the Hello
+ *   agent_c_api_program overrides SPOOL_DIR ADDR    the server's FP32 fallback (and static
+ *                                                   scaler parameters) reach the callbacks
+ *
+ * Exit status: 0 when every check passed, otherwise the number of the failed check (with a
+ * line on stderr). */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ampscope/agent/c_api.h"
+
+#define CHECK(n, cond, msg)                                                                \
+  do {                                                                                     \
+    if (!(cond)) {                                                                         \
+      fprintf(stderr, "check %d failed: %s (line %d)\n", n, msg, __LINE__);               \
+      return n;                                                                            \
+    }                                                                                      \
+  } while (0)
+
+/* ------------------------------------------------------------------------------------------ */
+/* Callbacks */
 
 typedef struct scaler_state {
   double scale;
@@ -16,6 +38,10 @@ typedef struct scaler_state {
 static int schedule(void* user, const ampscope_scaler_change* change, char* reason,
                     size_t reason_size) {
   scaler_state* s = (scaler_state*)user;
+  if (!AMPSCOPE_STRUCT_HAS(ampscope_scaler_change, change, max_scale)) {
+    snprintf(reason, reason_size, "the change is smaller than this trainer's header");
+    return 1;
+  }
   if (change->has_scale && change->scale > 1e9) {
     snprintf(reason, reason_size, "scale %g is too large for this trainer", change->scale);
     return 1;
@@ -27,56 +53,132 @@ static int schedule(void* user, const ampscope_scaler_change* change, char* reas
 
 static double current_scale(void* user) { return ((scaler_state*)user)->scale; }
 
-#define CHECK(n, cond, msg)                     \
-  do {                                          \
-    if (!(cond)) {                              \
-      snprintf(why, why_size, "%s", msg);       \
-      return n;                                 \
-    }                                           \
-  } while (0)
+typedef struct overrides_state {
+  const char* capable[2];
+  char fp32[4][64]; /* the FP32 set */
+  size_t num_fp32;
+  int64_t from_step;
+  int replaced;
+} overrides_state;
 
-int run_c_api_test(const char* spool_dir, char* why, size_t why_size) {
-  ampscope_agent_config* cfg = NULL;
-  CHECK(1, ampscope_agent_config_create(&cfg) == AMPSCOPE_OK, "config_create");
-  CHECK(2, ampscope_agent_config_set(cfg, "run_id", "c-api") == AMPSCOPE_OK, "set run_id");
-  CHECK(3, ampscope_agent_config_set(cfg, "spool_dir", spool_dir) == AMPSCOPE_OK, "set spool_dir");
-  CHECK(4, ampscope_agent_config_set(cfg, "sample_full_every", "0") == AMPSCOPE_OK, "set full");
-  CHECK(5, ampscope_agent_config_set(cfg, "flush_timeout_ms", "0") == AMPSCOPE_OK, "set flush");
-  CHECK(6, ampscope_agent_config_set(cfg, "sample_full_every", "often") == AMPSCOPE_INVALID_ARGUMENT,
-        "a bad value is refused");
-  CHECK(7, strstr(ampscope_agent_config_last_error(cfg), "sample_full_every") != NULL,
-        "the error names the key");
-  CHECK(8, ampscope_agent_config_set(cfg, NULL, "x") == AMPSCOPE_INVALID_ARGUMENT, "NULL key");
+static size_t capable_layers(void* user, const char** names, size_t capacity) {
+  overrides_state* s = (overrides_state*)user;
+  for (size_t i = 0; i < 2 && i < capacity; ++i) names[i] = s->capable[i];
+  return 2;
+}
 
-  ampscope_run_info run;
-  memset(&run, 0, sizeof(run));
+static int replace(void* user, const char* const* layers, size_t num_layers, int64_t from_step,
+                   char* reason, size_t reason_size) {
+  overrides_state* s = (overrides_state*)user;
+  if (num_layers > 4) {
+    snprintf(reason, reason_size, "at most 4 FP32 layers, asked for %zu", num_layers);
+    return 1;
+  }
+  for (size_t i = 0; i < num_layers; ++i) snprintf(s->fp32[i], sizeof(s->fp32[i]), "%s", layers[i]);
+  s->num_fp32 = num_layers;
+  s->from_step = from_step;
+  s->replaced++;
+  return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static int configure(ampscope_agent_config** cfg, const char* run_id, const char* spool_dir,
+                     const char* server) {
+  CHECK(101, ampscope_agent_config_create(cfg) == AMPSCOPE_OK, "config_create");
+  CHECK(102, ampscope_agent_config_set(*cfg, "run_id", run_id) == AMPSCOPE_OK, "set run_id");
+  CHECK(103, ampscope_agent_config_set(*cfg, "spool_dir", spool_dir) == AMPSCOPE_OK,
+        "set spool_dir");
+  CHECK(104, ampscope_agent_config_set(*cfg, "flush_timeout_ms", "0") == AMPSCOPE_OK,
+        "set flush_timeout_ms");
+  if (server != NULL) {
+    CHECK(105, ampscope_agent_config_set(*cfg, "server", server) == AMPSCOPE_OK, "set server");
+  }
+  return 0;
+}
+
+static ampscope_run_info fp16_run(ampscope_scaler_kind kind) {
+  ampscope_run_info run = AMPSCOPE_RUN_INFO_INIT;
   run.trainer = "c_api_test";
   run.precision = "amp-fp16";
   run.compute_format = AMPSCOPE_FORMAT_FP16;
+  run.scaler_kind = kind;
+  return run;
+}
+
+/* An agent of `run`, sending to `server`, with a scaler (`scaler`) and the FP32 overrides of
+ * "fc" and "lm_head" (`overrides`) attached. */
+static int start_agent(const char* run_id, const char* spool_dir, const char* server,
+                       const ampscope_run_info* run, scaler_state* scaler,
+                       overrides_state* overrides, ampscope_agent** agent) {
+  ampscope_agent_config* cfg = NULL;
+  int failed = configure(&cfg, run_id, spool_dir, server);
+  if (failed != 0) return failed;
+  CHECK(111, ampscope_agent_create(cfg, run, agent) == AMPSCOPE_OK,
+        ampscope_agent_config_last_error(cfg));
+  ampscope_agent_config_destroy(cfg);
+  ampscope_scaler_ops ops = AMPSCOPE_SCALER_OPS_INIT; /* bounds 0: the run info's */
+  ops.schedule = schedule;
+  ops.scale = current_scale;
+  CHECK(112, ampscope_agent_attach_scaler(*agent, &ops, scaler) == AMPSCOPE_OK,
+        ampscope_agent_last_error(*agent));
+  memset(overrides, 0, sizeof(*overrides));
+  overrides->capable[0] = "fc";
+  overrides->capable[1] = "lm_head";
+  overrides->from_step = -1;
+  ampscope_overrides_ops oops = AMPSCOPE_OVERRIDES_OPS_INIT;
+  oops.capable_layers = capable_layers;
+  CHECK(113, ampscope_agent_attach_overrides(*agent, &oops, overrides) ==
+                 AMPSCOPE_INVALID_ARGUMENT,
+        "replace is required");
+  oops.replace = replace;
+  CHECK(114, ampscope_agent_attach_overrides(*agent, &oops, overrides) == AMPSCOPE_OK,
+        ampscope_agent_last_error(*agent));
+  return 0;
+}
+
+static int exercise(const char* spool_dir) {
+  ampscope_agent_config* cfg = NULL;
+  int failed = configure(&cfg, "c-api", spool_dir, NULL);
+  if (failed != 0) return failed;
+  CHECK(1, ampscope_agent_abi_version() == AMPSCOPE_AGENT_ABI_VERSION, "abi version");
+  CHECK(2, ampscope_agent_config_set(cfg, "sample_full_every", "0") == AMPSCOPE_OK, "set full");
+  CHECK(3, ampscope_agent_config_set(cfg, "sample_full_every", "often") ==
+               AMPSCOPE_INVALID_ARGUMENT,
+        "a bad value is refused");
+  CHECK(4, strstr(ampscope_agent_config_last_error(cfg), "sample_full_every") != NULL,
+        "the error names the key");
+  CHECK(5, ampscope_agent_config_set(cfg, NULL, "x") == AMPSCOPE_INVALID_ARGUMENT, "NULL key");
+
+  ampscope_run_info run = fp16_run(AMPSCOPE_SCALER_DYNAMIC);
   run.loss_scale = 1024;
-  run.dynamic = 1;
   ampscope_agent* agent = NULL;
-  CHECK(9, ampscope_agent_create(NULL, &run, &agent) == AMPSCOPE_INVALID_ARGUMENT, "NULL config");
-  CHECK(10, ampscope_agent_create(cfg, &run, &agent) == AMPSCOPE_OK,
+  CHECK(6, ampscope_agent_create(NULL, &run, &agent) == AMPSCOPE_INVALID_ARGUMENT, "NULL config");
+  run.scaler_kind = (ampscope_scaler_kind)7;
+  CHECK(7, ampscope_agent_create(cfg, &run, &agent) == AMPSCOPE_INVALID_ARGUMENT && agent == NULL,
+        "unknown scaler kind");
+  CHECK(8, strstr(ampscope_agent_config_last_error(cfg), "scaler_kind") != NULL,
+        "the error names scaler_kind");
+  run.scaler_kind = AMPSCOPE_SCALER_DYNAMIC;
+  CHECK(9, ampscope_agent_create(cfg, &run, &agent) == AMPSCOPE_OK,
         ampscope_agent_config_last_error(cfg));
   ampscope_agent_config_destroy(cfg);
 
   scaler_state scaler = {1024.0, 0};
-  ampscope_scaler_ops ops;
-  memset(&ops, 0, sizeof(ops));
+  ampscope_scaler_ops ops = AMPSCOPE_SCALER_OPS_INIT;
   ops.schedule = schedule;
   ops.scale = current_scale;
-  CHECK(11, ampscope_agent_attach_scaler(agent, &ops, &scaler) == AMPSCOPE_OK, "attach scaler");
+  CHECK(10, ampscope_agent_attach_scaler(agent, &ops, &scaler) == AMPSCOPE_OK, "attach scaler");
 
   float grad[64];
   for (int i = 0; i < 64; ++i) grad[i] = 0.001f * (float)(i + 1);
   int64_t shape[2] = {8, 8};
+  const char* fp32_layers[1] = {"fc"};
   for (int step = 0; step < 3; ++step) {
     if (step == 1) grad[5] = NAN;
     if (step == 2) grad[5] = 0.5f;
-    CHECK(12, ampscope_agent_begin_step(agent, step) == 1, "begin_step wants tensors");
-    ampscope_tensor_view v;
-    memset(&v, 0, sizeof(v));
+    CHECK(11, ampscope_agent_begin_step(agent, step) == 1, "begin_step wants tensors");
+    ampscope_tensor_view v = AMPSCOPE_TENSOR_VIEW_INIT;
     v.name = "fc.weight.grad";
     v.role = AMPSCOPE_ROLE_WEIGHT_GRAD;
     v.phase = AMPSCOPE_PHASE_BACKWARD;
@@ -85,13 +187,23 @@ int run_c_api_test(const char* spool_dir, char* why, size_t why_size) {
     v.shape = shape;
     v.rank = 2;
     v.scale = 1024.0;
-    CHECK(13, ampscope_agent_observe(agent, &v) == AMPSCOPE_OK, "observe");
+    v.has_held = 1;
+    v.held = AMPSCOPE_FORMAT_FP32;
+    CHECK(12, ampscope_agent_observe(agent, &v) == AMPSCOPE_OK, "observe");
     v.dtype = (ampscope_format)42;
-    CHECK(14, ampscope_agent_observe(agent, &v) == AMPSCOPE_INVALID_ARGUMENT, "bad dtype");
-    CHECK(15, ampscope_agent_mark_phase(agent, AMPSCOPE_STEP_PHASE_OPTIMIZER) == AMPSCOPE_OK,
+    CHECK(13, ampscope_agent_observe(agent, &v) == AMPSCOPE_INVALID_ARGUMENT, "bad dtype");
+    v.dtype = AMPSCOPE_FORMAT_FP32;
+    v.held = (ampscope_format)42;
+    CHECK(14, ampscope_agent_observe(agent, &v) == AMPSCOPE_INVALID_ARGUMENT, "bad held");
+    CHECK(15, strstr(ampscope_agent_last_error(agent), "held") != NULL, "the error names held");
+    v.held = AMPSCOPE_FORMAT_FP32;
+    v.struct_size = 8;
+    CHECK(16, ampscope_agent_observe(agent, &v) == AMPSCOPE_INVALID_ARGUMENT, "tiny struct_size");
+    CHECK(17, strstr(ampscope_agent_last_error(agent), "view.struct_size is 8") != NULL,
+          ampscope_agent_last_error(agent));
+    CHECK(18, ampscope_agent_mark_phase(agent, AMPSCOPE_STEP_PHASE_OPTIMIZER) == AMPSCOPE_OK,
           "mark_phase");
-    ampscope_step_info info;
-    memset(&info, 0, sizeof(info));
+    ampscope_step_info info = AMPSCOPE_STEP_INFO_INIT;
     info.step = step;
     info.loss = 2.5;
     info.loss_scale = 1024.0;
@@ -99,24 +211,272 @@ int run_c_api_test(const char* spool_dir, char* why, size_t why_size) {
     info.found_inf = step == 1;
     info.skipped = step == 1;
     info.grad_norm = step == 1 ? NAN : 0.1;
-    CHECK(16, ampscope_agent_end_step(agent, &info) == AMPSCOPE_OK, "end_step");
+    if (step == 2) {
+      info.fp32_layers = fp32_layers;
+      info.num_fp32_layers = 1;
+    }
+    CHECK(19, ampscope_agent_end_step(agent, &info) == AMPSCOPE_OK, "end_step");
   }
-  CHECK(17, ampscope_agent_end_step(agent, NULL) == AMPSCOPE_INVALID_ARGUMENT, "NULL info");
-  CHECK(18, strstr(ampscope_agent_last_error(agent), "info") != NULL, "last_error says why");
-  CHECK(19, ampscope_agent_flush(agent, 5000) == AMPSCOPE_OK, "flush without a server");
+  CHECK(20, ampscope_agent_end_step(agent, NULL) == AMPSCOPE_INVALID_ARGUMENT, "NULL info");
+  CHECK(21, strstr(ampscope_agent_last_error(agent), "info") != NULL, "last_error says why");
+  CHECK(22, ampscope_agent_flush(agent, 5000) == AMPSCOPE_OK, "flush without a server");
 
-  ampscope_agent_counters counters;
-  CHECK(20, ampscope_agent_get_counters(agent, &counters) == AMPSCOPE_OK, "counters");
-  CHECK(21, counters.steps == 3 && counters.reports_spooled == 3, "three reports spooled");
-  CHECK(22, counters.dropped_reports == 0, "nothing dropped");
-  CHECK(23, ampscope_agent_notice_count(agent) >= 1, "at least the transport notice");
-  CHECK(24, ampscope_agent_notice(agent, 0) != NULL, "notice 0");
-  CHECK(25, ampscope_agent_notice(agent, 100000) == NULL, "no such notice");
-  CHECK(26, strcmp(ampscope_status_string(AMPSCOPE_DEADLINE_EXCEEDED), "DEADLINE_EXCEEDED") == 0,
+  ampscope_agent_counters counters = AMPSCOPE_AGENT_COUNTERS_INIT;
+  CHECK(23, ampscope_agent_get_counters(agent, &counters) == AMPSCOPE_OK, "counters");
+  CHECK(24, counters.struct_size == sizeof(counters), "all of the counters written");
+  CHECK(25, counters.steps == 3 && counters.reports_spooled == 3, "three reports spooled");
+  CHECK(26, counters.dropped_reports == 0, "nothing dropped");
+  counters.struct_size = 4;
+  CHECK(27, ampscope_agent_get_counters(agent, &counters) == AMPSCOPE_INVALID_ARGUMENT,
+        "counters below their first layout");
+  CHECK(28, ampscope_agent_notice_count(agent) >= 1, "at least the transport notice");
+  CHECK(29, ampscope_agent_notice(agent, 0) != NULL, "notice 0");
+  CHECK(30, ampscope_agent_notice(agent, 100000) == NULL, "no such notice");
+  CHECK(31, strcmp(ampscope_status_string(AMPSCOPE_DEADLINE_EXCEEDED), "DEADLINE_EXCEEDED") == 0,
         "status string");
-  CHECK(27, ampscope_agent_version()[0] != '\0', "version");
-  CHECK(28, ampscope_agent_destroy(agent, 0) == AMPSCOPE_OK, "destroy");
-  CHECK(29, ampscope_agent_destroy(NULL, 0) == AMPSCOPE_OK, "destroy NULL");
-  CHECK(30, ampscope_agent_begin_step(NULL, 0) == 0, "NULL agent");
+  CHECK(32, ampscope_agent_version()[0] != '\0', "version");
+  CHECK(33, ampscope_agent_destroy(agent, 0) == AMPSCOPE_OK, "destroy");
+  CHECK(34, ampscope_agent_destroy(NULL, 0) == AMPSCOPE_OK, "destroy NULL");
+  CHECK(35, ampscope_agent_begin_step(NULL, 0) == 0, "NULL agent");
   return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The first layouts (ABI 1), as a caller compiled against that header declares them. */
+
+typedef struct run_info_v1 {
+  uint32_t struct_size;
+  const char* host;
+  const char* trainer;
+  const char* precision;
+  ampscope_format compute_format;
+  double loss_scale;
+  double growth_factor;
+  double backoff_factor;
+  int64_t growth_interval;
+  ampscope_scaler_kind scaler_kind;
+} run_info_v1;
+
+typedef struct tensor_view_v1 {
+  uint32_t struct_size;
+  const char* name;
+  ampscope_role role;
+  ampscope_phase phase;
+  ampscope_format dtype;
+  const void* data;
+  const int64_t* shape;
+  int rank;
+  int64_t numel;
+  ampscope_device device;
+  void* stream;
+  double scale;
+  int micro_step;
+  int order;
+} tensor_view_v1;
+
+typedef struct step_info_v1 {
+  uint32_t struct_size;
+  int64_t step;
+  double loss;
+  double loss_scale;
+  double scale_after;
+  int found_inf;
+  int skipped;
+  double grad_norm;
+  double lr;
+  int64_t tokens;
+  double step_time_s;
+  int64_t optimizer_steps;
+  int has_val_loss;
+  double val_loss;
+} step_info_v1;
+
+_Static_assert(sizeof(run_info_v1) == AMPSCOPE_RUN_INFO_SIZE_V1, "run info v1");
+_Static_assert(sizeof(tensor_view_v1) == AMPSCOPE_TENSOR_VIEW_SIZE_V1, "tensor view v1");
+_Static_assert(sizeof(step_info_v1) == AMPSCOPE_STEP_INFO_SIZE_V1, "step info v1");
+
+/* An old caller's struct in memory whose bytes past it are 0xff: a library that read beyond
+ * struct_size would see NaN bounds, a hysteresis of -1, a held format of -1 and a wild
+ * fp32_layers pointer, and fail or crash. */
+typedef union poisoned_run {
+  ampscope_run_info full;
+  unsigned char bytes[sizeof(ampscope_run_info)];
+} poisoned_run;
+typedef union poisoned_view {
+  ampscope_tensor_view full;
+  unsigned char bytes[sizeof(ampscope_tensor_view)];
+} poisoned_view;
+typedef union poisoned_info {
+  ampscope_step_info full;
+  unsigned char bytes[sizeof(ampscope_step_info)];
+} poisoned_info;
+typedef union poisoned_counters {
+  ampscope_agent_counters full;
+  unsigned char bytes[sizeof(ampscope_agent_counters) + 16];
+} poisoned_counters;
+
+static int old_layouts(const char* spool_dir, const char* server) {
+  ampscope_agent_config* cfg = NULL;
+  int failed = configure(&cfg, "c-api-v1", spool_dir, server);
+  if (failed != 0) return failed;
+  CHECK(1, ampscope_agent_config_set(cfg, "sample_full_every", "0") == AMPSCOPE_OK, "set full");
+
+  run_info_v1 run1;
+  memset(&run1, 0, sizeof(run1));
+  run1.struct_size = sizeof(run1);
+  run1.trainer = "c_api_test v1";
+  run1.precision = "amp-fp16";
+  run1.compute_format = AMPSCOPE_FORMAT_FP16;
+  run1.loss_scale = 4096;
+  run1.scaler_kind = AMPSCOPE_SCALER_HYSTERESIS;
+  poisoned_run run;
+  memset(run.bytes, 0xff, sizeof(run.bytes));
+  memcpy(run.bytes, &run1, sizeof(run1));
+  ampscope_agent* agent = NULL;
+  run.full.struct_size = (uint32_t)(sizeof(run1) - 8);
+  CHECK(2, ampscope_agent_create(cfg, &run.full, &agent) == AMPSCOPE_INVALID_ARGUMENT,
+        "a run info below its first layout");
+  CHECK(3, strstr(ampscope_agent_config_last_error(cfg), "run.struct_size") != NULL,
+        ampscope_agent_config_last_error(cfg));
+  run.full.struct_size = sizeof(run1);
+  CHECK(4, ampscope_agent_create(cfg, &run.full, &agent) == AMPSCOPE_OK,
+        ampscope_agent_config_last_error(cfg));
+  ampscope_agent_config_destroy(cfg);
+
+  float grad[16];
+  for (int i = 0; i < 16; ++i) grad[i] = 0.25f;
+  for (int step = 0; step < 2; ++step) {
+    CHECK(5, ampscope_agent_begin_step(agent, step) == 1, "begin_step wants tensors");
+    tensor_view_v1 view1;
+    memset(&view1, 0, sizeof(view1));
+    view1.struct_size = sizeof(view1);
+    view1.name = "fc.weight.grad";
+    view1.role = AMPSCOPE_ROLE_WEIGHT_GRAD;
+    view1.phase = AMPSCOPE_PHASE_BACKWARD;
+    view1.dtype = AMPSCOPE_FORMAT_FP32;
+    view1.data = grad;
+    view1.numel = 16;
+    view1.scale = 4096;
+    poisoned_view view;
+    memset(view.bytes, 0xff, sizeof(view.bytes));
+    memcpy(view.bytes, &view1, sizeof(view1));
+    CHECK(6, ampscope_agent_observe(agent, &view.full) == AMPSCOPE_OK,
+          ampscope_agent_last_error(agent));
+
+    step_info_v1 info1;
+    memset(&info1, 0, sizeof(info1));
+    info1.struct_size = sizeof(info1);
+    info1.step = step;
+    info1.loss = 3.0;
+    info1.loss_scale = 4096;
+    info1.scale_after = 4096;
+    poisoned_info info;
+    memset(info.bytes, 0xff, sizeof(info.bytes));
+    memcpy(info.bytes, &info1, sizeof(info1));
+    CHECK(7, ampscope_agent_end_step(agent, &info.full) == AMPSCOPE_OK,
+          ampscope_agent_last_error(agent));
+  }
+  CHECK(8, ampscope_agent_flush(agent, 10000) == AMPSCOPE_OK, ampscope_agent_last_error(agent));
+
+  /* A caller built against a newer header: its larger struct is filled up to this library's
+   * size, which struct_size then says; the bytes past it stay the caller's. */
+  poisoned_counters counters;
+  memset(counters.bytes, 0xff, sizeof(counters.bytes));
+  counters.full.struct_size = (uint32_t)sizeof(counters.bytes);
+  CHECK(9, ampscope_agent_get_counters(agent, &counters.full) == AMPSCOPE_OK, "counters");
+  CHECK(10, counters.full.struct_size == sizeof(ampscope_agent_counters), "bytes written");
+  CHECK(11, counters.full.steps == 2, "two steps");
+  CHECK(12, counters.bytes[sizeof(ampscope_agent_counters)] == 0xff &&
+                counters.bytes[sizeof(counters.bytes) - 1] == 0xff,
+        "nothing written past the library's layout");
+  CHECK(13, ampscope_agent_destroy(agent, 10000) == AMPSCOPE_OK, "destroy");
+  return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static int hello(const char* spool_dir, const char* server) {
+  ampscope_run_info run = fp16_run(AMPSCOPE_SCALER_HYSTERESIS);
+  run.loss_scale = 65536;
+  run.growth_interval = 1000;
+  run.hysteresis = 3;
+  run.min_scale = 1;
+  run.max_scale = 16777216;
+  scaler_state scaler = {32768.0, 0};
+  overrides_state overrides;
+  ampscope_agent* agent = NULL;
+  int failed = start_agent("c-api-hello", spool_dir, server, &run, &scaler, &overrides, &agent);
+  if (failed != 0) return failed;
+  CHECK(5, ampscope_agent_begin_step(agent, 0) == 1, "begin_step");
+  ampscope_step_info info = AMPSCOPE_STEP_INFO_INIT;
+  info.loss = 1.0;
+  info.loss_scale = 32768;
+  info.scale_after = 32768;
+  CHECK(6, ampscope_agent_end_step(agent, &info) == AMPSCOPE_OK, "end_step");
+  CHECK(7, ampscope_agent_flush(agent, 10000) == AMPSCOPE_OK, ampscope_agent_last_error(agent));
+  CHECK(8, ampscope_agent_attach_overrides(agent, NULL, NULL) == AMPSCOPE_FAILED_PRECONDITION,
+        "overrides attach before the first step only");
+  CHECK(9, ampscope_agent_destroy(agent, 10000) == AMPSCOPE_OK, "destroy");
+  return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static int overrides(const char* spool_dir, const char* server) {
+  ampscope_run_info run = fp16_run(AMPSCOPE_SCALER_DYNAMIC);
+  scaler_state scaler = {65536.0, 0};
+  overrides_state state;
+  ampscope_agent* agent = NULL;
+  int failed = start_agent("c-api-overrides", spool_dir, server, &run, &scaler, &state, &agent);
+  if (failed != 0) return failed;
+
+  /* FP16 activation gradients of "fc" (1.0), one NaN at step 0: the server's FP32 fallback
+   * recommends "fc", effective a few steps later, with its static scaler parameters. */
+  uint16_t grad[32];
+  for (int i = 0; i < 32; ++i) grad[i] = 0x3c00;
+  for (int step = 0; step < 8; ++step) {
+    grad[7] = step == 0 ? 0x7e00 : 0x3c00;
+    ampscope_agent_begin_step(agent, step);
+    ampscope_tensor_view v = AMPSCOPE_TENSOR_VIEW_INIT;
+    v.name = "fc";
+    v.role = AMPSCOPE_ROLE_ACTIVATION_GRAD;
+    v.phase = AMPSCOPE_PHASE_BACKWARD;
+    v.dtype = AMPSCOPE_FORMAT_FP16;
+    v.data = grad;
+    v.numel = 32;
+    CHECK(3, ampscope_agent_observe(agent, &v) == AMPSCOPE_OK, ampscope_agent_last_error(agent));
+    const char* fp32[4];
+    for (size_t i = 0; i < state.num_fp32; ++i) fp32[i] = state.fp32[i];
+    ampscope_step_info info = AMPSCOPE_STEP_INFO_INIT;
+    info.step = step;
+    info.loss = 1.0;
+    info.fp32_layers = fp32;
+    info.num_fp32_layers = state.num_fp32;
+    CHECK(4, ampscope_agent_end_step(agent, &info) == AMPSCOPE_OK, ampscope_agent_last_error(agent));
+    /* The update a report causes comes before its acknowledgement. */
+    if (step == 0) {
+      CHECK(5, ampscope_agent_flush(agent, 10000) == AMPSCOPE_OK,
+            ampscope_agent_last_error(agent));
+    }
+  }
+  CHECK(6, ampscope_agent_flush(agent, 10000) == AMPSCOPE_OK, ampscope_agent_last_error(agent));
+  ampscope_agent_counters counters = AMPSCOPE_AGENT_COUNTERS_INIT;
+  CHECK(7, ampscope_agent_get_counters(agent, &counters) == AMPSCOPE_OK, "counters");
+  CHECK(8, state.replaced == 1, "replace called once");
+  CHECK(9, state.num_fp32 == 1 && strcmp(state.fp32[0], "fc") == 0, "fc in FP32");
+  CHECK(10, state.from_step > 0 && state.from_step < 8, "from a later step");
+  CHECK(11, counters.policies_applied == 1 && counters.policies_refused == 0, "applied once");
+  CHECK(14, scaler.scheduled == 1, "the scaler got the same update");
+  printf("replaced from step %lld\n", (long long)state.from_step);
+  CHECK(12, ampscope_agent_destroy(agent, 10000) == AMPSCOPE_OK, "destroy");
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc == 3 && strcmp(argv[1], "exercise") == 0) return exercise(argv[2]);
+  if (argc == 4 && strcmp(argv[1], "old-layouts") == 0) return old_layouts(argv[2], argv[3]);
+  if (argc == 4 && strcmp(argv[1], "hello") == 0) return hello(argv[2], argv[3]);
+  if (argc == 4 && strcmp(argv[1], "overrides") == 0) return overrides(argv[2], argv[3]);
+  fprintf(stderr, "usage: %s exercise|old-layouts|hello|overrides SPOOL_DIR [SERVER]\n", argv[0]);
+  return 200;
 }

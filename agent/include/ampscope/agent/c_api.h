@@ -1,10 +1,15 @@
 /* The agent's C API: the same agent as ampscope/agent/agent.h behind opaque handles and status
  * codes, for trainers written in C or reached through an FFI (Python ctypes, Rust, Julia).
+ * It is an ABI: libampscope_agent.so exports these functions and nothing else (no gRPC,
+ * protobuf or C++ symbols), and a caller compiled against this header keeps working with a
+ * later library.
  *
  *   ampscope_agent_config* cfg = NULL;
  *   ampscope_agent_config_create(&cfg);
  *   ampscope_agent_config_apply_env(cfg);                  // AMPSCOPE_SERVER, ...
  *   ampscope_agent_config_set(cfg, "run_id", "my-run");    // keys of set_option (config.h)
+ *   ampscope_run_info run = AMPSCOPE_RUN_INFO_INIT;
+ *   run.trainer = "mytrainer 1.0";
  *   ampscope_agent* agent = NULL;
  *   if (ampscope_agent_create(cfg, &run, &agent) != AMPSCOPE_OK) {
  *     fprintf(stderr, "%s\n", ampscope_agent_config_last_error(cfg));
@@ -15,19 +20,59 @@
  *     ampscope_agent_end_step(agent, &info);
  *   ampscope_agent_destroy(agent, 10000);                  // flush for up to 10 s, then free
  *
+ * Versioned structs. Every struct begins with `uint32_t struct_size`, which its *_INIT macro
+ * sets to sizeof the struct this header declares (the rest is zero; zero means "default" in
+ * every field). Fields are only ever appended, each layout ending on an 8-byte boundary:
+ *   - structs the caller fills (run info, tensor view, step info, scaler and override ops):
+ *     the library reads only the fields that lie within struct_size; the fields past it take
+ *     their defaults. A struct_size below the struct's first layout (AMPSCOPE_*_SIZE_V1) is
+ *     AMPSCOPE_INVALID_ARGUMENT. A struct larger than this library knows (a newer header) is
+ *     accepted and its unknown fields are ignored: compare ampscope_agent_abi_version() with
+ *     the version that added a field when the field matters.
+ *   - structs the library fills for the caller (counters): written up to the caller's
+ *     struct_size at most; on return struct_size says how many bytes were written.
+ *   - structs the library hands to a callback (the scaler change): struct_size is the
+ *     library's; read a field only when AMPSCOPE_STRUCT_HAS says it is there.
+ *
  * Nothing here exits, aborts or lets a C++ exception escape: every function returns a status
  * (or a documented neutral value) and records a one-line message for *_last_error().
  * Strings passed in are copied; strings returned are owned by the handle and valid until the
  * next call on it. Structs are passed by pointer and read during the call only.
  * Threads: begin_step, observe, mark_phase and end_step on the training thread; flush,
- * counters and notices from any thread; destroy once, from the owning thread.
- * Scaler and override callbacks are called on the training thread from begin_step.
+ * counters and notices from any thread; destroy once, from the owning thread. Scaler and
+ * override callbacks are called on the training thread from begin_step; the scaler's `scale`
+ * callback also from the agent's sender thread (for the Hello of each new stream); the
+ * overrides' `capable_layers` only during ampscope_agent_attach_overrides.
  */
 #ifndef AMPSCOPE_AGENT_C_API_H_
 #define AMPSCOPE_AGENT_C_API_H_
 
 #include <stddef.h>
 #include <stdint.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define AMPSCOPE_API __attribute__((visibility("default")))
+#else
+#define AMPSCOPE_API
+#endif
+
+/* The ABI this header describes; ampscope_agent_abi_version() returns the library's.
+ *   1  the first versioned layouts (AMPSCOPE_*_SIZE_V1)
+ *   2  tensor view: has_held/held; run info: min_scale, max_scale, hysteresis; step info:
+ *      fp32_layers; ampscope_overrides_ops and ampscope_agent_attach_overrides */
+#define AMPSCOPE_AGENT_ABI_VERSION 2u
+
+/* Whether a struct `ptr` of type `type` carries `field` (its struct_size covers it). */
+#define AMPSCOPE_STRUCT_HAS(type, ptr, field) \
+  ((size_t)(ptr)->struct_size >= offsetof(type, field) + sizeof(((type*)0)->field))
+
+/* struct_size set, everything else zero (in C++ without -Wmissing-field-initializers noise). */
+#ifdef __cplusplus
+#define AMPSCOPE_STRUCT_INIT_(type) \
+  ([] { type s_{}; s_.struct_size = (uint32_t)sizeof(type); return s_; }())
+#else
+#define AMPSCOPE_STRUCT_INIT_(type) {.struct_size = (uint32_t)sizeof(type)}
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -42,7 +87,8 @@ typedef enum ampscope_status {
   AMPSCOPE_INTERNAL = 5
 } ampscope_status;
 
-/* Formats and roles have the numbers of ampscope::Format and ampscope::TensorRole. */
+/* Formats, roles, phases, devices and scaler kinds have the numbers of ampscope::Format,
+ * TensorRole, TensorPhase, Device and ScalerKind (ampscope/vocabulary.h, ampscope/formats.h). */
 typedef enum ampscope_format {
   AMPSCOPE_FORMAT_FP32 = 0,
   AMPSCOPE_FORMAT_FP16 = 1,
@@ -69,6 +115,16 @@ typedef enum ampscope_phase {
   AMPSCOPE_PHASE_AFTER_UNSCALE = 4
 } ampscope_phase;
 
+typedef enum ampscope_device { AMPSCOPE_DEVICE_CPU = 0, AMPSCOPE_DEVICE_CUDA = 1 } ampscope_device;
+
+/* The loss-scale rule of the run's scaler (ampscope/loss_scale.h): a constant scale, PyTorch
+ * GradScaler's, or Megatron-LM's with hysteresis. */
+typedef enum ampscope_scaler_kind {
+  AMPSCOPE_SCALER_STATIC = 0,
+  AMPSCOPE_SCALER_DYNAMIC = 1,
+  AMPSCOPE_SCALER_HYSTERESIS = 2
+} ampscope_scaler_kind;
+
 typedef enum ampscope_step_phase {
   AMPSCOPE_STEP_PHASE_FORWARD = 0,
   AMPSCOPE_STEP_PHASE_BACKWARD = 1,
@@ -79,22 +135,33 @@ typedef enum ampscope_step_phase {
 typedef struct ampscope_agent_config ampscope_agent_config;
 typedef struct ampscope_agent ampscope_agent;
 
+/* The run as the Hello reports it. Zero in a scaler field: the default of the C++ API
+ * (ampscope::agent::ScalerSettings: scale 65536, x2, x0.5, 2000 steps, no hysteresis, no
+ * bounds). The scaler fields are ignored once a scaler control is attached. */
 typedef struct ampscope_run_info {
+  uint32_t struct_size;   /* AMPSCOPE_RUN_INFO_INIT */
   const char* host;       /* NULL or "": gethostname() */
   const char* trainer;    /* "mytrainer 1.0" */
   const char* precision;  /* "amp-fp16" */
   ampscope_format compute_format;
-  /* The local scaler (reported in the Hello); ignored when a scaler control is attached. */
   double loss_scale;
   double growth_factor;
   double backoff_factor;
   int64_t growth_interval;
-  int dynamic; /* 0: static scale, 1: dynamic */
+  ampscope_scaler_kind scaler_kind;
+  /* ABI 2 */
+  double min_scale;       /* 0: none */
+  double max_scale;       /* 0: none */
+  int32_t hysteresis;     /* overflows tolerated before backing off (kind HYSTERESIS); 0: none */
 } ampscope_run_info;
+#define AMPSCOPE_RUN_INFO_INIT AMPSCOPE_STRUCT_INIT_(ampscope_run_info)
+#define AMPSCOPE_RUN_INFO_SIZE_V1 offsetof(ampscope_run_info, min_scale)
 
-/* data: numel elements of `dtype` storage in host memory (device memory when device == 1,
- * ordered on `stream`, a cudaStream_t). shape may be NULL with rank 0 and numel set. */
+/* data: numel elements of `dtype` storage in host memory (device memory on
+ * AMPSCOPE_DEVICE_CUDA, ordered on `stream`, a cudaStream_t). shape may be NULL with rank 0
+ * and numel set. */
 typedef struct ampscope_tensor_view {
+  uint32_t struct_size;  /* AMPSCOPE_TENSOR_VIEW_INIT */
   const char* name;
   ampscope_role role;
   ampscope_phase phase;
@@ -102,19 +169,27 @@ typedef struct ampscope_tensor_view {
   const void* data;
   const int64_t* shape;
   int rank;
-  int64_t numel; /* used when shape is NULL */
-  int device;    /* 0: CPU, 1: CUDA */
+  int64_t numel;   /* used when shape is NULL */
+  ampscope_device device;
   void* stream;
-  double scale;  /* loss scale the values carry; 1 when unscaled */
+  double scale;    /* the loss scale the values carry; 0 is read as 1 (unscaled) */
   int micro_step;
-  int order;
+  int order;       /* execution order within the step, from 0 */
+  /* ABI 2. For gradients: the narrowest format the values really pass through (where they can
+   * overflow), when it is not the run's compute format; e.g. FP32 for weight gradients that
+   * are accumulated in FP32. has_held == 0: not said (the compute format is assumed). */
+  int has_held;
+  ampscope_format held;
 } ampscope_tensor_view;
+#define AMPSCOPE_TENSOR_VIEW_INIT AMPSCOPE_STRUCT_INIT_(ampscope_tensor_view)
+#define AMPSCOPE_TENSOR_VIEW_SIZE_V1 offsetof(ampscope_tensor_view, has_held)
 
 typedef struct ampscope_step_info {
+  uint32_t struct_size;  /* AMPSCOPE_STEP_INFO_INIT */
   int64_t step;
   double loss;
-  double loss_scale;
-  double scale_after;
+  double loss_scale;     /* used this step; 0 is read as 1 */
+  double scale_after;    /* after the scaler's update; 0 is read as 1 */
   int found_inf;
   int skipped;
   double grad_norm;
@@ -122,12 +197,19 @@ typedef struct ampscope_step_info {
   int64_t tokens;
   double step_time_s;
   int64_t optimizer_steps;
-  int has_val_loss; /* nonzero: val_loss holds the validation loss after this step */
+  int has_val_loss;      /* nonzero: val_loss holds the validation loss after this step */
   double val_loss;
+  /* ABI 2: the layers computed in FP32 this step (num_fp32_layers names; NULL when none). */
+  const char* const* fp32_layers;
+  size_t num_fp32_layers;
 } ampscope_step_info;
+#define AMPSCOPE_STEP_INFO_INIT AMPSCOPE_STRUCT_INIT_(ampscope_step_info)
+#define AMPSCOPE_STEP_INFO_SIZE_V1 offsetof(ampscope_step_info, fp32_layers)
 
-/* A scaler change as the callback receives it: has_* says which fields are set. */
+/* A scaler change as the schedule callback receives it (the library fills it; struct_size is
+ * the library's): has_* says which fields are set. */
 typedef struct ampscope_scaler_change {
+  uint32_t struct_size;
   int64_t effective_from_step;
   int has_scale;
   double scale;
@@ -144,6 +226,7 @@ typedef struct ampscope_scaler_change {
   int has_max_scale;
   double max_scale;
 } ampscope_scaler_change;
+#define AMPSCOPE_SCALER_CHANGE_SIZE_V1 sizeof(ampscope_scaler_change)
 
 /* Applies `change` from effective_from_step on (the agent calls it from begin_step of that
  * step). Returns 0 when accepted; otherwise writes a one-line reason (NUL-terminated, at most
@@ -154,14 +237,40 @@ typedef int (*ampscope_scaler_schedule_fn)(void* user, const ampscope_scaler_cha
 typedef double (*ampscope_scaler_scale_fn)(void* user);
 
 typedef struct ampscope_scaler_ops {
+  uint32_t struct_size;  /* AMPSCOPE_SCALER_OPS_INIT */
   ampscope_scaler_schedule_fn schedule;
   ampscope_scaler_scale_fn scale;
-  /* Bounds the agent checks updates against (0: none). */
+  /* Bounds the agent checks updates against; 0: the run info's. */
   double min_scale;
   double max_scale;
 } ampscope_scaler_ops;
+#define AMPSCOPE_SCALER_OPS_INIT AMPSCOPE_STRUCT_INIT_(ampscope_scaler_ops)
+#define AMPSCOPE_SCALER_OPS_SIZE_V1 sizeof(ampscope_scaler_ops)
+
+/* The layers the trainer can compute in FP32 (the names a policy's FP32 fallback may use):
+ * writes at most `capacity` names to names[0..capacity) and returns how many there are in
+ * all. The agent calls it with capacity 0, then with room for them all, and copies the names
+ * before attach returns. */
+typedef size_t (*ampscope_overrides_capable_fn)(void* user, const char** names,
+                                                size_t capacity);
+/* Makes layers[0..num_layers) exactly the FP32 set from `from_step` on (the agent calls it from
+ * begin_step of that step). Returns 0 when accepted; otherwise writes a one-line reason
+ * (NUL-terminated, at most reason_size bytes), changes nothing and returns non-zero. */
+typedef int (*ampscope_overrides_replace_fn)(void* user, const char* const* layers,
+                                             size_t num_layers, int64_t from_step, char* reason,
+                                             size_t reason_size);
+
+/* ABI 2. */
+typedef struct ampscope_overrides_ops {
+  uint32_t struct_size;  /* AMPSCOPE_OVERRIDES_OPS_INIT */
+  ampscope_overrides_capable_fn capable_layers;
+  ampscope_overrides_replace_fn replace;
+} ampscope_overrides_ops;
+#define AMPSCOPE_OVERRIDES_OPS_INIT AMPSCOPE_STRUCT_INIT_(ampscope_overrides_ops)
+#define AMPSCOPE_OVERRIDES_OPS_SIZE_V1 sizeof(ampscope_overrides_ops)
 
 typedef struct ampscope_agent_counters {
+  uint32_t struct_size;  /* AMPSCOPE_AGENT_COUNTERS_INIT; on return, the bytes written */
   uint64_t steps;
   uint64_t reports_spooled;
   uint64_t reports_acked;
@@ -175,42 +284,56 @@ typedef struct ampscope_agent_counters {
   double training_thread_s;
   int connected;
 } ampscope_agent_counters;
+#define AMPSCOPE_AGENT_COUNTERS_INIT AMPSCOPE_STRUCT_INIT_(ampscope_agent_counters)
+#define AMPSCOPE_AGENT_COUNTERS_SIZE_V1 sizeof(ampscope_agent_counters)
 
-const char* ampscope_status_string(ampscope_status status);
-const char* ampscope_agent_version(void);
+/* The library's AMPSCOPE_AGENT_ABI_VERSION (it may be newer than the caller's header). */
+AMPSCOPE_API uint32_t ampscope_agent_abi_version(void);
+AMPSCOPE_API const char* ampscope_status_string(ampscope_status status);
+AMPSCOPE_API const char* ampscope_agent_version(void);
 
-ampscope_status ampscope_agent_config_create(ampscope_agent_config** out);
-void ampscope_agent_config_destroy(ampscope_agent_config* config);
+AMPSCOPE_API ampscope_status ampscope_agent_config_create(ampscope_agent_config** out);
+AMPSCOPE_API void ampscope_agent_config_destroy(ampscope_agent_config* config);
 /* key/value as set_option in config.h ("server", "run_id", "sample_full_every", ...). */
-ampscope_status ampscope_agent_config_set(ampscope_agent_config* config, const char* key,
-                                          const char* value);
-ampscope_status ampscope_agent_config_apply_env(ampscope_agent_config* config);
-const char* ampscope_agent_config_last_error(const ampscope_agent_config* config);
+AMPSCOPE_API ampscope_status ampscope_agent_config_set(ampscope_agent_config* config,
+                                                       const char* key, const char* value);
+AMPSCOPE_API ampscope_status ampscope_agent_config_apply_env(ampscope_agent_config* config);
+AMPSCOPE_API const char* ampscope_agent_config_last_error(const ampscope_agent_config* config);
 
 /* On failure *out is NULL and ampscope_agent_config_last_error(config) says why. */
-ampscope_status ampscope_agent_create(ampscope_agent_config* config, const ampscope_run_info* run,
-                                      ampscope_agent** out);
+AMPSCOPE_API ampscope_status ampscope_agent_create(ampscope_agent_config* config,
+                                                   const ampscope_run_info* run,
+                                                   ampscope_agent** out);
 /* Shuts down (waiting up to timeout_ms for acknowledgements) and frees. NULL is a no-op. */
-ampscope_status ampscope_agent_destroy(ampscope_agent* agent, int64_t timeout_ms);
+AMPSCOPE_API ampscope_status ampscope_agent_destroy(ampscope_agent* agent, int64_t timeout_ms);
 
 /* Optional, before the first step: `ops` is copied; `user` is passed back to the callbacks and
- * must stay valid until destroy. */
-ampscope_status ampscope_agent_attach_scaler(ampscope_agent* agent, const ampscope_scaler_ops* ops,
-                                             void* user);
+ * must stay valid until destroy. NULL ops detaches. */
+AMPSCOPE_API ampscope_status ampscope_agent_attach_scaler(ampscope_agent* agent,
+                                                          const ampscope_scaler_ops* ops,
+                                                          void* user);
+/* ABI 2. Optional, before the first step, as attach_scaler: enables the policy's FP32
+ * fallback (Hello.fp32_capable_layers and PolicyUpdate.fp32_tensors). */
+AMPSCOPE_API ampscope_status ampscope_agent_attach_overrides(ampscope_agent* agent,
+                                                             const ampscope_overrides_ops* ops,
+                                                             void* user);
 
 /* Returns 1 when ampscope_agent_observe calls are wanted this step, else 0 (also on error). */
-int ampscope_agent_begin_step(ampscope_agent* agent, int64_t step);
-ampscope_status ampscope_agent_observe(ampscope_agent* agent, const ampscope_tensor_view* view);
-ampscope_status ampscope_agent_mark_phase(ampscope_agent* agent, ampscope_step_phase phase);
-ampscope_status ampscope_agent_end_step(ampscope_agent* agent, const ampscope_step_info* info);
+AMPSCOPE_API int ampscope_agent_begin_step(ampscope_agent* agent, int64_t step);
+AMPSCOPE_API ampscope_status ampscope_agent_observe(ampscope_agent* agent,
+                                                    const ampscope_tensor_view* view);
+AMPSCOPE_API ampscope_status ampscope_agent_mark_phase(ampscope_agent* agent,
+                                                       ampscope_step_phase phase);
+AMPSCOPE_API ampscope_status ampscope_agent_end_step(ampscope_agent* agent,
+                                                     const ampscope_step_info* info);
 
-ampscope_status ampscope_agent_flush(ampscope_agent* agent, int64_t timeout_ms);
-ampscope_status ampscope_agent_get_counters(const ampscope_agent* agent,
-                                            ampscope_agent_counters* out);
+AMPSCOPE_API ampscope_status ampscope_agent_flush(ampscope_agent* agent, int64_t timeout_ms);
+AMPSCOPE_API ampscope_status ampscope_agent_get_counters(const ampscope_agent* agent,
+                                                         ampscope_agent_counters* out);
 /* The number of notices so far; ampscope_agent_notice(agent, i) returns the i-th (or NULL). */
-size_t ampscope_agent_notice_count(const ampscope_agent* agent);
-const char* ampscope_agent_notice(ampscope_agent* agent, size_t index);
-const char* ampscope_agent_last_error(const ampscope_agent* agent);
+AMPSCOPE_API size_t ampscope_agent_notice_count(const ampscope_agent* agent);
+AMPSCOPE_API const char* ampscope_agent_notice(ampscope_agent* agent, size_t index);
+AMPSCOPE_API const char* ampscope_agent_last_error(const ampscope_agent* agent);
 
 #ifdef __cplusplus
 } /* extern "C" */
