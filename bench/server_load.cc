@@ -14,12 +14,21 @@
 //
 // Writes a JSON fragment (--out) with server_ingest_tensor_stats_per_s, server_ack_p99_ms,
 // server_peak_rss_mb and the conditions they were measured under.
+//
+// With --runs N it measures how the server grows with the number of runs instead: N runs, each
+// one agent stream that sends its Hello and --runs-reports reports (waiting for their Ack) and
+// goes away, --streams of them at a time; then the size of a /metrics scrape (bytes, ampscope_
+// sample lines), the time it takes (median and slowest of --scrapes), and the server's resident
+// memory now (VmRSS) and at its peak (VmHWM). --server-binary picks the server to measure, so
+// two builds can be compared on the same machine.
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <curl/curl.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -70,6 +79,9 @@ struct Options {
   std::string out;
   std::string work_dir;
   std::vector<std::string> server_args;  // extra ampscope-server flags
+  int runs = 0;                          // > 0: the runs measurement instead of the load phases
+  int runs_reports = 1;
+  int scrapes = 5;
 };
 
 // --- The server under test --------------------------------------------------------------------
@@ -92,6 +104,8 @@ class ServerChild {
                                      o.sync,
                                      "--max-in-flight",
                                      "1024"};
+    if (o.runs > 0) argv[4] = "127.0.0.1:0";  // --metrics-listen: the runs measurement scrapes
+    argv.insert(argv.end(), o.server_args.begin(), o.server_args.end());
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 1, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -111,7 +125,9 @@ class ServerChild {
       std::this_thread::sleep_for(20ms);
     }
     std::ifstream in(ready);
-    address_ = nlohmann::json::parse(in).at("grpc").get<std::string>();
+    const nlohmann::json addresses = nlohmann::json::parse(in);
+    address_ = addresses.at("grpc").get<std::string>();
+    metrics_address_ = addresses.value("metrics", "");
   }
   ~ServerChild() {
     if (pid_ > 0) {
@@ -121,6 +137,7 @@ class ServerChild {
     }
   }
   const std::string& address() const { return address_; }
+  const std::string& metrics_address() const { return metrics_address_; }
   // kB from /proc/PID/status ("VmHWM", "VmRSS").
   long status_kb(const std::string& key) const {
     std::ifstream in("/proc/" + std::to_string(pid_) + "/status");
@@ -134,6 +151,7 @@ class ServerChild {
   pid_t pid_ = -1;
   std::filesystem::path log_;
   std::string address_;
+  std::string metrics_address_;
 };
 
 // --- Realistic reports --------------------------------------------------------------------------
@@ -243,6 +261,11 @@ class LoadStream : public grpc::ClientBidiReactor<v1::AgentMessage, v1::ServerMe
     std::lock_guard lock(mu_);
     return acked_;
   }
+  // An Ack arrived (the first answers the Hello).
+  bool answered() {
+    std::lock_guard lock(mu_);
+    return answered_;
+  }
   void close() {
     {
       std::lock_guard lock(mu_);
@@ -270,6 +293,7 @@ class LoadStream : public grpc::ClientBidiReactor<v1::AgentMessage, v1::ServerMe
     {
       std::lock_guard lock(mu_);
       if (in_.has_ack()) {
+        answered_ = true;
         const auto now = Clock::now();
         const std::uint64_t upto = in_.ack().persisted_seq();
         for (auto it = sent_at_.begin(); it != sent_at_.end() && it->first <= upto;) {
@@ -302,6 +326,7 @@ class LoadStream : public grpc::ClientBidiReactor<v1::AgentMessage, v1::ServerMe
   std::map<std::uint64_t, Clock::time_point> sent_at_;
   std::vector<double> latencies_;
   std::uint64_t acked_ = 0;
+  bool answered_ = false;
   bool done_ = false;
   grpc::Status status_;
 };
@@ -311,6 +336,107 @@ double percentile(std::vector<double> v, double p) {
   const std::size_t k = std::min(v.size() - 1, static_cast<std::size_t>(p * (v.size() - 1)));
   std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
   return v[k];
+}
+
+std::size_t append_body(char* data, std::size_t size, std::size_t n, void* out) {
+  static_cast<std::string*>(out)->append(data, size * n);
+  return size * n;
+}
+
+// GET http://address/metrics; the body, empty on an error.
+std::string scrape(const std::string& address) {
+  std::string body;
+  CURL* curl = curl_easy_init();
+  if (curl == nullptr) return body;
+  const std::string url = "http://" + address + "/metrics";
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_NOPROXY, "*");
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT, 120L);
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, append_body);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &body);
+  if (curl_easy_perform(curl) != CURLE_OK) body.clear();
+  curl_easy_cleanup(curl);
+  return body;
+}
+
+double mb(long kb) { return kb > 0 ? std::round(kb / 102.4) / 10 : -1; }
+
+// The runs measurement (--runs): see the file comment.
+nlohmann::ordered_json measure_runs(const Options& o, ServerChild& server,
+                                    const std::vector<std::unique_ptr<v1::Telemetry::Stub>>& stubs,
+                                    const std::vector<v1::StepReport>& templates) {
+  std::cerr << "runs phase: " << o.runs << " runs, " << o.runs_reports << " reports each, "
+            << o.streams << " at a time\n";
+  const auto t0 = Clock::now();
+  int failed = 0;
+  for (int first = 0; first < o.runs; first += o.streams) {
+    std::vector<std::unique_ptr<LoadStream>> wave;
+    for (int i = first; i < std::min(o.runs, first + o.streams); ++i) {
+      wave.push_back(std::make_unique<LoadStream>(
+          stubs[static_cast<std::size_t>(i) % stubs.size()].get(), "runs-" + std::to_string(i), 0,
+          1, &templates));
+      for (int r = 0; r < o.runs_reports; ++r) wave.back()->send_next();
+    }
+    const auto deadline = Clock::now() + 60s;
+    for (auto& s : wave) {
+      while (!s->failed() && Clock::now() < deadline &&
+             (!s->answered() || s->acked() < static_cast<std::uint64_t>(o.runs_reports))) {
+        std::this_thread::sleep_for(1ms);
+      }
+      if (s->acked() < static_cast<std::uint64_t>(o.runs_reports) || !s->answered()) ++failed;
+      s->close();
+    }
+    for (auto& s : wave) s->wait_done();
+  }
+  const double send_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::cerr << "  sent in " << send_s << " s (" << failed << " runs not acknowledged)\n";
+  // Let a maintenance pass (top-K, agents connected: about once a second) run first.
+  std::this_thread::sleep_for(2s);
+
+  std::vector<double> ms;
+  std::size_t bytes = 0;
+  std::size_t lines = 0;
+  std::size_t run_lines = 0;
+  for (int i = 0; i < o.scrapes; ++i) {
+    const auto s0 = Clock::now();
+    const std::string body = scrape(server.metrics_address());
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - s0).count());
+    bytes = body.size();
+    lines = 0;
+    run_lines = 0;
+    std::istringstream in(body);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("ampscope_", 0) != 0) continue;
+      ++lines;
+      if (line.find("run=\"") != std::string::npos) ++run_lines;
+    }
+  }
+  const double median = percentile(ms, 0.5);
+  const double slowest = *std::max_element(ms.begin(), ms.end());
+  const long rss_kb = server.status_kb("VmRSS");
+  const long peak_kb = server.status_kb("VmHWM");
+  std::cerr << "  /metrics: " << bytes << " bytes, " << lines << " samples (" << run_lines
+            << " with a run label), " << median << " ms median, " << slowest
+            << " ms slowest; RSS " << mb(rss_kb) << " MB, peak " << mb(peak_kb) << " MB\n";
+
+  nlohmann::ordered_json j;
+  j["server_runs"] = o.runs;
+  j["server_runs_reports_each"] = o.runs_reports;
+  j["server_runs_tensors_per_report"] = o.tensors;
+  j["server_runs_not_acknowledged"] = failed;
+  j["server_runs_send_s"] = std::round(send_s * 10) / 10;
+  j["server_metrics_scrape_bytes"] = bytes;
+  j["server_metrics_samples"] = lines;
+  j["server_metrics_run_samples"] = run_lines;
+  j["server_metrics_scrape_ms_median"] = std::round(median * 10) / 10;
+  j["server_metrics_scrape_ms_max"] = std::round(slowest * 10) / 10;
+  j["server_runs_rss_mb"] = mb(rss_kb);
+  j["server_runs_peak_rss_mb"] = mb(peak_kb);
+  j["server_runs_server_binary"] = o.server_binary;
+  std::string extra;
+  for (const auto& a : o.server_args) extra += (extra.empty() ? "" : " ") + a;
+  j["server_runs_server_args"] = extra;
+  return j;
 }
 
 }  // namespace
@@ -338,7 +464,18 @@ int main(int argc, char** argv) {
   app.add_option("--server-arg", o.server_args,
                  "Extra ampscope-server flag (repeat; e.g. --server-arg=--policy "
                  "--server-arg=headroom)");
+  app.add_option("--runs", o.runs,
+                 "Measure /metrics and memory after this many runs (one Hello and "
+                 "--runs-reports reports each) instead of the load phases");
+  app.add_option("--runs-reports", o.runs_reports, "Reports each run sends (--runs)")
+      ->capture_default_str();
+  app.add_option("--scrapes", o.scrapes, "Scrapes of /metrics timed (--runs)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (o.runs > 0 && !o.server_address.empty()) {
+    std::cerr << "--runs starts its own server: drop --server\n";
+    return 2;
+  }
 
   std::filesystem::path dir = o.work_dir.empty() ? std::filesystem::temp_directory_path() /
                                                        ("ampscope-load-" + std::to_string(getpid()))
@@ -371,6 +508,15 @@ int main(int argc, char** argv) {
     channels.push_back(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), a));
     stubs.push_back(v1::Telemetry::NewStub(channels.back()));
   }
+  if (o.runs > 0) {
+    const nlohmann::ordered_json j = measure_runs(o, *server, stubs, templates);
+    server.reset();
+    std::cout << j.dump(2) << "\n";
+    if (!o.out.empty()) std::ofstream(o.out) << j.dump(2) << "\n";
+    if (o.work_dir.empty()) std::filesystem::remove_all(dir);
+    return 0;
+  }
+
   std::vector<std::unique_ptr<LoadStream>> streams;
   const int ranks_per_run = 8;
   for (int i = 0; i < o.streams; ++i) {
