@@ -8,47 +8,18 @@
 
 #include "ampscope/convert.h"
 #include "ampscope/testing/files.h"
+#include "fake_step.h"
 #include "spool_reader.h"
 
 namespace ampscope::agent {
 namespace {
 
 using ampscope::testing::TempDir;
-
-// A tiny "model": tensors with names, roles and values, shown in execution order.
-struct FakeTensor {
-  std::string name;
-  TensorRole role;
-  TensorPhase phase;
-  std::vector<std::uint16_t> fp16;  // FP16 storage
-  std::vector<std::int64_t> shape;
-};
-
-std::vector<FakeTensor> make_step_tensors() {
-  std::vector<FakeTensor> t;
-  auto add = [&](const std::string& name, TensorRole role, TensorPhase phase, float base) {
-    FakeTensor f{name, role, phase, {}, {4, 64}};
-    for (int i = 0; i < 256; ++i) f.fp16.push_back(fp32_to_fp16(base * (1.0f + 0.01f * i)));
-    t.push_back(std::move(f));
-  };
-  add("h0.weight", TensorRole::kWeight, TensorPhase::kStepStart, 0.02f);
-  add("embed", TensorRole::kActivation, TensorPhase::kForward, 0.5f);
-  add("h0.mlp.fc", TensorRole::kActivation, TensorPhase::kForward, 1.5f);
-  add("logits", TensorRole::kActivation, TensorPhase::kForward, 3.0f);
-  add("logits.grad", TensorRole::kActivationGrad, TensorPhase::kBackward, 1e-3f);
-  add("h0.mlp.fc.grad", TensorRole::kActivationGrad, TensorPhase::kBackward, 2e-3f);
-  add("h0.weight.grad", TensorRole::kWeightGrad, TensorPhase::kBackward, 5e-4f);
-  return t;
-}
-
-AgentConfig base_config(const TempDir& dir, const std::string& run) {
-  AgentConfig c;
-  c.run_id = run;
-  c.spool_dir = (dir / "spool").string();
-  c.sampling.full_every = 0;
-  c.flush_timeout = std::chrono::milliseconds(0);
-  return c;
-}
+using testing::base_config;
+using testing::FakeTensor;
+using testing::make_agent;
+using testing::make_step_tensors;
+using testing::view_of;
 
 // Runs `steps` steps; `poison(step, tensors)` may put NaN/Inf into them first.
 template <typename Poison>
@@ -58,19 +29,7 @@ void run_steps(Agent& agent, int steps, Poison poison, double scale = 1024.0) {
     poison(step, tensors);
     if (agent.begin_step(step)) {
       int order = 0;
-      for (const auto& t : tensors) {
-        TensorView v;
-        v.name = t.name;
-        v.role = t.role;
-        v.phase = t.phase;
-        v.dtype = Format::kFP16;
-        v.data = t.fp16.data();
-        v.shape = t.shape;
-        v.scale = is_loss_scaled(t.role) ? scale : 1.0;
-        v.order = order++;
-        if (t.role == TensorRole::kWeightGrad) v.held = Format::kFP32;
-        agent.observe(v);
-      }
+      for (const auto& t : tensors) agent.observe(view_of(t, order++, scale));
     }
     // As a trainer would: a non-finite value anywhere makes the step's gradients non-finite.
     bool nonfinite = false;
@@ -88,16 +47,6 @@ void run_steps(Agent& agent, int steps, Poison poison, double scale = 1024.0) {
     if (step % 2 == 1) info.val_loss = 1.5 + step;  // evaluated every other step
     agent.end_step(info);
   }
-}
-
-std::unique_ptr<Agent> make_agent(const AgentConfig& c) {
-  std::unique_ptr<Agent> a;
-  RunInfo run;
-  run.trainer = "agent_test";
-  run.precision = "amp-fp16";
-  const Status s = Agent::create(c, run, &a);
-  EXPECT_TRUE(s.ok()) << s.message;
-  return a;
 }
 
 void set(std::vector<FakeTensor>& ts, const std::string& name, std::size_t i, std::uint16_t bits) {

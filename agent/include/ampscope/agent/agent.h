@@ -20,15 +20,33 @@
 //   agent->shutdown(std::chrono::seconds(10));       // flush: wait for the server's acks
 //
 // A guest in someone else's process: no member throws, exits or aborts. Failures are returned
-// as a Status (create, attach_*) or turn into notices in the reports and counted drops, and a
-// failing collector stops collecting instead of failing the run. begin_step/observe/end_step
-// never block on the network or the disk: they hand work to a bounded queue and count what
-// does not fit.
+// as a Status or turn into notices in the reports and counted drops, and a failing collector
+// stops collecting instead of failing the run. begin_step/observe/end_step never block on the
+// network or the disk: they hand work to a bounded queue and count what does not fit.
 //
-// Threads: begin_step, observe, mark_phase and end_step belong to the training thread (one
-// thread, in step order). counters(), notices() and flush() may be called from any thread.
-// The agent runs a worker thread (statistics from copies, report encoding, the spool) and a
-// sender thread (the gRPC stream), plus one reader thread per open stream.
+// Threads. The step calls (begin_step, observe, mark_phase, end_step) and attach_* may come
+// from any thread: the agent serialises them, one at a time, under its own step lock held for
+// the whole call. So a training thread and PyTorch's autograd threads (whose hooks call
+// observe, even concurrently with each other) need no lock of their own; the calls of a step
+// are recorded in the order they take the lock, and tensors shown between end_step and the
+// next begin_step are ignored. A call waits at most for the step call in progress (its work on
+// the caller's side: counting or, in stats_thread=caller mode, fully measuring a tensor; the
+// scaler's callbacks; the CUPTI range of a profiled step), never for the network, the disk or
+// the worker.
+// The one misuse is re-entry: a step call from inside another on the same thread (from a
+// ScalerControl or PrecisionOverrides callback, which run under the step lock) would deadlock,
+// so it is refused with kFailedPrecondition (begin_step returns false), counted in
+// Counters::refused_calls and reported once as a notice; shutdown() from such a callback is
+// refused the same way. Callbacks must not wait for another thread that is calling into the
+// agent (from Python: call through ctypes.CDLL, which releases the GIL).
+// counters(), notices(), flush(), shutdown() and config() may be called from any thread at any
+// time: before the first step, during steps, concurrently with each other and after shutdown.
+// Per-thread resources stay with the thread of begin_step: the step's NVTX ranges are pushed
+// and popped there (observe on another thread opens no phase range), and a CUPTI range opened
+// by begin_step is closed only by an end_step on the same thread (otherwise CUPTI stops, with a
+// notice). The agent runs a worker thread (statistics from copies, report encoding, the spool)
+// and a sender thread (the gRPC stream), plus one reader thread per open stream.
+// Destroy the Agent only once no other thread can call it.
 // Ownership: the Agent owns its threads, its spool files and its CUDA resources; attached
 // controls are borrowed and must outlive the Agent (or shutdown()).
 #pragma once
@@ -82,6 +100,7 @@ struct Counters {
   std::uint64_t reconnects = 0;        // streams opened after the first
   std::uint64_t policies_applied = 0;
   std::uint64_t policies_refused = 0;
+  std::uint64_t refused_calls = 0;     // step calls refused by the threading contract (re-entry)
   double training_thread_s = 0.0;      // time spent inside begin_step/observe/end_step
   bool connected = false;              // a stream is open and has been acknowledged
 };
@@ -102,22 +121,27 @@ class Agent {
   Status attach_scaler(ScalerControl* scaler) noexcept;
   Status attach_overrides(PrecisionOverrides* overrides) noexcept;
 
-  // Training thread, at the start of each step, before the step reads its loss scale: applies
-  // policy updates due at `step` and decides what to measure. Returns true when observe()
-  // calls are wanted this step.
+  // The step calls (serialised by the agent; see Threads above). Each returns
+  // kFailedPrecondition when refused (re-entry, or after shutdown) and otherwise Ok: what
+  // goes wrong inside a step becomes counted drops and notices, not a status.
+  //
+  // At the start of each step, before the step reads its loss scale: applies policy updates
+  // due at `step` and decides what to measure. Returns true when observe() calls are wanted
+  // this step (false when refused).
   bool begin_step(std::int64_t step) noexcept;
-  // Training thread, between begin_step and end_step, in execution order.
-  void observe(const TensorView& tensor) noexcept;
-  // Training thread: an optional phase marker for the NVTX timeline.
-  void mark_phase(StepPhase phase) noexcept;
-  // Training thread, after the step (the optimizer update or its skip).
-  void end_step(const StepInfo& info) noexcept;
+  // Between begin_step and end_step, in execution order (TensorView::order says it exactly).
+  Status observe(const TensorView& tensor) noexcept;
+  // An optional phase marker for the NVTX timeline (on the thread of begin_step).
+  Status mark_phase(StepPhase phase) noexcept;
+  // After the step (the optimizer update or its skip).
+  Status end_step(const StepInfo& info) noexcept;
 
   // Waits until everything handed over so far is acknowledged by the server, or the timeout.
   Status flush(std::chrono::milliseconds timeout) noexcept;
-  // Stops accepting steps, encodes and spools what is queued, waits up to `timeout` for the
-  // server's acknowledgements, then closes the stream and stops the threads. What is not
-  // acknowledged stays in the spool for the next process. Idempotent.
+  // Stops accepting steps (waiting for the step call in progress, if any), encodes and spools
+  // what is queued, waits up to `timeout` for the server's acknowledgements, then closes the
+  // stream and stops the threads. What is not acknowledged stays in the spool for the next
+  // process. Idempotent; a concurrent call waits for the first to finish.
   Status shutdown(std::chrono::milliseconds timeout) noexcept;
 
   Counters counters() const noexcept;

@@ -1,0 +1,416 @@
+#include "recorder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+
+#include "delivery.h"
+#include "measure.h"
+#include "nvtx.h"
+#include "policy.h"
+
+namespace ampscope::agent {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::uint64_t numel_of(std::span<const std::int64_t> shape) {
+  std::uint64_t n = 1;
+  for (auto d : shape) n *= static_cast<std::uint64_t>(std::max<std::int64_t>(0, d));
+  return n;
+}
+
+}  // namespace
+
+// One step call: holds step_mu_ for the call (unless the calling thread holds it already, which
+// is a re-entry the caller must refuse) and adds the call's time to training_thread_s.
+class Recorder::Call {
+ public:
+  Call(Recorder& r, bool timed) : r_(r), timed_(timed) {
+    if (timed_) t0_ = Clock::now();
+    if (r.held_by_this_thread()) return;
+    lock_ = std::unique_lock(r.step_mu_);
+    r.holder_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+  }
+  ~Call() {
+    if (lock_.owns_lock()) r_.holder_.store(std::thread::id{}, std::memory_order_relaxed);
+    if (timed_) {
+      r_.training_ns_.fetch_add((Clock::now() - t0_).count(), std::memory_order_relaxed);
+    }
+  }
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+
+  bool reentered() const { return !lock_.owns_lock(); }
+
+ private:
+  Recorder& r_;
+  bool timed_;
+  Clock::time_point t0_{};
+  std::unique_lock<std::mutex> lock_;
+};
+
+Recorder::Recorder(const AgentConfig& config, const RunInfo& run, Notices* notices,
+                   PolicyApplier* policy, Delivery* delivery, std::int64_t resume_skip_through)
+    : config_(config),
+      run_(run),
+      notices_(notices),
+      policy_(policy),
+      delivery_(delivery),
+      resume_skip_through_(resume_skip_through),
+      sampler_(config.sampling) {}
+
+Recorder::~Recorder() = default;
+
+Status Recorder::refuse_reentry(const char* call) {
+  refused_calls_.fetch_add(1, std::memory_order_relaxed);
+  std::string why = std::string(call) +
+                    " was called from inside another agent call on the same thread (a scaler or "
+                    "overrides callback); refused";
+  notices_->raise("reentry", "agent: " + why);
+  return {StatusCode::kFailedPrecondition, std::move(why)};
+}
+
+Status Recorder::attach_before_start(const char* what) const {
+  if (!started_) return Status::Ok();
+  return {StatusCode::kFailedPrecondition,
+          std::string("attach the ") + what + " before the first step"};
+}
+
+Status Recorder::attach_scaler(ScalerControl* scaler) {
+  Call call(*this, false);
+  if (call.reentered()) return refuse_reentry("attach_scaler");
+  Status s = attach_before_start("scaler");
+  if (s.ok()) policy_->attach_scaler(scaler);
+  return s;
+}
+
+Status Recorder::attach_overrides(PrecisionOverrides* overrides) {
+  Call call(*this, false);
+  if (call.reentered()) return refuse_reentry("attach_overrides");
+  Status s = attach_before_start("overrides");
+  if (s.ok()) policy_->attach_overrides(overrides);
+  return s;
+}
+
+bool Recorder::begin_step(std::int64_t step) {
+  Call call(*this, true);
+  if (call.reentered()) {
+    refuse_reentry("begin_step");
+    return false;
+  }
+  if (closed_) return false;
+  try {
+    started_ = true;
+    delivery_->start();
+    if (in_step_) {
+      // The previous step never ended: its samples cannot become a report.
+      delivery_->count_dropped_tensors(current_.samples.size());
+      notices_->raise("begin-twice", "agent: begin_step without end_step; a step was dropped");
+    }
+    nvtx_close_step();
+    current_ = StepRecord{};
+    current_.info.step = step;
+    in_step_ = true;
+    step_scale_ = 1.0;
+    sampled_this_step_ = 0;
+    nonfinite_this_step_ = false;
+    policy_->begin_step(step, &current_.outcomes);
+    observing_ = sampler_.begin_step(step);
+    if (config_.nvtx && nvtx::kEnabled) {
+      nvtx::push(nvtx::Range::kStep, step);
+      nvtx_thread_ = std::this_thread::get_id();
+      nvtx_depth_ = 1;
+      phase_open_ = false;
+      nvtx_phase_ = TensorPhase::kUnknown;
+    }
+    cupti_begin(step);
+    return observing_;
+  } catch (...) {
+    observing_ = false;
+    throw;
+  }
+}
+
+Status Recorder::observe(const TensorView& t) {
+  Call call(*this, true);
+  if (call.reentered()) return refuse_reentry("observe");
+  if (closed_) return {StatusCode::kFailedPrecondition, "observe after shutdown"};
+  if (!in_step_ || !observing_) return Status::Ok();
+  try {
+    nvtx_phase_to(t.phase);
+    nvtx::Scoped range(nvtx::Range::kAgentObserve, config_.nvtx);
+    // The step's loss scale, from the tensors that carry it (before unscaling).
+    if (is_loss_scaled(t.role) && t.phase != TensorPhase::kAfterUnscale && t.scale > step_scale_) {
+      step_scale_ = t.scale;
+    }
+    if (t.device == Device::kCuda) saw_device_tensor_ = true;
+    const Level level = sampler_.level(t.role, t.phase);
+    if (level == Level::kSkip) return Status::Ok();
+    if (++sampled_this_step_ > config_.sampling.max_tensors_per_step) {
+      current_.dropped_tensors += 1;
+      return Status::Ok();
+    }
+    TensorSample s;
+    s.name.assign(t.name);
+    s.role = t.role;
+    s.phase = t.phase;
+    s.dtype = t.dtype;
+    s.shape.assign(t.shape.begin(), t.shape.end());
+    s.numel = numel_of(t.shape);
+    s.scale = t.scale > 0.0 && std::isfinite(t.scale) ? t.scale : 1.0;
+    s.micro_step = t.micro_step;
+    s.order = t.order;
+    s.level = level;
+    s.target = target_for(run_.compute_format, t.role, s.scale, step_scale_);
+    s.held = t.held;
+    if (!is_stats_storage_format(t.dtype)) {
+      drop_sample("unsupported dtype " + std::string(format_name(t.dtype)));
+      return Status::Ok();
+    }
+    if (s.numel > 0 && t.data == nullptr) {
+      drop_sample("tensor '" + s.name + "' has no data");
+      return Status::Ok();
+    }
+    if (measure_into(t, s)) current_.samples.push_back(std::move(s));
+    return Status::Ok();
+  } catch (...) {
+    current_.dropped_tensors += 1;
+    throw;
+  }
+}
+
+// Measures `t` into `s` (counts, full statistics, a copy for the worker or a device launch).
+// False when the sample was dropped (counted already).
+bool Recorder::measure_into(const TensorView& t, TensorSample& s) {
+  if (t.device == Device::kCuda) {
+    if (!gpu_tried_) {
+      gpu_tried_ = true;
+      std::string why;
+      gpu_ = GpuStats::create(&why);
+      if (!gpu_) notices_->raise("gpu", "gpu stats: unavailable: " + why);
+    }
+    if (!gpu_) {
+      current_.dropped_tensors += 1;
+      return false;
+    }
+    std::string error;
+    s.gpu = gpu_->launch(t.data, s.numel, t.dtype, &*s.target, t.stream, &error);
+    if (!s.gpu) {
+      drop_sample(error);
+      return false;
+    }
+    return true;
+  }
+  // Counts on this thread (one cheap read); full statistics here or, in worker mode, from a
+  // copy on the worker. A counted tensor that holds a non-finite value is measured in full too,
+  // and escalates the rest of the step.
+  const bool defer_full = config_.stats_thread == StatsThread::kWorker;
+  if (s.level == Level::kCounts) {
+    const MeasureResult r =
+        measure_host(t.data, s, !defer_full && config_.sampling.full_on_nonfinite, 0);
+    if (!r.ok) {
+      drop_sample(r.error);
+      return false;
+    }
+    if (r.nonfinite) {
+      nonfinite_this_step_ = true;
+      sampler_.saw_nonfinite();
+      if (defer_full && config_.sampling.full_on_nonfinite) {
+        s.level = Level::kFull;
+        s.measured = false;
+      }
+    }
+  }
+  if (s.level == Level::kFull && !s.measured) {
+    if (defer_full) {
+      if (!copy_for_worker(t.data, s)) return false;
+    } else {
+      const MeasureResult r = measure_host(t.data, s, false, 0);
+      if (!r.ok) {
+        drop_sample(r.error);
+        return false;
+      }
+      if (r.nonfinite) {
+        nonfinite_this_step_ = true;
+        sampler_.saw_nonfinite();
+      }
+    }
+  }
+  return true;
+}
+
+Status Recorder::mark_phase(StepPhase phase) {
+  Call call(*this, false);
+  if (call.reentered()) return refuse_reentry("mark_phase");
+  if (closed_) return {StatusCode::kFailedPrecondition, "mark_phase after shutdown"};
+  if (!in_step_ || !config_.nvtx || !nvtx::kEnabled || !on_nvtx_thread()) return Status::Ok();
+  switch (phase) {
+    case StepPhase::kForward:
+      nvtx_phase_to(TensorPhase::kForward);
+      break;
+    case StepPhase::kBackward:
+      nvtx_phase_to(TensorPhase::kBackward);
+      break;
+    case StepPhase::kUnscaleCheck:
+      nvtx_phase_to(TensorPhase::kAfterUnscale);
+      break;
+    case StepPhase::kOptimizer:
+      if (phase_open_) nvtx::pop();
+      nvtx::push(nvtx::Range::kOptimizer);
+      phase_open_ = true;
+      nvtx_phase_ = TensorPhase::kUnknown;  // any tensor phase after it opens a new range
+      break;
+  }
+  return Status::Ok();
+}
+
+Status Recorder::end_step(const StepInfo& info) {
+  Call call(*this, true);
+  if (call.reentered()) return refuse_reentry("end_step");
+  if (closed_) return {StatusCode::kFailedPrecondition, "end_step after shutdown"};
+  try {
+    started_ = true;
+    delivery_->start();
+    if (!in_step_) {
+      // A trainer that never calls begin_step still gets its steps reported.
+      current_ = StepRecord{};
+    }
+    cupti_end();
+    nvtx_close_step();
+    in_step_ = false;
+    observing_ = false;
+    steps_.fetch_add(1, std::memory_order_relaxed);
+    sampler_.end_step(nonfinite_this_step_ || info.found_inf, info.scale_after != info.loss_scale);
+    if (config_.sampling.cupti_every > 0 && !saw_device_tensor_ && !cupti_tried_) {
+      cupti_tried_ = true;
+      notices_->raise("cupti", std::string("cupti: unavailable: ") +
+                                   (cuda_device_present() ? "the run's tensors are on the CPU"
+                                                          : "no CUDA device"));
+    }
+    if (info.step <= resume_skip_through_) {
+      // Re-run after a restart from a checkpoint: the previous process reported this step.
+      notices_->raise("resume", "resume: steps up to " + std::to_string(resume_skip_through_) +
+                                    " were reported by a previous process; their re-runs are "
+                                    "not reported again");
+      current_ = StepRecord{};
+      return Status::Ok();
+    }
+    current_.info = info;
+    StepRecord record = std::move(current_);
+    current_ = StepRecord{};
+    delivery_->submit(std::move(record));
+    return Status::Ok();
+  } catch (...) {
+    delivery_->count_dropped_reports(1);
+    throw;
+  }
+}
+
+void Recorder::close() {
+  Call call(*this, false);
+  closed_ = true;
+}
+
+void Recorder::release_devices() {
+  Call call(*this, false);
+  if (call.reentered()) return;
+  current_ = StepRecord{};  // device jobs of a step that never ended
+  cupti_.reset();
+  gpu_.reset();
+}
+
+void Recorder::drop_sample(const std::string& why) {
+  current_.dropped_tensors += 1;
+  notices_->raise("sample:" + why, "stats: sample skipped: " + why);
+}
+
+bool Recorder::copy_for_worker(const void* data, TensorSample& s) {
+  const std::uint64_t bytes = s.numel * static_cast<std::uint64_t>(storage_bytes(s.dtype));
+  if (delivery_->copy_bytes_held() + current_.copy_bytes + bytes > config_.worker_max_bytes) {
+    drop_sample("the worker's copies reached worker_max_bytes");
+    return false;
+  }
+  const auto* p = static_cast<const unsigned char*>(data);
+  s.copy.assign(p, p + bytes);
+  current_.copy_bytes += bytes;
+  return true;
+}
+
+void Recorder::nvtx_phase_to(TensorPhase phase) {
+  if (!config_.nvtx || !nvtx::kEnabled || phase == nvtx_phase_ || !in_step_ ||
+      !on_nvtx_thread()) {
+    return;
+  }
+  nvtx::Range r;
+  switch (phase) {
+    case TensorPhase::kForward:
+      r = nvtx::Range::kForward;
+      break;
+    case TensorPhase::kBackward:
+      r = nvtx::Range::kBackward;
+      break;
+    case TensorPhase::kAfterUnscale:
+      r = nvtx::Range::kUnscaleCheck;
+      break;
+    default:
+      return;
+  }
+  if (phase_open_) nvtx::pop();
+  nvtx::push(r);
+  phase_open_ = true;
+  nvtx_phase_ = phase;
+}
+
+void Recorder::nvtx_close_step() {
+  // Ranges are popped on the thread that pushed them: a step ended on another thread leaves
+  // them to that thread's next begin_step (a begin_step on yet another thread forgets them).
+  if (!config_.nvtx || !nvtx::kEnabled || !on_nvtx_thread()) return;
+  if (phase_open_) nvtx::pop();
+  if (nvtx_depth_ > 0) nvtx::pop();
+  phase_open_ = false;
+  nvtx_phase_ = TensorPhase::kUnknown;
+  nvtx_depth_ = 0;
+}
+
+void Recorder::cupti_begin(std::int64_t step) {
+  if (config_.sampling.cupti_every <= 0 || step % config_.sampling.cupti_every != 0) return;
+  if (!cupti_tried_) {
+    // Only a run whose tensors live on a GPU has anything to profile; until one is seen the
+    // collector is not created (and says why once).
+    if (!saw_device_tensor_) return;
+    cupti_tried_ = true;
+    std::string why;
+    cupti_ = CuptiCollector::create(&why);
+    if (!cupti_) {
+      notices_->raise("cupti", "cupti: unavailable: " + why);
+      return;
+    }
+  }
+  if (!cupti_) return;
+  std::string error;
+  if (cupti_->begin(step, &error)) {
+    cupti_open_ = true;
+    cupti_thread_ = std::this_thread::get_id();
+  } else {
+    notices_->raise("cupti", "cupti: stopped: " + error);
+    cupti_.reset();
+  }
+}
+
+void Recorder::cupti_end() {
+  if (!cupti_open_) return;
+  cupti_open_ = false;
+  std::string error = "end_step on another thread than the begin_step that opened the range";
+  if (cupti_thread_ == std::this_thread::get_id()) {
+    error.clear();
+    if (auto ratio = cupti_->end(&error)) {
+      current_.tensor_core_active_ratio = *ratio;
+      return;
+    }
+  }
+  notices_->raise("cupti", "cupti: stopped: " + error);
+  cupti_.reset();
+}
+
+}  // namespace ampscope::agent
