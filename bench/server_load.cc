@@ -21,14 +21,13 @@
 // sample lines), the time it takes (median and slowest of --scrapes), and the server's resident
 // memory now (VmRSS) and at its peak (VmHWM). --server-binary picks the server to measure, so
 // two builds can be compared on the same machine.
+#include <curl/curl.h>
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <curl/curl.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -372,9 +371,9 @@ nlohmann::ordered_json measure_runs(const Options& o, ServerChild& server,
   for (int first = 0; first < o.runs; first += o.streams) {
     std::vector<std::unique_ptr<LoadStream>> wave;
     for (int i = first; i < std::min(o.runs, first + o.streams); ++i) {
-      wave.push_back(std::make_unique<LoadStream>(
-          stubs[static_cast<std::size_t>(i) % stubs.size()].get(), "runs-" + std::to_string(i), 0,
-          1, &templates));
+      wave.push_back(
+          std::make_unique<LoadStream>(stubs[static_cast<std::size_t>(i) % stubs.size()].get(),
+                                       "runs-" + std::to_string(i), 0, 1, &templates));
       for (int r = 0; r < o.runs_reports; ++r) wave.back()->send_next();
     }
     const auto deadline = Clock::now() + 60s;
@@ -416,8 +415,8 @@ nlohmann::ordered_json measure_runs(const Options& o, ServerChild& server,
   const long rss_kb = server.status_kb("VmRSS");
   const long peak_kb = server.status_kb("VmHWM");
   std::cerr << "  /metrics: " << bytes << " bytes, " << lines << " samples (" << run_lines
-            << " with a run label), " << median << " ms median, " << slowest
-            << " ms slowest; RSS " << mb(rss_kb) << " MB, peak " << mb(peak_kb) << " MB\n";
+            << " with a run label), " << median << " ms median, " << slowest << " ms slowest; RSS "
+            << mb(rss_kb) << " MB, peak " << mb(peak_kb) << " MB\n";
 
   nlohmann::ordered_json j;
   j["server_runs"] = o.runs;

@@ -5,8 +5,8 @@
 #include <set>
 #include <unordered_map>
 
-#include "ampscope/proto/stats_codec.h"
 #include "log.h"
+#include "report_digest.h"
 
 namespace ampscope::server {
 namespace {
@@ -24,6 +24,32 @@ double tensor_score(const TensorTotals& t) {
   const double ratio =
       std::max(static_cast<double>(t.overflow), static_cast<double>(t.underflow)) / values;
   return (t.nonfinite > 0 ? 2.0 : 0.0) + std::min(ratio, 1.0);
+}
+
+// Totals over more samples: a sample into its batch's, a batch's into the run's.
+void add_totals(TensorTotals& into, const TensorTotals& more) {
+  into.samples += more.samples;
+  if (more.format != 0) into.format = more.format;  // the latest sample's format
+  into.values += more.values;
+  into.overflow += more.overflow;
+  into.underflow += more.underflow;
+  into.nonfinite += more.nonfinite;
+  into.max_abs = std::max(into.max_abs, more.max_abs);
+  into.last_step = std::max(into.last_step, more.last_step);
+}
+
+// One stored sample of a tensor, as totals.
+TensorTotals sample_totals(const TensorDigest& t, std::int64_t step) {
+  TensorTotals s;
+  s.format = t.format;
+  s.samples = 1;
+  s.values = t.values;
+  s.overflow = t.overflow;
+  s.underflow = t.underflow;
+  s.nonfinite = t.nonfinite;
+  s.max_abs = t.max_abs;
+  s.last_step = step;
+  return s;
 }
 
 }  // namespace
@@ -46,6 +72,7 @@ struct Ingest::Batch {
     RunState* run;
     const v1::StepReport* report;
     std::int64_t id;
+    ReportDigest digest;  // the one digest of the report: totals, metrics and policy
   };
   struct Gap {
     RunState* run;
@@ -129,8 +156,7 @@ bool Ingest::submit(IngestItem item) {
   return true;
 }
 
-bool Ingest::delete_run(const std::string& run_id,
-                        std::function<void(const DeleteOutcome&)> done) {
+bool Ingest::delete_run(const std::string& run_id, std::function<void(const DeleteOutcome&)> done) {
   IngestItem item;
   item.kind = IngestItem::Kind::kDelete;
   item.run_id = run_id;
@@ -213,8 +239,8 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
   for (IngestItem& item : items) {
     if (batch.orphans.contains(item.sink.get())) continue;
     // A Hello (re)creates its run; anything else belongs to the run its stream's Hello made.
-    RunState* known = item.kind == IngestItem::Kind::kHello ? &runs_.get(item.run_id)
-                                                            : runs_.find(item.run_id);
+    RunState* known =
+        item.kind == IngestItem::Kind::kHello ? &runs_.get(item.run_id) : runs_.find(item.run_id);
     if (known == nullptr) {
       // The run was deleted under the stream, which forget() normally ends first: end it now
       // rather than fail the commit.
@@ -254,7 +280,8 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
           batch.settle(item, run);
           break;
         }
-        batch.stored.push_back({&run, &r, id});
+        const Batch::Stored& stored = batch.stored.emplace_back(
+            Batch::Stored{&run, &r, id, digest_report(r, policy_.reads_all_tensors())});
         const v1::AgentCounters*& counters = progressed[{&run, item.rank}];
         if (r.has_agent()) counters = &r.agent();
         for (const v1::PolicyOutcome& o : r.policy_outcomes()) {
@@ -269,27 +296,18 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
         for (const std::string& notice : r.notices()) {
           store_.add_agent_notice(item.run_id, item.rank, notice);
         }
-        for (const v1::TensorStats& t : r.tensors()) {
-          delta_key.assign(item.run_id).append(1, '\0').append(t.name()).append(1, '\0');
-          delta_key.push_back(static_cast<char>('0' + t.role()));
+        for (const TensorDigest& t : stored.digest.tensors) {
+          delta_key.assign(item.run_id).append(1, '\0').append(t.name).append(1, '\0');
+          delta_key.push_back(static_cast<char>('0' + t.role));
           Delta& delta = deltas[delta_key];
           TensorTotals& d = delta.totals;
           if (d.samples == 0) {
             delta.run = &run;
             d.run_id = item.run_id;
-            d.name = t.name();
-            d.role = t.role();
+            d.name = t.name;
+            d.role = t.role;
           }
-          ++d.samples;
-          d.nonfinite += proto::nonfinite(t);
-          d.max_abs = std::max(d.max_abs, t.max_abs() / t.scale());
-          d.last_step = std::max(d.last_step, r.step());
-          if (t.targets_size() > 0) {
-            d.format = t.targets(0).format();
-            d.values += proto::finite_nonzero(t);
-            d.overflow += t.targets(0).overflow();
-            d.underflow += t.targets(0).underflow();
-          }
+          add_totals(d, sample_totals(t, r.step()));
         }
         batch.settle(item, run);
         break;
@@ -314,7 +332,8 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
   // Policy: the committed reports in commit order; decisions are stored in the same
   // transaction, so a decision exists exactly when the reports that caused it do.
   for (const Batch::Stored& s : batch.stored) {
-    for (EngineUpdate& e : policy_.observe(*s.run, *s.report, s.id, now_ns, &batch.policy_errors)) {
+    for (EngineUpdate& e : policy_.observe(*s.run, *s.report, s.digest.step_input, s.id, now_ns,
+                                           &batch.policy_errors)) {
       const std::int64_t id = store_.insert_decision(e.update.run_id(), e.engine_id, e.update);
       e.update.set_policy_id(std::to_string(id));
       store_.set_decision_update(id, e.update);
@@ -334,14 +353,7 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
       total.name = d.name;
       total.role = d.role;
     }
-    total.format = d.format != 0 ? d.format : total.format;
-    total.samples += d.samples;
-    total.values += d.values;
-    total.overflow += d.overflow;
-    total.underflow += d.underflow;
-    total.nonfinite += d.nonfinite;
-    total.max_abs = std::max(total.max_abs, d.max_abs);
-    total.last_step = std::max(total.last_step, d.last_step);
+    add_totals(total, d);
     delta.run->top_stale = true;
   }
   for (const auto& [agent, counters] : progressed) {
@@ -352,7 +364,7 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
 
 void Ingest::publish(Batch& batch, std::int64_t now_ns) {
   (void)now_ns;
-  for (const Batch::Stored& s : batch.stored) metrics_.on_report(*s.run, *s.report);
+  for (const Batch::Stored& s : batch.stored) metrics_.on_report(*s.run, *s.report, s.digest);
   for (const auto& [run, n] : batch.duplicates) {
     metrics_.duplicates(*run, n);
     run->duplicates.fetch_add(n, std::memory_order_relaxed);
@@ -442,8 +454,8 @@ void Ingest::remove_run(IngestItem& item) {
     return;
   }
   const std::size_t ended =
-      forget(item.run_id, "run '" + item.run_id +
-                              "' was deleted on the server; reconnecting starts it again");
+      forget(item.run_id,
+             "run '" + item.run_id + "' was deleted on the server; reconnecting starts it again");
   log_info("runs: deleted run '", item.run_id, "' (", *reports, " reports, ", ended,
            " streams ended)");
   item.deleted(DeleteOutcome{DeleteOutcome::Result::kDeleted, *reports, ended, ""});

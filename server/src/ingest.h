@@ -3,7 +3,8 @@
 // commit: the batch grows with the load, no timer), commits, and only then acknowledges:
 // Ack(persisted_seq) to each stream, metrics, the policy engines' decisions pushed to the run's
 // streams. Duplicates by (run, rank, seq) are dropped here, against the last seq per agent,
-// which survives restarts in the store.
+// which survives restarts in the store. Each stored report is digested once (report_digest.h);
+// its digest feeds the tensor totals, the policy engine and the metrics.
 //
 // What it keeps per run (settled seq per agent, tensor totals) lives in the run's RunState
 // (run_registry.h), next to the run's policy engine and series. Deleting a run (an operator's
@@ -49,9 +50,9 @@ struct IngestOptions {
 struct DeleteOutcome {
   enum class Result { kDeleted, kNotFound, kFailed };
   Result result = Result::kFailed;
-  std::int64_t reports = 0;        // kDeleted: the run's stored reports that went
-  std::size_t streams_ended = 0;   // kDeleted: its open streams, now ended
-  std::string error;               // kFailed
+  std::int64_t reports = 0;       // kDeleted: the run's stored reports that went
+  std::size_t streams_ended = 0;  // kDeleted: its open streams, now ended
+  std::string error;              // kFailed
 };
 
 struct IngestItem {

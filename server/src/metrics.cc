@@ -2,8 +2,6 @@
 
 #include <cmath>
 
-#include "ampscope/loss_scale.h"
-#include "ampscope/proto/stats_codec.h"
 #include "ampscope/proto/vocabulary_codec.h"
 #include "validation.h"
 
@@ -18,10 +16,7 @@ using prometheus::Family;
 using prometheus::Gauge;
 using prometheus::Histogram;
 
-constexpr int kRoles = kNumTensorRoles + 1;  // v1::TensorRole values, UNSPECIFIED included
-constexpr int kFormats = kNumFormats + 1;    // v1::Format values, UNSPECIFIED included
 constexpr std::array<const char*, 3> kNonfiniteKinds = {"nan", "pos_inf", "neg_inf"};
-constexpr int kGradBuckets = kGradBucketMaxLog2 - kGradBucketMinLog2 + 1;
 
 Histogram::BucketBoundaries gradient_buckets() {
   Histogram::BucketBoundaries b;
@@ -36,20 +31,23 @@ void increment(Counter* c, double v) {
 }  // namespace
 
 std::string_view role_label(int role) {
-  const auto r = role > 0 && role < kRoles ? proto::from_proto(static_cast<v1::TensorRole>(role))
-                                           : std::nullopt;
+  const auto r = role > 0 && role < kRoleSlots
+                     ? proto::from_proto(static_cast<v1::TensorRole>(role))
+                     : std::nullopt;
   return r ? role_name(*r) : "unspecified";
 }
 
 std::string_view format_label(int format) {
-  const auto f = format > 0 && format < kFormats ? proto::from_proto(static_cast<v1::Format>(format))
-                                                 : std::nullopt;
+  const auto f = format > 0 && format < kFormatSlots
+                     ? proto::from_proto(static_cast<v1::Format>(format))
+                     : std::nullopt;
   return f ? format_name(*f) : "unspecified";
 }
 
 struct MetricFamilies {
   explicit MetricFamilies(std::shared_ptr<prometheus::Registry> owner)
-      : registry(std::move(owner)), build_info(BuildGauge()
+      : registry(std::move(owner)),
+        build_info(BuildGauge()
                        .Name("ampscope_build_info")
                        .Help("Constant 1, labelled with the server version")
                        .Register(*registry)),
@@ -105,7 +103,10 @@ struct MetricFamilies {
                          .Name("ampscope_tensor_stats_total")
                          .Help("TensorStats stored")
                          .Register(*registry)),
-        steps(BuildCounter().Name("ampscope_steps_total").Help("Step reports stored").Register(*registry)),
+        steps(BuildCounter()
+                  .Name("ampscope_steps_total")
+                  .Help("Step reports stored")
+                  .Register(*registry)),
         skipped(BuildCounter()
                     .Name("ampscope_skipped_steps_total")
                     .Help("Steps whose optimizer update was skipped")
@@ -126,7 +127,10 @@ struct MetricFamilies {
                           .Name("ampscope_agent_dropped_reports_total")
                           .Help("Reports the agent dropped because its queue and spool were full")
                           .Register(*registry)),
-        step(BuildGauge().Name("ampscope_step").Help("Latest reported step index").Register(*registry)),
+        step(BuildGauge()
+                 .Name("ampscope_step")
+                 .Help("Latest reported step index")
+                 .Register(*registry)),
         loss(BuildGauge()
                  .Name("ampscope_loss")
                  .Help("Training loss of the latest reported step (NaN when not finite)")
@@ -307,7 +311,7 @@ struct RunSeries {
   struct Role {
     std::array<Counter*, 3> nonfinite{};
     Counter* first_offenders = nullptr;
-    std::array<std::unique_ptr<Format>, kFormats> formats;
+    std::array<std::unique_ptr<Format>, kFormatSlots> formats;
   };
   struct Rank {
     std::string rank;
@@ -328,7 +332,7 @@ struct RunSeries {
     Gauge* loss_scale_min = nullptr;  // created when the scaler has a minimum
     Gauge* spool_bytes;
     std::uint64_t agent_dropped_seen = 0;
-    std::array<std::unique_ptr<Role>, kRoles> roles;
+    std::array<std::unique_ptr<Role>, kRoleSlots> roles;
   };
   struct TensorSeries {
     Gauge* underflow;
@@ -481,9 +485,9 @@ RunSeries::Format& RunSeries::format(Rank& rank, int role_id, int format) {
                              {"rank", rank.rank},
                              {"role", std::string(role_label(role_id))},
                              {"format", std::string(format_label(format))}};
-  slot = std::make_unique<Format>(
-      Format{&f->checked.Add(l), &f->overflow.Add(l), &f->underflow.Add(l), &f->subnormal.Add(l),
-             &f->overflow_ratio.Add(l), &f->underflow_ratio.Add(l)});
+  slot = std::make_unique<Format>(Format{&f->checked.Add(l), &f->overflow.Add(l),
+                                         &f->underflow.Add(l), &f->subnormal.Add(l),
+                                         &f->overflow_ratio.Add(l), &f->underflow_ratio.Add(l)});
   return *slot;
 }
 
@@ -579,7 +583,7 @@ void Metrics::on_hello(RunState& run, const v1::Hello& hello) {
   }
 }
 
-void Metrics::on_report(RunState& state, const v1::StepReport& r) {
+void Metrics::on_report(RunState& state, const v1::StepReport& r, const ReportDigest& d) {
   RunSeries* exported = run_series(state);
   if (exported == nullptr) return;
   RunSeries& run = *exported;
@@ -615,80 +619,31 @@ void Metrics::on_report(RunState& state, const v1::StepReport& r) {
     rank.agent_dropped_seen = dropped;
     rank.spool_bytes->Set(static_cast<double>(r.agent().spool_bytes()));
   }
-  if (r.has_first_offender()) {
-    const int role = r.first_offender().role();
-    if (role > 0 && role < kRoles) run.role(rank, role).first_offenders->Increment();
-  }
+  if (d.first_offender_role != 0)
+    run.role(rank, d.first_offender_role).first_offenders->Increment();
   increment(run.tensor_stats, r.tensors_size());
 
-  // Sum per role (and target format) first, so that each series is touched once per report.
-  struct Sums {
-    std::array<double, 3> nonfinite{};
-    std::array<std::array<double, 4>, kFormats> target{};  // checked, over, under, subnormal
-    std::array<bool, kFormats> has_target{};
-    bool seen = false;
-  };
-  std::array<Sums, kRoles> sums{};
-  std::array<std::vector<double>, 2> grad_buckets;
-  std::array<double, 2> grad_sum{};
-  for (const v1::TensorStats& t : r.tensors()) {
-    const int role = t.role();
-    if (role <= 0 || role >= kRoles) continue;
-    Sums& s = sums[role];
-    s.seen = true;
-    s.nonfinite[0] += static_cast<double>(t.nan());
-    s.nonfinite[1] += static_cast<double>(t.pos_inf());
-    s.nonfinite[2] += static_cast<double>(t.neg_inf());
-    if (t.targets_size() > 0) {
-      const v1::TargetCounts& c = t.targets(0);
-      const int fmt = c.format() > 0 && c.format() < kFormats ? c.format() : 0;
-      const std::uint64_t values = proto::finite_nonzero(t);
-      s.has_target[fmt] = true;
-      s.target[fmt][0] += static_cast<double>(values);
-      s.target[fmt][1] += static_cast<double>(c.overflow());
-      s.target[fmt][2] += static_cast<double>(c.underflow());
-      s.target[fmt][3] += static_cast<double>(c.subnormal());
-    }
-    const bool grad = proto::is_loss_scaled(t.role());
-    // Weight grads are also measured after unscaling; counting both would count them twice.
-    if (grad && t.has_histogram() && t.phase() != v1::TENSOR_PHASE_AFTER_UNSCALE) {
-      const int g = t.role() == v1::TENSOR_ROLE_ACTIVATION_GRAD ? 0 : 1;
-      std::vector<double>& b = grad_buckets[g];
-      if (b.empty()) b.assign(kGradBuckets + 1, 0.0);
-      const int shift = scale_exponent(t.scale());
-      const v1::BinadeHistogram& h = t.histogram();
-      for (int i = 0; i < h.counts_size(); ++i) {
-        if (h.counts(i) == 0) continue;
-        const int e = h.min_exponent() + i - shift;  // unscaled binade [2^e, 2^(e+1))
-        const int upper = e + 1;                     // its values are <= 2^(e+1)
-        const int bucket = upper < kGradBucketMinLog2   ? 0
-                           : upper > kGradBucketMaxLog2 ? kGradBuckets
-                                                        : upper - kGradBucketMinLog2;
-        const double n = static_cast<double>(h.counts(i));
-        b[bucket] += n;
-        grad_sum[g] += n * 1.5 * std::ldexp(1.0, e);
-      }
-    }
-  }
-  for (int role = 1; role < kRoles; ++role) {
-    const Sums& s = sums[role];
+  for (int role = 1; role < kRoleSlots; ++role) {
+    const RoleDigest& s = d.roles[role];
     if (!s.seen) continue;
     RunSeries::Role& rs = run.role(rank, role);
-    for (int k = 0; k < 3; ++k) increment(rs.nonfinite[k], s.nonfinite[k]);
-    for (int fmt = 0; fmt < kFormats; ++fmt) {
-      if (!s.has_target[fmt]) continue;
+    for (int k = 0; k < 3; ++k) increment(rs.nonfinite[k], static_cast<double>(s.nonfinite[k]));
+    for (int fmt = 0; fmt < kFormatSlots; ++fmt) {
+      const RoleDigest::Target& v = s.targets[fmt];
+      if (!v.seen) continue;
       RunSeries::Format& fs = run.format(rank, role, fmt);
-      const auto& v = s.target[fmt];
-      increment(fs.checked, v[0]);
-      increment(fs.overflow, v[1]);
-      increment(fs.underflow, v[2]);
-      increment(fs.subnormal, v[3]);
-      fs.overflow_ratio->Set(v[0] > 0 ? v[1] / v[0] : 0.0);
-      fs.underflow_ratio->Set(v[0] > 0 ? v[2] / v[0] : 0.0);
+      const double checked = static_cast<double>(v.checked);
+      increment(fs.checked, checked);
+      increment(fs.overflow, static_cast<double>(v.overflow));
+      increment(fs.underflow, static_cast<double>(v.underflow));
+      increment(fs.subnormal, static_cast<double>(v.subnormal));
+      fs.overflow_ratio->Set(checked > 0 ? static_cast<double>(v.overflow) / checked : 0.0);
+      fs.underflow_ratio->Set(checked > 0 ? static_cast<double>(v.underflow) / checked : 0.0);
     }
   }
   for (int g = 0; g < 2; ++g) {
-    if (!grad_buckets[g].empty()) run.gradient[g]->ObserveMultiple(grad_buckets[g], grad_sum[g]);
+    const GradientDigest& gd = d.gradient[g];
+    if (!gd.buckets.empty()) run.gradient[g]->ObserveMultiple(gd.buckets, gd.sum);
   }
 }
 

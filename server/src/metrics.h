@@ -5,8 +5,10 @@
 // so the hot path never looks labels up. A run's cached series (RunSeries) hang off its
 // RunState (run_registry.h); destroying them removes them from the families, so a run that is
 // forgotten leaves /metrics. Per-tensor series exist only for the top-K tensors of each run
-// (set_top_tensors replaces them). The gradient magnitude distribution is a histogram with
-// power-of-two buckets fed with pre-bucketed counts (ObserveMultiple).
+// (set_top_tensors replaces them). A report's series are fed from its digest (report_digest.h),
+// summed per role and format so each series is touched once. The gradient magnitude
+// distribution is a histogram with power-of-two buckets fed with pre-bucketed counts
+// (ObserveMultiple).
 //
 // Thread safety: the per-run/per-report methods are called by the ingest thread only; the
 // server-level counters (streams, auth, rejections) from any thread (prometheus-cpp metrics are
@@ -29,16 +31,11 @@
 #include <vector>
 
 #include "ampscope/v1/telemetry.pb.h"
+#include "report_digest.h"
 #include "run_registry.h"
 #include "store.h"
 
 namespace ampscope::server {
-
-// Buckets of ampscope_gradient_magnitude: le = 2^e for e in [kGradBucketMinLog2,
-// kGradBucketMaxLog2] (the unscaled range of FP16/FP8 gradients under any usual loss scale),
-// plus +Inf.
-inline constexpr int kGradBucketMinLog2 = -64;
-inline constexpr int kGradBucketMaxLog2 = 16;
 
 // The families, shared by Metrics and every RunSeries (which removes its series from them).
 struct MetricFamilies;
@@ -68,7 +65,8 @@ class Metrics {
   void seq_gap(RunState& run, std::uint32_t rank, std::uint64_t missing);
   // Per-rank series known from the Hello (the scaler's minimum).
   void on_hello(RunState& run, const v1::Hello& hello);
-  void on_report(RunState& run, const v1::StepReport& report);
+  // A stored report and its digest (report_digest.h).
+  void on_report(RunState& run, const v1::StepReport& report, const ReportDigest& digest);
   void set_top_tensors(RunState& run, const std::vector<TensorTotals>& top);
   void set_agents_connected(RunState& run, std::size_t n);
   void policy_decision(RunState& run, std::string_view mode, std::string_view kind,

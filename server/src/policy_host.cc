@@ -22,55 +22,6 @@ policy::ScalerConfig to_engine_scaler(const v1::ScalerConfig& s) {
   return c;
 }
 
-policy::StepInput to_step_input(const v1::StepReport& r, bool all_tensors) {
-  policy::StepInput in;
-  in.run_id = r.run_id();
-  in.rank = static_cast<int>(r.rank());
-  in.step = r.step();
-  in.loss_scale = r.loss_scale();
-  in.scale_after = r.scale_after();
-  in.found_inf = r.found_inf();
-  in.skipped = r.skipped();
-  in.tensors.reserve(r.tensors_size());
-  for (const v1::TensorStats& t : r.tensors()) {
-    if (!all_tensors && !proto::is_loss_scaled(t.role())) continue;
-    policy::TensorInput ti;
-    ti.name = t.name();
-    ti.role = proto::from_proto(t.role()).value_or(TensorRole::kActivation);
-    ti.storage = proto::from_proto(t.dtype()).value_or(Format::kFP32);
-    ti.scale = t.scale();
-    if (t.has_histogram()) {
-      BinadeHistogram h;
-      h.min_exponent = t.histogram().min_exponent();
-      h.counts.assign(t.histogram().counts().begin(), t.histogram().counts().end());
-      ti.histogram = std::move(h);
-    }
-    ti.max_abs = t.max_abs();
-    ti.numel = t.numel();
-    ti.nan = t.nan();
-    ti.pos_inf = t.pos_inf();
-    ti.neg_inf = t.neg_inf();
-    if (t.targets_size() > 0) {
-      const v1::TargetCounts& c = t.targets(0);
-      ti.target = proto::from_proto(c.format());
-      // targets[0] at scale_log2 0 is the question "as cast this step": its counts are exact.
-      if (c.scale_log2() == 0) {
-        ti.overflow = c.overflow();
-        ti.underflow = c.underflow();
-      }
-    }
-    // Where the values are really held, when the agent says so: the counts of targets[0] then
-    // answer a what-if question about another format and are no overflow evidence.
-    if (t.has_held() && proto::from_proto(t.held()) != ti.target) {
-      ti.target = proto::from_proto(t.held());
-      ti.overflow.reset();
-      ti.underflow.reset();
-    }
-    in.tensors.push_back(std::move(ti));
-  }
-  return in;
-}
-
 v1::PolicyUpdate to_policy_update(const policy::PolicyDecision& d, const std::string& run_id,
                                   v1::PolicyMode mode, bool fp32_fallback,
                                   std::int64_t decided_at_step, std::int64_t now_ns) {
@@ -171,7 +122,7 @@ void PolicyHost::restore_run(RunState& run, const RestoredRun& restored,
   std::size_t replayed = 0;
   for (const auto& [id, report] : after(from_id)) {
     try {
-      rp.engine->observe(to_step_input(report, config_.fp32_fallback.enabled));
+      rp.engine->observe(to_step_input(report, reads_all_tensors()));
     } catch (const policy::PolicyError&) {
       ++errors;
     }
@@ -213,6 +164,7 @@ void PolicyHost::on_hello(RunState& run, const v1::Hello& hello) {
 }
 
 std::vector<EngineUpdate> PolicyHost::observe(RunState& run, const v1::StepReport& report,
+                                              const policy::StepInput& input,
                                               std::int64_t report_id, std::int64_t now_ns,
                                               int* errors) {
   std::vector<EngineUpdate> updates;
@@ -220,7 +172,7 @@ std::vector<EngineUpdate> PolicyHost::observe(RunState& run, const v1::StepRepor
   RunPolicy& rp = *run.policy;
   std::vector<policy::PolicyDecision> decisions;
   try {
-    decisions = rp.engine->observe(to_step_input(report, config_.fp32_fallback.enabled));
+    decisions = rp.engine->observe(input);
   } catch (const policy::PolicyError& e) {
     ++*errors;
     log_warning("policy: run '", report.run_id(), "' rank ", report.rank(), " seq ", report.seq(),

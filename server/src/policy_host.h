@@ -16,6 +16,7 @@
 
 #include "ampscope/policy/policy_engine.h"
 #include "ampscope/v1/telemetry.pb.h"
+#include "report_digest.h"
 #include "run_registry.h"
 #include "store.h"
 
@@ -63,10 +64,16 @@ class PolicyHost {
   // A Hello: creates the run's engine, or tells it the run's scaler.
   void on_hello(RunState& run, const v1::Hello& hello);
 
-  // Feeds one committed report. Returns the decisions as PolicyUpdates without policy_id (the
-  // store assigns it). A report the engine refuses is logged and counted in *errors.
+  // Whether the engine reads every tensor of a report (FP32 fallback) or only the loss-scaled
+  // ones: what digest_report() must put in its input.
+  bool reads_all_tensors() const { return config_.fp32_fallback.enabled; }
+
+  // Feeds one committed report, as its digest's step_input (digest_report). Returns the
+  // decisions as PolicyUpdates without policy_id (the store assigns it). A report the engine
+  // refuses is logged and counted in *errors.
   std::vector<EngineUpdate> observe(RunState& run, const v1::StepReport& report,
-                                    std::int64_t report_id, std::int64_t now_ns, int* errors);
+                                    const policy::StepInput& input, std::int64_t report_id,
+                                    std::int64_t now_ns, int* errors);
 
   // Engines whose state should be saved now: every `snapshot_interval`, after a decision, and
   // all of them when `all`.
@@ -88,11 +95,9 @@ class PolicyHost {
   RunRegistry& runs_;
 };
 
-// Conversions between the wire and the engine's types (exposed for tests).
+// Conversions between the wire and the engine's types (exposed for tests); a report's are in
+// report_digest.h.
 policy::ScalerConfig to_engine_scaler(const v1::ScalerConfig& scaler);
-// Without `all_tensors` only the tensors the loss scale multiplies (activation and weight
-// gradients) are converted: all the headroom mode reads. FP32 fallback needs every tensor.
-policy::StepInput to_step_input(const v1::StepReport& report, bool all_tensors = true);
 v1::PolicyUpdate to_policy_update(const policy::PolicyDecision& decision, const std::string& run_id,
                                   v1::PolicyMode mode, bool fp32_fallback,
                                   std::int64_t decided_at_step, std::int64_t now_ns);

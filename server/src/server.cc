@@ -131,8 +131,8 @@ BoundAddresses Server::start() {
   s.telemetry = std::make_unique<TelemetryService>(
       AttachReactor::Deps{s.ingest.get(), &s.streams, s.metrics.get(), o.max_in_flight_per_stream},
       s.auth);
-  s.query = std::make_unique<QueryService>(*s.reader, s.streams, *s.runs, *s.ingest, s.auth,
-                                           *s.metrics);
+  s.query =
+      std::make_unique<QueryService>(*s.reader, s.streams, *s.runs, *s.ingest, s.auth, *s.metrics);
 
   std::shared_ptr<grpc::ServerCredentials> creds;
   if (!o.tls_cert_file.empty()) {

@@ -136,7 +136,7 @@ class StoreWriter {
 
  private:
   std::int64_t run_key(const std::string& run_id);  // cached; throws for an unknown run
-  std::int64_t delete_run_rows(std::int64_t run);    // returns the reports deleted
+  std::int64_t delete_run_rows(std::int64_t run);   // returns the reports deleted
   struct Statements;
   std::unique_ptr<Connection> conn_;
   std::unique_ptr<Statements> st_;

@@ -55,9 +55,8 @@ struct StoreWriter::Statements {
             "(?1, ?2, ?3, ?4, ?5) ON CONFLICT (run) DO UPDATE SET mode = ?2, state = ?3, "
             "last_report_id = ?4, saved_ns = ?5")),
         delete_reports(c.prepare("DELETE FROM reports WHERE run = ?1")),
-        delete_applications(c.prepare(
-            "DELETE FROM policy_applications WHERE policy IN "
-            "(SELECT id FROM policy_decisions WHERE run = ?1)")),
+        delete_applications(c.prepare("DELETE FROM policy_applications WHERE policy IN "
+                                      "(SELECT id FROM policy_decisions WHERE run = ?1)")),
         delete_agents(c.prepare("DELETE FROM agents WHERE run = ?1")),
         delete_notices(c.prepare("DELETE FROM agent_notices WHERE run = ?1")),
         delete_tensors(c.prepare("DELETE FROM tensor_totals WHERE run = ?1")),

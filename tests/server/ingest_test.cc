@@ -334,17 +334,9 @@ TEST_F(ServerIngestTest, RetentionDeletesReportsOlderThanTheLimitWhileServing) {
 TEST_F(ServerIngestTest, RetentionForgetsTheRunsItDeletesEverywhere) {
   ServerProcess server(dir_.path(), db(),
                        {"--retention-max-age", "1s", "--retention-interval", "200ms"});
-  {
-    AgentStream agent(make_channel(server.address()));
-    ASSERT_TRUE(agent.send_hello(make_hello("run-old")));
-    for (std::uint64_t seq = 1; seq <= 5; ++seq) {
-      ASSERT_TRUE(agent.send(make_report("run-old", 0, seq, static_cast<std::int64_t>(seq), 1)));
-    }
-    ASSERT_TRUE(agent.wait_ack(5).has_value());
-    EXPECT_TRUE(agent.finish().ok());
-  }
-  EXPECT_FALSE(find_samples(parse_samples(scrape(server.metrics_address())),
-                            "ampscope_steps_total", {{"run", "run-old"}})
+  send_reports(make_channel(server.address()), "run-old", 1, 5);
+  EXPECT_FALSE(find_samples(parse_samples(scrape(server.metrics_address())), "ampscope_steps_total",
+                            {{"run", "run-old"}})
                    .empty());
   ASSERT_TRUE(wait_until([&] { return !get_run(server.address(), "run-old").has_value(); }, 10s));
 

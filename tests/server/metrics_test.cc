@@ -15,47 +15,19 @@
 namespace ampscope::testing {
 namespace {
 
-// A TensorStats with exactly the given counts (consistent with the server's rules).
-v1::TensorStats crafted(const std::string& name, v1::TensorRole role, int min_exponent,
-                        std::vector<std::uint64_t> counts, double scale, std::uint64_t nan = 0,
-                        std::uint64_t pos_inf = 0, std::uint64_t underflow = 0,
-                        std::uint64_t overflow = 0) {
-  v1::TensorStats t;
-  t.set_name(name);
-  t.set_role(role);
-  t.set_phase(v1::TENSOR_PHASE_BACKWARD);
-  t.set_dtype(v1::FORMAT_FP16);
-  t.set_scale(scale);
-  t.set_level(v1::STATS_LEVEL_FULL);
-  std::uint64_t total = 0;
-  for (std::uint64_t c : counts) total += c;
-  t.set_numel(total + nan + pos_inf + 3);
-  t.set_zeros(3);
-  t.set_nan(nan);
-  t.set_pos_inf(pos_inf);
-  t.set_min_abs_nonzero(std::ldexp(1.0, min_exponent));
-  t.set_max_abs(std::ldexp(1.5, min_exponent + static_cast<int>(counts.size()) - 1));
-  t.set_sum_sq(1.0);
-  t.mutable_histogram()->set_min_exponent(min_exponent);
-  for (std::uint64_t c : counts) t.mutable_histogram()->add_counts(c);
-  v1::TargetCounts* c = t.add_targets();
-  c->set_format(v1::FORMAT_FP16);
-  c->set_underflow(underflow);
-  c->set_overflow(overflow);
-  return t;
-}
-
 constexpr double kScale = 1024.0;  // 2^10
 
 v1::StepReport scripted(std::uint32_t rank, std::uint64_t seq) {
   v1::StepReport r = make_report("run-m", rank, seq, static_cast<std::int64_t>(seq), 0, kScale);
   // Measured (scaled) binades -20..-18 are unscaled -30..-28.
-  *r.add_tensors() = crafted("h0.attn.out.grad", v1::TENSOR_ROLE_ACTIVATION_GRAD, -20, {10, 20, 30},
-                             kScale, /*nan=*/2, /*pos_inf=*/1, /*underflow=*/10);
+  *r.add_tensors() =
+      crafted_tensor("h0.attn.out.grad", v1::TENSOR_ROLE_ACTIVATION_GRAD, -20, {10, 20, 30}, kScale,
+                     /*nan=*/2, /*pos_inf=*/1, /*underflow=*/10);
   // Six weight grads, tensor i underflowing i of its 100 values: the top 3 are w5, w4, w3.
   for (int i = 0; i < 6; ++i) {
-    *r.add_tensors() = crafted("w" + std::to_string(i), v1::TENSOR_ROLE_WEIGHT_GRAD, -5, {100},
-                               kScale, 0, 0, /*underflow=*/static_cast<std::uint64_t>(i));
+    *r.add_tensors() =
+        crafted_tensor("w" + std::to_string(i), v1::TENSOR_ROLE_WEIGHT_GRAD, -5, {100}, kScale, 0,
+                       0, /*underflow=*/static_cast<std::uint64_t>(i));
   }
   if (seq == 2) {
     r.set_found_inf(true);
@@ -216,16 +188,6 @@ SeriesCount count_series(const std::string& text) {
   return c;
 }
 
-// One agent of `run`: its Hello and one report, acknowledged.
-void one_run(const std::shared_ptr<grpc::Channel>& channel, const std::string& run,
-             std::uint64_t seq = 1) {
-  AgentStream agent(channel);
-  EXPECT_TRUE(agent.send_hello(make_hello(run)));
-  EXPECT_TRUE(agent.send(make_report(run, 0, seq, static_cast<std::int64_t>(seq), 2)));
-  EXPECT_TRUE(agent.wait_ack(seq).has_value()) << run;
-  EXPECT_TRUE(agent.finish().ok()) << run;
-}
-
 TEST(ServerMetricsTest, PerRunSeriesStayBoundedToTheMostRecentlyActiveRuns) {
   constexpr std::size_t kBound = 50;
   constexpr int kRounds = 4;
@@ -237,7 +199,7 @@ TEST(ServerMetricsTest, PerRunSeriesStayBoundedToTheMostRecentlyActiveRuns) {
   const auto channel = make_channel(server.address());
 
   // What one run of this shape exports, top-K tensors included (refreshed about once a second).
-  one_run(channel, "run-first");
+  send_reports(channel, "run-first", 1, 1, 2);
   std::this_thread::sleep_for(1500ms);
   const SeriesCount one = count_series(scrape(server.metrics_address()));
   ASSERT_EQ(one.runs, std::set<std::string>{"run-first"});
@@ -249,8 +211,9 @@ TEST(ServerMetricsTest, PerRunSeriesStayBoundedToTheMostRecentlyActiveRuns) {
     for (int t = 0; t < kThreads; ++t) {
       agents.emplace_back([&, round, t] {
         for (int i = 0; i < kRunsPerThread; ++i) {
-          one_run(channel, "run-" + std::to_string(round) + "-" + std::to_string(t) + "-" +
-                               std::to_string(i));
+          const std::string run =
+              "run-" + std::to_string(round) + "-" + std::to_string(t) + "-" + std::to_string(i);
+          send_reports(channel, run, 1, 1, 2);
         }
       });
     }
@@ -265,7 +228,7 @@ TEST(ServerMetricsTest, PerRunSeriesStayBoundedToTheMostRecentlyActiveRuns) {
   std::set<std::string> latest;
   for (std::size_t i = 0; i < kBound; ++i) {
     latest.insert("run-last-" + std::to_string(i));
-    one_run(channel, "run-last-" + std::to_string(i));
+    send_reports(channel, "run-last-" + std::to_string(i), 1, 1, 2);
   }
   EXPECT_EQ(count_series(scrape(server.metrics_address())).runs, latest);
 
@@ -275,7 +238,7 @@ TEST(ServerMetricsTest, PerRunSeriesStayBoundedToTheMostRecentlyActiveRuns) {
   EXPECT_EQ(count_series(scrape(server.metrics_address())).runs, latest);
 
   // A run that was evicted is exported again when it is active again.
-  one_run(channel, "run-0-0-0", 2);
+  send_reports(channel, "run-0-0-0", 2, 2, 2);
   latest.insert("run-0-0-0");
   EXPECT_EQ(count_series(scrape(server.metrics_address())).runs, latest);
   EXPECT_EQ(sample_value(parse_samples(scrape(server.metrics_address())), "ampscope_steps_total",

@@ -58,7 +58,8 @@ TEST(ServerRunRegistryTest, ForgettingARunDropsItsStateEngineAndSeries) {
     const v1::Hello hello = testing::make_hello(id);
     policy.on_hello(run, hello);
     metrics.on_hello(run, hello);
-    metrics.on_report(run, testing::make_report(id, 0, 1, 0));
+    const v1::StepReport r = testing::make_report(id, 0, 1, 0);
+    metrics.on_report(run, r, digest_report(r, false));
     run.last_seq[0] = 1;
     run.duplicates += 2;
   }
@@ -94,7 +95,8 @@ TEST(ServerRunRegistryTest, OnlyTheMostRecentlyActiveRunsKeepSeries) {
   auto report = [&](const std::string& id, bool active) {
     RunState& run = runs.get(id);
     if (active) runs.mark_active(run);
-    metrics.on_report(run, testing::make_report(id, 0, 1, 0));
+    const v1::StepReport r = testing::make_report(id, 0, 1, 0);
+    metrics.on_report(run, r, digest_report(r, false));
   };
   report("run-a", true);
   report("run-b", true);

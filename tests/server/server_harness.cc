@@ -362,4 +362,45 @@ v1::StepReport make_report(const std::string& run_id, std::uint32_t rank, std::u
   return r;
 }
 
+v1::TensorStats crafted_tensor(const std::string& name, v1::TensorRole role, int min_exponent,
+                               std::vector<std::uint64_t> counts, double scale, std::uint64_t nan,
+                               std::uint64_t pos_inf, std::uint64_t underflow,
+                               std::uint64_t overflow) {
+  v1::TensorStats t;
+  t.set_name(name);
+  t.set_role(role);
+  t.set_phase(v1::TENSOR_PHASE_BACKWARD);
+  t.set_dtype(v1::FORMAT_FP16);
+  t.set_scale(scale);
+  t.set_level(v1::STATS_LEVEL_FULL);
+  std::uint64_t total = 0;
+  for (std::uint64_t c : counts) total += c;
+  t.set_numel(total + nan + pos_inf + 3);
+  t.set_zeros(3);
+  t.set_nan(nan);
+  t.set_pos_inf(pos_inf);
+  t.set_min_abs_nonzero(std::ldexp(1.0, min_exponent));
+  t.set_max_abs(std::ldexp(1.5, min_exponent + static_cast<int>(counts.size()) - 1));
+  t.set_sum_sq(1.0);
+  t.mutable_histogram()->set_min_exponent(min_exponent);
+  for (std::uint64_t c : counts) t.mutable_histogram()->add_counts(c);
+  v1::TargetCounts* c = t.add_targets();
+  c->set_format(v1::FORMAT_FP16);
+  c->set_underflow(underflow);
+  c->set_overflow(overflow);
+  return t;
+}
+
+void send_reports(const std::shared_ptr<grpc::Channel>& channel, const std::string& run,
+                  std::uint64_t from, std::uint64_t to, int tensors) {
+  AgentStream agent(channel);
+  EXPECT_TRUE(agent.send_hello(make_hello(run))) << run;
+  for (std::uint64_t seq = from; seq <= to; ++seq) {
+    EXPECT_TRUE(agent.send(make_report(run, 0, seq, static_cast<std::int64_t>(seq), tensors)))
+        << run;
+  }
+  EXPECT_TRUE(agent.wait_ack(to).has_value()) << run;
+  EXPECT_TRUE(agent.finish().ok()) << run;
+}
+
 }  // namespace ampscope::testing

@@ -118,8 +118,22 @@ v1::TensorStats synthetic_tensor(const std::string& name, v1::TensorRole role, i
                                  int hi_exp, double scale, std::size_t n = 512,
                                  std::uint32_t seed = 1);
 
+// A TensorStats of FP16 values with exactly the given counts, consistent with the server's rules:
+// `counts` per binade from `min_exponent` as measured at `scale`, three zeros, `nan` NaN and
+// `pos_inf` +Inf, and targets[0] FP16 with `underflow` and `overflow`.
+v1::TensorStats crafted_tensor(const std::string& name, v1::TensorRole role, int min_exponent,
+                               std::vector<std::uint64_t> counts, double scale,
+                               std::uint64_t nan = 0, std::uint64_t pos_inf = 0,
+                               std::uint64_t underflow = 0, std::uint64_t overflow = 0);
+
 // A valid report of `tensors` gradient tensors (weight_grad and activation_grad alternating).
 v1::StepReport make_report(const std::string& run_id, std::uint32_t rank, std::uint64_t seq,
                            std::int64_t step, int tensors = 4, double loss_scale = 65536.0);
+
+// One agent of `run` (rank 0) on its own stream: its Hello, the reports seq `from`..`to`
+// (make_report with step = seq and `tensors` each), their Ack, and a clean end. Fails the test
+// when a step does not happen.
+void send_reports(const std::shared_ptr<grpc::Channel>& channel, const std::string& run,
+                  std::uint64_t from, std::uint64_t to, int tensors = 1);
 
 }  // namespace ampscope::testing

@@ -1,10 +1,14 @@
-// Small pieces of the server: token comparison and token files, duration and size flags, and
-// the conversions between the wire and the policy engine.
+// Small pieces of the server: token comparison and token files, duration and size flags, the
+// conversions between the wire and the policy engine, and the one digest of a report.
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
 
 #include "auth.h"
 #include "flags.h"
 #include "policy_host.h"
+#include "report_digest.h"
 #include "server_harness.h"
 
 namespace ampscope::server {
@@ -89,6 +93,100 @@ TEST(ServerPolicyConversionTest, DecisionBecomesUpdate) {
   u = to_policy_update(d, "run-c", v1::POLICY_MODE_HEADROOM, false, 40, 123);
   EXPECT_FALSE(u.fp32_tensors_set());
   EXPECT_EQ(u.fp32_tensors_size(), 0);
+}
+
+double bucket(const GradientDigest& g, int le_log2) {
+  return g.buckets.at(static_cast<std::size_t>(le_log2 - kGradBucketMinLog2));
+}
+
+TEST(ServerReportDigestTest, OnePassGivesTheTotalsTheSeriesAndThePolicyInput) {
+  constexpr double kScale = 1024.0;  // 2^10
+  v1::StepReport r = testing::make_report("run-d", 1, 5, 4, 0, kScale);
+  // Measured binades -20..-18 are unscaled -30..-28; 2 NaN and 1 +Inf.
+  v1::TensorStats grad = testing::crafted_tensor("h0.out.grad", v1::TENSOR_ROLE_ACTIVATION_GRAD,
+                                                 -20, {10, 20, 30}, kScale, 2, 1, 10, 1);
+  grad.mutable_targets(0)->set_subnormal(4);
+  v1::TensorStats weight =
+      testing::crafted_tensor("h0.w", v1::TENSOR_ROLE_WEIGHT_GRAD, -5, {100}, kScale, 0, 0, 7);
+  // The same weight gradient after unscaling: in the totals, not twice in the histogram.
+  v1::TensorStats unscaled =
+      testing::crafted_tensor("h0.w", v1::TENSOR_ROLE_WEIGHT_GRAD, -15, {100}, 1.0);
+  unscaled.set_phase(v1::TENSOR_PHASE_AFTER_UNSCALE);
+  unscaled.clear_targets();
+  // Not loss-scaled: in the totals and the series, not in the headroom mode's input.
+  v1::TensorStats act = testing::crafted_tensor("h0.act", v1::TENSOR_ROLE_ACTIVATION, 0, {50}, 1.0);
+  act.set_neg_inf(5);
+  act.set_numel(act.numel() + 5);
+  act.clear_targets();
+  for (const v1::TensorStats* t : {&grad, &weight, &unscaled, &act}) *r.add_tensors() = *t;
+  r.mutable_first_offender()->set_tensor("h0.out.grad");
+  r.mutable_first_offender()->set_role(v1::TENSOR_ROLE_ACTIVATION_GRAD);
+
+  const ReportDigest d = digest_report(r, /*policy_all_tensors=*/false);
+
+  // The tensor totals: one sample per tensor, unscaled max_abs, targets[0]'s counts.
+  ASSERT_EQ(d.tensors.size(), 4u);
+  const TensorDigest& g = d.tensors[0];
+  EXPECT_EQ(g.name, "h0.out.grad");
+  EXPECT_EQ(g.role, v1::TENSOR_ROLE_ACTIVATION_GRAD);
+  EXPECT_EQ(g.format, v1::FORMAT_FP16);
+  EXPECT_EQ(g.nonfinite, 3u);
+  EXPECT_EQ(g.values, 60u);
+  EXPECT_EQ(g.overflow, 1u);
+  EXPECT_EQ(g.underflow, 10u);
+  EXPECT_EQ(g.max_abs, std::ldexp(1.5, -28));
+  EXPECT_EQ(d.tensors[2].format, 0);  // no targets
+  EXPECT_EQ(d.tensors[2].values, 0u);
+  EXPECT_EQ(d.tensors[3].nonfinite, 5u);
+
+  // The series: per role and target format.
+  const RoleDigest& ag = d.roles[v1::TENSOR_ROLE_ACTIVATION_GRAD];
+  EXPECT_TRUE(ag.seen);
+  EXPECT_EQ(ag.nonfinite, (std::array<std::uint64_t, 3>{2, 1, 0}));
+  const RoleDigest::Target& fp16 = ag.targets[v1::FORMAT_FP16];
+  EXPECT_TRUE(fp16.seen);
+  EXPECT_EQ(fp16.checked, 60u);
+  EXPECT_EQ(fp16.overflow, 1u);
+  EXPECT_EQ(fp16.underflow, 10u);
+  EXPECT_EQ(fp16.subnormal, 4u);
+  const RoleDigest& wg = d.roles[v1::TENSOR_ROLE_WEIGHT_GRAD];
+  EXPECT_EQ(wg.targets[v1::FORMAT_FP16].checked, 100u);
+  EXPECT_EQ(wg.targets[v1::FORMAT_FP16].underflow, 7u);
+  EXPECT_EQ(d.roles[v1::TENSOR_ROLE_ACTIVATION].nonfinite[2], 5u);
+  EXPECT_FALSE(d.roles[v1::TENSOR_ROLE_ACTIVATION].targets[v1::FORMAT_FP16].seen);
+  EXPECT_FALSE(d.roles[v1::TENSOR_ROLE_WEIGHT].seen);
+  EXPECT_EQ(d.first_offender_role, v1::TENSOR_ROLE_ACTIVATION_GRAD);
+
+  // The gradient histogram, unscaled: binade e goes to the bucket le = 2^(e+1).
+  ASSERT_EQ(d.gradient[0].buckets.size(), static_cast<std::size_t>(kGradBuckets + 1));
+  EXPECT_EQ(bucket(d.gradient[0], -29), 10);
+  EXPECT_EQ(bucket(d.gradient[0], -28), 20);
+  EXPECT_EQ(bucket(d.gradient[0], -27), 30);
+  EXPECT_EQ(std::accumulate(d.gradient[0].buckets.begin(), d.gradient[0].buckets.end(), 0.0), 60);
+  EXPECT_DOUBLE_EQ(d.gradient[0].sum, 1.5 * (10 * std::ldexp(1.0, -30) + 20 * std::ldexp(1.0, -29) +
+                                             30 * std::ldexp(1.0, -28)));
+  EXPECT_EQ(bucket(d.gradient[1], -14), 100);
+  EXPECT_EQ(std::accumulate(d.gradient[1].buckets.begin(), d.gradient[1].buckets.end(), 0.0), 100);
+
+  // The policy input: the loss-scaled tensors only, as the restore path converts them.
+  const policy::StepInput replayed = to_step_input(r, false);
+  ASSERT_EQ(d.step_input.tensors.size(), 3u);
+  ASSERT_EQ(replayed.tensors.size(), 3u);
+  EXPECT_EQ(d.step_input.run_id, "run-d");
+  EXPECT_EQ(d.step_input.rank, 1);
+  EXPECT_EQ(d.step_input.step, 4);
+  EXPECT_EQ(d.step_input.loss_scale, kScale);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(d.step_input.tensors[i].name, replayed.tensors[i].name);
+    EXPECT_EQ(d.step_input.tensors[i].role, replayed.tensors[i].role);
+    EXPECT_EQ(d.step_input.tensors[i].scale, replayed.tensors[i].scale);
+    EXPECT_EQ(d.step_input.tensors[i].overflow, replayed.tensors[i].overflow);
+  }
+  EXPECT_EQ(d.step_input.tensors[0].nan, 2u);
+  ASSERT_TRUE(d.step_input.tensors[1].underflow.has_value());
+  EXPECT_EQ(*d.step_input.tensors[1].underflow, 7u);
+  // With FP32 fallback the engine sees every tensor.
+  EXPECT_EQ(digest_report(r, true).step_input.tensors.size(), 4u);
 }
 
 }  // namespace
