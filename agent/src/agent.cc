@@ -114,7 +114,8 @@ Status Agent::create(const AgentConfig& config, const RunInfo& run,
     so.dir = (base / leaf).string();
     so.max_bytes = config.spool_max_bytes;
     // Acknowledged space comes back a segment at a time: keep segments a fraction of the cap.
-    so.segment_bytes = std::min(config.spool_segment_bytes, std::max<std::uint64_t>(config.spool_max_bytes / 4, 4096));
+    so.segment_bytes = std::min(config.spool_segment_bytes,
+                                std::max<std::uint64_t>(config.spool_max_bytes / 4, 4096));
     std::string error;
     std::vector<std::string> repaired;
     std::unique_ptr<Spool> spool = Spool::open(so, &error, &repaired);

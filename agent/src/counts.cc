@@ -23,7 +23,9 @@ struct BlockCounts {
   std::uint32_t max_bits = 0;
 };
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Not under ThreadSanitizer: the loader runs the clones' resolver before the TSan runtime is set
+// up, and its instrumented code crashes the process at start.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define AMPSCOPE_COUNTS_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
 #define AMPSCOPE_COUNTS_CLONES

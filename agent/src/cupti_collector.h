@@ -6,7 +6,8 @@
 // another profiler holding the counters: CUPTI_ERROR_HARDWARE_BUSY), and the agent reports that
 // once as a notice; no value is ever invented. Decoding a range synchronises the context, so
 // the agent samples every cupti_every steps only.
-// Thread safety: one training thread (the range is pushed and popped on it).
+// Thread safety: one thread at a time (the recorder's step lock); a range is pushed and popped
+// on one thread.
 #pragma once
 
 #include <cstdint>

@@ -6,7 +6,7 @@
 // the training stream with the host.
 //
 // Built with AMPSCOPE_ENABLE_CUDA (gpu_stats_cuda.cc); otherwise create() says why not
-// (gpu_stats_none.cc). Thread safety: launch() on the training thread; collect() and the
+// (gpu_stats_none.cc). Thread safety: launch() by the recorder (one caller at a time); collect() and the
 // jobs' destructors on the worker thread.
 #pragma once
 

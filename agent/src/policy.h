@@ -16,8 +16,8 @@
 // attached; the current scale stays) is restored at the next step, so the run is not left
 // with a policy nobody supervises. Its backoff is the safety net throughout.
 //
-// Thread safety: receive() and set_connected() from any thread; begin_step() on the training
-// thread.
+// Thread safety: receive() and set_connected() from any thread; attach_*() and begin_step() by
+// the recorder, one caller at a time (its step lock).
 #pragma once
 
 #include <atomic>
@@ -89,7 +89,7 @@ class PolicyApplier {
 
   std::atomic<bool> connected_{false};
   std::atomic<std::int64_t> disconnected_since_ns_{0};  // steady clock; 0: never connected
-  bool scaler_changed_ = false;  // training thread: an applied update changed the config
+  bool scaler_changed_ = false;  // begin_step's: an applied update changed the config
   std::atomic<std::uint64_t> applied_{0};
   std::atomic<std::uint64_t> refused_{0};
 };

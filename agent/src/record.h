@@ -1,4 +1,4 @@
-// What the training thread hands to the worker: one StepRecord per step, holding the step's
+// What the recorder hands to the worker: one StepRecord per step, holding the step's
 // samples (measured already, or waiting for the worker: a host copy or a GPU job in flight),
 // the step's outcome and the policy outcomes that belong to it.
 #pragma once

@@ -206,36 +206,34 @@ bool Recorder::measure_into(const TensorView& t, TensorSample& s) {
   // copy on the worker. A counted tensor that holds a non-finite value is measured in full too,
   // and escalates the rest of the step.
   const bool defer_full = config_.stats_thread == StatsThread::kWorker;
+  const bool escalate = config_.sampling.full_on_nonfinite;
   if (s.level == Level::kCounts) {
-    const MeasureResult r =
-        measure_host(t.data, s, !defer_full && config_.sampling.full_on_nonfinite, 0);
-    if (!r.ok) {
-      drop_sample(r.error);
-      return false;
-    }
-    if (r.nonfinite) {
-      nonfinite_this_step_ = true;
-      sampler_.saw_nonfinite();
-      if (defer_full && config_.sampling.full_on_nonfinite) {
-        s.level = Level::kFull;
-        s.measured = false;
-      }
+    bool nonfinite = false;
+    if (!measure_here(t.data, s, !defer_full && escalate, &nonfinite)) return false;
+    if (nonfinite && defer_full && escalate) {
+      s.level = Level::kFull;
+      s.measured = false;
     }
   }
   if (s.level == Level::kFull && !s.measured) {
-    if (defer_full) {
-      if (!copy_for_worker(t.data, s)) return false;
-    } else {
-      const MeasureResult r = measure_host(t.data, s, false, 0);
-      if (!r.ok) {
-        drop_sample(r.error);
-        return false;
-      }
-      if (r.nonfinite) {
-        nonfinite_this_step_ = true;
-        sampler_.saw_nonfinite();
-      }
-    }
+    return defer_full ? copy_for_worker(t.data, s) : measure_here(t.data, s, false);
+  }
+  return true;
+}
+
+// Measures a host sample on the calling thread. False when it was dropped (counted); a
+// non-finite value marks the step and escalates the rest of it.
+bool Recorder::measure_here(const void* data, TensorSample& s, bool upgrade_on_nonfinite,
+                            bool* nonfinite) {
+  const MeasureResult r = measure_host(data, s, upgrade_on_nonfinite, 0);
+  if (!r.ok) {
+    drop_sample(r.error);
+    return false;
+  }
+  if (nonfinite != nullptr) *nonfinite = r.nonfinite;
+  if (r.nonfinite) {
+    nonfinite_this_step_ = true;
+    sampler_.saw_nonfinite();
   }
   return true;
 }

@@ -82,6 +82,8 @@ class Recorder {
 
   Status attach_before_start(const char* what) const;
   bool measure_into(const TensorView& t, TensorSample& s);
+  bool measure_here(const void* data, TensorSample& s, bool upgrade_on_nonfinite,
+                    bool* nonfinite = nullptr);
   void drop_sample(const std::string& why);
   bool copy_for_worker(const void* data, TensorSample& s);
   bool on_nvtx_thread() const { return std::this_thread::get_id() == nvtx_thread_; }

@@ -5,7 +5,7 @@
 // changed the loss scale) samples full_roles at the full level. Within a step, the first
 // non-finite value escalates: that tensor and every later one of the step are measured full
 // (the values of earlier tensors are gone by then; they keep their counts).
-// Thread safety: one instance per training thread.
+// Thread safety: none; the recorder's, used under its step lock.
 #pragma once
 
 #include <array>

@@ -101,7 +101,7 @@ struct Counters {
   std::uint64_t policies_applied = 0;
   std::uint64_t policies_refused = 0;
   std::uint64_t refused_calls = 0;     // step calls refused by the threading contract (re-entry)
-  double training_thread_s = 0.0;      // time spent inside begin_step/observe/end_step
+  double training_thread_s = 0.0;      // time inside begin_step/observe/end_step, all callers
   bool connected = false;              // a stream is open and has been acknowledged
 };
 
