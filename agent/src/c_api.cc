@@ -190,7 +190,6 @@ struct ampscope_agent {
   std::unique_ptr<CScaler> scaler;
   std::unique_ptr<COverrides> overrides;
   ampscope::agent::ScalerSettings base_scaler;
-  std::vector<std::int64_t> shape;  // scratch for views without a shape
   mutable std::mutex mu;             // guards the strings below
   mutable std::string last_error;
   std::string notice;
@@ -426,11 +425,13 @@ ampscope_status ampscope_agent_observe(ampscope_agent* agent, const ampscope_ten
     v.phase = *phase;
     v.dtype = *dtype;
     v.data = in.data;
+    // A view without a shape is one dimension of numel; the scratch is this call's, since
+    // observe may be called from several threads at once.
+    const std::int64_t flat_shape[1] = {in.numel};
     if (in.rank > 0) {
       v.shape = std::span<const std::int64_t>(in.shape, static_cast<std::size_t>(in.rank));
     } else {
-      agent->shape.assign(1, in.numel);
-      v.shape = agent->shape;
+      v.shape = flat_shape;
     }
     v.device = *device;
     v.stream = in.stream;
@@ -445,7 +446,7 @@ ampscope_status ampscope_agent_observe(ampscope_agent* agent, const ampscope_ten
   }
 }
 
-ampscope_status ampscope_agent_mark_phase(ampscope_agent* agent, ampscope_step_phase phase) {
+ampscope_status ampscope_agent_mark_phase(ampscope_agent* agent, int32_t phase) {
   if (agent == nullptr) return AMPSCOPE_INVALID_ARGUMENT;
   try {
     const auto p = c::from_c_step_phase(phase);

@@ -88,7 +88,9 @@ typedef enum ampscope_status {
 } ampscope_status;
 
 /* Formats, roles, phases, devices and scaler kinds have the numbers of ampscope::Format,
- * TensorRole, TensorPhase, Device and ScalerKind (ampscope/vocabulary.h, ampscope/formats.h). */
+ * TensorRole, TensorPhase, Device and ScalerKind (ampscope/vocabulary.h, ampscope/formats.h).
+ * Struct fields and arguments that take them are int32_t, so that any number a caller passes
+ * is read safely and an unknown one is refused with AMPSCOPE_INVALID_ARGUMENT. */
 typedef enum ampscope_format {
   AMPSCOPE_FORMAT_FP32 = 0,
   AMPSCOPE_FORMAT_FP16 = 1,
@@ -143,12 +145,12 @@ typedef struct ampscope_run_info {
   const char* host;       /* NULL or "": gethostname() */
   const char* trainer;    /* "mytrainer 1.0" */
   const char* precision;  /* "amp-fp16" */
-  ampscope_format compute_format;
+  int32_t compute_format; /* ampscope_format */
   double loss_scale;
   double growth_factor;
   double backoff_factor;
   int64_t growth_interval;
-  ampscope_scaler_kind scaler_kind;
+  int32_t scaler_kind;    /* ampscope_scaler_kind */
   /* ABI 2 */
   double min_scale;       /* 0: none */
   double max_scale;       /* 0: none */
@@ -163,14 +165,14 @@ typedef struct ampscope_run_info {
 typedef struct ampscope_tensor_view {
   uint32_t struct_size;  /* AMPSCOPE_TENSOR_VIEW_INIT */
   const char* name;
-  ampscope_role role;
-  ampscope_phase phase;
-  ampscope_format dtype;
+  int32_t role;          /* ampscope_role */
+  int32_t phase;         /* ampscope_phase */
+  int32_t dtype;         /* ampscope_format */
   const void* data;
   const int64_t* shape;
   int rank;
   int64_t numel;   /* used when shape is NULL */
-  ampscope_device device;
+  int32_t device;  /* ampscope_device */
   void* stream;
   double scale;    /* the loss scale the values carry; 0 is read as 1 (unscaled) */
   int micro_step;
@@ -179,7 +181,7 @@ typedef struct ampscope_tensor_view {
    * overflow), when it is not the run's compute format; e.g. FP32 for weight gradients that
    * are accumulated in FP32. has_held == 0: not said (the compute format is assumed). */
   int has_held;
-  ampscope_format held;
+  int32_t held;  /* ampscope_format */
 } ampscope_tensor_view;
 #define AMPSCOPE_TENSOR_VIEW_INIT AMPSCOPE_STRUCT_INIT_(ampscope_tensor_view)
 #define AMPSCOPE_TENSOR_VIEW_SIZE_V1 offsetof(ampscope_tensor_view, has_held)
@@ -323,7 +325,7 @@ AMPSCOPE_API int ampscope_agent_begin_step(ampscope_agent* agent, int64_t step);
 AMPSCOPE_API ampscope_status ampscope_agent_observe(ampscope_agent* agent,
                                                     const ampscope_tensor_view* view);
 AMPSCOPE_API ampscope_status ampscope_agent_mark_phase(ampscope_agent* agent,
-                                                       ampscope_step_phase phase);
+                                                       int32_t phase /* ampscope_step_phase */);
 AMPSCOPE_API ampscope_status ampscope_agent_end_step(ampscope_agent* agent,
                                                      const ampscope_step_info* info);
 
