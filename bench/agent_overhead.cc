@@ -1,4 +1,4 @@
-// The agent's overhead on a training step (issue 5 "Benchmark"): the built-in trainer's step
+// The agent's overhead on a training step (docs/benchmarks.md): the built-in trainer's step
 // time with the agent at default sampling and with full statistics (histograms) on every step,
 // each divided by the step time without the agent. One process, one run: the same trainer
 // keeps training while the observer is switched between blocks of steps, and the blocks are

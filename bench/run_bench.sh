@@ -132,7 +132,7 @@ rm -f "$fragments"/server.json
 "$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/server.json"
 echo "results: $out_dir/results.json"
 
-# ---- Loss-scale policies in closed loop (bench/policy_eval, issue 7) --------------------------
+# ---- Loss-scale policies in closed loop (bench/policy_eval) ----------------------------------
 # ampscope-train with the agent against ampscope-server: five scenarios (defaults, initial scale
 # 2^24, shrinking gradients, injected overflow spikes, a 5,000-step run) with each of GradScaler,
 # hysteresis, static, headroom and headroom + FP32 fallback. Writes

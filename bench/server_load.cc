@@ -1,4 +1,4 @@
-// Load generator for ampscope-server (issue 4 "Benchmark"): starts the real server as a child
+// Load generator for ampscope-server (docs/benchmarks.md): starts the real server as a child
 // process on loopback, opens N agent streams (callback-API clients) that send realistic step
 // reports (about 200 tensors each, binade histograms from compute_stats on synthetic
 // gradients), and measures:

@@ -99,7 +99,7 @@ CUptiResult num_passes(std::vector<std::uint8_t>& image, int* passes) {
 }
 
 // Does `metric` resolve on `chip`? Tried on a fresh host object each time: after one invalid
-// name the object may refuse every later addition (REFERENCES.md).
+// name the object may refuse every later addition.
 CuptiMetricCheck try_metric(const std::string& chip, const std::uint8_t* availability,
                             const std::string& metric) {
   CuptiMetricCheck m;

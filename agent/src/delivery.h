@@ -2,8 +2,8 @@
 // queue feeds one worker thread, which finishes the measurements the recorder left pending (GPU
 // results, host copies in worker mode), encodes the StepReport and appends it to the spool; the
 // transport streams the spool to the server and trims it as the acknowledgements come back.
-// The pipeline keeps the delivery counters: nothing is lost without being counted (DESIGN.md
-// "Delivery guarantees").
+// The pipeline keeps the delivery counters: nothing is lost without being counted
+// (docs/agent.md, "Delivery guarantees").
 //
 // Owner: the Agent, which creates it before the first step and stops it at shutdown. Threads:
 // - the worker thread owns the record it has taken off the queue;

@@ -40,7 +40,7 @@ inline const char* range_name(Range r) {
   return kNames[static_cast<int>(r)];
 }
 
-// Registered once per name (REFERENCES.md: cache registered strings).
+// Registered once per name (NVTX's advice: cache registered strings).
 inline nvtxStringHandle_t handle(Range r) {
   static const auto handles = [] {
     struct Table {

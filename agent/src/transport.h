@@ -1,5 +1,5 @@
-// The sender: one background thread that keeps one Telemetry.Attach stream (DESIGN.md "Wire
-// contract") open to ampscope-server and streams the spool over it.
+// The sender: one background thread that keeps one Telemetry.Attach stream (docs/server.md,
+// "The wire contract") open to ampscope-server and streams the spool over it.
 //
 //   connect (fresh channel, bounded by connect_timeout) -> Hello(resume_from_seq) -> first Ack
 //   (what the server already has) -> reports from the spool in seq order, after that Ack,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Closed-loop loss-scale policies compared (issue 7).
+"""Closed-loop loss-scale policies compared (docs/policy.md).
 
     policy_eval.py --build-dir BUILD --out-dir DIR [--profile smoke|short|full] [--fragment F]
 

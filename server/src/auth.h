@@ -1,4 +1,4 @@
-// Bearer-token authentication of every RPC (issue 4 "Security"). With a token configured, a
+// Bearer-token authentication of every RPC. With a token configured, a
 // call must carry the metadata "authorization: Bearer <token>"; the comparison takes the same
 // time wherever the first difference is, so the token cannot be guessed byte by byte from
 // response times.

@@ -1,4 +1,4 @@
-// The Prometheus exporter (DESIGN.md "Metrics"; every metric is listed in the README).
+// The Prometheus exporter (every metric is listed in docs/metrics.md).
 //
 // Families are built once into one long-lived registry. Series are created the first time a
 // (run, rank[, role[, format]]) appears and their Counter&/Gauge& are cached in plain structs,

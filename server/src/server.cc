@@ -149,7 +149,7 @@ BoundAddresses Server::start() {
   int port = 0;
   builder.AddListeningPort(o.listen, creds, &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(o.max_message_bytes));
-  // Keepalive (REFERENCES.md, grpc doc/keepalive.md): the server pings idle connections every
+  // Keepalive (gRPC's doc/keepalive.md): the server pings idle connections every
   // 60 s and accepts client pings down to every 10 s, also without calls, so agents that ping
   // at 10 s or slower never get GOAWAY "too_many_pings".
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);

@@ -1,4 +1,4 @@
-// Validation of every message an agent sends (issue 4 "Validation"). Each rule is one function
+// Validation of every message an agent sends. Each rule is one function
 // that names the offending field and a stable reason token; a report that breaks any rule is
 // rejected whole. The reason tokens are the `reason` label of
 // ampscope_reports_rejected_total and Reject.reason on the wire, so they form a closed set

@@ -1,4 +1,4 @@
-// Delivery guarantees end to end (DESIGN.md): ampscope-train with the agent and a real
+// Delivery guarantees end to end (docs/agent.md): ampscope-train with the agent and a real
 // ampscope-server on loopback, through a server that is absent at first, a server killed with
 // SIGKILL mid-run, and a trainer killed with SIGKILL and resumed. Every step arrives exactly
 // once. Every process is killed at the end of its test, pass or fail.

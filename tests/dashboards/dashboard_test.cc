@@ -1,8 +1,9 @@
 // The Grafana dashboard, its provisioning and the alert rules as artefacts:
 // - the dashboard JSON parses, uses a current schema, has the datasource/run/rank variables,
 //   unique panel ids, no overlapping panels, a healthy/unhealthy description on every panel and
-//   the panels the dashboards issue asks for, every query is valid PromQL (promtool);
-// - every alert of the issue exists with a severity and a runbook (as Prometheus loads them);
+//   the panels docs/metrics.md describes, every query is valid PromQL (promtool);
+// - every alert docs/metrics.md lists exists with a severity and a runbook (as Prometheus
+//   loads them);
 // - every metric name any panel, variable, annotation or alert rule reads is one a real
 //   ampscope-server exports: the server runs on loopback, is fed a realistic report stream
 //   (every role, NaN, underflow, tensor-core samples, agent counters, policy decisions) and its
@@ -357,7 +358,7 @@ std::vector<json> evaluated_rules(PrometheusProcess& prometheus) {
   }
 }
 
-TEST(AlertRulesTest, EveryAlertOfTheIssueHasASeverityAndARunbook) {
+TEST(AlertRulesTest, EveryListedAlertHasASeverityAndARunbook) {
   TempDir dir;
   PrometheusOptions options;
   options.rule_files = {kAlertRules};

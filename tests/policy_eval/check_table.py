@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks what bench/policy_eval/policy_eval.py wrote: `check_table.py OUT_DIR`.
 
-table.md must have exactly the columns issue 7 asks for (plus the harness's bookkeeping ones),
+table.md must have exactly the columns docs/policy.md describes (plus the harness's bookkeeping ones),
 one row per scenario and policy, every run completed with a number in every figure column;
 runs.json must agree with the table; the fragment must carry the three results keys with their
 targets; the three plots must be PNG files. Prints every problem, exits 1 if there is one.

@@ -1,5 +1,5 @@
 // /metrics of the real server, scraped over HTTP with libcurl after scripted reports: the
-// families of DESIGN.md exist with the expected values, counters end in _total, ratios stay in
+// families of docs/metrics.md exist with the expected values, counters end in _total, ratios stay in
 // [0, 1], per-tensor series are limited to the top K, the gradient histogram has power-of-two
 // buckets in the unscaled domain, and per-run series exist only for the most recently active
 // runs (--metrics-max-runs) and leave with a deleted run.

@@ -25,7 +25,7 @@
 
 namespace ampscope::agent {
 
-// What to measure (issue 5 "Sampling").
+// What to measure (docs/agent.md, "Sampling and the first offender").
 //   counts  every step: NaN, +-Inf, zero counts and max |x| of every tensor whose role is in
 //           count_roles: by default every gradient and the loss. Weight gradients after
 //           unscaling repeat the backward-phase ones and are left to full steps.
