@@ -211,7 +211,7 @@ TEST_F(DashboardTest, EveryPanelDescribesHealthyAndUnhealthy) {
   }
 }
 
-TEST_F(DashboardTest, HasThePanelsOfTheIssue) {
+TEST_F(DashboardTest, HasTheDocumentedPanels) {
   for (const char* title :
        {"Training and validation loss", "Loss scale (log2)", "Skipped steps and reasons",
         "Non-finite values by role", "Underflow ratio by format", "Overflow ratio by format",
