@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "ampscope/proto/vocabulary_codec.h"
+#include "ampscope/proto/wire_time.h"
 
 namespace ampscope::cli {
 namespace {
@@ -143,9 +144,7 @@ std::string format_scale(double scale) {
 
 std::string format_time_ago(std::int64_t unix_ns) {
   if (unix_ns <= 0) return "-";
-  const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                               std::chrono::system_clock::now().time_since_epoch())
-                               .count();
+  const std::int64_t now = proto::unix_now_ns();
   const std::int64_t s = std::max<std::int64_t>(0, (now - unix_ns) / 1'000'000'000);
   if (s < 120) return std::to_string(s) + "s ago";
   if (s < 7200) return std::to_string(s / 60) + "m ago";

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <exception>
 
+#include "ampscope/proto/wire_time.h"
 #include "gpu_stats.h"
 #include "measure.h"
 #include "nvtx.h"
@@ -10,15 +11,6 @@
 #include "report_codec.h"
 
 namespace ampscope::agent {
-namespace {
-
-std::int64_t unix_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 Delivery::Delivery(const AgentConfig& config, const RunInfo& run, std::unique_ptr<Spool> spool,
                    PolicyApplier* policy, Notices* notices)
@@ -212,7 +204,7 @@ void Delivery::process(StepRecord& record) {
 
   ReportContext ctx;
   ctx.config = &config_;
-  ctx.time_unix_ns = unix_ns();
+  ctx.time_unix_ns = proto::unix_now_ns();
   ctx.counters = wire_counters();
   notices_->take_pending(&ctx.notices, Notices::kMaxPerReport);
   v1::StepReport report;

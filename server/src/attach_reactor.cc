@@ -1,17 +1,9 @@
 #include "attach_reactor.h"
 
+#include "ampscope/proto/wire_time.h"
 #include "log.h"
 
 namespace ampscope::server {
-namespace {
-
-std::int64_t unix_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 AttachReactor* AttachReactor::start(const Deps& deps, const grpc::Status& refusal,
                                     std::shared_ptr<AttachReactor>* handle) {
@@ -128,7 +120,7 @@ void AttachReactor::submit(IngestItem item) {
   item.sink = self_;
   item.run_id = identity_.run_id;
   item.rank = identity_.rank;
-  item.received_ns = unix_ns();
+  item.received_ns = proto::unix_now_ns();
   item.received = std::chrono::steady_clock::now();
   if (!deps_.ingest->submit(std::move(item))) {
     end(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is shutting down"));

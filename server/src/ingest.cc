@@ -5,17 +5,12 @@
 #include <set>
 #include <unordered_map>
 
+#include "ampscope/proto/wire_time.h"
 #include "log.h"
 #include "report_digest.h"
 
 namespace ampscope::server {
 namespace {
-
-std::int64_t unix_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // Ranking of the per-tensor series: tensors with non-finite values first, then by the larger of
 // their overflow and underflow shares.
@@ -210,7 +205,7 @@ void Ingest::run() {
 
 void Ingest::process(std::vector<IngestItem>& items) {
   const auto t0 = std::chrono::steady_clock::now();
-  const std::int64_t now_ns = unix_ns();
+  const std::int64_t now_ns = proto::unix_now_ns();
   Batch batch;
   try {
     store_.begin();
@@ -520,7 +515,7 @@ void Ingest::maintenance(bool force) {
         // A run with an agent connected is alive, however long it has been quiet.
         const RetentionResult r =
             store_.apply_retention(options_.retention_max_age_ns, options_.retention_max_bytes,
-                                   unix_ns(), streams_.runs());
+                                   proto::unix_now_ns(), streams_.runs());
         for (const std::string& run_id : r.deleted_run_ids) {
           forget(run_id, "run '" + run_id + "' was deleted by retention");
         }
@@ -539,7 +534,7 @@ void Ingest::maintenance(bool force) {
         store_.begin();
         for (const PolicySnapshot& s : snapshots) {
           store_.save_policy_state(s.run_id, std::string(policy_.mode_name()), s.state,
-                                   s.last_report_id, unix_ns());
+                                   s.last_report_id, proto::unix_now_ns());
         }
         store_.commit();
       }
