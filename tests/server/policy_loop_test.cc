@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "ampscope/loss_scale.h"
 #include "server_harness.h"
 
 namespace ampscope::testing {
@@ -16,7 +17,7 @@ constexpr const char* kRun = "run-pol";
 
 // A gradient whose unscaled magnitudes span binades [top - 9, top], measured at `scale`.
 v1::TensorStats gradient(const std::string& name, v1::TensorRole role, int top, double scale) {
-  const int k = static_cast<int>(std::lround(std::log2(scale)));
+  const int k = scale_exponent(scale);
   v1::TensorStats t;
   t.set_name(name);
   t.set_role(role);
