@@ -8,6 +8,8 @@
 #include <optional>
 #include <thread>
 
+#include "ampscope/proto/vocabulary_codec.h"
+#include "ampscope/vocabulary.h"
 #include "query_client.h"
 
 namespace ampscope::cli {
@@ -23,6 +25,7 @@ struct TailArgs {
   double interval_s = 1.0;
   std::optional<unsigned> rank;
   std::optional<unsigned> count;
+  bool tensors = false;
 };
 
 class Tail {
@@ -61,13 +64,14 @@ class Tail {
     q.set_run_id(args_.run_id);
     q.set_order(v1::REPORT_ORDER_ARRIVAL);
     if (args_.rank) q.set_rank(*args_.rank);
+    q.set_include_tensors(args_.tensors);
     return q;
   }
 
   // False once --count reports were printed.
   bool print(const v1::StoredReport& r) {
     if (args_.server.json) {
-      print_report_json(std::cout, r);
+      print_report_json(std::cout, r, args_.tensors);
     } else {
       print_report_text(std::cout, r);
     }
@@ -104,7 +108,30 @@ void print_report_text(std::ostream& out, const v1::StoredReport& stored) {
   out << "\n";
 }
 
-void print_report_json(std::ostream& out, const v1::StoredReport& stored) {
+namespace {
+// A tensor's identity and counts (the histogram and per-target counts are left out).
+ordered_json tensor_json(const v1::TensorStats& t) {
+  ordered_json j;
+  j["name"] = t.name();
+  j["role"] = role_name(t.role());
+  j["phase"] = std::string(phase_name(proto::from_proto(t.phase())));
+  j["dtype"] = format_name(t.dtype());
+  j["held"] = t.has_held() ? ordered_json(format_name(t.held())) : ordered_json(nullptr);
+  j["order"] = t.order();
+  j["micro_step"] = t.micro_step();
+  j["scale"] = json_number(t.scale());
+  j["level"] = t.level() == v1::STATS_LEVEL_FULL ? "full" : "counts";
+  j["numel"] = t.numel();
+  j["zeros"] = t.zeros();
+  j["nan"] = t.nan();
+  j["pos_inf"] = t.pos_inf();
+  j["neg_inf"] = t.neg_inf();
+  j["max_abs"] = json_number(t.max_abs());
+  return j;
+}
+}  // namespace
+
+void print_report_json(std::ostream& out, const v1::StoredReport& stored, bool tensors) {
   const v1::StepReport& r = stored.report();
   ordered_json j;
   j["report_id"] = stored.report_id();
@@ -122,6 +149,7 @@ void print_report_json(std::ostream& out, const v1::StoredReport& stored) {
   j["lr"] = json_number(r.lr());
   j["step_time_s"] = json_number(r.step_time_s());
   j["tokens"] = r.tokens();
+  j["optimizer_steps"] = r.optimizer_steps();
   j["val_loss"] = r.has_val_loss() ? json_number(r.val_loss()) : ordered_json(nullptr);
   j["tensor_core_active_ratio"] = r.has_tensor_core_active_ratio()
                                       ? json_number(r.tensor_core_active_ratio())
@@ -139,6 +167,11 @@ void print_report_json(std::ostream& out, const v1::StoredReport& stored) {
         {"policy_id", o.policy_id()}, {"applied", o.applied()}, {"reason", o.reason()}});
   }
   j["policy_outcomes"] = std::move(outcomes);
+  if (tensors) {
+    ordered_json list = ordered_json::array();
+    for (const v1::TensorStats& t : r.tensors()) list.push_back(tensor_json(t));
+    j["tensors"] = std::move(list);
+  }
   out << j.dump() << "\n";
 }
 
@@ -155,6 +188,8 @@ void add_tail_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--rank", args->rank, "Only this rank");
   cmd->add_option("--count", args->count, "Exit after printing this many reports");
+  cmd->add_flag("--tensors", args->tensors,
+                "With --json: each report's tensors (name, role, phase, format, counts)");
   cmd->callback([args] { Tail(*args).run(); });
 }
 

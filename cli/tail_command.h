@@ -12,7 +12,7 @@ namespace ampscope::cli {
 void add_tail_command(CLI::App& app);
 
 void print_report_text(std::ostream& out, const v1::StoredReport& report);
-// One JSON object per line (JSON Lines).
-void print_report_json(std::ostream& out, const v1::StoredReport& report);
+// One JSON object per line (JSON Lines); with `tensors`, each tensor's identity and counts too.
+void print_report_json(std::ostream& out, const v1::StoredReport& report, bool tensors = false);
 
 }  // namespace ampscope::cli

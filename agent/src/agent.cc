@@ -201,6 +201,18 @@ Status Agent::shutdown(std::chrono::milliseconds timeout) noexcept {
   });
 }
 
+Status Agent::add_notice(const std::string& text) noexcept {
+  if (text.empty()) return {StatusCode::kInvalidArgument, "a notice must not be empty"};
+  try {
+    impl_->notices.raise(text);
+    return Status::Ok();
+  } catch (const std::exception& e) {
+    return {StatusCode::kInternal, e.what()};
+  } catch (...) {
+    return {StatusCode::kInternal, "unknown error"};
+  }
+}
+
 Counters Agent::counters() const noexcept {
   const Impl& m = *impl_;
   Counters c;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ampscope/agent/agent.h"
+#include "ampscope/loss_scale.h"
 #include "c_vocabulary.h"
 
 using ampscope::agent::Agent;
@@ -31,7 +32,17 @@ static_assert(offsetof(ampscope_run_info, struct_size) == 0 &&
               offsetof(ampscope_scaler_change, struct_size) == 0 &&
               offsetof(ampscope_scaler_ops, struct_size) == 0 &&
               offsetof(ampscope_overrides_ops, struct_size) == 0 &&
-              offsetof(ampscope_agent_counters, struct_size) == 0);
+              offsetof(ampscope_agent_counters, struct_size) == 0 &&
+              offsetof(ampscope_loss_scale_rule, struct_size) == 0);
+static_assert(AMPSCOPE_AGENT_COUNTERS_SIZE_V1 % alignof(ampscope_agent_counters) == 0);
+// The C state is ampscope::LossScaleState, field for field.
+static_assert(sizeof(ampscope_loss_scale_state) == sizeof(ampscope::LossScaleState) &&
+              offsetof(ampscope_loss_scale_state, scale) ==
+                  offsetof(ampscope::LossScaleState, scale) &&
+              offsetof(ampscope_loss_scale_state, hysteresis_tracker) ==
+                  offsetof(ampscope::LossScaleState, hysteresis_tracker) &&
+              offsetof(ampscope_loss_scale_state, growth_tracker) ==
+                  offsetof(ampscope::LossScaleState, growth_tracker));
 
 struct ampscope_agent_config {
   AgentConfig config;
@@ -153,6 +164,48 @@ std::vector<std::string> ask_capable_layers(const ampscope_overrides_ops& ops, v
     if (names[i] != nullptr && names[i][0] != '\0') out.emplace_back(names[i]);
   }
   return out;
+}
+
+// A reason into a caller's buffer (when it gave one), cut to fit and NUL-terminated.
+void write_reason(const std::string& text, char* reason, std::size_t reason_size) {
+  if (reason == nullptr || reason_size == 0) return;
+  const std::size_t n = std::min(text.size(), reason_size - 1);
+  std::memcpy(reason, text.data(), n);
+  reason[n] = '\0';
+}
+
+// The C rule as the core's, or a reason.
+std::string to_rule(const ampscope_loss_scale_rule* in, ampscope::LossScaleRule* out) {
+  ampscope_loss_scale_rule r{};
+  if (std::string e = read_struct(in, AMPSCOPE_LOSS_SCALE_RULE_SIZE_V1, "rule", &r); !e.empty()) {
+    return e;
+  }
+  const auto kind = c::from_c_scaler_kind(r.kind);
+  if (!kind) return "rule.kind " + std::to_string(r.kind) + " is not an ampscope_scaler_kind";
+  *out = ampscope::LossScaleRule{*kind,        r.growth_factor, r.backoff_factor,
+                                 r.growth_interval, r.hysteresis, r.min_scale, r.max_scale};
+  return {};
+}
+
+ampscope_loss_scale_rule to_c_rule(const ampscope::LossScaleRule& r) {
+  ampscope_loss_scale_rule out{};
+  out.struct_size = sizeof(out);
+  out.kind = static_cast<int32_t>(r.kind);
+  out.growth_factor = r.growth_factor;
+  out.backoff_factor = r.backoff_factor;
+  out.growth_interval = r.growth_interval;
+  out.hysteresis = r.hysteresis;
+  out.min_scale = r.min_scale;
+  out.max_scale = r.max_scale;
+  return out;
+}
+
+ampscope::LossScaleState to_state(const ampscope_loss_scale_state& s) {
+  return {s.scale, s.hysteresis_tracker, s.growth_tracker};
+}
+
+ampscope_loss_scale_state to_c_state(const ampscope::LossScaleState& s) {
+  return {s.scale, s.hysteresis_tracker, s.growth_tracker};
 }
 
 std::string to_run_info(const ampscope_run_info& run, ampscope::agent::RunInfo* r) {
@@ -520,6 +573,7 @@ ampscope_status ampscope_agent_get_counters(const ampscope_agent* agent,
     v.policies_refused = c.policies_refused;
     v.training_thread_s = c.training_thread_s;
     v.connected = c.connected ? 1 : 0;
+    v.refused_calls = c.refused_calls;
     if (std::string e = write_struct(v, AMPSCOPE_AGENT_COUNTERS_SIZE_V1, "out", out); !e.empty()) {
       return agent->fail(AMPSCOPE_INVALID_ARGUMENT, std::move(e));
     }
@@ -554,6 +608,96 @@ const char* ampscope_agent_last_error(const ampscope_agent* agent) {
     return agent->last_error.c_str();
   } catch (...) {
     return "";
+  }
+}
+
+ampscope_status ampscope_agent_add_notice(ampscope_agent* agent, const char* text) {
+  if (agent == nullptr) return AMPSCOPE_INVALID_ARGUMENT;
+  if (text == nullptr) return agent->fail(AMPSCOPE_INVALID_ARGUMENT, "text must not be NULL");
+  try {
+    return agent->result(agent->agent->add_notice(text));
+  } catch (...) {
+    return agent->internal("add_notice");
+  }
+}
+
+ampscope_status ampscope_loss_scale_defaults(int32_t kind, ampscope_loss_scale_rule* rule,
+                                             ampscope_loss_scale_state* state) {
+  try {
+    const auto k = c::from_c_scaler_kind(kind);
+    if (!k || rule == nullptr || state == nullptr) return AMPSCOPE_INVALID_ARGUMENT;
+    ampscope::LossScaleRule r = ampscope::gradscaler_rule();
+    float scale = ampscope::kGradScalerInitScale;
+    if (*k == ampscope::ScalerKind::kHysteresis) {
+      r = ampscope::megatron_rule();
+      scale = ampscope::kMegatronInitScale;
+    }
+    r.kind = *k;
+    if (!write_struct(to_c_rule(r), AMPSCOPE_LOSS_SCALE_RULE_SIZE_V1, "rule", rule).empty()) {
+      return AMPSCOPE_INVALID_ARGUMENT;
+    }
+    *state = to_c_state(ampscope::initial_loss_scale_state(scale, r));
+    return AMPSCOPE_OK;
+  } catch (...) {
+    return AMPSCOPE_INTERNAL;
+  }
+}
+
+ampscope_status ampscope_loss_scale_update(ampscope_loss_scale_state* state,
+                                           const ampscope_loss_scale_rule* rule, int found_inf) {
+  try {
+    ampscope::LossScaleRule r;
+    if (state == nullptr || !to_rule(rule, &r).empty()) return AMPSCOPE_INVALID_ARGUMENT;
+    ampscope::LossScaleState s = to_state(*state);
+    ampscope::update_loss_scale_state(s, r, found_inf != 0);
+    *state = to_c_state(s);
+    return AMPSCOPE_OK;
+  } catch (...) {
+    return AMPSCOPE_INTERNAL;
+  }
+}
+
+ampscope_status ampscope_loss_scale_apply_change(ampscope_loss_scale_rule* rule,
+                                                 ampscope_loss_scale_state* state,
+                                                 const ampscope_scaler_change* change,
+                                                 char* reason, size_t reason_size) {
+  try {
+    ampscope::LossScaleRule r;
+    if (std::string e = to_rule(rule, &r); !e.empty()) {
+      write_reason(e, reason, reason_size);
+      return AMPSCOPE_INVALID_ARGUMENT;
+    }
+    ampscope_scaler_change cc{};
+    if (state == nullptr) {
+      write_reason("state must not be NULL", reason, reason_size);
+      return AMPSCOPE_INVALID_ARGUMENT;
+    }
+    if (std::string e = read_struct(change, AMPSCOPE_SCALER_CHANGE_SIZE_V1, "change", &cc);
+        !e.empty()) {
+      write_reason(e, reason, reason_size);
+      return AMPSCOPE_INVALID_ARGUMENT;
+    }
+    ampscope::LossScaleChange c;
+    if (cc.has_scale) c.scale = static_cast<float>(cc.scale);
+    if (cc.has_growth_factor) c.growth_factor = cc.growth_factor;
+    if (cc.has_backoff_factor) c.backoff_factor = cc.backoff_factor;
+    if (cc.has_growth_interval) c.growth_interval = cc.growth_interval;
+    if (cc.has_hysteresis) c.hysteresis = cc.hysteresis;
+    if (cc.has_min_scale) c.min_scale = static_cast<float>(cc.min_scale);
+    if (cc.has_max_scale) c.max_scale = static_cast<float>(cc.max_scale);
+    ampscope::LossScaleState s = to_state(*state);
+    if (std::string e = ampscope::apply_loss_scale_change(&r, &s, c); !e.empty()) {
+      write_reason(e, reason, reason_size);
+      return AMPSCOPE_INVALID_ARGUMENT;
+    }
+    ampscope_loss_scale_rule out = to_c_rule(r);
+    out.struct_size = std::min<uint32_t>(rule->struct_size, sizeof(out));
+    std::memcpy(static_cast<void*>(rule), &out, out.struct_size);
+    *state = to_c_state(s);
+    return AMPSCOPE_OK;
+  } catch (...) {
+    write_reason("internal error", reason, reason_size);
+    return AMPSCOPE_INTERNAL;
   }
 }
 

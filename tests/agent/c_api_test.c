@@ -2,6 +2,7 @@
  * process that links nothing else of ampscope. c_api_test_driver.cc runs it and checks what
  * reached the spool, the server or a recording stand-in for the server.
  *
+ *   agent_c_api_program rules                       the loss-scale rules (no agent)
  *   agent_c_api_program exercise SPOOL_DIR          configuration, a scaler, three steps (one
  *                                                   with a NaN), held, FP32 layers, errors
  *   agent_c_api_program old-layouts SPOOL_DIR ADDR  a caller compiled against the first layouts
@@ -169,6 +170,10 @@ static int exercise(const char* spool_dir) {
   ops.schedule = schedule;
   ops.scale = current_scale;
   CHECK(10, ampscope_agent_attach_scaler(agent, &ops, &scaler) == AMPSCOPE_OK, "attach scaler");
+  CHECK(10, ampscope_agent_add_notice(agent, "c trainer: hello from C") == AMPSCOPE_OK,
+        "add_notice");
+  CHECK(10, ampscope_agent_add_notice(agent, "") == AMPSCOPE_INVALID_ARGUMENT, "empty notice");
+  CHECK(10, ampscope_agent_add_notice(agent, NULL) == AMPSCOPE_INVALID_ARGUMENT, "NULL notice");
 
   float grad[64];
   for (int i = 0; i < 64; ++i) grad[i] = 0.001f * (float)(i + 1);
@@ -472,11 +477,69 @@ static int overrides(const char* spool_dir, const char* server) {
   return 0;
 }
 
+/* The loss-scale rules without an agent: GradScaler's and Megatron's defaults, updates, and
+ * changes validated as the built-in trainer validates them. */
+static int rules(void) {
+  ampscope_loss_scale_rule rule = AMPSCOPE_LOSS_SCALE_RULE_INIT;
+  ampscope_loss_scale_state state;
+  CHECK(1, ampscope_loss_scale_defaults(AMPSCOPE_SCALER_DYNAMIC, &rule, &state) == AMPSCOPE_OK,
+        "dynamic defaults");
+  CHECK(2, state.scale == 65536.0f && rule.growth_interval == 2000 && rule.backoff_factor == 0.5,
+        "GradScaler's defaults");
+  rule.growth_interval = 3;
+  CHECK(3, ampscope_loss_scale_update(&state, &rule, 1) == AMPSCOPE_OK && state.scale == 32768.0f,
+        "an overflow halves the scale");
+  for (int i = 0; i < 3; ++i) ampscope_loss_scale_update(&state, &rule, 0);
+  CHECK(4, state.scale == 65536.0f && state.growth_tracker == 0, "3 clean steps double it");
+
+  CHECK(5, ampscope_loss_scale_defaults(AMPSCOPE_SCALER_HYSTERESIS, &rule, &state) == AMPSCOPE_OK,
+        "hysteresis defaults");
+  CHECK(6, state.scale == 4294967296.0f && rule.hysteresis == 2 && state.hysteresis_tracker == 2 &&
+               rule.min_scale == 1.0f,
+        "Megatron's defaults");
+  ampscope_loss_scale_update(&state, &rule, 1);
+  CHECK(7, state.scale == 4294967296.0f && state.hysteresis_tracker == 1,
+        "the first overflow is tolerated");
+  ampscope_loss_scale_update(&state, &rule, 1);
+  CHECK(8, state.scale == 2147483648.0f, "the second backs off");
+
+  ampscope_scaler_change change = {0};
+  change.struct_size = sizeof(change);
+  change.has_scale = 1;
+  change.scale = 256.0;
+  change.has_hysteresis = 1;
+  change.hysteresis = 4;
+  char reason[128] = {0};
+  CHECK(9, ampscope_loss_scale_apply_change(&rule, &state, &change, reason, sizeof(reason)) ==
+               AMPSCOPE_OK,
+        reason);
+  CHECK(10, state.scale == 256.0f && rule.hysteresis == 4 && state.hysteresis_tracker == 4 &&
+                state.growth_tracker == 0,
+        "a new scale restarts the trackers");
+  change.has_scale = 0;
+  change.has_hysteresis = 0;
+  change.has_backoff_factor = 1;
+  change.backoff_factor = 1.5;
+  CHECK(11, ampscope_loss_scale_apply_change(&rule, &state, &change, reason, sizeof(reason)) ==
+                AMPSCOPE_INVALID_ARGUMENT,
+        "a backoff factor above 1 is refused");
+  CHECK(12, strstr(reason, "backoff_factor") != NULL && rule.backoff_factor == 0.5,
+        "the reason names it and nothing changed");
+  rule.kind = 9;
+  CHECK(13, ampscope_loss_scale_update(&state, &rule, 0) == AMPSCOPE_INVALID_ARGUMENT,
+        "an unknown kind");
+  CHECK(14, ampscope_loss_scale_defaults(9, &rule, &state) == AMPSCOPE_INVALID_ARGUMENT,
+        "an unknown kind has no defaults");
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 2 && strcmp(argv[1], "rules") == 0) return rules();
   if (argc == 3 && strcmp(argv[1], "exercise") == 0) return exercise(argv[2]);
   if (argc == 4 && strcmp(argv[1], "old-layouts") == 0) return old_layouts(argv[2], argv[3]);
   if (argc == 4 && strcmp(argv[1], "hello") == 0) return hello(argv[2], argv[3]);
   if (argc == 4 && strcmp(argv[1], "overrides") == 0) return overrides(argv[2], argv[3]);
-  fprintf(stderr, "usage: %s exercise|old-layouts|hello|overrides SPOOL_DIR [SERVER]\n", argv[0]);
+  fprintf(stderr, "usage: %s rules | exercise|old-layouts|hello|overrides SPOOL_DIR [SERVER]\n",
+          argv[0]);
   return 200;
 }

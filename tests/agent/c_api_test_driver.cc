@@ -108,17 +108,25 @@ TEST(CApiAbiTest, TheLibraryExportsOnlyTheCApi) {
     EXPECT_EQ(n.rfind("ampscope_", 0), 0u) << "exported: " << n;
   }
   for (const char* expected : {"ampscope_agent_abi_version", "ampscope_agent_create",
-                               "ampscope_agent_observe", "ampscope_agent_attach_overrides"}) {
+                               "ampscope_agent_observe", "ampscope_agent_attach_overrides",
+                               "ampscope_agent_add_notice", "ampscope_loss_scale_update",
+                               "ampscope_loss_scale_apply_change"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), expected), names.end()) << expected;
   }
   std::cout << names.size() << " symbols exported\n";
 }
+
+TEST(CApiTest, LossScaleRulesFromC) { run_c_trainer({"rules"}); }
 
 TEST(CApiTest, ExercisedFromC) {
   TempDir dir;
   run_c_trainer({"exercise", (dir / "spool").string()});
   const auto reports = testing::read_spool(dir / "spool", "c-api");
   ASSERT_EQ(reports.size(), 3u);
+  EXPECT_NE(std::find(reports[0].notices().begin(), reports[0].notices().end(),
+                      "c trainer: hello from C"),
+            reports[0].notices().end())
+      << "a caller's notice goes out with the first report";
   EXPECT_FALSE(reports[0].has_first_offender());
   ASSERT_TRUE(reports[1].has_first_offender());
   EXPECT_EQ(reports[1].first_offender().tensor(), "fc.weight.grad");

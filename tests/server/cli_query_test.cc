@@ -104,6 +104,19 @@ TEST_F(CliQueryTest, TailPrintsTheLatestAndFollows) {
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(json::parse(lines[0]).at("seq"), 6);
   EXPECT_EQ(json::parse(lines[2]).at("seq"), 8);
+  EXPECT_FALSE(json::parse(lines[0]).contains("tensors")) << "only with --tensors";
+
+  // --tensors: each report's tensors with their identity and counts.
+  const CommandResult t = cli({"tail", "run-cli", "-n", "1", "--json", "--tensors"});
+  ASSERT_EQ(t.code, 0) << t.err;
+  const json last = json::parse(lines_of(t.out).at(0));
+  ASSERT_EQ(last.at("tensors").size(), 2u) << t.out;
+  const json& first = last.at("tensors").at(0);
+  for (const char* key : {"name", "role", "phase", "dtype", "held", "order", "micro_step", "scale",
+                          "level", "numel", "zeros", "nan", "pos_inf", "neg_inf", "max_abs"}) {
+    EXPECT_TRUE(first.contains(key)) << key << ": " << first.dump();
+  }
+  EXPECT_GT(first.at("numel").get<std::uint64_t>(), 0u);
 
   // --follow: new reports appear as they are committed; --count ends it.
   auto follower = std::async(std::launch::async, [&] {

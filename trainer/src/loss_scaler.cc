@@ -26,29 +26,15 @@ ScalerConfig ScalerConfig::static_scale(float scale) {
   return c;
 }
 
-namespace {
-bool finite_positive(double x) { return std::isfinite(x) && x > 0.0; }
-}  // namespace
-
 std::string validate(const ScalerConfig& c) {
-  std::ostringstream os;
-  if (!(std::isfinite(c.max_scale) && c.max_scale > 0.0f)) {
-    os << "max_scale must be finite and > 0, got " << c.max_scale;
-  } else if (!(std::isfinite(c.min_scale) && c.min_scale >= 0.0f && c.min_scale <= c.max_scale)) {
-    os << "min_scale must be in [0, max_scale], got " << c.min_scale;
-  } else if (!finite_positive(c.init_scale) || c.init_scale < c.min_scale ||
-             c.init_scale > c.max_scale) {
+  if (std::string err = validate_loss_scale_rule(c); !err.empty()) return err;
+  if (!(std::isfinite(c.init_scale) && c.init_scale > 0.0f) || c.init_scale < c.min_scale ||
+      c.init_scale > c.max_scale) {
+    std::ostringstream os;
     os << "init_scale must be finite, > 0 and in [min_scale, max_scale], got " << c.init_scale;
-  } else if (!(std::isfinite(c.growth_factor) && c.growth_factor > 1.0)) {
-    os << "growth_factor must be finite and > 1, got " << c.growth_factor;
-  } else if (!(c.backoff_factor > 0.0 && c.backoff_factor < 1.0)) {
-    os << "backoff_factor must be in (0, 1), got " << c.backoff_factor;
-  } else if (c.growth_interval < 1) {
-    os << "growth_interval must be >= 1, got " << c.growth_interval;
-  } else if (c.hysteresis < 1) {
-    os << "hysteresis must be >= 1, got " << c.hysteresis;
+    return os.str();
   }
-  return os.str();
+  return {};
 }
 
 LossScaler::LossScaler(const ScalerConfig& config) {
@@ -77,38 +63,14 @@ std::int64_t ScalerHandle::next_step() const {
 }
 
 namespace {
-// The state after `u` is applied to `s` (not yet validated).
-ScalerState merged(const ScalerState& s, const ScalerUpdate& u) {
+// The state after `u` is applied to `s`, or a reason why it cannot be.
+std::string merged(const ScalerState& s, const ScalerUpdate& u, ScalerState* out) {
   ScalerState r = s;
-  auto& c = r.config;
-  if (u.kind) c.kind = *u.kind;
-  if (u.growth_factor) c.growth_factor = *u.growth_factor;
-  if (u.backoff_factor) c.backoff_factor = *u.backoff_factor;
-  if (u.growth_interval) c.growth_interval = *u.growth_interval;
-  if (u.hysteresis) c.hysteresis = *u.hysteresis;
-  if (u.min_scale) c.min_scale = *u.min_scale;
-  if (u.max_scale) c.max_scale = *u.max_scale;
-  if (u.scale) r.scale = *u.scale;
-  // A new scale or kind starts its trackers afresh; so does a change of interval or hysteresis.
-  if (u.scale || u.kind || u.growth_interval) r.growth_tracker = 0;
-  if (u.scale || u.kind || u.hysteresis) r.hysteresis_tracker = c.hysteresis;
+  if (std::string err = apply_loss_scale_change(&r.config, &r, u); !err.empty()) return err;
   // init_scale records the scale a restart would use: keep it inside the new bounds.
-  c.init_scale = r.scale;
-  return r;
-}
-
-std::string check_update(const ScalerState& s, const ScalerUpdate& u) {
-  if (u.scale && !(std::isfinite(*u.scale) && *u.scale > 0.0f)) {
-    return "scale must be finite and > 0";
-  }
-  const ScalerState r = merged(s, u);
-  if (r.scale < r.config.min_scale || r.scale > r.config.max_scale) {
-    std::ostringstream os;
-    os << "scale " << r.scale << " outside [min_scale " << r.config.min_scale << ", max_scale "
-       << r.config.max_scale << "]";
-    return os.str();
-  }
-  return validate(r.config);
+  r.config.init_scale = r.scale;
+  *out = r;
+  return {};
 }
 }  // namespace
 
@@ -121,7 +83,8 @@ std::string ScalerHandle::schedule(const ScalerUpdate& update) {
     return os.str();
   }
   // Checked against the current state; checked again when applied, on the state then.
-  if (std::string err = check_update(scaler_.state(), update); !err.empty()) return err;
+  ScalerState after;
+  if (std::string err = merged(scaler_.state(), update, &after); !err.empty()) return err;
   auto pos = std::upper_bound(pending_.begin(), pending_.end(), update,
                               [](const ScalerUpdate& a, const ScalerUpdate& b) {
                                 return a.effective_from_step < b.effective_from_step;
@@ -136,9 +99,9 @@ std::size_t ScalerHandle::pending_updates() const {
 }
 
 std::string ScalerHandle::apply_locked(const ScalerUpdate& update) {
-  const ScalerState current = scaler_.state();
-  if (std::string err = check_update(current, update); !err.empty()) return err;
-  scaler_.restore(merged(current, update));
+  ScalerState after;
+  if (std::string err = merged(scaler_.state(), update, &after); !err.empty()) return err;
+  scaler_.restore(after);
   return {};
 }
 

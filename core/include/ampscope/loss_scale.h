@@ -24,6 +24,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
+#include <sstream>
+#include <string>
 
 #include "ampscope/detail/hd.h"
 #include "ampscope/vocabulary.h"
@@ -131,6 +134,75 @@ AMPSCOPE_HD inline void update_loss_scale_state(LossScaleState& s, const LossSca
       return;
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Changing a scaler from outside (a policy's update, an operator's setting): every scaler that
+// takes changes (the trainer's, the C API's callers such as the PyTorch package) validates and
+// merges them with these two functions, so that they accept and refuse the same changes.
+
+// Empty when the rule is valid, otherwise a one-line reason naming the field.
+inline std::string validate_loss_scale_rule(const LossScaleRule& r) {
+  std::ostringstream os;
+  if (!(std::isfinite(r.max_scale) && r.max_scale > 0.0f)) {
+    os << "max_scale must be finite and > 0, got " << r.max_scale;
+  } else if (!(std::isfinite(r.min_scale) && r.min_scale >= 0.0f && r.min_scale <= r.max_scale)) {
+    os << "min_scale must be in [0, max_scale], got " << r.min_scale;
+  } else if (!(std::isfinite(r.growth_factor) && r.growth_factor > 1.0)) {
+    os << "growth_factor must be finite and > 1, got " << r.growth_factor;
+  } else if (!(r.backoff_factor > 0.0 && r.backoff_factor < 1.0)) {
+    os << "backoff_factor must be in (0, 1), got " << r.backoff_factor;
+  } else if (r.growth_interval < 1) {
+    os << "growth_interval must be >= 1, got " << r.growth_interval;
+  } else if (r.hysteresis < 1) {
+    os << "hysteresis must be >= 1, got " << r.hysteresis;
+  }
+  return os.str();
+}
+
+// A change; unset fields keep their value.
+struct LossScaleChange {
+  std::optional<ScalerKind> kind;
+  std::optional<float> scale;
+  std::optional<double> growth_factor;
+  std::optional<double> backoff_factor;
+  std::optional<std::int64_t> growth_interval;
+  std::optional<std::int32_t> hysteresis;
+  std::optional<float> min_scale;
+  std::optional<float> max_scale;
+};
+
+// Applies `change` to *rule and *state: a new scale or kind starts both trackers afresh, a new
+// interval the growth tracker, a new hysteresis the hysteresis tracker. Returns empty when the
+// result is valid (scale finite, > 0 and within [min_scale, max_scale]; the rule valid);
+// otherwise a one-line reason, and *rule and *state are unchanged.
+inline std::string apply_loss_scale_change(LossScaleRule* rule, LossScaleState* state,
+                                           const LossScaleChange& c) {
+  if (c.scale && !(std::isfinite(*c.scale) && *c.scale > 0.0f)) {
+    return "scale must be finite and > 0";
+  }
+  LossScaleRule r = *rule;
+  LossScaleState s = *state;
+  if (c.kind) r.kind = *c.kind;
+  if (c.growth_factor) r.growth_factor = *c.growth_factor;
+  if (c.backoff_factor) r.backoff_factor = *c.backoff_factor;
+  if (c.growth_interval) r.growth_interval = *c.growth_interval;
+  if (c.hysteresis) r.hysteresis = *c.hysteresis;
+  if (c.min_scale) r.min_scale = *c.min_scale;
+  if (c.max_scale) r.max_scale = *c.max_scale;
+  if (c.scale) s.scale = *c.scale;
+  if (c.scale || c.kind || c.growth_interval) s.growth_tracker = 0;
+  if (c.scale || c.kind || c.hysteresis) s.hysteresis_tracker = r.hysteresis;
+  if (s.scale < r.min_scale || s.scale > r.max_scale) {
+    std::ostringstream os;
+    os << "scale " << s.scale << " outside [min_scale " << r.min_scale << ", max_scale "
+       << r.max_scale << "]";
+    return os.str();
+  }
+  if (std::string err = validate_loss_scale_rule(r); !err.empty()) return err;
+  *rule = r;
+  *state = s;
+  return {};
 }
 
 // ---------------------------------------------------------------------------------------------

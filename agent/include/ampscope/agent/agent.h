@@ -144,6 +144,11 @@ class Agent {
   // process. Idempotent; a concurrent call waits for the first to finish.
   Status shutdown(std::chrono::milliseconds timeout) noexcept;
 
+  // A notice from the host (the trainer or a binding such as the PyTorch package): reported
+  // once in the next report, like the agent's own ("torch: hook on h0.mlp failed: ..."); cut to
+  // 512 bytes of printable ASCII. Any thread, any time. kInvalidArgument when empty.
+  Status add_notice(const std::string& text) noexcept;
+
   Counters counters() const noexcept;
   // Every notice raised so far ("cupti: unavailable: no CUDA device"), oldest first.
   std::vector<std::string> notices() const noexcept;

@@ -59,8 +59,10 @@
 /* The ABI this header describes; ampscope_agent_abi_version() returns the library's.
  *   1  the first versioned layouts (AMPSCOPE_*_SIZE_V1)
  *   2  tensor view: has_held/held; run info: min_scale, max_scale, hysteresis; step info:
- *      fp32_layers; ampscope_overrides_ops and ampscope_agent_attach_overrides */
-#define AMPSCOPE_AGENT_ABI_VERSION 2u
+ *      fp32_layers; ampscope_overrides_ops and ampscope_agent_attach_overrides
+ *   3  counters: refused_calls; ampscope_agent_add_notice; the loss-scale rules
+ *      (ampscope_loss_scale_*), so that a caller's own scaler runs the built-in one's rules */
+#define AMPSCOPE_AGENT_ABI_VERSION 3u
 
 /* Whether a struct `ptr` of type `type` carries `field` (its struct_size covers it). */
 #define AMPSCOPE_STRUCT_HAS(type, ptr, field) \
@@ -285,9 +287,33 @@ typedef struct ampscope_agent_counters {
   uint64_t policies_refused;
   double training_thread_s;
   int connected;
+  /* ABI 3: step calls refused by the threading contract (re-entry from a callback). */
+  uint64_t refused_calls;
 } ampscope_agent_counters;
 #define AMPSCOPE_AGENT_COUNTERS_INIT AMPSCOPE_STRUCT_INIT_(ampscope_agent_counters)
-#define AMPSCOPE_AGENT_COUNTERS_SIZE_V1 sizeof(ampscope_agent_counters)
+#define AMPSCOPE_AGENT_COUNTERS_SIZE_V1 offsetof(ampscope_agent_counters, refused_calls)
+
+/* ABI 3. A loss-scale rule (ampscope/loss_scale.h): everything of a scaler's configuration but
+ * the scale. Fill it with ampscope_loss_scale_defaults, then change fields. */
+typedef struct ampscope_loss_scale_rule {
+  uint32_t struct_size;     /* AMPSCOPE_LOSS_SCALE_RULE_INIT */
+  int32_t kind;             /* ampscope_scaler_kind */
+  double growth_factor;
+  double backoff_factor;
+  int64_t growth_interval;
+  int32_t hysteresis;       /* kind HYSTERESIS */
+  float min_scale;          /* 0: no floor */
+  float max_scale;          /* the largest finite FP32: no ceiling */
+} ampscope_loss_scale_rule;
+#define AMPSCOPE_LOSS_SCALE_RULE_INIT AMPSCOPE_STRUCT_INIT_(ampscope_loss_scale_rule)
+#define AMPSCOPE_LOSS_SCALE_RULE_SIZE_V1 sizeof(ampscope_loss_scale_rule)
+
+/* ABI 3. A scaler's moving state: plain data of a fixed layout (16 bytes), no struct_size. */
+typedef struct ampscope_loss_scale_state {
+  float scale;
+  int32_t hysteresis_tracker;
+  int64_t growth_tracker;
+} ampscope_loss_scale_state;
 
 /* The library's AMPSCOPE_AGENT_ABI_VERSION (it may be newer than the caller's header). */
 AMPSCOPE_API uint32_t ampscope_agent_abi_version(void);
@@ -336,6 +362,31 @@ AMPSCOPE_API ampscope_status ampscope_agent_get_counters(const ampscope_agent* a
 AMPSCOPE_API size_t ampscope_agent_notice_count(const ampscope_agent* agent);
 AMPSCOPE_API const char* ampscope_agent_notice(ampscope_agent* agent, size_t index);
 AMPSCOPE_API const char* ampscope_agent_last_error(const ampscope_agent* agent);
+/* ABI 3. A notice from the caller ("torch: hook on h0.mlp failed: ..."), reported once in the
+ * next report and listed by ampscope show, like the agent's own; cut to 512 bytes of printable
+ * ASCII. Any thread. AMPSCOPE_INVALID_ARGUMENT when NULL or empty. */
+AMPSCOPE_API ampscope_status ampscope_agent_add_notice(ampscope_agent* agent, const char* text);
+
+/* ABI 3. The loss-scale rules, as the built-in trainer and the CUDA kernel run them. They need
+ * no agent; on failure `reason` (when not NULL; NUL-terminated, at most reason_size bytes)
+ * says why.
+ * defaults: the rule and starting state of a kind: STATIC and DYNAMIC PyTorch GradScaler's
+ * (scale 2^16, x2, x0.5, every 2000 steps), HYSTERESIS Megatron-LM's (2^32, x2, x0.5, every
+ * 1000 steps, hysteresis 2, min 1). rule->struct_size must be set (its _INIT macro). */
+AMPSCOPE_API ampscope_status ampscope_loss_scale_defaults(int32_t kind,
+                                                          ampscope_loss_scale_rule* rule,
+                                                          ampscope_loss_scale_state* state);
+/* One update after an effective batch, found_inf nonzero when its gradients held an Inf/NaN. */
+AMPSCOPE_API ampscope_status ampscope_loss_scale_update(ampscope_loss_scale_state* state,
+                                                        const ampscope_loss_scale_rule* rule,
+                                                        int found_inf);
+/* Applies a change (the has_* fields that are set) to *rule and *state, validated as the
+ * built-in trainer validates a policy update: on failure both are unchanged. The change's
+ * effective_from_step is not read. */
+AMPSCOPE_API ampscope_status ampscope_loss_scale_apply_change(ampscope_loss_scale_rule* rule,
+                                                              ampscope_loss_scale_state* state,
+                                                              const ampscope_scaler_change* change,
+                                                              char* reason, size_t reason_size);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -53,18 +53,11 @@ class LossScaler {
   ScalerState state_;
 };
 
-// A change an outside controller asks for; unset fields keep their value. Applied at the start
-// of the first step >= effective_from_step.
-struct ScalerUpdate {
+// A change an outside controller asks for (ampscope/loss_scale.h's rules for merging and
+// validating it); unset fields keep their value. Applied at the start of the first step >=
+// effective_from_step.
+struct ScalerUpdate : LossScaleChange {
   std::int64_t effective_from_step = 0;
-  std::optional<ScalerKind> kind;
-  std::optional<float> scale;
-  std::optional<double> growth_factor;
-  std::optional<double> backoff_factor;
-  std::optional<std::int64_t> growth_interval;
-  std::optional<int> hysteresis;
-  std::optional<float> min_scale;
-  std::optional<float> max_scale;
 };
 
 // The trainer's scaler behind a lock: the training thread calls begin_step()/scale()/end_step();
