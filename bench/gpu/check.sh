@@ -14,7 +14,11 @@
 #   7 loss          amp-fp16 training on the GPU vs the CPU run of the same seed
 #   8 tensor cores  matmul-heavy amp-fp16 run and an FP32 control (no tensor-core math) with the
 #                   agent's CUPTI collector reporting to a local ampscope-server
-#   9 results       one JSON file (default: <build dir>/gpu_check.json)
+#   9 pytorch       ampscope.torch with torch.cuda.amp.GradScaler on the GPU against the CPU's
+#                   counts (tests/python/torch_cuda_test.py), when the whole project was built
+#                   and an interpreter with CUDA torch is found (AMPSCOPE_GPU_CHECK_PYTHON,
+#                   else python3)
+#  10 results       one JSON file (default: <build dir>/gpu_check.json)
 # Each step has a time limit; the whole run is meant to take under 8 minutes on a 16-core host
 # (most of it is compiling). On failure it prints the step where it stopped, and still writes
 # what it measured. Exit 0 only when every step passed.
@@ -404,7 +408,24 @@ else
   end_step skipped "tensor_core_active_ratio not measured: ${TC_REASON:-see not_measured_because in the results}"
 fi
 
-# ---- 9 results -----------------------------------------------------------------------------------
+# ---- 9 pytorch -----------------------------------------------------------------------------------
+begin pytorch
+PY="${AMPSCOPE_GPU_CHECK_PYTHON:-python3}"
+AGENT_SO=$(find "$BUILD" -name libampscope_agent.so -type f 2>/dev/null | head -1)
+if [ "$HAVE_SERVER" != 1 ] || [ -z "$AGENT_SO" ]; then
+  end_step skipped "needs the whole-project build (ampscope-server, libampscope_agent.so)"
+elif ! timeout 60 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  end_step skipped "$PY has no torch with CUDA"
+else
+  PYTHONPATH="$ROOT/python" AMPSCOPE_AGENT_LIBRARY="$AGENT_SO" AMPSCOPE_SERVER_BIN="$SERVER_BIN" \
+    AMPSCOPE_CLI_BIN="$CLI_BIN" timeout 300 "$PY" "$ROOT/tests/python/torch_cuda_test.py" \
+    >"$WORK/pytorch.txt" 2>&1
+  rc=$?
+  put pytorch "{\"exit\": $rc, \"last_line\": $(jstr "$(tail -1 "$WORK/pytorch.txt")")}"
+  if [ $rc -eq 0 ]; then end_step ok "$(tail -1 "$WORK/pytorch.txt")"; else end_step failed "exit $rc (output in $WORK/pytorch.txt)"; fi
+fi
+
+# ---- 10 results ----------------------------------------------------------------------------------
 DONE=1
 STEP=results
 write_results

@@ -1,0 +1,265 @@
+"""One ampscope agent over the C API (libampscope_agent.so): the Python face of
+ampscope_agent_*, with Python types, errors as exceptions where a caller can act on them
+(creation) and statuses everywhere a training loop is running (the step calls never raise).
+
+    agent = Agent(run_id="r1", server="127.0.0.1:50051", options={"sample_full_every": 10},
+                  trainer="my-trainer 1.0", precision="amp-bf16",
+                  compute_format=_capi.FORMAT_BF16)
+    if agent.begin_step(0):
+        agent.observe(name, role, phase, dtype, data_ptr, numel, ...)
+    agent.end_step(step=0, loss=2.3, ...)
+    agent.close(timeout_s=10)
+
+Thread safety: the step calls may come from any thread (the agent serialises them); close()
+once, after the last step call.
+"""
+
+import ctypes
+import socket
+import threading
+
+from . import _capi
+
+
+class AgentError(RuntimeError):
+    """The agent could not be created (its message says why)."""
+
+
+def _encode(value, what):
+    if isinstance(value, bool):
+        return b"1" if value else b"0"
+    if isinstance(value, (int, float, str)):
+        return str(value).encode()
+    raise TypeError(f"{what} must be a str, int, float or bool, got {type(value).__name__}")
+
+
+class Agent:
+    def __init__(self, *, run_id, server=None, options=None, trainer="", precision="",
+                 compute_format=_capi.FORMAT_FP16, scaler_settings=None):
+        """Creates and starts the agent. The environment (AMPSCOPE_SERVER, AMPSCOPE_RUN_ID,
+        AMPSCOPE_SAMPLE_FULL_EVERY, ...) is applied first; run_id, server and `options` (the
+        agent's option keys: "sample_full_every", "spool_dir", ...) override it. Raises
+        ValueError for a bad option (naming it) and AgentError when the agent cannot start."""
+        self._lib = _capi.library()
+        lib = self._lib
+        config = ctypes.c_void_p()
+        if lib.ampscope_agent_config_create(ctypes.byref(config)) != _capi.OK:
+            raise AgentError("ampscope: could not allocate an agent configuration")
+        try:
+            if lib.ampscope_agent_config_apply_env(config) != _capi.OK:
+                raise ValueError("ampscope: environment: " + self._config_error(config))
+            settings = dict(options or {})
+            if run_id is not None:
+                settings["run_id"] = run_id
+            if server is not None:
+                settings["server"] = server
+            for key, value in settings.items():
+                if not isinstance(key, str):
+                    raise TypeError(f"options keys must be str, got {type(key).__name__}")
+                if lib.ampscope_agent_config_set(config, key.encode(),
+                                                 _encode(value, f"options[{key!r}]")) != _capi.OK:
+                    raise ValueError(f"options[{key!r}]: " + self._config_error(config))
+            run = _capi.new(_capi.RunInfo)
+            run.host = socket.gethostname().encode()
+            run.trainer = trainer.encode()
+            run.precision = precision.encode()
+            run.compute_format = compute_format
+            s = scaler_settings or {}
+            run.scaler_kind = s.get("kind", _capi.SCALER_STATIC)
+            run.loss_scale = s.get("scale", 1.0)
+            run.growth_factor = s.get("growth_factor", 0.0)
+            run.backoff_factor = s.get("backoff_factor", 0.0)
+            run.growth_interval = s.get("growth_interval", 0)
+            run.min_scale = s.get("min_scale", 0.0)
+            run.max_scale = s.get("max_scale", 0.0)
+            run.hysteresis = s.get("hysteresis", 0)
+            handle = ctypes.c_void_p()
+            if lib.ampscope_agent_create(config, ctypes.byref(run),
+                                         ctypes.byref(handle)) != _capi.OK:
+                raise AgentError("ampscope: the agent could not start: " +
+                                 self._config_error(config))
+        finally:
+            lib.ampscope_agent_config_destroy(config)
+        self._handle = handle
+        self._callbacks = []  # ctypes callbacks and ops structs kept alive for the agent
+        self._local = threading.local()
+        self._closed = False
+
+    def _config_error(self, config):
+        e = self._lib.ampscope_agent_config_last_error(config)
+        return e.decode(errors="replace") if e else "unknown error"
+
+    def last_error(self):
+        e = self._lib.ampscope_agent_last_error(self._handle)
+        return e.decode(errors="replace") if e else ""
+
+    # -- controls -------------------------------------------------------------------------
+
+    def attach_scaler(self, schedule, scale, min_scale=0.0, max_scale=0.0):
+        """schedule(change: dict, step: int) -> None or a reason (str); scale() -> float.
+        Both are called on agent threads: schedule from begin_step, scale also from the
+        sender thread. Returns the status."""
+
+        def c_schedule(_user, change, reason, reason_size):
+            try:
+                c = change.contents
+                why = schedule(c.fields(), c.effective_from_step)
+            except Exception as e:  # a reason for the server, never an exception into C
+                why = f"{type(e).__name__}: {e}"
+            if not why:
+                return 0
+            _write_reason(why, reason, reason_size)
+            return 1
+
+        def c_scale(_user):
+            try:
+                return float(scale())
+            except Exception:
+                return 1.0
+
+        ops = _capi.new(_capi.ScalerOps)
+        ops.schedule = _capi.SCHEDULE_FN(c_schedule)
+        ops.scale = _capi.SCALE_FN(c_scale)
+        ops.min_scale = min_scale
+        ops.max_scale = max_scale
+        self._callbacks.append(ops)
+        return self._lib.ampscope_agent_attach_scaler(self._handle, ctypes.byref(ops), None)
+
+    def attach_overrides(self, capable_layers, replace):
+        """capable_layers: the layer names the FP32 fallback may use. replace(layers: list,
+        from_step: int) -> None or a reason (str), called from begin_step of from_step."""
+        names = [n.encode() for n in capable_layers]
+        array = (ctypes.c_char_p * max(1, len(names)))(*names)
+
+        def c_capable(_user, out, capacity):
+            for i in range(min(capacity, len(names))):
+                out[i] = array[i]
+            return len(names)
+
+        def c_replace(_user, layers, num_layers, from_step, reason, reason_size):
+            try:
+                chosen = [layers[i].decode(errors="replace") for i in range(num_layers)]
+                why = replace(chosen, from_step)
+            except Exception as e:
+                why = f"{type(e).__name__}: {e}"
+            if not why:
+                return 0
+            _write_reason(why, reason, reason_size)
+            return 1
+
+        ops = _capi.new(_capi.OverridesOps)
+        ops.capable_layers = _capi.CAPABLE_FN(c_capable)
+        ops.replace = _capi.REPLACE_FN(c_replace)
+        self._callbacks.append((ops, array, names))
+        return self._lib.ampscope_agent_attach_overrides(self._handle, ctypes.byref(ops), None)
+
+    # -- step calls (never raise) ------------------------------------------------------------
+
+    def begin_step(self, step):
+        return bool(self._lib.ampscope_agent_begin_step(self._handle, step))
+
+    def _view(self):
+        v = getattr(self._local, "view", None)
+        if v is None:
+            v = self._local.view = _capi.new(_capi.TensorView)
+        return v
+
+    def observe(self, name, role, phase, dtype, data, numel, *, device=_capi.DEVICE_CPU,
+                stream=None, scale=1.0, micro_step=0, order=0, held=None):
+        """name: bytes. data: the address of numel contiguous elements. Returns the status."""
+        v = self._view()
+        v.name = name
+        v.role = role
+        v.phase = phase
+        v.dtype = dtype
+        v.data = data
+        v.numel = numel
+        v.device = device
+        v.stream = stream
+        v.scale = scale
+        v.micro_step = micro_step
+        v.order = order
+        if held is None:
+            v.has_held = 0
+        else:
+            v.has_held = 1
+            v.held = held
+        return self._lib.ampscope_agent_observe(self._handle, ctypes.byref(v))
+
+    def mark_phase(self, phase):
+        return self._lib.ampscope_agent_mark_phase(self._handle, phase)
+
+    def end_step(self, *, step, loss=0.0, loss_scale=1.0, scale_after=1.0, found_inf=False,
+                 skipped=False, grad_norm=0.0, lr=0.0, tokens=0, step_time_s=0.0,
+                 optimizer_steps=0, val_loss=None, fp32_layers=()):
+        info = _capi.new(_capi.StepInfo)
+        info.step = step
+        info.loss = loss
+        info.loss_scale = loss_scale
+        info.scale_after = scale_after
+        info.found_inf = int(bool(found_inf))
+        info.skipped = int(bool(skipped))
+        info.grad_norm = grad_norm
+        info.lr = lr
+        info.tokens = tokens
+        info.step_time_s = step_time_s
+        info.optimizer_steps = optimizer_steps
+        if val_loss is not None:
+            info.has_val_loss = 1
+            info.val_loss = val_loss
+        layers = None
+        if fp32_layers:
+            names = [n.encode() for n in fp32_layers]
+            layers = (ctypes.c_char_p * len(names))(*names)
+            info.fp32_layers = layers
+            info.num_fp32_layers = len(names)
+        return self._lib.ampscope_agent_end_step(self._handle, ctypes.byref(info))
+
+    # -- any thread ---------------------------------------------------------------------------
+
+    def add_notice(self, text):
+        """Reports `text` once (deduplicated), as ampscope show lists the agent's notices."""
+        if self._closed or not text:
+            return _capi.INVALID_ARGUMENT
+        data = text.encode("ascii", errors="replace")
+        return self._lib.ampscope_agent_add_notice(self._handle, data)
+
+    def flush(self, timeout_s=10.0):
+        """Waits until everything so far is acknowledged by the server; True when it was."""
+        if self._closed:
+            return False
+        return self._lib.ampscope_agent_flush(self._handle, int(timeout_s * 1000)) == _capi.OK
+
+    def counters(self):
+        c = _capi.new(_capi.Counters)
+        if self._closed or self._lib.ampscope_agent_get_counters(self._handle,
+                                                                 ctypes.byref(c)) != _capi.OK:
+            return {}
+        return c.as_dict()
+
+    def notices(self):
+        if self._closed:
+            return []
+        out = []
+        for i in range(self._lib.ampscope_agent_notice_count(self._handle)):
+            n = self._lib.ampscope_agent_notice(self._handle, i)
+            if n is not None:
+                out.append(n.decode(errors="replace"))
+        return out
+
+    def close(self, timeout_s=10.0):
+        """Flushes for up to timeout_s, stops the agent and frees it. Idempotent. Returns True
+        when everything was acknowledged (what was not stays in the spool for the next run)."""
+        if self._closed:
+            return True
+        self._closed = True
+        status = self._lib.ampscope_agent_destroy(self._handle, int(timeout_s * 1000))
+        self._handle = None
+        return status == _capi.OK
+
+
+def _write_reason(text, buffer, size):
+    if not buffer or size == 0:
+        return
+    data = text.encode("ascii", errors="replace")[: size - 1] + b"\0"
+    ctypes.memmove(buffer, data, len(data))

@@ -1,0 +1,557 @@
+"""The monitor: an ampscope agent attached to a PyTorch model, optimizer and loss scaler.
+
+What it hooks (all removed again by Monitor.close()):
+  - a forward pre-hook on the model: the first training forward after a step ended begins the
+    next step (agent begin_step); later forwards in the same step are micro-batches;
+  - a forward hook on every leaf module: its floating outputs are activations (named after the
+    module, `named_modules`), and a hook on each output that requires grad gives the activation
+    gradient ("NAME.grad");
+  - the scaler (ampscope.torch._scaler adapters): the loss at scale(), the weight gradients
+    before (scaled) and after unscale_, found_inf, the scale before and after update(), which
+    ends the step;
+  - optimizer.step: counts optimizer steps (and ends the step when there is no scaler);
+  - scheduler.step, when a scheduler is given: advances only when the optimizer stepped;
+  - module.forward of the layers the server moves to FP32 (installed when a PolicyUpdate names
+    them): outside autocast, floating inputs cast to FP32.
+Every hook body is guarded: an exception becomes a notice (Agent.add_notice), never an
+exception in the training loop. Tensors are handed to the agent by address (data_ptr), with no
+host synchronisation: CUDA tensors are measured on the agent's side stream, ordered after the
+tensor's producer on the current stream, and the current stream waits for the measurement before
+its next kernel, so neither later in-place updates nor the caching allocator (which reuses
+memory in stream order) can change the memory under it.
+"""
+
+import contextlib
+import functools
+import itertools
+import threading
+import time
+import weakref
+
+import torch
+
+from .. import _capi
+from .._agent import Agent
+from . import _scaler
+
+_FORMATS = {torch.float32: _capi.FORMAT_FP32, torch.float16: _capi.FORMAT_FP16,
+            torch.bfloat16: _capi.FORMAT_BF16}
+for _name, _fmt in (("float8_e4m3fn", _capi.FORMAT_E4M3), ("float8_e5m2", _capi.FORMAT_E5M2)):
+    if hasattr(torch, _name):
+        _FORMATS[getattr(torch, _name)] = _fmt
+_PRECISIONS = {torch.float16: ("amp-fp16", _capi.FORMAT_FP16),
+               torch.bfloat16: ("amp-bf16", _capi.FORMAT_BF16),
+               torch.float32: ("fp32", _capi.FORMAT_FP32)}
+# Parameters of these modules reach their gradient in FP32 under autocast (autocast runs them in
+# FP32 or leaves them alone), so their gradients are not held in the compute format.
+_FP32_MODULES = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.Embedding,
+                 torch.nn.EmbeddingBag, torch.nn.modules.batchnorm._BatchNorm)
+
+
+def _dense_start(t):
+    """The address of t's elements when they fill one block of memory (contiguous, or a
+    permutation of contiguous dimensions), else None."""
+    if t.is_contiguous():
+        return t.data_ptr()
+    dims = sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1)
+    expected = 1
+    for st, sz in dims:
+        if st != expected:
+            return None
+        expected *= sz
+    return t.data_ptr()
+
+
+class Monitor:
+    """Returned by attach(). Public: step(i), loss(tensor), flush(), counters(), notices(),
+    close(). Nothing here raises into the training loop once attach() returned."""
+
+    def __init__(self, model, optimizer, scaler, scheduler, agent, *, start_step, master_weights,
+                 compute_format, named_params):
+        self._model = model
+        self._optimizer = optimizer
+        self._scheduler = scheduler
+        self._agent = agent
+        self._adapter = scaler
+        self._compute_format = compute_format
+        self._master_weights = master_weights
+        self._next_step = start_step
+        self._lock = threading.RLock()  # the monitor's step state (hooks run on autograd threads)
+        self._in_step = False
+        self._explicit = False
+        self._wanted = False
+        self._step = start_step
+        self._micro = 0
+        self._order = itertools.count()
+        self._t0 = 0.0
+        self._losses = []
+        self._optimizer_steps = 0
+        self._last_skipped = False  # this step's optimizer step was skipped
+        self._prev_skipped = False  # the step that ended last was skipped (for the scheduler)
+        self._update = None  # (found_inf, scale_before, scale_after) of the step's update()
+        self._fp32_active = set()
+        self._policy_log = []  # what the agent applied, or was refused, and at which step
+        self._wrapped_forwards = {}
+        self._handles = []
+        self._restores = []
+        self._closed = False
+        self._param_names = named_params  # id(param) -> (bytes name, held format or None)
+        self._leaf_names = {}
+        for name, module in model.named_modules():
+            if name and not any(True for _ in module.children()):
+                self._leaf_names[module] = name
+        self._capable = list(self._leaf_names.values())
+        self._modules_by_name = {n: m for m, n in self._leaf_names.items()}
+        self._encoded = {}
+
+    # -- wiring --------------------------------------------------------------------------------
+
+    def _install(self):
+        self._handles.append(self._model.register_forward_pre_hook(self._guard(
+            "forward pre-hook", self._on_root_forward)))
+        for module, name in self._leaf_names.items():
+            self._handles.append(module.register_forward_hook(self._guard(
+                "forward hook on " + name, self._make_forward_hook(name))))
+        if self._adapter is not None:
+            self._adapter.install(self)
+            a = self._adapter
+            status = self._agent.attach_scaler(self._schedule, a.current_scale)
+            if status != _capi.OK:
+                self._notice("torch: the scaler could not be attached: " +
+                             self._agent.last_error())
+        if self._capable:
+            status = self._agent.attach_overrides(self._capable, self._replace_fp32)
+            if status != _capi.OK:
+                self._notice("torch: FP32 fallback unavailable: " + self._agent.last_error())
+        if self._optimizer is not None:
+            self._wrap(self._optimizer, "step", self._optimizer_step)
+        if self._scheduler is not None:
+            self._wrap(self._scheduler, "step", self._scheduler_step)
+
+    def _wrap(self, obj, attr, wrapper):
+        original = getattr(obj, attr)
+        had_own = attr in vars(obj)
+
+        @functools.wraps(original)  # keeps marks such as the LR scheduler's _with_counter
+        def call(*args, **kwargs):
+            return wrapper(original, *args, **kwargs)
+
+        setattr(obj, attr, call)
+
+        def restore():
+            if had_own:
+                setattr(obj, attr, original)
+            else:
+                with contextlib.suppress(AttributeError):
+                    delattr(obj, attr)
+
+        self._restores.append(restore)
+
+    def _guard(self, where, fn):
+        def guarded(*args, **kwargs):
+            if self._closed:
+                return None
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:  # the training loop never sees the monitor's failures
+                self.on_error(where, e)
+                return None
+        return guarded
+
+    def on_error(self, where, exc):
+        """A hook failed: one notice per distinct failure (shown by ampscope show)."""
+        self._notice(f"torch: {where} failed: {type(exc).__name__}: {exc}")
+
+    def _notice(self, text):
+        with contextlib.suppress(Exception):
+            self._agent.add_notice(text)
+
+    def _name(self, text):
+        b = self._encoded.get(text)
+        if b is None:
+            b = self._encoded[text] = text.encode()
+        return b
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def _begin(self, step):
+        self._in_step = True
+        self._step = step
+        self._micro = 0
+        self._order = itertools.count()
+        self._losses = []
+        self._update = None
+        self._t0 = time.perf_counter()
+        self._wanted = self._agent.begin_step(step)  # may apply a policy (scale, FP32 set)
+        if self._wanted:
+            self._agent.mark_phase(_capi.STEP_PHASE_FORWARD)
+            if self._master_weights:
+                self._observe_params(_capi.ROLE_MASTER_WEIGHT, _capi.PHASE_STEP_START, 1.0,
+                                     grads=False)
+
+    def _end(self):
+        if not self._in_step:
+            return
+        found_inf, before, after = self._update or (False, self._scale_now(), self._scale_now())
+        loss = 0.0
+        if self._losses:
+            loss = float(torch.stack([x.float().reshape(()) for x in self._losses]).mean())
+        lr = 0.0
+        if self._optimizer is not None and self._optimizer.param_groups:
+            lr = float(self._optimizer.param_groups[0].get("lr", 0.0))
+        step = self._step
+        self._in_step = False
+        self._wanted = False
+        self._next_step = step + 1
+        skipped = self._last_skipped or (self._adapter is not None and found_inf)
+        self._prev_skipped = skipped
+        self._agent.end_step(step=step, loss=loss, loss_scale=before, scale_after=after,
+                             found_inf=found_inf, skipped=skipped, lr=lr,
+                             step_time_s=time.perf_counter() - self._t0,
+                             optimizer_steps=self._optimizer_steps,
+                             fp32_layers=sorted(self._fp32_active))
+        self._last_skipped = False
+
+    def _scale_now(self):
+        return self._adapter.current_scale() if self._adapter is not None else 1.0
+
+    @contextlib.contextmanager
+    def step(self, step):
+        """`with mon.step(i):` marks step i's boundaries explicitly (for loops whose steps the
+        monitor cannot see: no scaler and no optimizer, or several forwards outside a step)."""
+        with self._lock:
+            try:
+                if self._in_step:
+                    self._end()
+                self._explicit = True
+                self._begin(int(step))
+            except Exception as e:
+                self.on_error("step begin", e)
+        try:
+            yield self
+        finally:
+            with self._lock:
+                try:
+                    self._end()
+                except Exception as e:
+                    self.on_error("step end", e)
+                self._explicit = False
+
+    def loss(self, loss):
+        """Reports the step's loss (a tensor) where no scaler's scale() sees it."""
+        try:
+            self.on_scale(loss, self._scale_now(), reported=True)
+        except Exception as e:
+            self.on_error("loss", e)
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    def _on_root_forward(self, module, inputs):
+        if not module.training or not torch.is_grad_enabled():
+            return  # evaluation: not a training step
+        with self._lock:
+            if not self._in_step:
+                if self._explicit:
+                    return
+                self._begin(self._next_step)
+            else:
+                self._micro += 1
+
+    def _make_forward_hook(self, name):
+        grad_name = self._name(name + ".grad")
+        names = [self._name(name)]
+
+        def hook(module, inputs, output):
+            if not (self._in_step and self._wanted):
+                return None
+            outputs = output if isinstance(output, (tuple, list)) else (output,)
+            k = 0
+            for t in outputs:
+                if not (isinstance(t, torch.Tensor) and t.dtype in _FORMATS):
+                    continue
+                while len(names) <= k:
+                    names.append(self._name(f"{name}.{len(names)}"))
+                self._observe(names[k], _capi.ROLE_ACTIVATION, _capi.PHASE_FORWARD, t, 1.0)
+                if t.requires_grad:
+                    gname = grad_name if k == 0 else self._name(f"{name}.{k}.grad")
+                    t.register_hook(self._guard("gradient hook on " + name,
+                                                self._make_grad_hook(gname)))
+                k += 1
+            return None
+        return hook
+
+    def _make_grad_hook(self, gname):
+        def hook(grad):
+            if self._in_step and self._wanted and grad is not None and grad.dtype in _FORMATS:
+                self._observe(gname, _capi.ROLE_ACTIVATION_GRAD, _capi.PHASE_BACKWARD, grad,
+                              self._scale_now())
+            return None
+        return hook
+
+    def _observe(self, name, role, phase, t, scale, held=None):
+        t = t.detach()
+        start = _dense_start(t)
+        if start is None:
+            t = t.contiguous()  # a strided view: measured on a dense copy
+            start = t.data_ptr()
+        if t.is_cuda:
+            device = _capi.DEVICE_CUDA
+            stream = torch.cuda.current_stream(t.device).cuda_stream
+        else:
+            device, stream = _capi.DEVICE_CPU, None
+        self._agent.observe(name, role, phase, _FORMATS[t.dtype], start, t.numel(),
+                            device=device, stream=stream, scale=scale, micro_step=self._micro,
+                            order=next(self._order), held=held)
+
+    def _observe_params(self, role, phase, scale, grads=True):
+        if self._optimizer is not None:
+            params = (p for g in self._optimizer.param_groups for p in g["params"])
+        else:
+            params = self._model.parameters()
+        for p in params:
+            t = p.grad if grads else p
+            if t is None or t.dtype not in _FORMATS:
+                continue
+            name, held = self._param_names.get(id(p), (None, None))
+            if name is None:
+                name = self._name(f"param{len(self._param_names)}")
+                self._param_names[id(p)] = (name, None)
+            self._observe(name, role, phase, t, scale, held=held if grads else None)
+
+    # The scaler adapter's hooks (ampscope.torch._scaler).
+
+    def on_scale(self, loss, scale, reported=False):
+        if not isinstance(loss, torch.Tensor) or not self._in_step:
+            return
+        self._losses.append(loss.detach())
+        if self._wanted and loss.dtype in _FORMATS:
+            self._observe(self._name("loss"), _capi.ROLE_LOSS, _capi.PHASE_FORWARD, loss, 1.0)
+        if self._wanted and not reported:
+            self._agent.mark_phase(_capi.STEP_PHASE_BACKWARD)
+
+    def before_unscale(self, optimizer, scale):
+        if self._in_step and self._wanted:
+            self._agent.mark_phase(_capi.STEP_PHASE_UNSCALE_CHECK)
+            self._observe_params(_capi.ROLE_WEIGHT_GRAD, _capi.PHASE_BACKWARD, scale)
+
+    def after_unscale(self, optimizer):
+        if self._in_step and self._wanted:
+            self._observe_params(_capi.ROLE_WEIGHT_GRAD, _capi.PHASE_AFTER_UNSCALE, 1.0)
+
+    def after_step(self, optimizer, skipped):
+        self._last_skipped = bool(skipped)
+
+    def on_update(self, found_inf, scale_before, scale_after):
+        with self._lock:
+            self._update = (bool(found_inf), float(scale_before), float(scale_after))
+            if not self._explicit:
+                self._end()
+
+    # Optimizer and scheduler wrappers.
+
+    def _optimizer_step(self, original, *args, **kwargs):
+        if self._adapter is None:
+            self._guard("optimizer step", self._before_plain_step)()
+        result = original(*args, **kwargs)
+        self._optimizer_steps += 1
+        if self._adapter is None:
+            self._guard("optimizer step", self._after_plain_step)()
+        return result
+
+    def _before_plain_step(self):
+        if self._in_step and self._wanted:
+            self._agent.mark_phase(_capi.STEP_PHASE_OPTIMIZER)
+            self._observe_params(_capi.ROLE_WEIGHT_GRAD, _capi.PHASE_BACKWARD, 1.0)
+
+    def _after_plain_step(self):
+        with self._lock:
+            if not self._explicit:
+                self._end()
+
+    def _scheduler_step(self, original, *args, **kwargs):
+        if self._prev_skipped:
+            self._prev_skipped = False
+            return None  # the learning rate advances with optimizer steps only
+        return original(*args, **kwargs)
+
+    # -- policy (called by the agent from begin_step, on the training thread) -----------------
+
+    def _schedule(self, fields, step):
+        reason = self._adapter.apply_change(fields)
+        self._policy_log.append({"step": step, "scaler": dict(fields), "refused": reason})
+        return reason
+
+    def _replace_fp32(self, layers, from_step):
+        unknown = [n for n in layers if n not in self._modules_by_name]
+        if unknown:
+            return "not a leaf module of the model: " + ", ".join(unknown[:4])
+        for name in layers:
+            if name not in self._wrapped_forwards:
+                self._wrap_fp32(name, self._modules_by_name[name])
+        self._fp32_active = set(layers)
+        self._policy_log.append({"step": from_step, "fp32_layers": sorted(layers),
+                                 "refused": None})
+        return None
+
+    def _wrap_fp32(self, name, module):
+        original = module.forward
+        monitor = self
+
+        def forward(*args, **kwargs):
+            if name not in monitor._fp32_active:
+                return original(*args, **kwargs)
+            with contextlib.ExitStack() as stack:
+                if torch.is_autocast_enabled():
+                    stack.enter_context(torch.autocast("cuda", enabled=False))
+                if torch.is_autocast_cpu_enabled():
+                    stack.enter_context(torch.autocast("cpu", enabled=False))
+                return original(*_to_fp32(args), **_to_fp32(kwargs))
+
+        module.forward = forward
+        self._wrapped_forwards[name] = module
+
+        def restore():
+            with contextlib.suppress(AttributeError):
+                del module.forward
+
+        self._restores.append(restore)
+
+    # -- public --------------------------------------------------------------------------------
+
+    @property
+    def agent(self):
+        return self._agent
+
+    @property
+    def policy_log(self):
+        """The server's changes as they reached this process, oldest first: dicts with "step"
+        (the step they govern from), "scaler" (the fields changed) or "fp32_layers" (the new FP32
+        set), and "refused" (None, or why the scaler refused)."""
+        return list(self._policy_log)
+
+    def flush(self, timeout_s=10.0):
+        """Waits until the server acknowledged everything so far; True when it did."""
+        return self._agent.flush(timeout_s)
+
+    def counters(self):
+        return self._agent.counters()
+
+    def notices(self):
+        return self._agent.notices()
+
+    def close(self, timeout_s=10.0):
+        """Removes every hook and wrapper, ends a step left open, flushes for up to timeout_s
+        and stops the agent. Idempotent; True when everything was acknowledged."""
+        if self._closed:
+            return True
+        with self._lock:
+            with contextlib.suppress(Exception):
+                self._end()
+            self._closed = True
+        for h in self._handles:
+            with contextlib.suppress(Exception):
+                h.remove()
+        for restore in reversed(self._restores):
+            with contextlib.suppress(Exception):
+                restore()
+        if self._adapter is not None:
+            with contextlib.suppress(Exception):
+                self._adapter.uninstall()
+        return self._agent.close(timeout_s)
+
+
+def _to_fp32(value):
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.dtype in (torch.float16, torch.bfloat16) else value
+    if isinstance(value, tuple):
+        return tuple(_to_fp32(v) for v in value)
+    if isinstance(value, list):
+        return [_to_fp32(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_fp32(v) for k, v in value.items()}
+    return value
+
+
+_live = weakref.WeakSet()
+
+
+def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, options=None,
+           compute_dtype=None, scheduler=None, master_weights=False, start_step=0):
+    """Attaches an ampscope agent to a training loop and returns its Monitor.
+
+    model          torch.nn.Module (its modules' qualified names name the tensors)
+    optimizer      torch.optim.Optimizer or None (its parameters' gradients are reported)
+    scaler         torch.cuda.amp.GradScaler, torch.amp.GradScaler, ampscope.torch.LossScaler
+                   or None (an FP32 run, or a bf16 run without scaling)
+    run_id, server the run's id and ampscope-server's address (else AMPSCOPE_RUN_ID,
+                   AMPSCOPE_SERVER from the environment)
+    options        the agent's options ({"sample_full_every": 10, "spool_dir": "..."}); the
+                   environment's AMPSCOPE_* apply first
+    compute_dtype  the autocast dtype (torch.float16 / torch.bfloat16 / torch.float32); default
+                   float16 with a GradScaler, float32 without a scaler
+    scheduler      an LR scheduler that should advance only when the optimizer stepped
+    master_weights also report the FP32 parameters at the start of each measured step
+    start_step     the number of the first step (a resumed run's)
+
+    Raises TypeError or ValueError naming the bad argument, ampscope.AgentError when the agent
+    cannot start; after that, nothing the monitor does raises into the loop."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer or None, "
+                        f"got {type(optimizer).__name__}")
+    adapter = _scaler.adapt_scaler(scaler)  # TypeError naming `scaler`
+    if run_id is not None and not isinstance(run_id, str):
+        raise TypeError(f"run_id must be a str, got {type(run_id).__name__}")
+    if run_id is not None and not run_id:
+        raise ValueError("run_id must not be empty")
+    if server is not None and not isinstance(server, str):
+        raise TypeError(f"server must be a str ('host:port'), got {type(server).__name__}")
+    if options is not None and not isinstance(options, dict):
+        raise TypeError(f"options must be a dict, got {type(options).__name__}")
+    if scheduler is not None and not callable(getattr(scheduler, "step", None)):
+        raise TypeError(f"scheduler must have a step() method, got {type(scheduler).__name__}")
+    if not isinstance(start_step, int) or isinstance(start_step, bool) or start_step < 0:
+        raise ValueError(f"start_step must be an int >= 0, got {start_step!r}")
+    if compute_dtype is None:
+        compute_dtype = torch.float16 if adapter is not None else torch.float32
+    if compute_dtype not in _PRECISIONS:
+        raise ValueError(f"compute_dtype must be torch.float16, torch.bfloat16 or torch.float32, "
+                         f"got {compute_dtype}")
+    precision, compute_format = _PRECISIONS[compute_dtype]
+    opts = {"sample_count_roles": "all"}  # activations too: first offenders name the module
+    opts.update(options or {})
+    settings = adapter.settings() if adapter is not None else None
+    agent = Agent(run_id=run_id, server=server, options=opts,
+                  trainer=f"torch {torch.__version__} (ampscope.torch)", precision=precision,
+                  compute_format=compute_format, scaler_settings=settings)
+    named = {}
+    fp32_params = set()
+    for module in model.modules():
+        if isinstance(module, _FP32_MODULES):
+            fp32_params.update(id(p) for p in module.parameters(recurse=False))
+    for name, p in model.named_parameters():
+        held = _capi.FORMAT_FP32 if (id(p) in fp32_params or compute_format ==
+                                     _capi.FORMAT_FP32) else None
+        named[id(p)] = (name.encode(), held)
+    monitor = Monitor(model, optimizer, adapter, scheduler, agent, start_step=start_step,
+                      master_weights=bool(master_weights), compute_format=compute_format,
+                      named_params=named)
+    try:
+        monitor._install()
+    except Exception:
+        monitor.close(0)
+        raise
+    _live.add(monitor)
+    return monitor
+
+
+def _close_all():
+    for m in list(_live):
+        with contextlib.suppress(Exception):
+            m.close()
+
+
+import atexit  # noqa: E402  (registered once the module's names exist)
+
+atexit.register(_close_all)

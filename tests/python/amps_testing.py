@@ -1,0 +1,130 @@
+"""What the Python tests share: a real ampscope-server (started, killed, restarted on the same
+port and store), the ampscope CLI's JSON, and a small real PyTorch transformer.
+
+The programs come from the environment tests/python/CMakeLists.txt sets: AMPSCOPE_SERVER_BIN,
+AMPSCOPE_CLI_BIN (and AMPSCOPE_AGENT_LIBRARY for the package)."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import torch
+
+
+class Server:
+    """ampscope-server on loopback with its own SQLite store in `tmp`."""
+
+    def __init__(self, tmp, *args):
+        self.tmp = tmp
+        self.args = list(args)
+        self.db = os.path.join(tmp, "store.db")
+        self.address = None
+        self.proc = None
+        self._starts = 0
+
+    def start(self):
+        """Starts on a free port the first time, on the same port after that."""
+        self._starts += 1
+        ready = os.path.join(self.tmp, f"ready{self._starts}.json")
+        listen = self.address or "127.0.0.1:0"
+        with open(os.path.join(self.tmp, f"server{self._starts}.log"), "wb") as log:
+            self.proc = subprocess.Popen(
+                [os.environ["AMPSCOPE_SERVER_BIN"], "--listen", listen, "--metrics-listen", "",
+                 "--db", self.db, "--ready-file", ready, *self.args],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(ready):  # written under another name and renamed: whole
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                raise RuntimeError("ampscope-server did not start:\n" + self.log())
+            time.sleep(0.05)
+        with open(ready, encoding="utf-8") as f:
+            self.address = json.load(f)["grpc"]
+        return self
+
+    def log(self):
+        with open(os.path.join(self.tmp, f"server{self._starts}.log"), encoding="utf-8",
+                  errors="replace") as f:
+            return f.read()
+
+    def kill(self):
+        """SIGKILL: no graceful shutdown."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+    def cli(self, *args):
+        """The ampscope CLI's --json answer, as Python objects."""
+        r = subprocess.run([os.environ["AMPSCOPE_CLI_BIN"], *args, "--server", self.address,
+                            "--json"], capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise RuntimeError(f"ampscope {' '.join(args)}: {r.stderr}")
+        if args[0] == "tail":  # JSON Lines
+            return [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+        return json.loads(r.stdout)
+
+    def reports(self, run_id, n=100000):
+        """The stored step reports of a run with their tensors (ampscope tail --json
+        --tensors), in arrival order."""
+        return self.cli("tail", run_id, "-n", str(n), "--tensors")
+
+
+class TinyGpt(torch.nn.Module):
+    """A small causal transformer (token + position embedding, pre-LayerNorm blocks of
+    attention and MLP, a tied LM head)."""
+
+    def __init__(self, vocab=64, width=32, heads=2, layers=2, context=16):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.pos = torch.nn.Embedding(context, width)
+        self.blocks = torch.nn.ModuleList(Block(width, heads) for _ in range(layers))
+        self.lnf = torch.nn.LayerNorm(width)
+        self.head = torch.nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        t = tokens.shape[1]
+        x = self.embed(tokens) + self.pos(torch.arange(t, device=tokens.device))
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.lnf(x))
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = torch.nn.LayerNorm(width)
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.proj = torch.nn.Linear(width, width)
+        self.ln2 = torch.nn.LayerNorm(width)
+        self.fc = torch.nn.Linear(width, 4 * width)
+        self.act = torch.nn.GELU()
+        self.out = torch.nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.reshape(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / (c // self.heads) ** 0.5)
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), 1)
+        att = torch.softmax(att.float().masked_fill(mask, float("-inf")), dim=-1).to(v.dtype)
+        y = (att @ v).transpose(1, 2).reshape(b, t, c)
+        x = x + self.proj(y)
+        return x + self.out(self.act(self.fc(self.ln2(x))))
+
+
+def batches(seed, vocab=64, context=16, batch=4):
+    """An endless stream of (inputs, targets): a learnable sequence (each token the previous
+    plus one, mod vocab) from random starts."""
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        start = torch.randint(0, vocab, (batch, 1), generator=g)
+        seq = (start + torch.arange(context + 1)) % vocab
+        yield seq[:, :-1], seq[:, 1:]
