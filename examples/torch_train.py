@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""A PyTorch training loop with ampscope attached: a small GPT-style model learning a synthetic
-sequence task under autocast, with ampscope.torch.LossScaler (or torch's GradScaler on a GPU).
+"""A PyTorch training loop with ampscope attached: a small GPT (ampscope-train's model, as
+bench/peers/torch_gpt.py writes it in PyTorch) learning a synthetic sequence task under
+autocast, with ampscope.torch.LossScaler (a torch.cuda.amp.GradScaler attaches the same way).
 
     ampscope-server --policy headroom &                 # or: ./run demo starts one for you
     PYTHONPATH=python AMPSCOPE_AGENT_LIBRARY=build/agent/libampscope_agent.so \\
@@ -13,50 +14,17 @@ output at that step, to see the first offender and the skipped step in `ampscope
 """
 
 import argparse
+import os
+import sys
 
 import torch
 
 import ampscope.torch as amps
 
-
-class Block(torch.nn.Module):
-    def __init__(self, width, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln1 = torch.nn.LayerNorm(width)
-        self.qkv = torch.nn.Linear(width, 3 * width)
-        self.proj = torch.nn.Linear(width, width)
-        self.ln2 = torch.nn.LayerNorm(width)
-        self.fc = torch.nn.Linear(width, 4 * width)
-        self.act = torch.nn.GELU()
-        self.out = torch.nn.Linear(4 * width, width)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-        q, k, v = (z.reshape(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / (c // self.heads) ** 0.5)
-        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), 1)
-        att = torch.softmax(att.float().masked_fill(mask, float("-inf")), dim=-1).to(v.dtype)
-        y = (att @ v).transpose(1, 2).reshape(b, t, c)
-        x = x + self.proj(y)
-        return x + self.out(self.act(self.fc(self.ln2(x))))
-
-
-class Gpt(torch.nn.Module):
-    def __init__(self, vocab=64, width=64, heads=4, layers=2, context=32):
-        super().__init__()
-        self.embed = torch.nn.Embedding(vocab, width)
-        self.pos = torch.nn.Embedding(context, width)
-        self.blocks = torch.nn.ModuleList(Block(width, heads) for _ in range(layers))
-        self.lnf = torch.nn.LayerNorm(width)
-        self.head = torch.nn.Linear(width, vocab, bias=False)
-
-    def forward(self, tokens):
-        x = self.embed(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
-        for b in self.blocks:
-            x = b(x)
-        return self.head(self.lnf(x))
+# The model: ampscope-train's GPT as PyTorch writes it (the benchmark's PyTorch peer).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench",
+                                "peers"))
+from torch_gpt import build_model  # noqa: E402
 
 
 def main():
@@ -72,7 +40,7 @@ def main():
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float16
 
     torch.manual_seed(0)
-    model = Gpt().to(a.device)
+    model = build_model(torch, vocab=64, context=32, width=64, heads=4, layers=2).to(a.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20))
     scaler = amps.LossScaler(init_scale=a.init_scale)
@@ -80,12 +48,15 @@ def main():
                       compute_dtype=dtype, scheduler=scheduler)
 
     step = {"i": 0}
+    fc = model.blocks[-1].fc
+    clean_forward = fc.forward
 
-    def inject(module, inputs, output):
-        return output.masked_fill(torch.ones_like(output, dtype=torch.bool), float("nan")) \
-            if step["i"] == a.nan_at else None
+    def forward_with_nan(x):  # the layer itself produces the NaN at --nan-at
+        out = clean_forward(x)
+        return out.masked_fill(torch.ones_like(out, dtype=torch.bool), float("nan")) \
+            if step["i"] == a.nan_at else out
 
-    model.blocks[-1].fc.register_forward_hook(inject)
+    fc.forward = forward_with_nan
     g = torch.Generator().manual_seed(1)
     for i in range(a.steps):
         step["i"] = i

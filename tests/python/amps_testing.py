@@ -1,5 +1,6 @@
 """What the Python tests share: a real ampscope-server (started, killed, restarted on the same
-port and store), the ampscope CLI's JSON, and a small real PyTorch transformer.
+port and store), the ampscope CLI's JSON, and a small real PyTorch transformer (ampscope-train's
+GPT as the PyTorch benchmark peer writes it).
 
 The programs come from the environment tests/python/CMakeLists.txt sets: AMPSCOPE_SERVER_BIN,
 AMPSCOPE_CLI_BIN (and AMPSCOPE_AGENT_LIBRARY for the package)."""
@@ -8,9 +9,14 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "bench", "peers"))
+import torch_gpt  # noqa: E402
 
 
 class Server:
@@ -75,49 +81,10 @@ class Server:
         return self.cli("tail", run_id, "-n", str(n), "--tensors")
 
 
-class TinyGpt(torch.nn.Module):
-    """A small causal transformer (token + position embedding, pre-LayerNorm blocks of
-    attention and MLP, a tied LM head)."""
-
-    def __init__(self, vocab=64, width=32, heads=2, layers=2, context=16):
-        super().__init__()
-        self.embed = torch.nn.Embedding(vocab, width)
-        self.pos = torch.nn.Embedding(context, width)
-        self.blocks = torch.nn.ModuleList(Block(width, heads) for _ in range(layers))
-        self.lnf = torch.nn.LayerNorm(width)
-        self.head = torch.nn.Linear(width, vocab, bias=False)
-        self.head.weight = self.embed.weight
-
-    def forward(self, tokens):
-        t = tokens.shape[1]
-        x = self.embed(tokens) + self.pos(torch.arange(t, device=tokens.device))
-        for b in self.blocks:
-            x = b(x)
-        return self.head(self.lnf(x))
-
-
-class Block(torch.nn.Module):
-    def __init__(self, width, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln1 = torch.nn.LayerNorm(width)
-        self.qkv = torch.nn.Linear(width, 3 * width)
-        self.proj = torch.nn.Linear(width, width)
-        self.ln2 = torch.nn.LayerNorm(width)
-        self.fc = torch.nn.Linear(width, 4 * width)
-        self.act = torch.nn.GELU()
-        self.out = torch.nn.Linear(4 * width, width)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-        q, k, v = (z.reshape(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / (c // self.heads) ** 0.5)
-        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), 1)
-        att = torch.softmax(att.float().masked_fill(mask, float("-inf")), dim=-1).to(v.dtype)
-        y = (att @ v).transpose(1, 2).reshape(b, t, c)
-        x = x + self.proj(y)
-        return x + self.out(self.act(self.fc(self.ln2(x))))
+def tiny_gpt(vocab=64, width=32, heads=2, layers=2, context=16):
+    """ampscope-train's GPT as PyTorch writes it (bench/peers/torch_gpt.py), small: modules
+    wte, wpe, blocks.N.{ln1,qkv,proj,ln2,fc,fc_proj}, lnf; the LM head tied to wte."""
+    return torch_gpt.build_model(torch, vocab, context, width, heads, layers)
 
 
 def batches(seed, vocab=64, context=16, batch=4):

@@ -36,7 +36,7 @@ class CudaMonitorTest(unittest.TestCase):
         server = amps_testing.Server(self.tmp, *server_args).start()
         self.addCleanup(server.stop)
         torch.manual_seed(0)
-        model = amps_testing.TinyGpt().cuda()
+        model = amps_testing.tiny_gpt().cuda()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         scaler = torch.cuda.amp.GradScaler(init_scale=4096.0)
         mon = amps.attach(model, opt, scaler, run_id=run_id, server=server.address,

@@ -10,6 +10,7 @@ notice and training goes on; bad arguments to attach raise TypeError/ValueError 
 
 import math
 import os
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -44,7 +45,7 @@ def train(mon, model, opt, scaler, data, steps, *, micro=1, scheduler=None, on_s
 
 def setup(seed=0, lr=1e-2):
     torch.manual_seed(seed)
-    model = amps_testing.TinyGpt()
+    model = amps_testing.tiny_gpt()
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     return model, opt, amps_testing.batches(seed)
 
@@ -81,8 +82,8 @@ class MonitorTest(unittest.TestCase):
         self.assertEqual([r["step"] for r in reports], list(range(12)))
         first = reports[0]
         names = {t["name"] for t in first["tensors"]}
-        for expected in ("blocks.0.fc", "blocks.1.qkv.grad", "head", "loss",
-                         "blocks.0.fc.weight", "embed.weight"):
+        for expected in ("blocks.0.fc", "blocks.1.qkv.grad", "lnf", "loss",
+                         "blocks.0.fc.weight", "wte.weight"):
             self.assertIn(expected, names)
         micro_steps = {t["micro_step"] for t in first["tensors"]
                        if t["name"] == "blocks.0.fc"}
@@ -283,6 +284,21 @@ class MonitorTest(unittest.TestCase):
         shown = server.cli("show", "guest")
         text = str(shown)
         self.assertIn("deliberately broken", text)
+
+    def test_the_example_runs(self):
+        server = self.server()
+        example = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                               "examples", "torch_train.py")
+        env = dict(os.environ, AMPSCOPE_SPOOL_DIR=os.path.join(self.tmp, "spool-example"))
+        r = subprocess.run([sys.executable, example, "--server", server.address, "--steps", "12",
+                            "--nan-at", "6"], env=env, capture_output=True, text=True,
+                           timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("all reports acknowledged", r.stdout)
+        shown = server.cli("show", "torch-example")
+        self.assertEqual(shown["steps"], 12)
+        self.assertEqual([(o["step"], o["tensor"]) for o in shown["first_offenders"]],
+                         [(6, "blocks.1.fc")])
 
     def test_bad_arguments_name_themselves(self):
         model, opt, _ = setup()
