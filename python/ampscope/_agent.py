@@ -14,9 +14,13 @@ Thread safety: the step calls may come from any thread (the agent serialises the
 once, after the last step call.
 """
 
+import atexit
+import contextlib
 import ctypes
+import os
 import socket
 import threading
+import weakref
 
 from . import _capi
 
@@ -81,9 +85,13 @@ class Agent:
         finally:
             lib.ampscope_agent_config_destroy(config)
         self._handle = handle
+        # What close() waits for acknowledgements by default: the agent's flush_timeout_ms.
+        flush_ms = settings.get("flush_timeout_ms", os.environ.get("AMPSCOPE_FLUSH_TIMEOUT_MS"))
+        self.flush_timeout_s = float(flush_ms) / 1000.0 if flush_ms is not None else 10.0
         self._callbacks = []  # ctypes callbacks and ops structs kept alive for the agent
         self._local = threading.local()
         self._closed = False
+        _open_agents.add(self)
 
     def _config_error(self, config):
         e = self._lib.ampscope_agent_config_last_error(config)
@@ -247,15 +255,30 @@ class Agent:
                 out.append(n.decode(errors="replace"))
         return out
 
-    def close(self, timeout_s=10.0):
-        """Flushes for up to timeout_s, stops the agent and frees it. Idempotent. Returns True
-        when everything was acknowledged (what was not stays in the spool for the next run)."""
+    def close(self, timeout_s=None):
+        """Flushes for up to timeout_s (default: the agent's flush_timeout_ms, 10 s unless set),
+        stops the agent and frees it. Idempotent. Returns True when everything was acknowledged
+        (what was not stays in the spool for the next run)."""
         if self._closed:
             return True
+        if timeout_s is None:
+            timeout_s = self.flush_timeout_s
         self._closed = True
         status = self._lib.ampscope_agent_destroy(self._handle, int(timeout_s * 1000))
         self._handle = None
         return status == _capi.OK
+
+
+# Agents still open at interpreter exit are closed while Python can still run their callbacks
+# (the agent's threads call back into Python for the scale).
+_open_agents = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_agents():
+    for agent in list(_open_agents):
+        with contextlib.suppress(Exception):
+            agent.close()
 
 
 def _write_reason(text, buffer, size):

@@ -193,12 +193,16 @@ class Monitor:
         if not self._in_step:
             return
         found_inf, before, after = self._update or (False, self._scale_now(), self._scale_now())
-        loss = 0.0
-        if self._losses:
-            loss = float(torch.stack([x.float().reshape(()) for x in self._losses]).mean())
-        lr = 0.0
-        if self._optimizer is not None and self._optimizer.param_groups:
-            lr = float(self._optimizer.param_groups[0].get("lr", 0.0))
+        loss = lr = 0.0
+        try:
+            # The sum over micro-batches: with the usual loss / accumulation_steps, the
+            # effective batch's mean loss.
+            if self._losses:
+                loss = float(torch.stack([x.float().mean() for x in self._losses]).sum())
+            if self._optimizer is not None and self._optimizer.param_groups:
+                lr = float(self._optimizer.param_groups[0].get("lr", 0.0))
+        except Exception as e:  # the step is still reported
+            self.on_error("step loss", e)
         step = self._step
         self._in_step = False
         self._wanted = False
@@ -439,9 +443,9 @@ class Monitor:
     def notices(self):
         return self._agent.notices()
 
-    def close(self, timeout_s=10.0):
+    def close(self, timeout_s=None):
         """Removes every hook and wrapper, ends a step left open, flushes for up to timeout_s
-        and stops the agent. Idempotent; True when everything was acknowledged."""
+        (default: the agent's flush_timeout_ms, 10 s unless set) and stops the agent. Idempotent; True when everything was acknowledged."""
         if self._closed:
             return True
         with self._lock:
