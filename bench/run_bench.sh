@@ -124,6 +124,50 @@ rm -f "$fragments"/agent.json
 "$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/agent.json"
 echo "results: $out_dir/results.json"
 
+# ---- The PyTorch monitor's overhead (bench/torch_agent_bench.py) -----------------------------
+# ampscope.torch.attach() on a small GPT trained with PyTorch on the CPU (AdamW, LossScaler,
+# bf16 autocast where the CPU has AVX-512, else FP32), reporting to a real ampscope-server: in
+# one process, blocks of steps without the monitor, with it at default sampling and with full
+# statistics every step, in rotating order; writes torch_agent_overhead_ratio_default and
+# torch_agent_overhead_ratio_full into results.json. About a minute on 2 cores. A missing or
+# failing PyTorch (or package) shows as "n/a" (the figures become null).
+#
+# Environment (all optional):
+#   AMPSCOPE_BENCH_TORCH_AGENT_ROUNDS     rounds, each one block per configuration (default 12)
+#   AMPSCOPE_BENCH_TORCH_AGENT_STEPS      timed steps per block (default 8)
+#   AMPSCOPE_BENCH_TORCH_AGENT_PRECISION  auto|bf16|fp32 (default auto: bf16 with AVX-512)
+#   AMPSCOPE_BENCH_TORCH_AGENT_THREADS    torch threads (default: all logical cores but one,
+#                                         left to the agent's threads and the server)
+agent_library=$build_dir/agent/libampscope_agent.so
+server_bin=$build_dir/server/ampscope-server
+for f in "$agent_library" "$server_bin"; do
+  if [[ ! -e $f ]]; then
+    echo "$0: $f not found; build the targets ampscope_agent_shared and ampscope-server in" \
+      "$build_dir" >&2
+    exit 2
+  fi
+done
+rm -f "$fragments"/torch_agent.json
+if ! PYTHONPATH="$here/../python${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1 \
+    AMPSCOPE_AGENT_LIBRARY="$agent_library" \
+    "$python" "$here/torch_agent_bench.py" --server-bin "$server_bin" \
+      --rounds "${AMPSCOPE_BENCH_TORCH_AGENT_ROUNDS:-12}" \
+      --steps-per-block "${AMPSCOPE_BENCH_TORCH_AGENT_STEPS:-8}" \
+      --precision "${AMPSCOPE_BENCH_TORCH_AGENT_PRECISION:-auto}" \
+      --threads "${AMPSCOPE_BENCH_TORCH_AGENT_THREADS:-0}" \
+      --out "$fragments/torch_agent.json"; then
+  echo "pytorch monitor overhead: n/a (bench/torch_agent_bench.py failed; see above)" >&2
+  cat > "$fragments/torch_agent.json" <<'EOF'
+{"torch_agent_error": "bench/torch_agent_bench.py failed",
+ "torch_agent_overhead_ratio_default": null, "torch_agent_overhead_ratio_full": null,
+ "torch_agent_step_s_without": null, "torch_agent_step_s_default": null,
+ "torch_agent_step_s_full": null, "torch_agent_training_thread_s_per_step_default": null,
+ "torch_agent_training_thread_s_per_step_full": null}
+EOF
+fi
+"$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/torch_agent.json"
+echo "results: $out_dir/results.json"
+
 # ---- Server ingest load (bench/server_load.cc) ------------------------------------------------
 # 64 concurrent agent streams on loopback against a real ampscope-server: tensor statistics per
 # second, p99 time to ack, peak server memory.
