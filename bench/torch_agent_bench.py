@@ -4,8 +4,9 @@
         /usr/bin/python3 bench/torch_agent_bench.py --server-bin BUILD/server/ampscope-server \\
         --out FRAGMENT.json [--rounds 12] [--steps-per-block 8] [--warmup-steps 2] [model flags]
 
-One process, one model: a small GPT (token and position embeddings, pre-LN blocks of causal
-multi-head attention and a GELU MLP, final LayerNorm, LM head) trained on the CPU with AdamW,
+One process, one model: ampscope-train's GPT as PyTorch writes it (bench/peers/torch_gpt.py:
+token and position embeddings, pre-LN blocks of causal multi-head attention and a GELU MLP,
+final LayerNorm, LM head tied to the embedding) trained on the CPU with AdamW,
 bf16 autocast and ampscope.torch.LossScaler, in the loop a user writes (autocast forward,
 scaler.scale(loss).backward(), scaler.unscale_, clip_grad_norm_, scaler.step, scaler.update).
 A real ampscope-server (its own SQLite store in a temporary directory) receives the reports.
@@ -68,27 +69,15 @@ import sys
 import tempfile
 import time
 
+# The machine facts the trainer benchmark records, and ampscope-train's GPT as PyTorch writes it
+# (the trainer benchmark's peer).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+from trainer_bench import cpu_model, load_average  # noqa: E402
+from torch_gpt import build_model  # noqa: E402
+
 # Kept from the environment: the library's path and the benchmark's own programs.
 _KEEP_ENV = ("AMPSCOPE_AGENT_LIBRARY", "AMPSCOPE_SERVER_BIN", "AMPSCOPE_CLI_BIN")
 CONFIGS = ("without", "default", "full")
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
-def load_average():
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return -1.0
 
 
 def cpu_flags():
@@ -110,57 +99,6 @@ def choose_precision(requested):
         return "bf16", "auto: the CPU has AVX-512 (oneDNN bf16 matmuls)"
     return "fp32", ("auto: the CPU lacks avx512bw/vl/dq, so PyTorch's bf16 matmuls would fall "
                     "back to a slow scalar GEMM")
-
-
-def build_model(torch, vocab, context, width, heads, layers):
-    nn, F = torch.nn, torch.nn.functional
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1 = nn.LayerNorm(width)
-            self.qkv = nn.Linear(width, 3 * width)
-            self.proj = nn.Linear(width, width)
-            self.ln2 = nn.LayerNorm(width)
-            self.fc = nn.Linear(width, 4 * width)
-            self.act = nn.GELU(approximate="tanh")
-            self.out = nn.Linear(4 * width, width)
-            self.register_buffer(
-                "mask", torch.triu(torch.ones(context, context, dtype=torch.bool), 1))
-
-        def forward(self, x):
-            b, t, c = x.shape
-            hs = c // heads
-            q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-            q, k, v = (z.view(b, t, heads, hs).transpose(1, 2) for z in (q, k, v))
-            att = (q @ k.transpose(-2, -1)) * (1.0 / hs ** 0.5)
-            att = F.softmax(att.float().masked_fill(self.mask[:t, :t], float("-inf")), dim=-1)
-            y = (att.to(v.dtype) @ v).transpose(1, 2).reshape(b, t, c)
-            x = x + self.proj(y)
-            return x + self.out(self.act(self.fc(self.ln2(x))))
-
-    class Gpt(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = nn.Embedding(vocab, width)
-            self.pos = nn.Embedding(context, width)
-            self.blocks = nn.ModuleList(Block() for _ in range(layers))
-            self.lnf = nn.LayerNorm(width)
-            self.head = nn.Linear(width, vocab, bias=False)
-            self.register_buffer("positions", torch.arange(context))
-            for name, p in self.named_parameters():
-                if name.endswith(".bias"):
-                    nn.init.zeros_(p)
-                elif p.dim() >= 2:
-                    nn.init.normal_(p, 0.0, 0.02)
-
-        def forward(self, tokens):
-            x = self.embed(tokens) + self.pos(self.positions[: tokens.shape[1]])
-            for block in self.blocks:
-                x = block(x)
-            return self.head(self.lnf(x))
-
-    return Gpt()
 
 
 class Server:

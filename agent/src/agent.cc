@@ -175,6 +175,10 @@ Status Agent::mark_phase(StepPhase phase) noexcept {
                         [&] { return impl_->recorder->mark_phase(phase); });
 }
 
+int Agent::wanted(TensorRole role, TensorPhase phase) noexcept {
+  return guarded(impl_->notices, "wanted", 0, [&] { return impl_->recorder->wanted(role, phase); });
+}
+
 Status Agent::end_step(const StepInfo& info) noexcept {
   return guarded_status(impl_->notices, "end_step",
                         [&] { return impl_->recorder->end_step(info); });

@@ -499,6 +499,14 @@ ampscope_status ampscope_agent_observe(ampscope_agent* agent, const ampscope_ten
   }
 }
 
+int ampscope_agent_wanted(ampscope_agent* agent, int32_t role, int32_t phase) {
+  if (agent == nullptr) return 0;
+  const auto r = c::from_c_role(role);
+  const auto p = c::from_c_phase(phase);
+  if (!r || !p) return 0;
+  return agent->agent->wanted(*r, *p);  // noexcept
+}
+
 ampscope_status ampscope_agent_mark_phase(ampscope_agent* agent, int32_t phase) {
   if (agent == nullptr) return AMPSCOPE_INVALID_ARGUMENT;
   try {

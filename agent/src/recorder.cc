@@ -238,6 +238,12 @@ bool Recorder::measure_here(const void* data, TensorSample& s, bool upgrade_on_n
   return true;
 }
 
+int Recorder::wanted(TensorRole role, TensorPhase phase) {
+  Call call(*this, true);
+  if (call.reentered() || closed_ || !in_step_ || !observing_) return 0;
+  return static_cast<int>(sampler_.level(role, phase));
+}
+
 Status Recorder::mark_phase(StepPhase phase) {
   Call call(*this, false);
   if (call.reentered()) return refuse_reentry("mark_phase");

@@ -57,6 +57,9 @@ class Recorder {
   Status observe(const TensorView& tensor);
   Status mark_phase(StepPhase phase);
   Status end_step(const StepInfo& info);
+  // What observe() of a tensor of `role` in `phase` would measure at this point of the step:
+  // 0 nothing, 1 counts, 2 full statistics (0 outside a step and when refused).
+  int wanted(TensorRole role, TensorPhase phase);
 
   // Refuses every later step call; waits for the one in progress, if any.
   void close();

@@ -194,6 +194,11 @@ class Agent:
             v.held = held
         return self._lib.ampscope_agent_observe(self._handle, ctypes.byref(v))
 
+    def wanted(self, role, phase):
+        """What observe() of a tensor of `role` in `phase` would measure now: 0 nothing,
+        1 counts, 2 full statistics."""
+        return self._lib.ampscope_agent_wanted(self._handle, role, phase)
+
     def mark_phase(self, phase):
         return self._lib.ampscope_agent_mark_phase(self._handle, phase)
 

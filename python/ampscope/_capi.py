@@ -227,6 +227,7 @@ _FUNCTIONS = [
     ("ampscope_agent_attach_overrides", ctypes.c_int, [_p, ctypes.POINTER(OverridesOps), _p]),
     ("ampscope_agent_begin_step", ctypes.c_int, [_p, _c_int64]),
     ("ampscope_agent_observe", ctypes.c_int, [_p, ctypes.POINTER(TensorView)]),
+    ("ampscope_agent_wanted", ctypes.c_int, [_p, _c_int32, _c_int32]),
     ("ampscope_agent_mark_phase", ctypes.c_int, [_p, _c_int32]),
     ("ampscope_agent_end_step", ctypes.c_int, [_p, ctypes.POINTER(StepInfo)]),
     ("ampscope_agent_flush", ctypes.c_int, [_p, _c_int64]),

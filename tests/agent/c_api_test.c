@@ -170,6 +170,8 @@ static int exercise(const char* spool_dir) {
   ops.schedule = schedule;
   ops.scale = current_scale;
   CHECK(10, ampscope_agent_attach_scaler(agent, &ops, &scaler) == AMPSCOPE_OK, "attach scaler");
+  CHECK(10, ampscope_agent_wanted(agent, AMPSCOPE_ROLE_LOSS, AMPSCOPE_PHASE_FORWARD) == 0,
+        "nothing is wanted outside a step");
   CHECK(10, ampscope_agent_add_notice(agent, "c trainer: hello from C") == AMPSCOPE_OK,
         "add_notice");
   CHECK(10, ampscope_agent_add_notice(agent, "") == AMPSCOPE_INVALID_ARGUMENT, "empty notice");
@@ -183,6 +185,15 @@ static int exercise(const char* spool_dir) {
     if (step == 1) grad[5] = NAN;
     if (step == 2) grad[5] = 0.5f;
     CHECK(11, ampscope_agent_begin_step(agent, step) == 1, "begin_step wants tensors");
+    /* Counts of gradients every step; weight gradients after unscaling on full steps only (the
+     * step after the NaN's). */
+    CHECK(11, ampscope_agent_wanted(agent, AMPSCOPE_ROLE_WEIGHT_GRAD, AMPSCOPE_PHASE_BACKWARD) ==
+                  (step == 2 ? 2 : 1),
+          "wanted: weight gradients");
+    CHECK(11, ampscope_agent_wanted(agent, AMPSCOPE_ROLE_WEIGHT_GRAD,
+                                    AMPSCOPE_PHASE_AFTER_UNSCALE) == (step == 2 ? 2 : 0),
+          "wanted: unscaled weight gradients");
+    CHECK(11, ampscope_agent_wanted(agent, 99, AMPSCOPE_PHASE_BACKWARD) == 0, "wanted: bad role");
     ampscope_tensor_view v = AMPSCOPE_TENSOR_VIEW_INIT;
     v.name = "fc.weight.grad";
     v.role = AMPSCOPE_ROLE_WEIGHT_GRAD;

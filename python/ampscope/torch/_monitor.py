@@ -185,7 +185,8 @@ class Monitor:
         self._wanted = self._agent.begin_step(step)  # may apply a policy (scale, FP32 set)
         if self._wanted:
             self._agent.mark_phase(_capi.STEP_PHASE_FORWARD)
-            if self._master_weights:
+            if self._master_weights and self._agent.wanted(_capi.ROLE_MASTER_WEIGHT,
+                                                           _capi.PHASE_STEP_START):
                 self._observe_params(_capi.ROLE_MASTER_WEIGHT, _capi.PHASE_STEP_START, 1.0,
                                      grads=False)
 
@@ -262,8 +263,8 @@ class Monitor:
                 self._micro += 1
 
     def _make_forward_hook(self, name):
-        grad_name = self._name(name + ".grad")
-        names = [self._name(name)]
+        names = []       # the k-th floating output's name: NAME, NAME.1, NAME.2, ...
+        grad_hooks = []  # and the guarded hook on its gradient (NAME.grad, NAME.1.grad, ...)
 
         def hook(module, inputs, output):
             if not (self._in_step and self._wanted):
@@ -273,13 +274,14 @@ class Monitor:
             for t in outputs:
                 if not (isinstance(t, torch.Tensor) and t.dtype in _FORMATS):
                     continue
-                while len(names) <= k:
-                    names.append(self._name(f"{name}.{len(names)}"))
+                if len(names) <= k:
+                    base = name if k == 0 else f"{name}.{k}"
+                    names.append(self._name(base))
+                    grad_hooks.append(self._guard("gradient hook on " + base,
+                                                  self._make_grad_hook(self._name(base + ".grad"))))
                 self._observe(names[k], _capi.ROLE_ACTIVATION, _capi.PHASE_FORWARD, t, 1.0)
                 if t.requires_grad:
-                    gname = grad_name if k == 0 else self._name(f"{name}.{k}.grad")
-                    t.register_hook(self._guard("gradient hook on " + name,
-                                                self._make_grad_hook(gname)))
+                    t.register_hook(grad_hooks[k])
                 k += 1
             return None
         return hook
@@ -339,7 +341,9 @@ class Monitor:
             self._observe_params(_capi.ROLE_WEIGHT_GRAD, _capi.PHASE_BACKWARD, scale)
 
     def after_unscale(self, optimizer):
-        if self._in_step and self._wanted:
+        # Unscaled weight gradients are measured on full steps only: ask before preparing them.
+        if self._in_step and self._wanted and self._agent.wanted(_capi.ROLE_WEIGHT_GRAD,
+                                                                 _capi.PHASE_AFTER_UNSCALE):
             self._observe_params(_capi.ROLE_WEIGHT_GRAD, _capi.PHASE_AFTER_UNSCALE, 1.0)
 
     def after_step(self, optimizer, skipped):

@@ -135,6 +135,11 @@ class Agent {
   Status mark_phase(StepPhase phase) noexcept;
   // After the step (the optimizer update or its skip).
   Status end_step(const StepInfo& info) noexcept;
+  // What observe() of a tensor of `role` shown in `phase` would measure at this point of the
+  // step: 0 nothing, 1 counts, 2 full statistics (0 outside a step). A step call, serialised
+  // like the others; it lets a caller skip preparing tensors nothing would measure (the
+  // answer can rise within a step: the first non-finite value escalates the rest of it).
+  int wanted(TensorRole role, TensorPhase phase) noexcept;
 
   // Waits until everything handed over so far is acknowledged by the server, or the timeout.
   Status flush(std::chrono::milliseconds timeout) noexcept;

@@ -60,8 +60,9 @@
  *   1  the first versioned layouts (AMPSCOPE_*_SIZE_V1)
  *   2  tensor view: has_held/held; run info: min_scale, max_scale, hysteresis; step info:
  *      fp32_layers; ampscope_overrides_ops and ampscope_agent_attach_overrides
- *   3  counters: refused_calls; ampscope_agent_add_notice; the loss-scale rules
- *      (ampscope_loss_scale_*), so that a caller's own scaler runs the built-in one's rules */
+ *   3  counters: refused_calls; ampscope_agent_add_notice; ampscope_agent_wanted; the
+ *      loss-scale rules (ampscope_loss_scale_*), so that a caller's own scaler runs the
+ *      built-in one's rules */
 #define AMPSCOPE_AGENT_ABI_VERSION 3u
 
 /* Whether a struct `ptr` of type `type` carries `field` (its struct_size covers it). */
@@ -350,6 +351,12 @@ AMPSCOPE_API ampscope_status ampscope_agent_attach_overrides(ampscope_agent* age
 AMPSCOPE_API int ampscope_agent_begin_step(ampscope_agent* agent, int64_t step);
 AMPSCOPE_API ampscope_status ampscope_agent_observe(ampscope_agent* agent,
                                                     const ampscope_tensor_view* view);
+/* ABI 3. What ampscope_agent_observe of a tensor of `role` (ampscope_role) shown in `phase`
+ * (ampscope_phase) would measure at this point of the step: 0 nothing, 1 counts, 2 full
+ * statistics; 0 outside a step, on a bad argument and when refused. For skipping the
+ * preparation of tensors nothing would measure; it can rise within a step (the first
+ * non-finite value escalates the rest of it). */
+AMPSCOPE_API int ampscope_agent_wanted(ampscope_agent* agent, int32_t role, int32_t phase);
 AMPSCOPE_API ampscope_status ampscope_agent_mark_phase(ampscope_agent* agent,
                                                        int32_t phase /* ampscope_step_phase */);
 AMPSCOPE_API ampscope_status ampscope_agent_end_step(ampscope_agent* agent,
