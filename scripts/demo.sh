@@ -106,4 +106,9 @@ cat <<MSG
   README.md says how to point an existing Prometheus and Grafana at the server.
 - Your own tensors: '$AMPSCOPE stats FILE.npy' (FP32, FP16, or BF16 saved as uint16 with
   --dtype bf16); './run test' runs every test.
+- Your own PyTorch loop: 'import ampscope.torch as amps; mon = amps.attach(model, optimizer,
+  scaler, run_id=..., server=...)'. A complete run against the server above:
+    PYTHONPATH=$ROOT/python AMPSCOPE_AGENT_LIBRARY=$BUILD_DIR/agent/libampscope_agent.so \\
+      /usr/bin/python3 $ROOT/examples/torch_train.py --server 127.0.0.1:50051 --nan-at 40
+  (needs python3-torch; docs/pytorch.md).
 MSG
