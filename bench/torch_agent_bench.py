@@ -64,7 +64,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -99,40 +98,6 @@ def choose_precision(requested):
         return "bf16", "auto: the CPU has AVX-512 (oneDNN bf16 matmuls)"
     return "fp32", ("auto: the CPU lacks avx512bw/vl/dq, so PyTorch's bf16 matmuls would fall "
                     "back to a slow scalar GEMM")
-
-
-class Server:
-    """ampscope-server on a free loopback port with its SQLite store in `tmp`."""
-
-    def __init__(self, binary, tmp):
-        ready = os.path.join(tmp, "ready.json")
-        self.log_path = os.path.join(tmp, "server.log")
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [binary, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--db",
-                 os.path.join(tmp, "store.db"), "--ready-file", ready],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while not os.path.exists(ready):  # the server writes it whole (renamed into place)
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("ampscope-server did not start: " + self.log()[-2000:])
-            time.sleep(0.05)
-        with open(ready, encoding="utf-8") as f:
-            self.address = json.load(f)["grpc"]
-
-    def log(self):
-        with open(self.log_path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def parse_agent_options(items):
@@ -291,9 +256,12 @@ def main():
     server = None
     try:
         import torch
+        import ampscope
         import ampscope.torch as amps
         torch.set_num_threads(args.threads)
-        server = Server(args.server_bin, tmp)
+        server = ampscope.LocalServer(args.server_bin, workdir=os.path.join(tmp, "server"))
+        os.makedirs(server.workdir)
+        server.start()
         result = run(args, torch, amps, server, tmp)
     except Exception as e:
         print(f"torch_agent_bench.py: {type(e).__name__}: {e}", file=sys.stderr)

@@ -11,6 +11,7 @@ ctypes). `ampscope.torch` attaches it to a PyTorch training loop:
 
 from ._agent import Agent, AgentError
 from ._capi import LibraryError
+from ._server import LocalServer
 
-__all__ = ["Agent", "AgentError", "LibraryError"]
+__all__ = ["Agent", "AgentError", "LibraryError", "LocalServer"]
 __version__ = "0.1.0"

@@ -7,63 +7,24 @@ AMPSCOPE_CLI_BIN (and AMPSCOPE_AGENT_LIBRARY for the package)."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import torch
+
+import ampscope
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "bench", "peers"))
 import torch_gpt  # noqa: E402
 
 
-class Server:
-    """ampscope-server on loopback with its own SQLite store in `tmp`."""
+class Server(ampscope.LocalServer):
+    """ampscope-server on loopback (ampscope.LocalServer) with its store in `tmp`, and what the
+    tests ask it through the ampscope CLI."""
 
     def __init__(self, tmp, *args):
-        self.tmp = tmp
-        self.args = list(args)
-        self.db = os.path.join(tmp, "store.db")
-        self.address = None
-        self.proc = None
-        self._starts = 0
-
-    def start(self):
-        """Starts on a free port the first time, on the same port after that."""
-        self._starts += 1
-        ready = os.path.join(self.tmp, f"ready{self._starts}.json")
-        listen = self.address or "127.0.0.1:0"
-        with open(os.path.join(self.tmp, f"server{self._starts}.log"), "wb") as log:
-            self.proc = subprocess.Popen(
-                [os.environ["AMPSCOPE_SERVER_BIN"], "--listen", listen, "--metrics-listen", "",
-                 "--db", self.db, "--ready-file", ready, *self.args],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while not os.path.exists(ready):  # written under another name and renamed: whole
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.proc.kill()
-                raise RuntimeError("ampscope-server did not start:\n" + self.log())
-            time.sleep(0.05)
-        with open(ready, encoding="utf-8") as f:
-            self.address = json.load(f)["grpc"]
-        return self
-
-    def log(self):
-        with open(os.path.join(self.tmp, f"server{self._starts}.log"), encoding="utf-8",
-                  errors="replace") as f:
-            return f.read()
-
-    def kill(self):
-        """SIGKILL: no graceful shutdown."""
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
+        super().__init__(os.environ["AMPSCOPE_SERVER_BIN"], *args, workdir=tmp)
 
     def cli(self, *args):
         """The ampscope CLI's --json answer, as Python objects."""

@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import amps_testing  # noqa: E402
+import ampscope  # noqa: E402
 import ampscope.torch as amps  # noqa: E402
 
 
@@ -299,6 +300,25 @@ class MonitorTest(unittest.TestCase):
         self.assertEqual(shown["steps"], 12)
         self.assertEqual([(o["step"], o["tensor"]) for o in shown["first_offenders"]],
                          [(6, "blocks.1.fc")])
+
+    def test_local_server_starts_serves_and_cleans_up(self):
+        with ampscope.LocalServer(os.environ["AMPSCOPE_SERVER_BIN"]) as server:
+            host, port = server.address.rsplit(":", 1)
+            self.assertEqual(host, "127.0.0.1")
+            self.assertGreater(int(port), 0)
+            workdir = server.workdir
+            self.assertTrue(os.path.exists(server.db))
+        self.assertFalse(os.path.exists(workdir), "its temporary folder is removed")
+        self.assertIsNotNone(server.proc.poll(), "the process ended")
+        with self.assertRaises(FileNotFoundError):
+            env = os.environ.pop("AMPSCOPE_SERVER_BIN")
+            old_path = os.environ.get("PATH", "")
+            os.environ["PATH"] = self.tmp
+            try:
+                ampscope.LocalServer()
+            finally:
+                os.environ["AMPSCOPE_SERVER_BIN"] = env
+                os.environ["PATH"] = old_path
 
     def test_bad_arguments_name_themselves(self):
         model, opt, _ = setup()

@@ -1,0 +1,93 @@
+"""ampscope-server as a child process on loopback: for a notebook, an example, a test or a
+benchmark that wants a server of its own.
+
+    with ampscope.LocalServer() as server:            # ampscope-server from PATH, or
+        mon = amps.attach(model, opt, scaler,         # AMPSCOPE_SERVER_BIN
+                          run_id="r1", server=server.address)
+        ...
+
+The store (SQLite) and the server's log live in `workdir` (a temporary folder removed by stop()
+unless one was given). start() after stop() or kill() starts it again on the same address and
+store, as a restarted server would be."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+
+class LocalServer:
+    def __init__(self, binary=None, *args, workdir=None, start_timeout_s=30.0):
+        """binary: the ampscope-server program (default: AMPSCOPE_SERVER_BIN, else
+        ampscope-server on PATH). args: more of its flags ("--policy", "headroom", ...)."""
+        binary = binary or os.environ.get("AMPSCOPE_SERVER_BIN") or shutil.which(
+            "ampscope-server")
+        if not binary:
+            raise FileNotFoundError("ampscope-server not found: pass its path or set "
+                                    "AMPSCOPE_SERVER_BIN")
+        self.binary = binary
+        self.args = [str(a) for a in args]
+        self._own_workdir = workdir is None
+        self.workdir = workdir or tempfile.mkdtemp(prefix="ampscope-server-")
+        self.db = os.path.join(self.workdir, "store.db")
+        self.address = None  # "127.0.0.1:PORT" once started
+        self.proc = None
+        self._starts = 0
+        self._timeout = start_timeout_s
+
+    def start(self):
+        """Starts the server (on a free port the first time, on the same one after that) and
+        returns self once it serves."""
+        self._starts += 1
+        ready = os.path.join(self.workdir, f"ready{self._starts}.json")
+        with open(self.log_path(), "wb") as log:
+            self.proc = subprocess.Popen(
+                [self.binary, "--listen", self.address or "127.0.0.1:0", "--metrics-listen", "",
+                 "--db", self.db, "--ready-file", ready, *self.args],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + self._timeout
+        while not os.path.exists(ready):  # written under another name and renamed: whole
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError("ampscope-server did not start:\n" + self.log()[-4000:])
+            time.sleep(0.05)
+        with open(ready, encoding="utf-8") as f:
+            self.address = json.load(f)["grpc"]
+        return self
+
+    def log_path(self):
+        return os.path.join(self.workdir, f"server{self._starts}.log")
+
+    def log(self):
+        """The current process's output."""
+        try:
+            with open(self.log_path(), encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def kill(self):
+        """SIGKILL: no graceful shutdown (what a crash looks like to the agents)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self, remove=True):
+        """Graceful shutdown (SIGTERM); the temporary workdir is removed when `remove`."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if remove and self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self):
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc):
+        self.stop()
