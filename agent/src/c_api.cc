@@ -698,9 +698,8 @@ ampscope_status ampscope_loss_scale_apply_change(ampscope_loss_scale_rule* rule,
       write_reason(e, reason, reason_size);
       return AMPSCOPE_INVALID_ARGUMENT;
     }
-    ampscope_loss_scale_rule out = to_c_rule(r);
-    out.struct_size = std::min<uint32_t>(rule->struct_size, sizeof(out));
-    std::memcpy(static_cast<void*>(rule), &out, out.struct_size);
+    // `rule` was read above, so its struct_size is a valid layout: the write cannot fail.
+    (void)write_struct(to_c_rule(r), AMPSCOPE_LOSS_SCALE_RULE_SIZE_V1, "rule", rule);
     *state = to_c_state(s);
     return AMPSCOPE_OK;
   } catch (...) {

@@ -40,10 +40,11 @@ TEST(ChildProcessTest, ReportsExitCodesSignalsAndTimeouts) {
 
 TEST(ChildProcessTest, StopKillsWhatIgnoresSigterm) {
   TempDir dir;
+  // A shell that ignores SIGTERM and runs until killed; "ready" once the trap is set.
   ChildProcess stubborn({"/bin/sh", "-c", "trap '' TERM; echo ready; while :; do sleep 1; done"},
                         dir / "log");
   for (int i = 0; i < 200 && stubborn.log().empty(); ++i) std::this_thread::sleep_for(10ms);
-  EXPECT_EQ(stubborn.stop(200ms), -1);
+  EXPECT_EQ(stubborn.stop(200ms), -1) << "-1: it outlived the grace period and was killed";
   EXPECT_FALSE(stubborn.running());
 }
 

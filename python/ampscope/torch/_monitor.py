@@ -67,13 +67,12 @@ class Monitor:
     close(). Nothing here raises into the training loop once attach() returned."""
 
     def __init__(self, model, optimizer, scaler, scheduler, agent, *, start_step, master_weights,
-                 compute_format, named_params):
+                 named_params):
         self._model = model
         self._optimizer = optimizer
         self._scheduler = scheduler
         self._agent = agent
         self._adapter = scaler
-        self._compute_format = compute_format
         self._master_weights = master_weights
         self._next_step = start_step
         self._lock = threading.RLock()  # the monitor's step state (hooks run on autograd threads)
@@ -91,17 +90,14 @@ class Monitor:
         self._update = None  # (found_inf, scale_before, scale_after) of the step's update()
         self._fp32_active = set()
         self._policy_log = []  # what the agent applied, or was refused, and at which step
-        self._wrapped_forwards = {}
+        self._wrapped_forwards = set()  # names of the leaf modules whose forward is wrapped
         self._handles = []
         self._restores = []
         self._closed = False
         self._param_names = named_params  # id(param) -> (bytes name, held format or None)
-        self._leaf_names = {}
-        for name, module in model.named_modules():
-            if name and not any(True for _ in module.children()):
-                self._leaf_names[module] = name
-        self._capable = list(self._leaf_names.values())
-        self._modules_by_name = {n: m for m, n in self._leaf_names.items()}
+        # The leaf modules by qualified name: hooked, and offered to the FP32 fallback.
+        self._leaves = {name: module for name, module in model.named_modules()
+                        if name and not any(True for _ in module.children())}
         self._encoded = {}
 
     # -- wiring --------------------------------------------------------------------------------
@@ -109,7 +105,7 @@ class Monitor:
     def _install(self):
         self._handles.append(self._model.register_forward_pre_hook(self._guard(
             "forward pre-hook", self._on_root_forward)))
-        for module, name in self._leaf_names.items():
+        for name, module in self._leaves.items():
             self._handles.append(module.register_forward_hook(self._guard(
                 "forward hook on " + name, self._make_forward_hook(name))))
         if self._adapter is not None:
@@ -119,8 +115,8 @@ class Monitor:
             if status != _capi.OK:
                 self._notice("torch: the scaler could not be attached: " +
                              self._agent.last_error())
-        if self._capable:
-            status = self._agent.attach_overrides(self._capable, self._replace_fp32)
+        if self._leaves:
+            status = self._agent.attach_overrides(list(self._leaves), self._replace_fp32)
             if status != _capi.OK:
                 self._notice("torch: FP32 fallback unavailable: " + self._agent.last_error())
         if self._optimizer is not None:
@@ -193,7 +189,11 @@ class Monitor:
     def _end(self):
         if not self._in_step:
             return
-        found_inf, before, after = self._update or (False, self._scale_now(), self._scale_now())
+        if self._update is None:  # no scaler update this step: the scale did not move
+            scale = self._scale_now()
+            found_inf, before, after = False, scale, scale
+        else:
+            found_inf, before, after = self._update
         loss = lr = 0.0
         try:
             # The sum over micro-batches: with the usual loss / accumulation_steps, the
@@ -390,12 +390,12 @@ class Monitor:
         return reason
 
     def _replace_fp32(self, layers, from_step):
-        unknown = [n for n in layers if n not in self._modules_by_name]
+        unknown = [n for n in layers if n not in self._leaves]
         if unknown:
             return "not a leaf module of the model: " + ", ".join(unknown[:4])
         for name in layers:
             if name not in self._wrapped_forwards:
-                self._wrap_fp32(name, self._modules_by_name[name])
+                self._wrap_fp32(name, self._leaves[name])
         self._fp32_active = set(layers)
         self._policy_log.append({"step": from_step, "fp32_layers": sorted(layers),
                                  "refused": None})
@@ -416,7 +416,7 @@ class Monitor:
                 return original(*_to_fp32(args), **_to_fp32(kwargs))
 
         module.forward = forward
-        self._wrapped_forwards[name] = module
+        self._wrapped_forwards.add(name)
 
         def restore():
             with contextlib.suppress(AttributeError):
@@ -543,8 +543,7 @@ def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, opti
                                      _capi.FORMAT_FP32) else None
         named[id(p)] = (name.encode(), held)
     monitor = Monitor(model, optimizer, adapter, scheduler, agent, start_step=start_step,
-                      master_weights=bool(master_weights), compute_format=compute_format,
-                      named_params=named)
+                      master_weights=bool(master_weights), named_params=named)
     try:
         monitor._install()
     except Exception:
