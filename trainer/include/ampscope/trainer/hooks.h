@@ -72,6 +72,28 @@ class StepListener {
   virtual void on_step(const StepEvent& event) = 0;
 };
 
+// One rank's vote in the per-step policy agreement of a multi-rank run (docs/multi-rank.md):
+// the highest policy seq it holds with every lower one, and whether it wants the local scaler's
+// configuration back (its server has been unreachable too long). The trainer reduces the votes
+// of all ranks together with found_inf (one max all-reduce of {found_inf, -received_seq,
+// fallback}), so the agreed vote is the lowest seq any rank holds and "some rank wants to fall
+// back": every rank applies the same updates, and falls back, at the same step, and no rank
+// waits for an update it has not received.
+struct PolicyVote {
+  std::uint64_t received_seq = 0;
+  bool fallback = false;
+};
+
+// Supplies and receives the votes (the agent's adapter). Called on the training thread once
+// per step: vote() after the step's gradients are checked, agreed() with the reduced vote
+// right after, before the next step begins. Implementations must not throw.
+class PolicyAgreement {
+ public:
+  virtual ~PolicyAgreement() = default;
+  virtual PolicyVote vote() = 0;
+  virtual void agreed(const PolicyVote& vote) = 0;
+};
+
 // Layers that compute in FP32 from a given step on (the policy engine's FP32 fallback). Named
 // layers are matmul-like producers: "h{i}.attn.qkv", "h{i}.attn.core", "h{i}.attn.proj",
 // "h{i}.mlp.fc", "h{i}.mlp.gelu", "h{i}.mlp.proj", "lm_head"; "*" means every layer.
