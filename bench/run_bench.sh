@@ -176,6 +176,23 @@ rm -f "$fragments"/server.json
 "$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/server.json"
 echo "results: $out_dir/results.json"
 
+# One data-parallel run of 256 ranks against a real ampscope-server with the headroom policy:
+# each rank one stream, one report of 200 tensors per second (the same step on every rank, each
+# rank's send delayed by up to 20 ms), 5 s warm-up + 60 s measured. Writes
+# server_256_ranks_ack_{p50,p99}_ms, server_256_ranks_ingest_tensor_stats_per_s,
+# server_256_ranks_rss_{start,end,growth}_mb, server_256_ranks_peak_rss_mb and whether every
+# report was acknowledged (server_256_ranks_all_acked, _rejects). About 70 s.
+#
+# Environment (all optional):
+#   AMPSCOPE_BENCH_SERVER_RANKS           ranks (default 256; the keys say the number)
+#   AMPSCOPE_BENCH_SERVER_RANKS_DURATION  measured seconds (default 60)
+rm -f "$fragments"/server_ranks.json
+"$build_dir/bench/ampscope_server_load" --out "$fragments/server_ranks.json" \
+  --ranks "${AMPSCOPE_BENCH_SERVER_RANKS:-256}" --rank-tensors 200 --rank-rate 1 \
+  --rank-duration "${AMPSCOPE_BENCH_SERVER_RANKS_DURATION:-60}"
+"$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/server_ranks.json"
+echo "results: $out_dir/results.json"
+
 # ---- Loss-scale policies in closed loop (bench/policy_eval) ----------------------------------
 # ampscope-train with the agent against ampscope-server: five scenarios (defaults, initial scale
 # 2^24, shrinking gradients, injected overflow spikes, a 5,000-step run) with each of GradScaler,

@@ -21,6 +21,15 @@
 // sample lines), the time it takes (median and slowest of --scrapes), and the server's resident
 // memory now (VmRSS) and at its peak (VmHWM). --server-binary picks the server to measure, so
 // two builds can be compared on the same machine.
+//
+// With --ranks N it measures one synchronous data-parallel run instead: N ranks (world_size N,
+// data_parallel_size N, POLICY_AGREEMENT_PER_STEP), one stream and connection each, each sending
+// one report per step at --rank-rate steps/s, the same step on every rank, each rank's send
+// delayed by a uniform [0, --rank-spread-ms) drawn anew every step; the server runs the headroom
+// policy, so its per-step merge and engine are on the path. Writes server_<N>_ranks_* keys:
+// report-to-Ack p50/p99 over all ranks, the acknowledged rate, the server's RSS every
+// --rank-rss-every seconds of the window and its growth, its peak, and whether every report was
+// acknowledged (and any Reject).
 #include <curl/curl.h>
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -39,6 +48,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -81,6 +91,15 @@ struct Options {
   int runs = 0;                          // > 0: the runs measurement instead of the load phases
   int runs_reports = 1;
   int scrapes = 5;
+  int ranks = 0;  // > 0: one data-parallel run of this many ranks instead of the load phases
+  int rank_tensors = 200;
+  double rank_rate = 1;  // steps per second
+  double rank_duration_s = 60;
+  double rank_warmup_s = 5;
+  double rank_spread_ms = 20;
+  double rank_rss_every_s = 2;
+  double rank_growth_from_s = 10;
+  bool require_acked = false;
 };
 
 // --- The server under test --------------------------------------------------------------------
@@ -198,49 +217,74 @@ v1::StepReport realistic_report(int tensors, std::size_t n, std::uint32_t seed) 
 
 // --- One agent stream (callback API) ----------------------------------------------------------
 
+// The Hello of one rank of a run whose ranks all start from the same dynamic scaler.
+v1::Hello agent_hello(const std::string& run_id, std::uint32_t rank, std::uint32_t world) {
+  v1::Hello h;
+  h.set_run_id(run_id);
+  h.set_rank(rank);
+  h.set_world_size(world);
+  h.set_precision("amp-fp16");
+  h.set_compute_format(v1::FORMAT_FP16);
+  h.mutable_scaler()->set_kind(v1::SCALER_KIND_DYNAMIC);
+  h.mutable_scaler()->set_init_scale(65536);
+  h.mutable_scaler()->set_growth_factor(2);
+  h.mutable_scaler()->set_backoff_factor(0.5);
+  h.mutable_scaler()->set_growth_interval(2000);
+  return h;
+}
+
+// The send_* calls come from one thread (the driver); gRPC's callbacks from its own.
 class LoadStream : public grpc::ClientBidiReactor<v1::AgentMessage, v1::ServerMessage> {
  public:
-  LoadStream(v1::Telemetry::Stub* stub, std::string run_id, std::uint32_t rank, std::uint32_t world,
+  LoadStream(v1::Telemetry::Stub* stub, v1::Hello hello,
              const std::vector<v1::StepReport>* templates)
-      : run_id_(std::move(run_id)), rank_(rank), templates_(templates) {
+      : run_id_(hello.run_id()), rank_(hello.rank()), templates_(templates) {
     stub->async()->Attach(&context_, this);
-    v1::AgentMessage hello;
-    auto* h = hello.mutable_hello();
-    h->set_run_id(run_id_);
-    h->set_rank(rank);
-    h->set_world_size(world);
-    h->set_precision("amp-fp16");
-    h->set_compute_format(v1::FORMAT_FP16);
-    h->mutable_scaler()->set_kind(v1::SCALER_KIND_DYNAMIC);
-    h->mutable_scaler()->set_init_scale(65536);
-    h->mutable_scaler()->set_growth_factor(2);
-    h->mutable_scaler()->set_backoff_factor(0.5);
-    h->mutable_scaler()->set_growth_interval(2000);
-    queue_.push_back(std::move(hello));
+    v1::AgentMessage first;
+    *first.mutable_hello() = std::move(hello);
+    queue_.push_back(std::move(first));
     writing_ = true;
     StartWrite(&queue_.front());
     StartRead(&in_);
     StartCall();
   }
 
-  // Queues the next report; returns its seq.
+  // Queues the next report, step = seq; its latency counts.
   void send_next() {
-    std::lock_guard lock(mu_);
-    if (done_) return;
-    const std::uint64_t seq = ++seq_;
+    std::uint64_t seq = 0;
+    {
+      std::lock_guard lock(mu_);
+      if (done_) return;
+      seq = ++seq_;
+    }
+    v1::AgentMessage m;
+    *m.mutable_report() = (*templates_)[seq % templates_->size()];
+    enqueue(std::move(m), seq, static_cast<std::int64_t>(seq), /*measured=*/true);
+  }
+
+  // Queues the report of `step` of a data-parallel rank: the weight gradients are those every
+  // rank holds after the all-reduce (one template per step), the activation gradients its own
+  // (another template per rank). `measured`: its latency counts (take_latencies).
+  void send_step(std::int64_t step, std::uint64_t policy_seq, bool measured) {
+    std::uint64_t seq = 0;
+    {
+      std::lock_guard lock(mu_);
+      if (done_) return;
+      seq = ++seq_;
+    }
+    const std::size_t n = templates_->size();
+    const v1::StepReport& shared = (*templates_)[static_cast<std::size_t>(step) % n];
+    const v1::StepReport& own = (*templates_)[(static_cast<std::size_t>(step) + rank_ + 1) % n];
     v1::AgentMessage m;
     v1::StepReport* r = m.mutable_report();
-    *r = (*templates_)[seq % templates_->size()];
-    r->set_run_id(run_id_);
-    r->set_rank(rank_);
-    r->set_seq(seq);
-    r->set_step(static_cast<std::int64_t>(seq));
-    sent_at_[seq] = Clock::now();
-    queue_.push_back(std::move(m));
-    if (!writing_) {
-      writing_ = true;
-      StartWrite(&queue_.front());
+    *r = shared;
+    for (int i = 0; i < r->tensors_size(); ++i) {
+      if (r->tensors(i).role() == v1::TENSOR_ROLE_ACTIVATION_GRAD) {
+        *r->mutable_tensors(i) = own.tensors(i);
+      }
     }
+    r->set_policy_seq(policy_seq);
+    enqueue(std::move(m), seq, step, measured);
   }
 
   std::size_t in_flight() {
@@ -259,6 +303,27 @@ class LoadStream : public grpc::ClientBidiReactor<v1::AgentMessage, v1::ServerMe
   std::uint64_t acked() {
     std::lock_guard lock(mu_);
     return acked_;
+  }
+  std::uint64_t sent() {
+    std::lock_guard lock(mu_);
+    return seq_;
+  }
+  std::uint64_t rejects() {
+    std::lock_guard lock(mu_);
+    return rejects_;
+  }
+  std::string first_reject() {
+    std::lock_guard lock(mu_);
+    return first_reject_;
+  }
+  // The highest PolicyUpdate.seq received (0: none).
+  std::uint64_t policy_seq() {
+    std::lock_guard lock(mu_);
+    return policy_seq_;
+  }
+  std::uint64_t policy_updates() {
+    std::lock_guard lock(mu_);
+    return policy_updates_;
   }
   // An Ack arrived (the first answers the Hello).
   bool answered() {
@@ -296,10 +361,21 @@ class LoadStream : public grpc::ClientBidiReactor<v1::AgentMessage, v1::ServerMe
         const auto now = Clock::now();
         const std::uint64_t upto = in_.ack().persisted_seq();
         for (auto it = sent_at_.begin(); it != sent_at_.end() && it->first <= upto;) {
-          latencies_.push_back(std::chrono::duration<double, std::milli>(now - it->second).count());
+          if (it->second.measured) {
+            latencies_.push_back(
+                std::chrono::duration<double, std::milli>(now - it->second.at).count());
+          }
           ++acked_;
           it = sent_at_.erase(it);
         }
+      } else if (in_.has_reject()) {
+        if (rejects_++ == 0) {
+          first_reject_ =
+              in_.reject().field() + ": " + in_.reject().reason() + ": " + in_.reject().message();
+        }
+      } else if (in_.has_policy()) {
+        ++policy_updates_;
+        policy_seq_ = std::max(policy_seq_, in_.policy().seq());
       }
     }
     StartRead(&in_);
@@ -312,6 +388,27 @@ class LoadStream : public grpc::ClientBidiReactor<v1::AgentMessage, v1::ServerMe
   }
 
  private:
+  void enqueue(v1::AgentMessage m, std::uint64_t seq, std::int64_t step, bool measured) {
+    v1::StepReport* r = m.mutable_report();
+    r->set_run_id(run_id_);
+    r->set_rank(rank_);
+    r->set_seq(seq);
+    r->set_step(step);
+    std::lock_guard lock(mu_);
+    if (done_) return;
+    sent_at_[seq] = Sent{Clock::now(), measured};
+    queue_.push_back(std::move(m));
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&queue_.front());
+    }
+  }
+
+  struct Sent {
+    Clock::time_point at;
+    bool measured;
+  };
+
   grpc::ClientContext context_;
   std::string run_id_;
   std::uint32_t rank_;
@@ -322,9 +419,13 @@ class LoadStream : public grpc::ClientBidiReactor<v1::AgentMessage, v1::ServerMe
   bool writing_ = false;
   v1::ServerMessage in_;
   std::uint64_t seq_ = 0;
-  std::map<std::uint64_t, Clock::time_point> sent_at_;
+  std::map<std::uint64_t, Sent> sent_at_;
   std::vector<double> latencies_;
   std::uint64_t acked_ = 0;
+  std::uint64_t rejects_ = 0;
+  std::string first_reject_;
+  std::uint64_t policy_updates_ = 0;
+  std::uint64_t policy_seq_ = 0;
   bool answered_ = false;
   bool done_ = false;
   grpc::Status status_;
@@ -373,7 +474,7 @@ nlohmann::ordered_json measure_runs(const Options& o, ServerChild& server,
     for (int i = first; i < std::min(o.runs, first + o.streams); ++i) {
       wave.push_back(
           std::make_unique<LoadStream>(stubs[static_cast<std::size_t>(i) % stubs.size()].get(),
-                                       "runs-" + std::to_string(i), 0, 1, &templates));
+                                       agent_hello("runs-" + std::to_string(i), 0, 1), &templates));
       for (int r = 0; r < o.runs_reports; ++r) wave.back()->send_next();
     }
     const auto deadline = Clock::now() + 60s;
@@ -438,6 +539,246 @@ nlohmann::ordered_json measure_runs(const Options& o, ServerChild& server,
   return j;
 }
 
+// Samples the server's VmRSS every `every` from `from` until stopped: (seconds since `from`, kB).
+class RssSampler {
+ public:
+  RssSampler(const ServerChild& server, Clock::time_point from, Clock::duration every)
+      : thread_([this, &server, from, every] {
+          std::unique_lock lock(mu_);
+          for (auto at = from; !stop_; at += every) {
+            if (cv_.wait_until(lock, at, [&] { return stop_; })) break;
+            samples_.emplace_back(std::chrono::duration<double>(Clock::now() - from).count(),
+                                  server.status_kb("VmRSS"));
+          }
+        }) {}
+  ~RssSampler() { stop(); }
+  std::vector<std::pair<double, long>> stop() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    return samples_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::vector<std::pair<double, long>> samples_;
+  std::thread thread_;  // last: starts once the members it uses exist
+};
+
+// Least-squares slope of y over x; 0 with fewer than two points.
+double slope(const std::vector<std::pair<double, double>>& xy) {
+  if (xy.size() < 2) return 0;
+  double mx = 0, my = 0;
+  for (const auto& [x, y] : xy) mx += x, my += y;
+  mx /= xy.size();
+  my /= xy.size();
+  double num = 0, den = 0;
+  for (const auto& [x, y] : xy) num += (x - mx) * (y - my), den += (x - mx) * (x - mx);
+  return den > 0 ? num / den : 0;
+}
+
+double load_average_1m() {
+  std::ifstream in("/proc/loadavg");
+  double l = -1;
+  in >> l;
+  return l;
+}
+
+double round_to(double v, double unit) { return std::round(v / unit) * unit; }
+
+// The multi-rank measurement (--ranks): one synchronous data-parallel run of N ranks, each its
+// own agent stream and connection (as each rank is its own process), each sending the report
+// of step k at k / rate seconds plus a delay drawn uniformly from [0, spread) anew for every
+// rank and step (ranks leave the all-reduce together, within a few ms). Measures the time from
+// each report to its Ack over all ranks, the acknowledged rate, and the server's RSS every few
+// seconds of the measured window.
+nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
+                                     const std::string& address) {
+  const std::string key = "server_" + std::to_string(o.ranks) + "_ranks_";
+  std::cerr << "building report templates (" << o.rank_tensors << " tensors)...\n";
+  std::vector<v1::StepReport> templates;
+  for (std::uint32_t i = 0; i < 8; ++i) {
+    templates.push_back(realistic_report(o.rank_tensors, o.elements, 1234 + i));
+  }
+  const std::size_t report_bytes = templates[0].ByteSizeLong();
+
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(64 << 20);
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  std::vector<std::unique_ptr<v1::Telemetry::Stub>> stubs;
+  std::vector<std::unique_ptr<LoadStream>> streams;
+  const auto world = static_cast<std::uint32_t>(o.ranks);
+  for (std::uint32_t rank = 0; rank < world; ++rank) {
+    grpc::ChannelArguments a = args;
+    a.SetInt("ampscope.channel", static_cast<int>(rank));  // distinct args: own connection
+    channels.push_back(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), a));
+    stubs.push_back(v1::Telemetry::NewStub(channels.back()));
+    v1::Hello hello = agent_hello("ranks-" + std::to_string(o.ranks), rank, world);
+    hello.set_data_parallel_size(world);
+    hello.set_gradients_sharded(false);
+    hello.set_policy_agreement(v1::POLICY_AGREEMENT_PER_STEP);
+    streams.push_back(std::make_unique<LoadStream>(stubs.back().get(), hello, &templates));
+  }
+  const auto connect_deadline = Clock::now() + 60s;
+  for (auto& s : streams) {
+    while (!s->answered() && !s->failed() && Clock::now() < connect_deadline) {
+      std::this_thread::sleep_for(5ms);
+    }
+  }
+
+  const auto period =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / o.rank_rate));
+  const auto warmup_steps = static_cast<std::int64_t>(std::ceil(o.rank_warmup_s * o.rank_rate));
+  const auto measured_steps = static_cast<std::int64_t>(std::ceil(o.rank_duration_s * o.rank_rate));
+  const auto spread = std::chrono::duration<double, std::milli>(o.rank_spread_ms);
+  std::cerr << "ranks phase: " << o.ranks << " ranks, " << o.rank_tensors << " tensors, "
+            << o.rank_rate << " steps/s, sends spread over " << o.rank_spread_ms << " ms, "
+            << warmup_steps << " warm-up + " << measured_steps << " measured steps\n";
+  const double load_start = load_average_1m();
+  const auto t0 = Clock::now() + 100ms;
+  const auto measure_from = t0 + warmup_steps * period;
+  const auto measure_to = measure_from + measured_steps * period;
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<double> delay_ms(0, o.rank_spread_ms);
+  std::unique_ptr<RssSampler> sampler;
+  std::uint64_t acked_at_start = 0;
+  long rss_start_kb = -1;
+  std::vector<std::pair<Clock::duration, std::size_t>> order(streams.size());
+  for (std::int64_t step = 0; step < warmup_steps + measured_steps; ++step) {
+    const auto step_at = t0 + step * period;
+    if (step == warmup_steps) {
+      std::this_thread::sleep_until(step_at);
+      for (auto& s : streams) acked_at_start += s->acked();
+      rss_start_kb = server.status_kb("VmRSS");
+      sampler =
+          std::make_unique<RssSampler>(server, step_at,
+                                       std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(o.rank_rss_every_s)));
+    }
+    // Every rank applies the policy updates that all of them hold (PER_STEP agreement: the
+    // ranks reduce what they received), and says so in its report.
+    std::uint64_t agreed = std::numeric_limits<std::uint64_t>::max();
+    for (auto& s : streams) agreed = std::min(agreed, s->policy_seq());
+    for (std::size_t i = 0; i < streams.size(); ++i) {
+      order[i] = {std::chrono::duration_cast<Clock::duration>(
+                      std::chrono::duration<double, std::milli>(delay_ms(rng))),
+                  i};
+    }
+    std::sort(order.begin(), order.end());
+    for (const auto& [delay, i] : order) {
+      std::this_thread::sleep_until(step_at + delay);
+      streams[i]->send_step(step, agreed, step >= warmup_steps);
+    }
+  }
+  std::this_thread::sleep_until(measure_to);
+  std::uint64_t acked_at_end = 0;
+  for (auto& s : streams) acked_at_end += s->acked();
+  const long rss_end_kb = server.status_kb("VmRSS");
+  const std::vector<std::pair<double, long>> rss =
+      sampler ? sampler->stop() : std::vector<std::pair<double, long>>{};
+  const double load_end = load_average_1m();
+
+  // Every report sent gets its Ack (or counts as missing).
+  const auto ack_deadline = Clock::now() + 30s;
+  for (auto& s : streams) {
+    while (s->in_flight() > 0 && !s->failed() && Clock::now() < ack_deadline) {
+      std::this_thread::sleep_for(5ms);
+    }
+  }
+  std::vector<double> latencies;
+  std::uint64_t sent = 0, acked = 0, rejects = 0, policy_updates = 0, policy_seq = 0;
+  int failed = 0;
+  std::string first_reject;
+  for (auto& s : streams) {
+    auto l = s->take_latencies();
+    latencies.insert(latencies.end(), l.begin(), l.end());
+    sent += s->sent();
+    acked += s->acked();
+    rejects += s->rejects();
+    if (first_reject.empty()) first_reject = s->first_reject();
+    policy_updates += s->policy_updates();
+    policy_seq = std::max(policy_seq, s->policy_seq());
+    if (s->failed()) ++failed;
+  }
+  const long peak_kb = server.status_kb("VmHWM");
+  for (auto& s : streams) s->close();
+  for (auto& s : streams) s->wait_done();
+
+  const std::uint64_t measured_sent = static_cast<std::uint64_t>(measured_steps) * world;
+  const double reports_per_s = static_cast<double>(acked_at_end - acked_at_start) /
+                               std::chrono::duration<double>(measure_to - measure_from).count();
+  const double p50 = percentile(latencies, 0.50);
+  const double p99 = percentile(latencies, 0.99);
+  const double max =
+      latencies.empty() ? NAN : *std::max_element(latencies.begin(), latencies.end());
+  // Growth after the server settled: from the first sample at or after --rank-growth-from.
+  const double growth_from = std::min(o.rank_growth_from_s, o.rank_duration_s / 2);
+  long rss_from_kb = -1;
+  std::vector<std::pair<double, double>> settled;
+  nlohmann::json series = nlohmann::json::array();
+  for (const auto& [t, kb] : rss) {
+    series.push_back(mb(kb));
+    if (t + 1e-3 < growth_from || kb <= 0) continue;
+    if (rss_from_kb < 0) rss_from_kb = kb;
+    settled.emplace_back(t, kb / 1024.0);
+  }
+  const double growth_mb =
+      rss_from_kb > 0 && rss_end_kb > 0 ? (rss_end_kb - rss_from_kb) / 1024.0 : NAN;
+  std::cerr << "  ack latency p50 " << p50 << " ms, p99 " << p99 << " ms, max " << max
+            << " ms over " << latencies.size() << " of " << measured_sent << " measured reports\n"
+            << "  " << reports_per_s << " reports/s acknowledged; " << acked << " of " << sent
+            << " reports acknowledged, " << rejects << " rejected, " << failed
+            << " streams failed; " << policy_updates << " policy updates received (seq up to "
+            << policy_seq << ")\n"
+            << "  RSS " << mb(rss_start_kb) << " MB at start, " << mb(rss_from_kb) << " MB at "
+            << growth_from << " s, " << mb(rss_end_kb) << " MB at the end, peak " << mb(peak_kb)
+            << " MB; load average " << load_start << " -> " << load_end << "\n";
+
+  nlohmann::ordered_json j;
+  j[key + "ack_p50_ms"] = round_to(p50, 0.01);
+  j[key + "ack_p99_ms"] = round_to(p99, 0.01);
+  j[key + "ack_max_ms"] = round_to(max, 0.01);
+  j[key + "ingest_reports_per_s"] = round_to(reports_per_s, 0.1);
+  j[key + "ingest_tensor_stats_per_s"] = std::round(reports_per_s * o.rank_tensors);
+  j[key + "reports_sent"] = sent;
+  j[key + "reports_acked"] = acked;
+  j[key + "measured_reports"] = measured_sent;
+  j[key + "measured_latencies"] = latencies.size();
+  j[key + "all_acked"] = acked == sent && failed == 0 && latencies.size() == measured_sent;
+  j[key + "rejects"] = rejects;
+  if (rejects > 0) j[key + "first_reject"] = first_reject;
+  j[key + "streams_failed"] = failed;
+  j[key + "policy_updates_received"] = policy_updates;
+  j[key + "policy_seq"] = policy_seq;
+  j[key + "rss_start_mb"] = mb(rss_start_kb);
+  j[key + "rss_end_mb"] = mb(rss_end_kb);
+  j[key + "rss_growth_from_s"] = growth_from;
+  j[key + "rss_growth_mb"] = round_to(growth_mb, 0.1);
+  j[key + "rss_slope_mb_per_min"] = round_to(slope(settled) * 60, 0.01);
+  j[key + "rss_every_s"] = o.rank_rss_every_s;
+  j[key + "rss_series_mb"] = series;
+  j[key + "peak_rss_mb"] = mb(peak_kb);
+  j[key + "tensors_per_report"] = o.rank_tensors;
+  j[key + "report_bytes"] = report_bytes;
+  j[key + "steps_per_s"] = o.rank_rate;
+  j[key + "spread_ms"] = o.rank_spread_ms;
+  j[key + "warmup_s"] = o.rank_warmup_s;
+  j[key + "duration_s"] = o.rank_duration_s;
+  j[key + "sync"] = o.sync;
+  std::string extra;
+  for (const auto& a : o.server_args) extra += (extra.empty() ? "" : " ") + a;
+  j[key + "server_args"] = extra;
+  j[key + "load_average_start"] = load_start;
+  j[key + "load_average_end"] = load_end;
+  j[key + "hardware_threads"] = std::thread::hardware_concurrency();
+  return j;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -470,11 +811,47 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--scrapes", o.scrapes, "Scrapes of /metrics timed (--runs)")
       ->capture_default_str();
+  app.add_option("--ranks", o.ranks,
+                 "One data-parallel run of this many ranks (one stream each, one report per "
+                 "step) instead of the load phases; the server runs --policy headroom unless "
+                 "--server-arg sets a policy")
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--rank-tensors", o.rank_tensors, "TensorStats per report (--ranks)")
+      ->capture_default_str();
+  app.add_option("--rank-rate", o.rank_rate, "Steps per second (--ranks)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--rank-duration", o.rank_duration_s, "Measured seconds (--ranks)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--rank-warmup", o.rank_warmup_s, "Seconds of steps before measuring (--ranks)")
+      ->capture_default_str();
+  app.add_option("--rank-spread-ms", o.rank_spread_ms,
+                 "Each rank sends a step's report this much after the step at most (uniform)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--rank-rss-every", o.rank_rss_every_s, "Seconds between RSS samples (--ranks)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--rank-growth-from", o.rank_growth_from_s,
+                 "RSS growth is measured from this second of the window to its end (--ranks)")
+      ->capture_default_str();
+  app.add_flag("--require-acked", o.require_acked,
+               "--ranks: exit 1 unless every report was acknowledged without a Reject");
   CLI11_PARSE(app, argc, argv);
-  if (o.runs > 0 && !o.server_address.empty()) {
-    std::cerr << "--runs starts its own server: drop --server\n";
+  if ((o.runs > 0 || o.ranks > 0) && !o.server_address.empty()) {
+    std::cerr << "--runs and --ranks start their own server: drop --server\n";
     return 2;
   }
+  if (o.runs > 0 && o.ranks > 0) {
+    std::cerr << "--runs and --ranks are separate measurements: choose one\n";
+    return 2;
+  }
+  const bool policy_set = std::any_of(o.server_args.begin(), o.server_args.end(), [](auto& a) {
+    return a == "--policy" || a.rfind("--policy=", 0) == 0;
+  });
+  if (o.ranks > 0 && !policy_set)
+    o.server_args.insert(o.server_args.end(), {"--policy", "headroom"});
 
   std::filesystem::path dir = o.work_dir.empty() ? std::filesystem::temp_directory_path() /
                                                        ("ampscope-load-" + std::to_string(getpid()))
@@ -485,6 +862,19 @@ int main(int argc, char** argv) {
   if (address.empty()) {
     server = std::make_unique<ServerChild>(o, dir);
     address = server->address();
+  }
+  if (o.ranks > 0) {
+    const nlohmann::ordered_json j = measure_ranks(o, *server, address);
+    server.reset();
+    std::cout << j.dump(2) << "\n";
+    if (!o.out.empty()) std::ofstream(o.out) << j.dump(2) << "\n";
+    if (o.work_dir.empty()) std::filesystem::remove_all(dir);
+    const std::string key = "server_" + std::to_string(o.ranks) + "_ranks_";
+    if (o.require_acked && (!j.at(key + "all_acked").get<bool>() || j.at(key + "rejects") != 0)) {
+      std::cerr << "not every report was acknowledged without a Reject\n";
+      return 1;
+    }
+    return 0;
   }
 
   std::cerr << "building report templates (" << o.tensors << " tensors)...\n";
@@ -519,10 +909,11 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<LoadStream>> streams;
   const int ranks_per_run = 8;
   for (int i = 0; i < o.streams; ++i) {
-    streams.push_back(std::make_unique<LoadStream>(stubs[static_cast<std::size_t>(i / 8)].get(),
-                                                   "load-run-" + std::to_string(i / ranks_per_run),
-                                                   static_cast<std::uint32_t>(i % ranks_per_run),
-                                                   ranks_per_run, &templates));
+    streams.push_back(std::make_unique<LoadStream>(
+        stubs[static_cast<std::size_t>(i / 8)].get(),
+        agent_hello("load-run-" + std::to_string(i / ranks_per_run),
+                    static_cast<std::uint32_t>(i % ranks_per_run), ranks_per_run),
+        &templates));
   }
 
   // Phase 1: open loop at the offered rate, each stream at its own steady step rate, on a
