@@ -184,6 +184,22 @@ Status Agent::end_step(const StepInfo& info) noexcept {
                         [&] { return impl_->recorder->end_step(info); });
 }
 
+PolicyVote Agent::policy_vote() noexcept {
+  return guarded(impl_->notices, "policy_vote", PolicyVote{},
+                 [&] { return impl_->policy->vote(); });
+}
+
+Status Agent::policy_agreed(const PolicyVote& agreed) noexcept {
+  return guarded_status(impl_->notices, "policy_agreed", [&]() -> Status {
+    std::string err = impl_->policy->agreed(agreed);
+    if (err.empty()) return Status::Ok();
+    const StatusCode code = impl_->policy->mode() == PolicyAgreementMode::kPerStep
+                                ? StatusCode::kInvalidArgument
+                                : StatusCode::kFailedPrecondition;
+    return {code, std::move(err)};
+  });
+}
+
 Status Agent::flush(std::chrono::milliseconds timeout) noexcept {
   return guarded_status(impl_->notices, "flush",
                         [&] { return impl_->delivery->flush(Clock::now() + timeout); });

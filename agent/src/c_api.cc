@@ -629,6 +629,28 @@ ampscope_status ampscope_agent_add_notice(ampscope_agent* agent, const char* tex
   }
 }
 
+ampscope_status ampscope_agent_policy_vote(ampscope_agent* agent, uint64_t* received_seq,
+                                           int* fallback) {
+  if (agent == nullptr) return AMPSCOPE_INVALID_ARGUMENT;
+  if (received_seq == nullptr || fallback == nullptr) {
+    return agent->fail(AMPSCOPE_INVALID_ARGUMENT, "received_seq and fallback must not be NULL");
+  }
+  const ampscope::agent::PolicyVote v = agent->agent->policy_vote();  // noexcept
+  *received_seq = v.received_seq;
+  *fallback = v.fallback ? 1 : 0;
+  return AMPSCOPE_OK;
+}
+
+ampscope_status ampscope_agent_policy_agreed(ampscope_agent* agent, uint64_t received_seq,
+                                             int fallback) {
+  if (agent == nullptr) return AMPSCOPE_INVALID_ARGUMENT;
+  try {
+    return agent->result(agent->agent->policy_agreed({received_seq, fallback != 0}));
+  } catch (...) {
+    return agent->internal("policy_agreed");
+  }
+}
+
 ampscope_status ampscope_loss_scale_defaults(int32_t kind, ampscope_loss_scale_rule* rule,
                                              ampscope_loss_scale_state* state) {
   try {

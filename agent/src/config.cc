@@ -121,6 +121,25 @@ const std::vector<Option>& options() {
       {"run_id", "a run id", text(&AgentConfig::run_id)},
       {"rank", "an integer in [0, 65535]", integer(&AgentConfig::rank, 0, 65535)},
       {"world_size", "an integer in [1, 65536]", integer(&AgentConfig::world_size, 1, 65536)},
+      {"data_parallel_size", "an integer in [0, 65536] (0: world_size)",
+       integer(&AgentConfig::data_parallel_size, 0, 65536)},
+      {"gradients_sharded", "a boolean",
+       [](AgentConfig& c, std::string_view v) { return parse_bool(v, &c.gradients_sharded); }},
+      {"policy_agreement", "auto, single, per_step, none or independent",
+       [](AgentConfig& c, std::string_view v) {
+         const std::string t = normalise_key(trim(v));
+         for (auto m : {PolicyAgreementMode::kAuto, PolicyAgreementMode::kSingle,
+                        PolicyAgreementMode::kPerStep, PolicyAgreementMode::kNone,
+                        PolicyAgreementMode::kIndependent}) {
+           if (t == agreement_name(m)) {
+             c.policy_agreement = m;
+             return true;
+           }
+         }
+         return false;
+       }},
+      {"policy_receive_delay_ms", "milliseconds in [0, 86400000]",
+       millis(&AgentConfig::policy_receive_delay, 0, kDay)},
       {"token", "a token", text(&AgentConfig::token)},
       {"token_file", "a readable file whose first line is the token",
        [](AgentConfig& c, std::string_view v) {
@@ -260,6 +279,14 @@ std::string validate(const AgentConfig& c) {
     return "rank: " + std::to_string(c.rank) + " must be below world_size " +
            std::to_string(c.world_size);
   }
+  if (c.data_parallel_size > c.world_size) {
+    return "data_parallel_size: " + std::to_string(c.data_parallel_size) +
+           " must not exceed world_size " + std::to_string(c.world_size);
+  }
+  if (c.world_size > 1 && c.policy_agreement == PolicyAgreementMode::kSingle) {
+    return "policy_agreement: single is for one rank; world_size is " +
+           std::to_string(c.world_size) + " (per_step, none or independent)";
+  }
   if (!c.server.empty() && c.server.find(':') == std::string::npos) {
     return "server: expected host:port, got '" + c.server + "'";
   }
@@ -274,6 +301,27 @@ std::string validate(const AgentConfig& c) {
     return "sample_full_every and cupti_every must be >= 0";
   }
   return {};
+}
+
+PolicyAgreementMode resolved_agreement(const AgentConfig& c) {
+  if (c.policy_agreement != PolicyAgreementMode::kAuto) return c.policy_agreement;
+  return c.world_size > 1 ? PolicyAgreementMode::kNone : PolicyAgreementMode::kSingle;
+}
+
+std::string_view agreement_name(PolicyAgreementMode mode) {
+  switch (mode) {
+    case PolicyAgreementMode::kAuto:
+      return "auto";
+    case PolicyAgreementMode::kSingle:
+      return "single";
+    case PolicyAgreementMode::kPerStep:
+      return "per_step";
+    case PolicyAgreementMode::kNone:
+      return "none";
+    case PolicyAgreementMode::kIndependent:
+      return "independent";
+  }
+  return "auto";
 }
 
 }  // namespace ampscope::agent

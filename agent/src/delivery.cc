@@ -34,7 +34,8 @@ TransportHooks Delivery::transport_hooks() {
     v1::Hello h;
     const ScalerSettings scaler =
         policy_->scaler() != nullptr ? policy_->scaler()->settings() : run_.scaler;
-    encode_hello(config_, run_, scaler, policy_->capable_layers(), resume_from, version(), &h);
+    encode_hello(config_, run_, scaler, policy_->capable_layers(), resume_from,
+                 policy_->received_seq(), version(), &h);
     return h;
   };
   hooks.on_policy = [this](const v1::PolicyUpdate& u) { policy_->receive(u); };

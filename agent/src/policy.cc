@@ -113,7 +113,7 @@ std::string validate_update(const v1::PolicyUpdate& u, const std::string& run_id
 }
 
 PolicyApplier::PolicyApplier(const AgentConfig& config, Spool* spool, Notices* notices)
-    : config_(config), spool_(spool), notices_(notices) {}
+    : config_(config), mode_(resolved_agreement(config)), spool_(spool), notices_(notices) {}
 
 void PolicyApplier::attach_scaler(ScalerControl* scaler) {
   std::lock_guard lock(mu_);
@@ -130,20 +130,53 @@ void PolicyApplier::attach_overrides(PrecisionOverrides* overrides) {
 void PolicyApplier::receive(const v1::PolicyUpdate& update) {
   std::lock_guard lock(mu_);
   const std::string& id = update.policy_id();
+  const Clock::time_point now = Clock::now();
   // The server sends the policy in force again on every new stream; one outcome per id.
   if (!id.empty()) {
-    if (std::find(seen_.begin(), seen_.end(), id) != seen_.end()) return;
-    if (spool_ != nullptr && spool_->policy_seen(id)) return;
+    const bool seen = std::find(seen_.begin(), seen_.end(), id) != seen_.end() ||
+                      (spool_ != nullptr && spool_->policy_seen(id));
+    if (seen) {
+      // Handled before (by this process or, per the spool, an earlier one): still received.
+      received_seq_ = std::max(received_seq_, update.seq());
+      return;
+    }
     seen_.push_back(id);
     if (spool_ != nullptr) spool_->record_policy(id);
   }
   Pending p;
   p.update = update;
-  const ScalerSettings current = scaler_ != nullptr ? scaler_->settings() : ScalerSettings{};
-  p.refusal = validate_update(update, config_.run_id, current, scaler_ != nullptr, capable_,
-                              overrides_ != nullptr);
+  p.available_at = now + config_.policy_receive_delay;
+  switch (mode_) {
+    case PolicyAgreementMode::kNone:
+      p.refusal = "world_size " + std::to_string(config_.world_size) +
+                  " without a per-step agreement (policy_agreement=none): an update would apply "
+                  "on different steps on different ranks";
+      break;
+    case PolicyAgreementMode::kPerStep:
+      // Validated when it applies, against the state every rank has at that step.
+      if (update.seq() == 0) p.refusal = "seq: missing; ranks can only agree on numbered updates";
+      break;
+    default: {
+      const ScalerSettings current = scaler_ != nullptr ? scaler_->settings() : ScalerSettings{};
+      p.refusal = validate_update(update, config_.run_id, current, scaler_ != nullptr, capable_,
+                                  overrides_ != nullptr);
+    }
+  }
   pending_.push_back(std::move(p));
   has_pending_.store(true, std::memory_order_release);
+  refresh_received_locked(now);
+}
+
+void PolicyApplier::refresh_received_locked(Clock::time_point now) {
+  for (const Pending& p : pending_) {
+    if (p.available_at <= now) received_seq_ = std::max(received_seq_, p.update.seq());
+  }
+}
+
+std::uint64_t PolicyApplier::received_seq() {
+  std::lock_guard lock(mu_);
+  refresh_received_locked(Clock::now());
+  return received_seq_;
 }
 
 void PolicyApplier::set_connected(bool connected) {
@@ -152,39 +185,90 @@ void PolicyApplier::set_connected(bool connected) {
   if (connected) disconnected_since_ns_.store(0);
 }
 
-void PolicyApplier::begin_step(std::int64_t step, std::vector<PolicyOutcome>* outcomes) {
-  maybe_fall_back(step);
-  if (!has_pending_.load(std::memory_order_acquire)) return;
-  std::vector<Pending> due;
+PolicyVote PolicyApplier::vote() {
+  PolicyVote v;
+  v.received_seq = received_seq();
+  v.fallback = wants_fallback();
+  return v;
+}
+
+std::string PolicyApplier::agreed(const PolicyVote& agreed) {
+  if (mode_ != PolicyAgreementMode::kPerStep) {
+    return "policy_agreement is " + std::string(agreement_name(mode_)) + ", not per_step";
+  }
+  if (const std::uint64_t have = received_seq(); agreed.received_seq > have) {
+    return "agreed seq " + std::to_string(agreed.received_seq) + " is above the " +
+           std::to_string(have) + " this rank received (reduce the negated seqs with max)";
+  }
+  agreed_seq_.store(agreed.received_seq);
+  if (agreed.fallback) agreed_fallback_.store(true);
+  return {};
+}
+
+template <typename Due>
+std::vector<PolicyApplier::Pending> PolicyApplier::take_due(Due due) {
+  std::vector<Pending> out;
   {
     std::lock_guard lock(mu_);
+    const Clock::time_point now = Clock::now();
+    refresh_received_locked(now);
     auto keep = std::stable_partition(pending_.begin(), pending_.end(), [&](const Pending& p) {
-      return p.refusal.empty() && p.update.effective_from_step() > step;
+      return p.available_at > now || !due(p);
     });
-    due.assign(std::make_move_iterator(keep), std::make_move_iterator(pending_.end()));
+    out.assign(std::make_move_iterator(keep), std::make_move_iterator(pending_.end()));
     pending_.erase(keep, pending_.end());
     has_pending_.store(!pending_.empty(), std::memory_order_release);
   }
-  // Effective-step order, so that two updates due together apply as the server ordered them.
-  std::stable_sort(due.begin(), due.end(), [](const Pending& a, const Pending& b) {
-    return a.update.effective_from_step() < b.update.effective_from_step();
+  // So that two updates due together apply as the server ordered them.
+  std::stable_sort(out.begin(), out.end(), [](const Pending& a, const Pending& b) {
+    return std::pair(a.update.seq(), a.update.effective_from_step()) <
+           std::pair(b.update.seq(), b.update.effective_from_step());
   });
+  return out;
+}
+
+void PolicyApplier::begin_step(std::int64_t step, std::vector<PolicyOutcome>* outcomes) {
+  if (mode_ == PolicyAgreementMode::kPerStep) {
+    if (agreed_fallback_.exchange(false) && scaler_changed_.load()) fall_back(step);
+  } else if (wants_fallback()) {
+    fall_back(step);
+  }
+  if (!has_pending_.load(std::memory_order_acquire)) return;
+  std::vector<Pending> due;
+  if (mode_ == PolicyAgreementMode::kPerStep) {
+    const std::uint64_t agreed = agreed_seq_.load();
+    due = take_due([&](const Pending& p) {
+      return !p.refusal.empty() ||
+             (p.update.seq() <= agreed && p.update.effective_from_step() <= step);
+    });
+  } else {
+    due = take_due([&](const Pending& p) {
+      return !p.refusal.empty() || p.update.effective_from_step() <= step;
+    });
+  }
   for (const Pending& p : due) {
-    PolicyOutcome o;
-    o.policy_id = p.update.policy_id();
     if (!p.refusal.empty()) {
-      o.reason = p.refusal;
-    } else if (p.update.effective_from_step() < step) {
-      o.reason = "effective_from_step " + std::to_string(p.update.effective_from_step()) +
+      refuse(p, p.refusal, outcomes);
+    } else if (mode_ != PolicyAgreementMode::kPerStep && p.update.effective_from_step() < step) {
+      refuse(p,
+             "effective_from_step " + std::to_string(p.update.effective_from_step()) +
                  " had begun before the update arrived (now at step " + std::to_string(step) +
-                 ")";
+                 ")",
+             outcomes);
     } else {
       apply(p.update, step, outcomes);
-      continue;
     }
-    refused_.fetch_add(1);
-    outcomes->push_back(std::move(o));
+    step_seq_.store(std::max(step_seq_.load(), p.update.seq()));
   }
+}
+
+void PolicyApplier::refuse(const Pending& p, std::string reason,
+                           std::vector<PolicyOutcome>* out) {
+  PolicyOutcome o;
+  o.policy_id = p.update.policy_id();
+  o.reason = std::move(reason);
+  refused_.fetch_add(1);
+  out->push_back(std::move(o));
 }
 
 void PolicyApplier::apply(const v1::PolicyUpdate& u, std::int64_t step,
@@ -204,7 +288,7 @@ void PolicyApplier::apply(const v1::PolicyUpdate& u, std::int64_t step,
   if (err.empty()) {
     o.applied = true;
     applied_.fetch_add(1);
-    if (changes_config(u)) scaler_changed_ = true;
+    if (changes_config(u)) scaler_changed_.store(true);
   } else {
     o.reason = err;
     refused_.fetch_add(1);
@@ -212,13 +296,18 @@ void PolicyApplier::apply(const v1::PolicyUpdate& u, std::int64_t step,
   out->push_back(std::move(o));
 }
 
-void PolicyApplier::maybe_fall_back(std::int64_t step) {
-  if (!scaler_changed_ || scaler_ == nullptr || config_.policy_fallback_after.count() <= 0) return;
+bool PolicyApplier::wants_fallback() const {
+  if (!scaler_changed_.load() || scaler_ == nullptr || config_.policy_fallback_after.count() <= 0) {
+    return false;
+  }
   const std::int64_t since = disconnected_since_ns_.load();
-  if (since == 0 || connected_.load()) return;
+  if (since == 0 || connected_.load()) return false;
   const auto limit =
       std::chrono::duration_cast<std::chrono::nanoseconds>(config_.policy_fallback_after).count();
-  if (now_ns() - since < limit) return;
+  return now_ns() - since >= limit;
+}
+
+void PolicyApplier::fall_back(std::int64_t step) {
   ScalerChange c;
   c.effective_from_step = step;
   c.growth_factor = original_.growth_factor;
@@ -228,14 +317,17 @@ void PolicyApplier::maybe_fall_back(std::int64_t step) {
   c.min_scale = original_.min_scale;
   if (original_.max_scale > 0.0) c.max_scale = original_.max_scale;
   const std::string err = scaler_->schedule(c);
-  scaler_changed_ = false;
+  scaler_changed_.store(false);
+  const std::string why = mode_ == PolicyAgreementMode::kPerStep
+                              ? "a rank's server was unreachable for "
+                              : "server unreachable for ";
   const std::string secs = std::to_string(config_.policy_fallback_after.count() / 1000);
   if (err.empty()) {
-    notices_->raise("policy: server unreachable for " + secs +
+    notices_->raise("policy: " + why + secs +
                     " s; the local scaler's configuration is back from step " +
                     std::to_string(step));
   } else {
-    notices_->raise("policy: server unreachable for " + secs +
+    notices_->raise("policy: " + why + secs +
                     " s; restoring the local scaler's configuration failed: " + err);
   }
 }

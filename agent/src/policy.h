@@ -16,7 +16,16 @@
 // attached; the current scale stays) is restored at the next step, so the run is not left
 // with a policy nobody supervises. Its backoff is the safety net throughout.
 //
-// Thread safety: receive() and set_connected() from any thread; attach_*() and begin_step() by
+// Ranks (config.h, PolicyAgreementMode): single and independent apply as above. none (several
+// ranks, no agreement) refuses every update on arrival. per_step defers everything to the
+// agreement: vote() says the highest seq received and whether this rank wants to fall back;
+// after the host reduced the votes, agreed() sets what the next begin_step does: apply every
+// update with seq <= the agreed seq whose effective step has come (in seq order, validated
+// against the scaler's state at that step, so every rank reaches the same outcome; an update
+// whose effective step had passed applies late, together), and fall back when any rank asked.
+// An update without a seq cannot be agreed on and is refused.
+//
+// Thread safety: receive(), set_connected(), vote(), agreed() and the getters from any thread; attach_*() and begin_step() by
 // the recorder, one caller at a time (its step lock).
 #pragma once
 
@@ -59,6 +68,16 @@ class PolicyApplier {
   // The stream is (dis)connected; drives the fallback.
   void set_connected(bool connected);
 
+  // The per-step agreement (per_step mode). agreed() returns empty, or why it was refused.
+  PolicyVote vote();
+  std::string agreed(const PolicyVote& agreed);
+  PolicyAgreementMode mode() const { return mode_; }
+  // The highest policy seq received (once available, see policy_receive_delay); the Hello's
+  // last_policy_seq.
+  std::uint64_t received_seq();
+  // The highest seq applied or refused at a step so far (the reports' policy_seq).
+  std::uint64_t step_seq() const { return step_seq_.load(); }
+
   // Training thread, at the start of `step`: applies what is due and appends the outcomes that
   // belong to this step.
   void begin_step(std::int64_t step, std::vector<PolicyOutcome>* outcomes);
@@ -67,14 +86,24 @@ class PolicyApplier {
   std::uint64_t refused() const { return refused_.load(); }
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Pending {
     v1::PolicyUpdate update;
     std::string refusal;  // non-empty: refused on arrival, reported at the next step
+    Clock::time_point available_at;  // arrival + policy_receive_delay
   };
+  // Moves the pending updates `due` says are due out of pending_, in (seq, effective step)
+  // order.
+  template <typename Due>
+  std::vector<Pending> take_due(Due due);
+  void refresh_received_locked(Clock::time_point now);
   void apply(const v1::PolicyUpdate& u, std::int64_t step, std::vector<PolicyOutcome>* out);
-  void maybe_fall_back(std::int64_t step);
+  void refuse(const Pending& p, std::string reason, std::vector<PolicyOutcome>* out);
+  bool wants_fallback() const;
+  void fall_back(std::int64_t step);
 
   const AgentConfig& config_;
+  const PolicyAgreementMode mode_;
   Spool* spool_;
   Notices* notices_;
   ScalerControl* scaler_ = nullptr;
@@ -85,11 +114,15 @@ class PolicyApplier {
   std::mutex mu_;
   std::vector<Pending> pending_;  // guarded by mu_
   std::vector<std::string> seen_;  // ids handled by this process, guarded by mu_
+  std::uint64_t received_seq_ = 0;  // guarded by mu_
   std::atomic<bool> has_pending_{false};
+  std::atomic<std::uint64_t> agreed_seq_{0};
+  std::atomic<bool> agreed_fallback_{false};
+  std::atomic<std::uint64_t> step_seq_{0};
 
   std::atomic<bool> connected_{false};
   std::atomic<std::int64_t> disconnected_since_ns_{0};  // steady clock; 0: never connected
-  bool scaler_changed_ = false;  // begin_step's: an applied update changed the config
+  std::atomic<bool> scaler_changed_{false};  // an applied update changed the config
   std::atomic<std::uint64_t> applied_{0};
   std::atomic<std::uint64_t> refused_{0};
 };

@@ -47,6 +47,7 @@ struct StepRecord {
   StepInfo info;
   std::vector<TensorSample> samples;
   std::vector<PolicyOutcome> outcomes;
+  std::uint64_t policy_seq = 0;  // the highest policy seq handled so far (PolicyApplier)
   std::optional<double> tensor_core_active_ratio;
   std::uint64_t dropped_tensors = 0;  // skipped in this step (budgets)
   std::uint64_t copy_bytes = 0;       // bytes held by worker copies

@@ -116,6 +116,7 @@ bool Recorder::begin_step(std::int64_t step) {
     sampled_this_step_ = 0;
     nonfinite_this_step_ = false;
     policy_->begin_step(step, &current_.outcomes);
+    current_.policy_seq = policy_->step_seq();
     observing_ = sampler_.begin_step(step);
     if (config_.nvtx && nvtx::kEnabled) {
       nvtx::push(nvtx::Range::kStep, step);

@@ -11,6 +11,23 @@ using proto::to_proto;
 
 namespace {
 
+v1::PolicyAgreement agreement_to_proto(PolicyAgreementMode m) {
+  switch (m) {
+    case PolicyAgreementMode::kSingle:
+      return v1::POLICY_AGREEMENT_SINGLE;
+    case PolicyAgreementMode::kPerStep:
+      return v1::POLICY_AGREEMENT_PER_STEP;
+    case PolicyAgreementMode::kNone:
+      return v1::POLICY_AGREEMENT_NONE;
+    case PolicyAgreementMode::kIndependent:
+      return v1::POLICY_AGREEMENT_INDEPENDENT;
+    case PolicyAgreementMode::kAuto:
+      break;
+  }
+  return v1::POLICY_AGREEMENT_UNSPECIFIED;
+}
+
+
 void encode_tensor(const TensorSample& s, v1::TensorStats* t) {
   t->set_name(s.name);
   t->set_role(to_proto(s.role));
@@ -67,13 +84,15 @@ void encode_report(const StepRecord& record, const ReportContext& context, v1::S
     p->set_applied(o.applied);
     p->set_reason(o.reason);
   }
+  out->set_policy_seq(record.policy_seq);
   *out->mutable_agent() = context.counters;
   for (const auto& n : context.notices) out->add_notices(n);
 }
 
 void encode_hello(const AgentConfig& config, const RunInfo& run, const ScalerSettings& scaler,
                   const std::vector<std::string>& fp32_capable_layers, std::uint64_t resume_from,
-                  const std::string& agent_version, v1::Hello* out) {
+                  std::uint64_t last_policy_seq, const std::string& agent_version,
+                  v1::Hello* out) {
   out->set_run_id(config.run_id);
   out->set_rank(config.rank);
   out->set_world_size(config.world_size);
@@ -94,6 +113,10 @@ void encode_hello(const AgentConfig& config, const RunInfo& run, const ScalerSet
   out->set_agent_version(agent_version);
   out->set_resume_from_seq(resume_from);
   for (const auto& l : fp32_capable_layers) out->add_fp32_capable_layers(l);
+  out->set_data_parallel_size(config.data_parallel_size);
+  out->set_gradients_sharded(config.gradients_sharded);
+  out->set_policy_agreement(agreement_to_proto(resolved_agreement(config)));
+  out->set_last_policy_seq(last_policy_seq);
 }
 
 }  // namespace ampscope::agent

@@ -25,6 +25,7 @@ void encode_report(const StepRecord& record, const ReportContext& context, v1::S
 
 void encode_hello(const AgentConfig& config, const RunInfo& run, const ScalerSettings& scaler,
                   const std::vector<std::string>& fp32_capable_layers, std::uint64_t resume_from,
-                  const std::string& agent_version, v1::Hello* out);
+                  std::uint64_t last_policy_seq, const std::string& agent_version,
+                  v1::Hello* out);
 
 }  // namespace ampscope::agent

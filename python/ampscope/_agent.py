@@ -237,6 +237,24 @@ class Agent:
         data = text.encode("ascii", errors="replace")
         return self._lib.ampscope_agent_add_notice(self._handle, data)
 
+    def policy_vote(self):
+        """This rank's vote in the per-step policy agreement (option policy_agreement=per_step):
+        (received_seq, fallback). Reduce every rank's (-received_seq, fallback) with a max
+        all-reduce and hand the result to policy_agreed() before the next begin_step."""
+        seq, fallback = ctypes.c_uint64(0), ctypes.c_int(0)
+        if self._closed or self._lib.ampscope_agent_policy_vote(
+                self._handle, ctypes.byref(seq), ctypes.byref(fallback)) != _capi.OK:
+            return 0, False
+        return seq.value, bool(fallback.value)
+
+    def policy_agreed(self, received_seq, fallback):
+        """The reduced vote: the lowest seq any rank received, and whether any rank wants its
+        local scaler back. Returns the status code (OK, or why not: last_error())."""
+        if self._closed:
+            return _capi.FAILED_PRECONDITION
+        return self._lib.ampscope_agent_policy_agreed(self._handle, int(received_seq),
+                                                      int(bool(fallback)))
+
     def flush(self, timeout_s=10.0):
         """Waits until everything so far is acknowledged by the server; True when it was."""
         if self._closed:

@@ -14,7 +14,7 @@ import os
 
 # The ABI this module declares (AMPSCOPE_AGENT_ABI_VERSION of the header it mirrors). A library
 # with a lower version lacks functions or fields used here and is refused.
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 OK, INVALID_ARGUMENT, UNAVAILABLE, DEADLINE_EXCEEDED, FAILED_PRECONDITION, INTERNAL = range(6)
 
@@ -236,6 +236,9 @@ _FUNCTIONS = [
     ("ampscope_agent_notice", ctypes.c_char_p, [_p, ctypes.c_size_t]),
     ("ampscope_agent_last_error", ctypes.c_char_p, [_p]),
     ("ampscope_agent_add_notice", ctypes.c_int, [_p, ctypes.c_char_p]),
+    ("ampscope_agent_policy_vote", ctypes.c_int,
+     [_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_int)]),
+    ("ampscope_agent_policy_agreed", ctypes.c_int, [_p, ctypes.c_uint64, ctypes.c_int]),
     ("ampscope_loss_scale_defaults", ctypes.c_int,
      [_c_int32, ctypes.POINTER(LossScaleRule), ctypes.POINTER(LossScaleState)]),
     ("ampscope_loss_scale_update", ctypes.c_int,

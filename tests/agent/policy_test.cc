@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <memory>
+#include <thread>
+
 #include "ampscope/testing/files.h"
 #include "spool.h"
 
@@ -222,6 +226,199 @@ TEST_F(PolicyApplierTest, FallsBackToTheLocalConfigurationWhenTheServerIsGone) {
   EXPECT_EQ(scaler.s.growth_interval, 2000);
   ASSERT_FALSE(notices.all().empty());
   EXPECT_NE(notices.all().back().find("local scaler"), std::string::npos);
+}
+
+// Two ranks of a per-step agreeing run, each with its own applier and scaler; the host's max
+// all-reduce of {-received_seq, fallback} is done here by hand.
+class AgreementTest : public ::testing::Test {
+ protected:
+  struct Rank {
+    explicit Rank(const AgentConfig& c) : applier(c, nullptr, &notices) {
+      applier.attach_scaler(&scaler);
+      applier.set_connected(true);
+    }
+    Notices notices;
+    FakeScaler scaler;
+    PolicyApplier applier;
+    std::vector<std::vector<PolicyOutcome>> outcomes;  // by step
+  };
+  AgreementTest() {
+    config.run_id = "run";
+    config.world_size = 2;
+    config.policy_agreement = PolicyAgreementMode::kPerStep;
+  }
+  void make() {
+    r0 = std::make_unique<Rank>(config);
+    r1 = std::make_unique<Rank>(config);
+  }
+  // One step on both ranks: begin, then the step's reduction.
+  void step(std::int64_t s) {
+    for (Rank* r : {r0.get(), r1.get()}) {
+      r->outcomes.resize(static_cast<std::size_t>(s) + 1);
+      r->applier.begin_step(s, &r->outcomes[static_cast<std::size_t>(s)]);
+    }
+    const PolicyVote a = r0->applier.vote(), b = r1->applier.vote();
+    const PolicyVote agreed{std::min(a.received_seq, b.received_seq), a.fallback || b.fallback};
+    EXPECT_EQ(r0->applier.agreed(agreed), "");
+    EXPECT_EQ(r1->applier.agreed(agreed), "");
+  }
+  static v1::PolicyUpdate numbered(std::uint64_t seq, std::int64_t effective, double scale) {
+    auto u = update(std::to_string(100 + seq), effective);
+    u.set_seq(seq);
+    u.set_loss_scale(scale);
+    return u;
+  }
+  AgentConfig config;
+  Notices notices_;
+  std::unique_ptr<Rank> r0, r1;
+};
+
+TEST_F(AgreementTest, ALateRankMakesEveryRankApplyLateButTogether) {
+  make();
+  step(0);
+  const auto u = numbered(1, 2, 1024);
+  r0->applier.receive(u);  // rank 0 in time for step 2
+  for (std::int64_t s = 1; s <= 4; ++s) step(s);
+  // Rank 1's copy arrives during step 4: nobody applied it yet, nobody refused it.
+  EXPECT_TRUE(r0->scaler.changes.empty());
+  EXPECT_TRUE(r1->scaler.changes.empty());
+  r1->applier.receive(u);
+  step(5);  // the reduction after step 4 did not include it yet
+  EXPECT_TRUE(r0->scaler.changes.empty());
+  step(6);
+  for (Rank* r : {r0.get(), r1.get()}) {
+    ASSERT_EQ(r->scaler.changes.size(), 1u);
+    EXPECT_EQ(r->scaler.changes[0].effective_from_step, 6);
+    EXPECT_EQ(r->scaler.s.scale, 1024);
+    ASSERT_EQ(r->outcomes[6].size(), 1u);
+    EXPECT_TRUE(r->outcomes[6][0].applied);
+    EXPECT_EQ(r->outcomes[6][0].policy_id, "101");
+    EXPECT_EQ(r->applier.step_seq(), 1u);
+  }
+}
+
+TEST_F(AgreementTest, AnUpdateForALaterStepWaitsForItsStepOnEveryRank) {
+  make();
+  r0->applier.receive(numbered(1, 5, 4096));
+  r1->applier.receive(numbered(1, 5, 4096));
+  for (std::int64_t s = 0; s <= 5; ++s) step(s);
+  for (Rank* r : {r0.get(), r1.get()}) {
+    ASSERT_EQ(r->scaler.changes.size(), 1u);
+    EXPECT_EQ(r->scaler.changes[0].effective_from_step, 5);
+  }
+}
+
+TEST_F(AgreementTest, UpdatesApplyInSeqOrderUpToTheAgreedOne) {
+  make();
+  for (Rank* r : {r0.get(), r1.get()}) {
+    r->applier.receive(numbered(1, 0, 512));
+    r->applier.receive(numbered(2, 0, 256));
+  }
+  r0->applier.receive(numbered(3, 0, 128));  // only rank 0 has 3
+  step(0);
+  step(1);
+  for (Rank* r : {r0.get(), r1.get()}) {
+    ASSERT_EQ(r->scaler.changes.size(), 2u);
+    EXPECT_EQ(r->scaler.s.scale, 256);
+    EXPECT_EQ(r->applier.step_seq(), 2u);
+  }
+}
+
+TEST_F(AgreementTest, ValidationAtTheAgreedStepGivesEveryRankTheSameOutcome) {
+  make();
+  for (Rank* r : {r0.get(), r1.get()}) {
+    r->scaler.s.max_scale = 1024;
+    r->applier.receive(numbered(1, 0, 4096));  // above max_scale: refused, on both
+  }
+  step(0);
+  step(1);
+  for (Rank* r : {r0.get(), r1.get()}) {
+    ASSERT_EQ(r->outcomes[1].size(), 1u);
+    EXPECT_FALSE(r->outcomes[1][0].applied);
+    EXPECT_NE(r->outcomes[1][0].reason.find("outside"), std::string::npos);
+  }
+}
+
+TEST_F(AgreementTest, AnUpdateWithoutSeqIsRefused) {
+  make();
+  auto u = update("7", 0);
+  u.set_loss_scale(512);
+  r0->applier.receive(u);
+  step(0);
+  step(1);
+  ASSERT_EQ(r0->outcomes[0].size(), 1u);
+  EXPECT_NE(r0->outcomes[0][0].reason.find("seq: missing"), std::string::npos);
+  EXPECT_TRUE(r0->scaler.changes.empty());
+}
+
+TEST_F(AgreementTest, AnAgreedSeqAboveWhatThisRankHoldsIsRefused) {
+  make();
+  EXPECT_NE(r0->applier.agreed({3, false}).find("above the 0 this rank received"),
+            std::string::npos);
+}
+
+TEST_F(AgreementTest, EveryRankFallsBackOnTheStepAnyRankAskedFor) {
+  config.policy_fallback_after = std::chrono::milliseconds(1);
+  make();
+  for (Rank* r : {r0.get(), r1.get()}) {
+    r->scaler.s.growth_interval = 2000;
+    auto u = numbered(1, 0, 1024);
+    u.set_growth_interval(1000000);
+    r->applier.receive(u);
+  }
+  step(0);
+  step(1);
+  ASSERT_EQ(r0->scaler.s.growth_interval, 1000000);
+  ASSERT_EQ(r1->scaler.s.growth_interval, 1000000);
+  r0->applier.set_connected(false);  // only rank 0 loses the server
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  step(2);  // rank 0's wish goes into this step's reduction
+  EXPECT_EQ(r0->scaler.s.growth_interval, 1000000);
+  step(3);
+  for (Rank* r : {r0.get(), r1.get()}) {
+    EXPECT_EQ(r->scaler.s.growth_interval, 2000);
+    EXPECT_EQ(r->scaler.changes.back().effective_from_step, 3);
+  }
+  EXPECT_FALSE(r1->applier.vote().fallback);
+}
+
+TEST_F(AgreementTest, WithoutAgreementSeveralRanksRefuseUpdates) {
+  config.policy_agreement = PolicyAgreementMode::kAuto;  // world_size 2: none
+  PolicyApplier a(config, nullptr, &notices_);
+  FakeScaler scaler;
+  a.attach_scaler(&scaler);
+  a.receive(numbered(1, 3, 1024));
+  std::vector<PolicyOutcome> out;
+  a.begin_step(0, &out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_FALSE(out[0].applied);
+  EXPECT_NE(out[0].reason.find("without a per-step agreement"), std::string::npos);
+  EXPECT_TRUE(scaler.changes.empty());
+  EXPECT_NE(a.agreed({0, false}).find("not per_step"), std::string::npos);
+}
+
+TEST_F(AgreementTest, AReceiveDelayHoldsAnUpdateBack) {
+  config.policy_receive_delay = std::chrono::milliseconds(30);
+  make();
+  r0->applier.receive(numbered(1, 0, 512));
+  EXPECT_EQ(r0->applier.vote().received_seq, 0u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(40));
+  EXPECT_EQ(r0->applier.vote().received_seq, 1u);
+}
+
+TEST_F(AgreementTest, IndependentRanksApplyOnTheirOwnAndCanDiverge) {
+  config.policy_agreement = PolicyAgreementMode::kIndependent;
+  make();
+  const auto u = numbered(1, 2, 1024);
+  r0->applier.receive(u);
+  std::vector<PolicyOutcome> out0, out1;
+  r0->applier.begin_step(2, &out0);
+  r1->applier.receive(u);  // too late for step 2
+  r1->applier.begin_step(3, &out1);
+  EXPECT_EQ(r0->scaler.s.scale, 1024);
+  ASSERT_EQ(out1.size(), 1u);
+  EXPECT_FALSE(out1[0].applied);
+  EXPECT_NE(r1->scaler.s.scale, 1024);
 }
 
 }  // namespace

@@ -141,6 +141,16 @@ class Agent {
   // answer can rise within a step: the first non-finite value escalates the rest of it).
   int wanted(TensorRole role, TensorPhase phase) noexcept;
 
+  // The per-step policy agreement of a multi-rank run (policy_agreement=per_step; see
+  // PolicyVote). Once per step, after the step's gradients are checked and before the next
+  // begin_step: take this rank's vote, reduce the votes of all ranks (lowest received_seq, any
+  // fallback), and hand the result to policy_agreed(); the next begin_step applies the updates
+  // up to the agreed seq, falls back when agreed, and does the same on every rank. Any thread;
+  // not step calls (they take no step lock). policy_agreed is kFailedPrecondition unless the
+  // mode is per_step, kInvalidArgument when the agreed seq exceeds what this rank received.
+  PolicyVote policy_vote() noexcept;
+  Status policy_agreed(const PolicyVote& agreed) noexcept;
+
   // Waits until everything handed over so far is acknowledged by the server, or the timeout.
   Status flush(std::chrono::milliseconds timeout) noexcept;
   // Stops accepting steps (waiting for the step call in progress, if any), encodes and spools

@@ -62,8 +62,10 @@
  *      fp32_layers; ampscope_overrides_ops and ampscope_agent_attach_overrides
  *   3  counters: refused_calls; ampscope_agent_add_notice; ampscope_agent_wanted; the
  *      loss-scale rules (ampscope_loss_scale_*), so that a caller's own scaler runs the
- *      built-in one's rules */
-#define AMPSCOPE_AGENT_ABI_VERSION 3u
+ *      built-in one's rules
+ *   4  the per-step policy agreement of a multi-rank run: ampscope_agent_policy_vote and
+ *      ampscope_agent_policy_agreed */
+#define AMPSCOPE_AGENT_ABI_VERSION 4u
 
 /* Whether a struct `ptr` of type `type` carries `field` (its struct_size covers it). */
 #define AMPSCOPE_STRUCT_HAS(type, ptr, field) \
@@ -373,6 +375,19 @@ AMPSCOPE_API const char* ampscope_agent_last_error(const ampscope_agent* agent);
  * next report and listed by ampscope show, like the agent's own; cut to 512 bytes of printable
  * ASCII. Any thread. AMPSCOPE_INVALID_ARGUMENT when NULL or empty. */
 AMPSCOPE_API ampscope_status ampscope_agent_add_notice(ampscope_agent* agent, const char* text);
+
+/* ABI 4. The per-step policy agreement of a multi-rank run (option policy_agreement=per_step;
+ * docs/multi-rank.md). Once per step, after the step's gradients are checked and before the
+ * next begin_step: take this rank's vote, reduce the votes of every rank with one max
+ * all-reduce of {-received_seq, fallback} (fused with the found_inf reduction where there is
+ * one), and hand the lowest seq and "any fallback" back to every rank. The next begin_step
+ * applies the updates up to that seq, and falls back, on every rank alike. Any thread.
+ * policy_agreed: AMPSCOPE_FAILED_PRECONDITION unless the mode is per_step,
+ * AMPSCOPE_INVALID_ARGUMENT when received_seq is above what this rank received. */
+AMPSCOPE_API ampscope_status ampscope_agent_policy_vote(ampscope_agent* agent,
+                                                        uint64_t* received_seq, int* fallback);
+AMPSCOPE_API ampscope_status ampscope_agent_policy_agreed(ampscope_agent* agent,
+                                                          uint64_t received_seq, int fallback);
 
 /* ABI 3. The loss-scale rules, as the built-in trainer and the CUDA kernel run them. They need
  * no agent; on failure `reason` (when not NULL; NUL-terminated, at most reason_size bytes)

@@ -61,12 +61,33 @@ struct SamplingConfig {
 // are bounded by worker_max_bytes, beyond which samples are dropped and counted).
 enum class StatsThread : std::uint8_t { kCaller = 0, kWorker = 1 };
 
+// How the ranks of a run apply the server's policy updates together (docs/multi-rank.md).
+//   auto         single when world_size is 1, otherwise none
+//   single       one rank: an update applies at its effective_from_step if it arrived in time
+//   per_step     the host reduces every rank's vote each step (Agent::policy_vote, max
+//                all-reduce of {-received_seq, fallback}) and hands the result to
+//                Agent::policy_agreed before the next step; every rank applies the updates up
+//                to the agreed seq at the same step (late if delivery was late) and falls back
+//                to its local scaler on the same step
+//   none         several ranks, no agreement: updates are refused, and the outcome says why
+//   independent  several ranks applying updates on their own as a single rank does: unsafe
+//                (ranks may apply on different steps and diverge); for negative controls
+enum class PolicyAgreementMode : std::uint8_t { kAuto, kSingle, kPerStep, kNone, kIndependent };
+
 struct AgentConfig {
   // The run as the server sees it.
   std::string server;  // host:port of ampscope-server; empty: measure and spool only
   std::string run_id;  // required, 1..128 of [A-Za-z0-9._-]
   std::uint32_t rank = 0;
   std::uint32_t world_size = 1;
+  // Ranks holding replicas that split each batch (0: world_size), and whether their weight
+  // gradients are sharded (ZeRO/FSDP) rather than replicated: the server merges ranks by it.
+  std::uint32_t data_parallel_size = 0;
+  bool gradients_sharded = false;
+  PolicyAgreementMode policy_agreement = PolicyAgreementMode::kAuto;
+  // Fault injection for tests of the agreement: a PolicyUpdate counts as received only this
+  // long after it arrived (0: at once).
+  std::chrono::milliseconds policy_receive_delay{0};
   std::string token;  // sent as "authorization: Bearer <token>"; empty: none
 
   // Durable transport.
@@ -96,10 +117,12 @@ struct AgentConfig {
 
 // Sets one option from text. Keys (values):
 //   server, run_id, token, spool_dir (strings); token_file (reads the first line);
-//   rank, world_size, spool_max_bytes, spool_segment_bytes, queue_steps, max_batch,
+//   rank, world_size, data_parallel_size, spool_max_bytes, spool_segment_bytes, queue_steps, max_batch,
 //   max_in_flight, worker_max_bytes (integers; sizes take K/M/G suffixes);
 //   backoff_initial_ms, backoff_max_ms, connect_timeout_ms, keepalive_time_ms,
-//   keepalive_timeout_ms, flush_timeout_ms, policy_fallback_after_ms (milliseconds);
+//   keepalive_timeout_ms, flush_timeout_ms, policy_fallback_after_ms,
+//   policy_receive_delay_ms (milliseconds); gradients_sharded (bool);
+//   policy_agreement (auto|single|per_step|none|independent);
 //   stats_thread (caller|worker); nvtx (bool);
 //   sample_counts, sample_full_on_nonfinite, sample_full_on_scale_change (bool: 1/0,
 //   true/false, on/off, yes/no); sample_full_every, sample_max_tensors, cupti_every (integers);
@@ -117,5 +140,9 @@ std::string apply_environment(AgentConfig& config);
 
 // Empty when the configuration can be used, otherwise one line naming the field.
 std::string validate(const AgentConfig& config);
+
+// The mode in force: kAuto resolved by world_size.
+PolicyAgreementMode resolved_agreement(const AgentConfig& config);
+std::string_view agreement_name(PolicyAgreementMode mode);
 
 }  // namespace ampscope::agent

@@ -100,6 +100,16 @@ class ScalerControl {
   virtual std::string schedule(const ScalerChange& change) = 0;
 };
 
+// One rank's vote in the per-step policy agreement (config.h, PolicyAgreementMode::kPerStep):
+// the highest policy seq it has received, and whether it wants its local scaler's
+// configuration back. The host reduces the ranks' votes to the lowest seq and "any fallback"
+// (one max all-reduce of {-received_seq, fallback}, fused with its found_inf reduction) and
+// hands the result back to every rank.
+struct PolicyVote {
+  std::uint64_t received_seq = 0;
+  bool fallback = false;
+};
+
 // The set of layers computed in FP32 (the policy's FP32 fallback).
 // Thread safety: capable_layers() from any thread; replace() from the training thread, called
 // by Agent::begin_step(step) with from_step == step.
