@@ -120,6 +120,52 @@ void print_tensors(std::ostream& out, const char* title,
   }
 }
 
+std::string rank_values(const v1::RankDivergence& d) {
+  std::string s;
+  for (const v1::RankValue& v : d.values()) {
+    s += (s.empty() ? "" : ", ") + ("rank " + std::to_string(v.rank()) + " " + v.value());
+  }
+  return s;
+}
+
+std::string agreement_name(v1::PolicyAgreement a) {
+  switch (a) {
+    case v1::POLICY_AGREEMENT_SINGLE:
+      return "single";
+    case v1::POLICY_AGREEMENT_PER_STEP:
+      return "per-step";
+    case v1::POLICY_AGREEMENT_NONE:
+      return "none";
+    case v1::POLICY_AGREEMENT_INDEPENDENT:
+      return "independent";
+    default:
+      return "unspecified";
+  }
+}
+
+// The multi-rank sections: steps merged without every rank, and where the ranks disagreed.
+void print_ranks_text(std::ostream& out, const v1::GetRunResponse& run) {
+  const v1::RunSummary& s = run.summary();
+  out << "\npartial steps (" << s.partial_steps() << "):\n";
+  for (const v1::PartialStep& p : run.partial_steps()) {
+    std::string ranks;
+    for (std::uint32_t r : p.ranks()) ranks += (ranks.empty() ? "" : " ") + std::to_string(r);
+    out << "  step " << std::left << std::setw(8) << p.step() << " merged from rank(s) " << ranks
+        << " only\n";
+  }
+  out << "\nRank divergence (" << s.divergent_steps() << " steps):\n";
+  for (const v1::RankDivergence& d : run.rank_divergences()) {
+    out << "  step " << std::left << std::setw(8) << d.step() << std::setw(16) << d.field()
+        << rank_values(d) << "\n";
+  }
+  out << "\nstep time per rank (mean):\n";
+  for (const v1::AgentInfo& a : run.agents()) {
+    std::ostringstream t;
+    t << std::setprecision(4) << a.mean_step_time_s() << " s";
+    out << "  rank " << std::left << std::setw(5) << a.rank() << t.str() << "\n";
+  }
+}
+
 }  // namespace
 
 void print_run_text(std::ostream& out, const v1::GetRunResponse& run) {
@@ -150,6 +196,7 @@ void print_run_text(std::ostream& out, const v1::GetRunResponse& run) {
     out << "  from step " << std::left << std::setw(8) << p.step() << format_scale(p.loss_scale())
         << "\n";
   }
+  if (s.world_size() > 1) print_ranks_text(out, run);
   print_tensors(out, "worst tensors by underflow", run.worst_underflow());
   print_tensors(out, "worst tensors by overflow", run.worst_overflow());
   out << "\npolicy decisions (" << run.policy_decisions_size() << "):\n";
@@ -172,6 +219,12 @@ void print_run_text(std::ostream& out, const v1::GetRunResponse& run) {
       out << ", dropped " << a.counters().dropped_reports() << " reports";
     }
     out << "\n";
+    if (s.world_size() > 1) {
+      out << "      data parallel " << a.data_parallel_size() << ", gradients "
+          << (a.gradients_sharded() ? "sharded" : "replicated") << ", policy agreement "
+          << agreement_name(a.policy_agreement()) << ", holds policy seq " << a.last_policy_seq()
+          << "\n";
+    }
     for (const std::string& n : a.notices()) out << "      notice: " << n << "\n";
   }
 }
@@ -194,6 +247,8 @@ void print_run_json(std::ostream& out, const v1::GetRunResponse& run) {
   j["rejected_reports"] = s.rejected_reports();
   j["duplicate_reports"] = s.duplicate_reports();
   j["skipped_step_count"] = s.skipped_steps();
+  j["partial_step_count"] = s.partial_steps();
+  j["divergent_step_count"] = s.divergent_steps();
   ordered_json skipped = ordered_json::array();
   for (const v1::SkippedStep& k : run.skipped_steps()) {
     ordered_json e;
@@ -239,10 +294,32 @@ void print_run_json(std::ostream& out, const v1::GetRunResponse& run) {
     e["last_seq"] = a.last_seq();
     e["last_seen_unix_ns"] = a.last_seen_unix_ns();
     e["dropped_reports"] = a.counters().dropped_reports();
+    e["data_parallel_size"] = a.data_parallel_size();
+    e["gradients_sharded"] = a.gradients_sharded();
+    e["policy_agreement"] = agreement_name(a.policy_agreement());
+    e["last_policy_seq"] = a.last_policy_seq();
+    e["mean_step_time_s"] = json_number(a.mean_step_time_s());
     e["notices"] = ordered_json(std::vector<std::string>(a.notices().begin(), a.notices().end()));
     agents.push_back(std::move(e));
   }
   j["agents"] = std::move(agents);
+  ordered_json partial = ordered_json::array();
+  for (const v1::PartialStep& p : run.partial_steps()) {
+    partial.push_back(ordered_json{
+        {"step", p.step()},
+        {"ranks", std::vector<std::uint32_t>(p.ranks().begin(), p.ranks().end())}});
+  }
+  j["partial_steps"] = std::move(partial);
+  ordered_json divergences = ordered_json::array();
+  for (const v1::RankDivergence& d : run.rank_divergences()) {
+    ordered_json values = ordered_json::array();
+    for (const v1::RankValue& v : d.values()) {
+      values.push_back(ordered_json{{"rank", v.rank()}, {"value", v.value()}});
+    }
+    divergences.push_back(
+        ordered_json{{"step", d.step()}, {"field", d.field()}, {"values", std::move(values)}});
+  }
+  j["rank_divergence"] = std::move(divergences);
   out << j.dump() << "\n";
 }
 

@@ -57,6 +57,7 @@ struct Ingest::Batch {
     std::uint32_t rank = 0;
     int items = 0;
     bool hello = false;
+    std::uint64_t last_policy_seq = 0;  // the Hello's: the agent holds the policy up to it
   };
   struct Undo {  // an agent's seq before the batch, restored when the commit fails
     RunState* run;
@@ -69,6 +70,11 @@ struct Ingest::Batch {
     std::int64_t id;
     ReportDigest digest;  // the one digest of the report: totals, metrics and policy
   };
+  struct Merged {
+    RunState* run;
+    bool partial;
+    std::vector<v1::RankDivergence> divergences;
+  };
   struct Gap {
     RunState* run;
     std::uint32_t rank;
@@ -79,6 +85,7 @@ struct Ingest::Batch {
   std::vector<Stored> stored;
   std::map<RunState*, std::uint64_t> duplicates;
   std::vector<Gap> gaps;
+  std::vector<Merged> merged;  // multi-rank runs' merged steps, for the metrics
   std::vector<std::pair<RunState*, v1::PolicyUpdate>> decisions;
   std::vector<std::chrono::steady_clock::time_point> received;
   int policy_errors = 0;
@@ -126,11 +133,15 @@ void Ingest::restore() {
     const auto c = state.current_updates.find(run.run_id);
     RunState& restored = runs_.get(run.run_id);
     runs_.mark_active(restored);
+    restored.merge.set_layout(run.hello.world_size(), run.hello.gradients_sharded());
     policy_.restore_run(
         restored, run, s == saved.end() ? nullptr : s->second,
         c == state.current_updates.end() ? std::nullopt
                                          : std::optional<v1::PolicyUpdate>(c->second),
-        [&](std::int64_t after) { return store_.reports_after(run.run_id, after); });
+        [&](std::int64_t after_merged, std::int64_t after_report) {
+          return PolicyHost::Replay{store_.merges_since(run.run_id, after_merged, after_report),
+                                    store_.reports_after(run.run_id, after_report)};
+        });
   }
   log_info("store: restored ", state.runs.size(), " runs, ", state.agents.size(), " agents");
 }
@@ -176,10 +187,14 @@ void Ingest::on_failure(std::function<void(const std::string&)> callback) {
 void Ingest::run() {
   std::vector<IngestItem> items;
   for (;;) {
+    // Steps waiting for their ranks are checked while there are any, even with nothing queued.
+    bool merges_waiting = false;
+    runs_.for_each([&](RunState& run) { merges_waiting = merges_waiting || run.merge.waiting(); });
+    auto wake = std::min(next_retention_, next_refresh_);
+    if (merges_waiting) wake = std::min(wake, next_merge_check_);
     {
       std::unique_lock lock(mu_);
-      cv_.wait_until(lock, std::min(next_retention_, next_refresh_),
-                     [&] { return !queue_.empty() || stopping_ || stopped_; });
+      cv_.wait_until(lock, wake, [&] { return !queue_.empty() || stopping_ || stopped_; });
       if (stopped_) return;
       if (queue_.empty() && stopping_) break;
       // A deletion is a transaction of its own: the items before it, or it alone.
@@ -194,7 +209,8 @@ void Ingest::run() {
     }
     if (!items.empty() && items.front().kind == IngestItem::Kind::kDelete) {
       remove_run(items.front());
-    } else if (!items.empty()) {
+    } else if (!items.empty() ||
+               (merges_waiting && std::chrono::steady_clock::now() >= next_merge_check_)) {
       process(items);
     }
     items.clear();
@@ -249,9 +265,12 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
         store_.upsert_run(*item.hello, now_ns);
         store_.upsert_agent(*item.hello, now_ns);
         run.last_seq.try_emplace(item.rank, 0);
+        run.merge.set_layout(item.hello->world_size(), item.hello->gradients_sharded());
         policy_.on_hello(run, *item.hello);
         metrics_.on_hello(run, *item.hello);
-        batch.settle(item, run).hello = true;
+        Batch::SinkResult& settled = batch.settle(item, run);
+        settled.hello = true;
+        settled.last_policy_seq = item.hello->last_policy_seq();
         break;
       }
       case IngestItem::Kind::kReport: {
@@ -324,20 +343,30 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
     }
   }
 
-  // Policy: the committed reports in commit order; decisions are stored in the same
-  // transaction, so a decision exists exactly when the reports that caused it do.
-  for (const Batch::Stored& s : batch.stored) {
-    for (EngineUpdate& e : policy_.observe(*s.run, *s.report, s.digest.step_input, s.id, now_ns,
-                                           &batch.policy_errors)) {
-      const std::int64_t id = store_.insert_decision(e.update.run_id(), e.engine_id, e.update);
-      e.update.set_policy_id(std::to_string(id));
-      store_.set_decision_update(id, e.update);
-      batch.decisions.emplace_back(s.run, std::move(e.update));
+  // Policy: the committed reports in commit order, merged over the ranks of their run; the
+  // merged steps and their decisions are stored in the same transaction, so a decision exists
+  // exactly when the reports that caused it do.
+  const auto now = std::chrono::steady_clock::now();
+  for (Batch::Stored& s : batch.stored) {
+    RunState& run = *s.run;
+    const auto connected = [&] { return streams_.connected_ranks(run.id); };
+    for (MergedStep& m : run.merge.add(rank_step(*s.report, s.id, std::move(s.digest.step_input)),
+                                       now, connected)) {
+      settle_merged(run, m, batch, now_ns);
     }
+  }
+  if (now >= next_merge_check_) {
+    next_merge_check_ = now + kMergeCheckInterval;
+    runs_.for_each([&](RunState& run) {
+      if (!run.merge.waiting()) return;
+      for (MergedStep& m : run.merge.flush(now, streams_.connected_ranks(run.id))) {
+        settle_merged(run, m, batch, now_ns);
+      }
+    });
   }
   for (const PolicySnapshot& s : policy_.snapshots(std::chrono::steady_clock::now(), false)) {
     store_.save_policy_state(s.run_id, std::string(policy_.mode_name()), s.state, s.last_report_id,
-                             now_ns);
+                             s.last_merged_id, now_ns);
   }
   for (auto& [k, delta] : deltas) {
     const TensorTotals& d = delta.totals;
@@ -357,9 +386,29 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
   }
 }
 
+void Ingest::settle_merged(RunState& run, MergedStep& step, Batch& batch, std::int64_t now_ns) {
+  const std::int64_t merged_id = store_.insert_merged_step(run.id, step);
+  for (EngineUpdate& e : policy_.observe(run, step, merged_id, now_ns, &batch.policy_errors)) {
+    const std::int64_t id = store_.insert_decision(e.update.run_id(), e.engine_id, e.update);
+    e.update.set_policy_id(std::to_string(id));
+    store_.set_decision_update(id, e.update);
+    batch.decisions.emplace_back(&run, std::move(e.update));
+  }
+  if (run.merge.world_size() > 1) {
+    batch.merged.push_back(Batch::Merged{&run, step.partial, std::move(step.divergences)});
+  }
+}
+
 void Ingest::publish(Batch& batch, std::int64_t now_ns) {
   (void)now_ns;
   for (const Batch::Stored& s : batch.stored) metrics_.on_report(*s.run, *s.report, s.digest);
+  for (const Batch::Merged& m : batch.merged) {
+    metrics_.merged_step(*m.run, m.partial, m.divergences);
+    for (const v1::RankDivergence& d : m.divergences) {
+      log_warning("ranks: run '", m.run->id, "' step ", d.step(), ": the ranks disagree on ",
+                  d.field());
+    }
+  }
   for (const auto& [run, n] : batch.duplicates) {
     metrics_.duplicates(*run, n);
     run->duplicates.fetch_add(n, std::memory_order_relaxed);
@@ -383,7 +432,9 @@ void Ingest::publish(Batch& batch, std::int64_t now_ns) {
   for (auto& [ptr, result] : batch.sinks) {
     result.sink->on_settled(result.run->last_seq[result.rank], result.items);
     if (result.hello) {
-      if (std::optional<v1::PolicyUpdate> current = policy_.current(*result.run)) {
+      // An agent that holds every decision up to the fold's seq needs nothing resent.
+      std::optional<v1::PolicyUpdate> current = policy_.current(*result.run);
+      if (current && (current->seq() == 0 || result.last_policy_seq < current->seq())) {
         result.sink->on_policy(*current);
       }
     }
@@ -534,7 +585,7 @@ void Ingest::maintenance(bool force) {
         store_.begin();
         for (const PolicySnapshot& s : snapshots) {
           store_.save_policy_state(s.run_id, std::string(policy_.mode_name()), s.state,
-                                   s.last_report_id, proto::unix_now_ns());
+                                   s.last_report_id, s.last_merged_id, proto::unix_now_ns());
         }
         store_.commit();
       }

@@ -97,6 +97,9 @@ class Ingest {
   void process(std::vector<IngestItem>& items);
   void write(std::vector<IngestItem>& items, Batch& batch, std::int64_t now_ns);
   void publish(Batch& batch, std::int64_t now_ns);
+  // A step merged over the ranks of `run`: stored, observed by the policy engine, its decisions
+  // stored; its metrics left in the batch for after the commit.
+  void settle_merged(RunState& run, MergedStep& step, Batch& batch, std::int64_t now_ns);
   void fail(std::vector<IngestItem>& items, Batch& batch, const std::string& message);
   void remove_run(IngestItem& item);
   // Drops the run from the registry and ends its open streams with `why`, dropping what they
@@ -125,6 +128,9 @@ class Ingest {
   // Ingest thread only.
   std::chrono::steady_clock::time_point next_retention_{};
   std::chrono::steady_clock::time_point next_refresh_{};
+  // When the runs' steps waiting for their ranks are checked next (deadline, ended streams).
+  static constexpr std::chrono::milliseconds kMergeCheckInterval{100};
+  std::chrono::steady_clock::time_point next_merge_check_{};
 };
 
 }  // namespace ampscope::server

@@ -35,6 +35,7 @@ struct Flags {
   std::string retention_interval = "60s";
   std::string max_message_bytes = "16M";
   std::string shutdown_timeout = "10s";
+  std::int64_t rank_merge_deadline_ms = 3000;
   std::string ready_file;
   std::string log_level = "info";
   // static-params
@@ -81,6 +82,15 @@ void add_flags(CLI::App& app, Flags& f) {
       ->capture_default_str();
   app.add_option("--metrics-max-runs", o.metrics_max_runs,
                  "Runs exported on /metrics: the most recently active ones (a Hello or a report)")
+      ->capture_default_str();
+  app.add_option("--rank-merge-deadline-ms", f.rank_merge_deadline_ms,
+                 "How long a step of a multi-rank run waits for its missing ranks before it is "
+                 "merged without them (partial)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--rank-merge-max-steps", o.rank_merge.max_pending_steps,
+                 "Steps per run waiting for their ranks at most; the oldest is merged partial")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--shutdown-timeout", f.shutdown_timeout,
                  "Deadline of the graceful shutdown on SIGTERM/SIGINT")
@@ -160,6 +170,7 @@ void finish_options(Flags& f) {
   if (o.retention_interval.count() < 100) {
     throw ampscope::Error("--retention-interval: must be at least 100ms");
   }
+  o.rank_merge.deadline = std::chrono::milliseconds(f.rank_merge_deadline_ms);
   o.max_message_bytes = parse_bytes(f.max_message_bytes, "--max-message-bytes");
   if (o.max_message_bytes < 1024 || o.max_message_bytes > (1u << 30)) {
     throw ampscope::Error("--max-message-bytes: must be in [1K, 1G]");

@@ -244,7 +244,16 @@ struct MetricFamilies {
         policy_fp32(BuildGauge()
                         .Name("ampscope_policy_fp32_tensors")
                         .Help("Tensors the policy keeps in FP32")
-                        .Register(*registry)) {}
+                        .Register(*registry)),
+        partial_steps(BuildCounter()
+                          .Name("ampscope_partial_steps_total")
+                          .Help("Steps merged without every rank's report (deadline passed, "
+                                "a rank's stream ended)")
+                          .Register(*registry)),
+        rank_divergence(BuildCounter()
+                            .Name("ampscope_rank_divergence_total")
+                            .Help("Steps on which the ranks of a run disagreed, by field")
+                            .Register(*registry)) {}
 
   std::shared_ptr<prometheus::Registry> registry;  // owns the families below
   Family<Gauge>& build_info;
@@ -295,6 +304,8 @@ struct MetricFamilies {
   Family<Gauge>& policy_scale;
   Family<Gauge>& policy_target;
   Family<Gauge>& policy_fp32;
+  Family<Counter>& partial_steps;
+  Family<Counter>& rank_divergence;
 };
 
 // A run's cached series. Everything created through it is removed from its family when it is
@@ -366,6 +377,8 @@ struct RunSeries {
   Gauge* policy_scale = nullptr;
   Gauge* policy_target = nullptr;
   Gauge* policy_fp32 = nullptr;
+  Counter* partial_steps = nullptr;               // created at the run's first merged step
+  std::map<std::string, Counter*> divergence;     // by field, created at its first divergence
 };
 
 void RemoveSeries::operator()(RunSeries* series) const { delete series; }
@@ -433,6 +446,8 @@ RunSeries::~RunSeries() {
   remove(f->policy_scale, policy_scale);
   remove(f->policy_target, policy_target);
   remove(f->policy_fp32, policy_fp32);
+  remove(f->partial_steps, partial_steps);
+  for (const auto& [field, c] : divergence) remove(f->rank_divergence, c);
 }
 
 void RunSeries::remove_tensor(const TensorSeries& t) {
@@ -688,6 +703,20 @@ void Metrics::set_top_tensors(RunState& state, const std::vector<TensorTotals>& 
 
 void Metrics::set_agents_connected(RunState& run, std::size_t n) {
   if (RunSeries* s = run_series(run)) s->agents_connected->Set(static_cast<double>(n));
+}
+
+void Metrics::merged_step(RunState& state, bool partial,
+                          const std::vector<v1::RankDivergence>& divergences) {
+  RunSeries* exported = run_series(state);
+  if (exported == nullptr) return;
+  RunSeries& run = *exported;
+  if (run.partial_steps == nullptr) run.partial_steps = &f_->partial_steps.Add({{"run", state.id}});
+  if (partial) run.partial_steps->Increment();
+  for (const v1::RankDivergence& d : divergences) {
+    Counter*& c = run.divergence[d.field()];
+    if (c == nullptr) c = &f_->rank_divergence.Add({{"run", state.id}, {"field", d.field()}});
+    c->Increment();
+  }
 }
 
 void Metrics::policy_decision(RunState& state, std::string_view mode, std::string_view kind,

@@ -30,6 +30,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ampscope/v1/query.pb.h"
 #include "ampscope/v1/telemetry.pb.h"
 #include "report_digest.h"
 #include "run_registry.h"
@@ -67,6 +68,9 @@ class Metrics {
   void on_hello(RunState& run, const v1::Hello& hello);
   // A stored report and its digest (report_digest.h).
   void on_report(RunState& run, const v1::StepReport& report, const ReportDigest& digest);
+  // A step of the run merged over its ranks (rank_merge.h): partial or not, and where its ranks
+  // disagreed (one increment per field).
+  void merged_step(RunState& run, bool partial, const std::vector<v1::RankDivergence>& divergences);
   void set_top_tensors(RunState& run, const std::vector<TensorTotals>& top);
   void set_agents_connected(RunState& run, std::size_t n);
   void policy_decision(RunState& run, std::string_view mode, std::string_view kind,

@@ -2,7 +2,10 @@
 
 #include <google/protobuf/util/message_differencer.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <set>
 
 #include "ampscope/proto/vocabulary_codec.h"
 #include "log.h"
@@ -49,6 +52,7 @@ v1::PolicyUpdate to_policy_update(const policy::PolicyDecision& d, const std::st
   u.set_reason(d.reason);
   u.set_decided_at_step(decided_at_step);
   u.set_decided_unix_ns(now_ns);
+  u.set_seq(d.policy_id);
   return u;
 }
 
@@ -96,15 +100,17 @@ bool PolicyHost::create_engine(const std::string& run_id, RunPolicy& rp, const v
 void PolicyHost::restore_run(RunState& run, const RestoredRun& restored,
                              const RestoredPolicy* saved,
                              const std::optional<v1::PolicyUpdate>& current,
-                             const ReportsAfter& after) {
+                             const ReplayAfter& replay) {
   RunPolicy& rp = policy_of(run);
-  std::int64_t from_id = 0;
+  std::int64_t from_report = 0;
+  std::int64_t from_merged = 0;
   if (saved != nullptr) {
     try {
       policy::PolicyEngine engine = policy::PolicyEngine::restore(saved->state);
       if (engine.config() == config_) {
         rp.engine.emplace(std::move(engine));
-        from_id = saved->last_report_id;
+        from_report = saved->last_report_id;
+        from_merged = saved->last_merged_id;
       } else {
         log_info("policy: run '", restored.run_id,
                  "': configuration changed since the saved state; starting a fresh engine");
@@ -115,26 +121,56 @@ void PolicyHost::restore_run(RunState& run, const RestoredRun& restored,
     }
   }
   if (restored.hello.has_scaler()) rp.hello_scaler = restored.hello.scaler();
-  if (!rp.engine && !create_engine(restored.run_id, rp, restored.hello)) return;
-  // Decisions made while replaying were committed with the reports that caused them (or, with
-  // a changed configuration, belong to the old one): only the engine's state is wanted.
+  if (!rp.engine) create_engine(restored.run_id, rp, restored.hello);
+  rp.last_report_id = from_report;
+  rp.last_merged_id = from_merged;
+  // Decisions made while replaying were committed with the steps that caused them (or, with a
+  // changed configuration, belong to the old one): only the engine's state is wanted.
   int errors = 0;
   std::size_t replayed = 0;
-  for (const auto& [id, report] : after(from_id)) {
+  auto feed = [&](const MergedStep& step) {
+    rp.last_report_id = std::max(
+        rp.last_report_id, *std::max_element(step.report_ids.begin(), step.report_ids.end()));
+    if (!rp.engine) return;
     try {
-      rp.engine->observe(to_step_input(report, reads_all_tensors()));
+      rp.engine->observe(step.input);
     } catch (const policy::PolicyError&) {
       ++errors;
     }
-    rp.last_report_id = id;
     ++replayed;
+  };
+  Replay r = replay(from_merged, from_report);
+  std::map<std::int64_t, const v1::StepReport*> reports;
+  for (const auto& [id, report] : r.reports) reports.emplace(id, &report);
+  std::set<std::int64_t> merged_reports;
+  for (const StoredMerge& m : r.merges) {
+    merged_reports.insert(m.report_ids.begin(), m.report_ids.end());
+    run.merge.remember(m.step, m.ranks);
+    if (m.id <= from_merged) continue;
+    std::vector<RankStep> ranks;
+    for (std::int64_t id : m.report_ids) {
+      if (auto it = reports.find(id); it != reports.end()) {
+        ranks.push_back(rank_step(*it->second, id, to_step_input(*it->second, reads_all_tensors())));
+      }
+    }
+    rp.last_merged_id = m.id;
+    if (!ranks.empty()) feed(merge_ranks(std::move(ranks), run.merge.gradients_sharded(), m.partial));
   }
-  if (rp.last_report_id == 0) rp.last_report_id = from_id;
+  // Reports still waiting for their ranks wait again (from now, for the full deadline).
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& [id, report] : reports) {
+    if (merged_reports.contains(id)) continue;
+    for (const MergedStep& step :
+         run.merge.add(rank_step(*report, id, to_step_input(*report, reads_all_tensors())), now,
+                       nullptr)) {
+      feed(step);
+    }
+  }
   rp.dirty = replayed > 0;
   if (current) set_current(run, *current);
   if (replayed > 0) {
     log_info("policy: run '", restored.run_id, "': replayed ", replayed,
-             " reports after the saved state", errors > 0 ? " (some refused)" : "");
+             " merged steps after the saved state", errors > 0 ? " (some refused)" : "");
   }
 }
 
@@ -163,26 +199,27 @@ void PolicyHost::on_hello(RunState& run, const v1::Hello& hello) {
   }
 }
 
-std::vector<EngineUpdate> PolicyHost::observe(RunState& run, const v1::StepReport& report,
-                                              const policy::StepInput& input,
-                                              std::int64_t report_id, std::int64_t now_ns,
+std::vector<EngineUpdate> PolicyHost::observe(RunState& run, const MergedStep& step,
+                                              std::int64_t merged_id, std::int64_t now_ns,
                                               int* errors) {
   std::vector<EngineUpdate> updates;
   if (!run.policy || !run.policy->engine) return updates;
   RunPolicy& rp = *run.policy;
   std::vector<policy::PolicyDecision> decisions;
   try {
-    decisions = rp.engine->observe(input);
+    decisions = rp.engine->observe(step.input);
   } catch (const policy::PolicyError& e) {
     ++*errors;
-    log_warning("policy: run '", report.run_id(), "' rank ", report.rank(), " seq ", report.seq(),
-                " refused by the engine: ", e.what());
+    log_warning("policy: run '", run.id, "' step ", step.step, " refused by the engine: ",
+                e.what());
   }
-  rp.last_report_id = report_id;
+  rp.last_report_id = std::max(
+      rp.last_report_id, *std::max_element(step.report_ids.begin(), step.report_ids.end()));
+  rp.last_merged_id = merged_id;
   rp.dirty = true;
   for (const policy::PolicyDecision& d : decisions) {
     updates.push_back(EngineUpdate{
-        d.policy_id, to_policy_update(d, report.run_id(), mode(), config_.fp32_fallback.enabled,
+        d.policy_id, to_policy_update(d, run.id, mode(), config_.fp32_fallback.enabled,
                                       rp.engine->latest_step(), now_ns)});
     rp.force_save = true;
   }
@@ -197,7 +234,13 @@ std::vector<PolicySnapshot> PolicyHost::snapshots(std::chrono::steady_clock::tim
     RunPolicy& rp = *run.policy;
     const bool due = rp.force_save || (rp.dirty && now - rp.saved_at >= snapshot_interval_);
     if (!due && !(all && rp.dirty)) return;
-    out.push_back(PolicySnapshot{run.id, rp.engine->save_state(), rp.last_report_id});
+    // Reports waiting for their ranks are not in the state: a restore replays them.
+    std::int64_t merged_through = rp.last_report_id;
+    if (std::optional<std::int64_t> waiting = run.merge.first_waiting_report()) {
+      merged_through = std::min(merged_through, *waiting - 1);
+    }
+    out.push_back(
+        PolicySnapshot{run.id, rp.engine->save_state(), merged_through, rp.last_merged_id});
     rp.saved_at = now;
     rp.dirty = false;
     rp.force_save = false;

@@ -1,7 +1,8 @@
 // The server side of the policy engine (server/policy, a pure library): one PolicyEngine per
-// run, fed with the committed reports in commit order, its decisions turned into PolicyUpdates,
-// its state saved into the store and restored (snapshot + replay of the reports stored after
-// it) when the server restarts. Each run's engine lives in its RunState (run_registry.h), so
+// run, fed with the run's merged steps (rank_merge.h: one per step, however many ranks) in the
+// order they were merged and stored, its decisions turned into PolicyUpdates, its state saved
+// into the store and restored (snapshot + replay of the steps merged after it, and the reports
+// still waiting for their ranks back into the run's RankMerger) when the server restarts. Each run's engine lives in its RunState (run_registry.h), so
 // it goes when the run is forgotten.
 //
 // Thread safety: used by the ingest thread only (mode() and mode_name() are immutable).
@@ -23,21 +24,23 @@
 namespace ampscope::server {
 
 struct EngineUpdate {
-  std::uint64_t engine_id = 0;  // the engine's own decision number
+  std::uint64_t engine_id = 0;  // the engine's own decision number, the update's seq
   v1::PolicyUpdate update;      // policy_id not set yet
 };
 
 struct PolicySnapshot {
   std::string run_id;
   std::string state;
-  std::int64_t last_report_id = 0;
+  std::int64_t last_report_id = 0;  // reports up to it are merged (or waiting, see snapshots)
+  std::int64_t last_merged_id = 0;  // merged steps up to it are in the state
 };
 
 // A run's policy state, held by its RunState.
 struct RunPolicy {
   std::optional<policy::PolicyEngine> engine;
   std::optional<v1::ScalerConfig> hello_scaler;  // as the run's agents last said it
-  std::int64_t last_report_id = 0;
+  std::int64_t last_report_id = 0;  // the latest report of a step the engine observed
+  std::int64_t last_merged_id = 0;  // the latest merged step the engine observed
   std::chrono::steady_clock::time_point saved_at{};
   bool dirty = false;
   bool force_save = false;
@@ -54,12 +57,20 @@ class PolicyHost {
   std::string_view mode_name() const { return policy::mode_name(config_.mode); }
   v1::PolicyMode mode() const;
 
-  using ReportsAfter =
-      std::function<std::vector<std::pair<std::int64_t, v1::StepReport>>(std::int64_t)>;
+  // What was stored after a snapshot: the merged steps with id > after_merged_id or holding a
+  // report with id > after_report_id, and the reports with id > after_report_id.
+  struct Replay {
+    std::vector<StoredMerge> merges;
+    std::vector<std::pair<std::int64_t, v1::StepReport>> reports;
+  };
+  using ReplayAfter =
+      std::function<Replay(std::int64_t after_merged_id, std::int64_t after_report_id)>;
   // At start: the run's engine from its snapshot (or fresh from its Hello when there is none,
-  // or when the configuration changed), brought up to date with the reports stored after it.
+  // or when the configuration changed), brought up to date with the steps merged after it; the
+  // reports merged into no step go back into the run's RankMerger, as if the server had not
+  // stopped.
   void restore_run(RunState& run, const RestoredRun& restored, const RestoredPolicy* saved,
-                   const std::optional<v1::PolicyUpdate>& current, const ReportsAfter& after);
+                   const std::optional<v1::PolicyUpdate>& current, const ReplayAfter& replay);
 
   // A Hello: creates the run's engine, or tells it the run's scaler.
   void on_hello(RunState& run, const v1::Hello& hello);
@@ -68,11 +79,10 @@ class PolicyHost {
   // ones: what digest_report() must put in its input.
   bool reads_all_tensors() const { return config_.fp32_fallback.enabled; }
 
-  // Feeds one committed report, as its digest's step_input (digest_report). Returns the
-  // decisions as PolicyUpdates without policy_id (the store assigns it). A report the engine
-  // refuses is logged and counted in *errors.
-  std::vector<EngineUpdate> observe(RunState& run, const v1::StepReport& report,
-                                    const policy::StepInput& input, std::int64_t report_id,
+  // Feeds one merged step, stored as `merged_id`. Returns the decisions as PolicyUpdates
+  // without policy_id (the store assigns it). A step the engine refuses is logged and counted
+  // in *errors.
+  std::vector<EngineUpdate> observe(RunState& run, const MergedStep& step, std::int64_t merged_id,
                                     std::int64_t now_ns, int* errors);
 
   // Engines whose state should be saved now: every `snapshot_interval`, after a decision, and

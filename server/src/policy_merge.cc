@@ -21,6 +21,7 @@ void merge_policy_update(v1::PolicyUpdate* into, const v1::PolicyUpdate& next) {
   into->set_reason(next.reason());
   into->set_decided_at_step(next.decided_at_step());
   into->set_decided_unix_ns(next.decided_unix_ns());
+  into->set_seq(next.seq());
 }
 
 }  // namespace ampscope::server

@@ -7,8 +7,8 @@
 namespace ampscope::server {
 
 // Folds `next` into `into`: fields `next` sets replace those of `into`; the FP32 list is
-// replaced when `next` sets it; policy_id, run_id, mode, effective_from_step, reason and the
-// decision times become those of `next`.
+// replaced when `next` sets it; policy_id, run_id, mode, effective_from_step, reason, the
+// decision times and seq become those of `next`.
 void merge_policy_update(v1::PolicyUpdate* into, const v1::PolicyUpdate& next);
 
 }  // namespace ampscope::server

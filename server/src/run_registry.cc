@@ -5,11 +5,13 @@
 
 namespace ampscope::server {
 
-RunState::RunState(std::string run_id) : id(std::move(run_id)) {}
+RunState::RunState(std::string run_id, MergeOptions merge_options)
+    : id(std::move(run_id)), merge(merge_options) {}
 
 RunState::~RunState() = default;
 
-RunRegistry::RunRegistry(std::size_t max_exported_runs) : max_exported_(max_exported_runs) {}
+RunRegistry::RunRegistry(std::size_t max_exported_runs, MergeOptions merge_options)
+    : max_exported_(max_exported_runs), merge_options_(merge_options) {}
 
 RunRegistry::~RunRegistry() = default;
 
@@ -20,7 +22,7 @@ RunState* RunRegistry::find(const std::string& run_id) {
 
 RunState& RunRegistry::get(const std::string& run_id) {
   if (RunState* run = find(run_id)) return *run;
-  auto run = std::make_unique<RunState>(run_id);
+  auto run = std::make_unique<RunState>(run_id, merge_options_);
   std::lock_guard lock(mu_);
   return *runs_.emplace(run_id, std::move(run)).first->second;
 }

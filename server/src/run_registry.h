@@ -1,5 +1,6 @@
 // Everything the server keeps in memory about a run, in one place: its agents' settled seq, its
-// tensor totals, its policy engine and its cached Prometheus series. The registry owns them;
+// tensor totals, the steps waiting for the rest of their ranks, its policy engine and its cached
+// Prometheus series. The registry owns them;
 // Ingest, PolicyHost and Metrics keep no per-run map of their own, they are handed a RunState.
 // Forgetting a run (deleted by an operator or by retention) therefore drops all of it at once:
 // its engine is destroyed and its series leave /metrics (RunSeries' deleter removes them).
@@ -25,6 +26,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "rank_merge.h"
 #include "store.h"
 
 namespace ampscope::server {
@@ -38,7 +40,7 @@ struct RemoveSeries {
 struct RunPolicy;
 
 struct RunState {
-  explicit RunState(std::string run_id);
+  RunState(std::string run_id, MergeOptions merge_options);
   ~RunState();
   RunState(const RunState&) = delete;
   RunState& operator=(const RunState&) = delete;
@@ -52,6 +54,10 @@ struct RunState {
   bool top_stale = false;
   // Replays dropped since the server started; read by the Query handlers.
   std::atomic<std::uint64_t> duplicates{0};
+
+  // Ingest: the run's steps waiting for the reports of all its ranks, merged for the policy
+  // engine (rank_merge.h).
+  RankMerger merge;
 
   // PolicyHost: null until the run's first Hello (or its restore).
   std::unique_ptr<RunPolicy> policy;
@@ -68,8 +74,8 @@ struct RunState {
 
 class RunRegistry {
  public:
-  // `max_exported_runs` >= 1.
-  explicit RunRegistry(std::size_t max_exported_runs);
+  // `max_exported_runs` >= 1; `merge_options` for every run's RankMerger.
+  explicit RunRegistry(std::size_t max_exported_runs, MergeOptions merge_options = {});
   ~RunRegistry();
   RunRegistry(const RunRegistry&) = delete;
   RunRegistry& operator=(const RunRegistry&) = delete;
@@ -96,6 +102,7 @@ class RunRegistry {
 
  private:
   std::size_t max_exported_;
+  MergeOptions merge_options_;
   mutable std::mutex mu_;
   std::unordered_map<std::string, std::unique_ptr<RunState>> runs_;
   std::list<RunState*> exported_;

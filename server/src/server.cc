@@ -85,7 +85,8 @@ std::unique_ptr<Server> Server::create(ServerOptions options) {
   auto impl = std::make_unique<Impl>(std::move(options));
   const ServerOptions& o = impl->options;
   impl->metrics = std::make_unique<Metrics>(o.version);
-  impl->runs = std::make_unique<RunRegistry>(o.metrics_max_runs);
+  impl->runs = std::make_unique<RunRegistry>(
+      o.metrics_max_runs, MergeOptions{o.rank_merge.deadline, o.rank_merge.max_pending_steps});
   impl->store = std::make_unique<StoreWriter>(StoreOptions{o.db_path, o.sync_full});
   impl->reader = std::make_unique<StoreReader>(o.db_path);
   impl->policy = std::make_unique<PolicyHost>(o.policy, o.policy_snapshot_interval, *impl->runs);

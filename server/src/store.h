@@ -22,11 +22,12 @@
 
 #include "ampscope/v1/query.pb.h"
 #include "ampscope/v1/telemetry.pb.h"
+#include "rank_merge.h"
 #include "sqlite_util.h"
 
 namespace ampscope::server {
 
-inline constexpr int kSchemaVersion = 1;
+inline constexpr int kSchemaVersion = 2;
 
 struct StoreOptions {
   std::string path;
@@ -54,7 +55,16 @@ struct RestoredAgent {
 struct RestoredPolicy {
   std::string run_id;
   std::string state;                // PolicyEngine::save_state()
-  std::int64_t last_report_id = 0;  // reports up to this id are reflected in `state`
+  std::int64_t last_report_id = 0;  // reports up to this id are merged (or were dropped)
+  std::int64_t last_merged_id = 0;  // merged steps up to this id are reflected in `state`
+};
+// A step merged over the ranks of a run, as stored (rank_merge.h has the merge itself).
+struct StoredMerge {
+  std::int64_t id = 0;
+  std::int64_t step = 0;
+  bool partial = false;
+  std::vector<std::uint32_t> ranks;
+  std::vector<std::int64_t> report_ids;  // same order as ranks
 };
 struct TensorTotals {
   std::string run_id;
@@ -93,6 +103,11 @@ class StoreWriter {
   std::vector<std::pair<std::int64_t, v1::StepReport>> reports_after(const std::string& run_id,
                                                                      std::int64_t after_id);
 
+  // Merged steps of `run_id` with id > after_merged_id or holding a report with id >
+  // after_report_id, oldest first.
+  std::vector<StoredMerge> merges_since(const std::string& run_id, std::int64_t after_merged_id,
+                                        std::int64_t after_report_id);
+
   // Group commit: begin(), any writes, commit(). A failed commit throws and rolls back.
   void begin();
   void commit();
@@ -107,6 +122,8 @@ class StoreWriter {
   std::int64_t insert_report(const v1::StepReport& report, const std::string& payload,
                              std::int64_t received_ns);
   void add_tensor_totals(const TensorTotals& delta);
+  // A merged step (rank_merge.h) and its divergences; returns the merged step's id.
+  std::int64_t insert_merged_step(const std::string& run_id, const MergedStep& step);
   void insert_rejection(const std::string& run_id, std::uint32_t rank, std::uint64_t seq,
                         const std::string& field, const std::string& reason,
                         const std::string& message, std::int64_t now_ns);
@@ -118,7 +135,7 @@ class StoreWriter {
                           bool applied, const std::string& reason);
   void save_policy_state(const std::string& run_id, const std::string& mode,
                          const std::string& state, std::int64_t last_report_id,
-                         std::int64_t now_ns);
+                         std::int64_t last_merged_id, std::int64_t now_ns);
 
   // Deletes every row of the run, in the caller's transaction. The number of its reports that
   // went, or nullopt when the store does not know the run.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <set>
+#include <sstream>
 
 #include "policy_merge.h"
 #include "store.h"
@@ -111,6 +112,16 @@ void StoreReader::fill_summary(std::int64_t run, v1::RunSummary* out) {
     }
   }
   {
+    Statement s = conn_->prepare(
+        "SELECT (SELECT count(*) FROM merged_steps WHERE run = ?1 AND partial != 0), "
+        "(SELECT count(DISTINCT step) FROM rank_divergences WHERE run = ?1)");
+    s.bind(1, run);
+    if (s.step()) {
+      out->set_partial_steps(static_cast<std::uint64_t>(s.column_int(0)));
+      out->set_divergent_steps(static_cast<std::uint64_t>(s.column_int(1)));
+    }
+  }
+  {
     Statement s = conn_->prepare("SELECT count(*) FROM rejections WHERE run = ?1");
     s.bind(1, run);
     if (s.step()) out->set_rejected_reports(static_cast<std::uint64_t>(s.column_int(0)));
@@ -183,7 +194,9 @@ std::optional<v1::GetRunResponse> StoreReader::get_run(const std::string& run_id
   {
     Statement s = conn_->prepare(
         "SELECT a.rank, a.host, a.trainer, a.agent_version, a.last_seq, a.last_seen_ns, "
-        "a.counters FROM agents a WHERE a.run = ?1 ORDER BY a.rank");
+        "a.counters, a.data_parallel_size, a.gradients_sharded, a.policy_agreement, "
+        "a.last_policy_seq, (SELECT avg(step_time_s) FROM reports r WHERE r.run = a.run AND "
+        "r.rank = a.rank) FROM agents a WHERE a.run = ?1 ORDER BY a.rank");
     s.bind(1, *run);
     Statement n = conn_->prepare(
         "SELECT text FROM agent_notices WHERE run = ?1 AND rank = ?2 ORDER BY text LIMIT 16");
@@ -196,6 +209,11 @@ std::optional<v1::GetRunResponse> StoreReader::get_run(const std::string& run_id
       a->set_last_seq(static_cast<std::uint64_t>(s.column_int(4)));
       a->set_last_seen_unix_ns(s.column_int(5));
       if (!s.column_is_null(6)) parse_blob(s.column_blob(6), a->mutable_counters());
+      a->set_data_parallel_size(static_cast<std::uint32_t>(s.column_int(7)));
+      a->set_gradients_sharded(s.column_int(8) != 0);
+      a->set_policy_agreement(static_cast<v1::PolicyAgreement>(s.column_int(9)));
+      a->set_last_policy_seq(static_cast<std::uint64_t>(s.column_int(10)));
+      if (!s.column_is_null(11)) a->set_mean_step_time_s(s.column_double(11));
       n.bind(1, *run).bind(2, std::int64_t{a->rank()});
       while (n.step()) a->add_notices(n.column_text(0));
       n.reset();
@@ -290,6 +308,26 @@ std::optional<v1::GetRunResponse> StoreReader::get_run(const std::string& run_id
       out.mutable_worst_overflow());
   for (v1::PolicyDecision& d : decisions(*run, limit)) {
     *out.add_policy_decisions() = std::move(d);
+  }
+  {
+    // The latest `limit`, listed by step.
+    Statement s = conn_->prepare(
+        "SELECT divergence FROM (SELECT step, field, divergence FROM rank_divergences "
+        "WHERE run = ?1 ORDER BY step DESC, field DESC LIMIT ?2) ORDER BY step, field");
+    s.bind(1, *run).bind(2, std::int64_t{limit});
+    while (s.step()) parse_blob(s.column_blob(0), out.add_rank_divergences());
+  }
+  {
+    Statement s = conn_->prepare(
+        "SELECT step, ranks FROM (SELECT id, step, ranks FROM merged_steps WHERE run = ?1 AND "
+        "partial != 0 ORDER BY step DESC, id DESC LIMIT ?2) ORDER BY step, id");
+    s.bind(1, *run).bind(2, std::int64_t{limit});
+    while (s.step()) {
+      v1::PartialStep* p = out.add_partial_steps();
+      p->set_step(s.column_int(0));
+      std::istringstream ranks(s.column_text(1));
+      for (std::uint32_t r; ranks >> r;) p->add_ranks(r);
+    }
   }
   return out;
 }

@@ -121,7 +121,45 @@ CREATE TABLE rejections (
 CREATE INDEX rejections_by_run ON rejections (run, id);
 )sql";
 
-constexpr std::array<const char*, kSchemaVersion> kMigrations = {kMigration1};
+// Version 1 -> 2: multi-rank runs. The agents' parallel layout, each report's step time, the
+// steps merged over the ranks of a run (in the order the policy engine observed them; the
+// engine's saved state says the last one it reflects) and the ranks' disagreements.
+constexpr const char* kMigration2 = R"sql(
+ALTER TABLE agents ADD COLUMN data_parallel_size INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE agents ADD COLUMN gradients_sharded INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE agents ADD COLUMN policy_agreement INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE agents ADD COLUMN last_policy_seq INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE reports ADD COLUMN step_time_s REAL;
+ALTER TABLE policy_state ADD COLUMN last_merged_id INTEGER NOT NULL DEFAULT 0;
+
+CREATE TABLE merged_steps (
+  id              INTEGER PRIMARY KEY,          -- the order the policy engine observed them
+  run             INTEGER NOT NULL,
+  step            INTEGER NOT NULL,
+  partial         INTEGER NOT NULL,             -- some rank's report did not arrive in time
+  ranks           TEXT NOT NULL,                -- the ranks merged: "0 1"
+  report_ids      TEXT NOT NULL,                -- their reports' ids, same order
+  max_report_id   INTEGER NOT NULL,
+  found_inf       INTEGER NOT NULL,
+  skipped         INTEGER NOT NULL,
+  loss            REAL,                         -- NULL when not finite
+  tokens          INTEGER NOT NULL,
+  offender_rank   INTEGER,                      -- the first offender's, NULL when none
+  offender        TEXT
+);
+CREATE INDEX merged_steps_by_run ON merged_steps (run, id);
+CREATE INDEX merged_steps_partial ON merged_steps (run, step) WHERE partial != 0;
+
+CREATE TABLE rank_divergences (
+  run             INTEGER NOT NULL,
+  step            INTEGER NOT NULL,
+  field           TEXT NOT NULL,
+  divergence      BLOB NOT NULL,                -- ampscope.v1.RankDivergence
+  PRIMARY KEY (run, step, field)
+) WITHOUT ROWID;
+)sql";
+
+constexpr std::array<const char*, kSchemaVersion> kMigrations = {kMigration1, kMigration2};
 
 }  // namespace
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <sstream>
 
 #include "policy_merge.h"
 #include "store.h"
@@ -20,8 +21,11 @@ struct StoreWriter::Statements {
         touch_run(c.prepare("UPDATE runs SET last_seen_ns = max(last_seen_ns, ?2) WHERE id = ?1")),
         upsert_agent(c.prepare(
             "INSERT INTO agents (run, rank, host, trainer, agent_version, first_seen_ns, "
-            "last_seen_ns) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6) ON CONFLICT (run, rank) DO "
-            "UPDATE SET host = ?3, trainer = ?4, agent_version = ?5, last_seen_ns = ?6")),
+            "last_seen_ns, data_parallel_size, gradients_sharded, policy_agreement, "
+            "last_policy_seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8, ?9, ?10) "
+            "ON CONFLICT (run, rank) DO UPDATE SET host = ?3, trainer = ?4, agent_version = ?5, "
+            "last_seen_ns = ?6, data_parallel_size = ?7, gradients_sharded = ?8, "
+            "policy_agreement = ?9, last_policy_seq = ?10")),
         agent_progress(
             c.prepare("UPDATE agents SET last_seq = max(last_seq, ?3), last_seen_ns = ?4, "
                       "counters = coalesce(?5, counters) WHERE run = ?1 AND rank = ?2")),
@@ -30,8 +34,8 @@ struct StoreWriter::Statements {
             "WHERE (SELECT count(*) FROM agent_notices WHERE run = ?1 AND rank = ?2) < 16")),
         insert_report(c.prepare(
             "INSERT OR IGNORE INTO reports (run, rank, seq, step, loss, loss_scale, scale_after, "
-            "found_inf, skipped, offender, n_tensors, received_ns, payload) "
-            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)")),
+            "found_inf, skipped, offender, n_tensors, received_ns, payload, step_time_s) "
+            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)")),
         add_tensor(c.prepare(
             "INSERT INTO tensor_totals (run, name, role, format, samples, \"values\", overflow, "
             "underflow, nonfinite, max_abs, last_step) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, "
@@ -46,14 +50,21 @@ struct StoreWriter::Statements {
             "INSERT INTO policy_decisions (run, engine_id, effective_from_step, decided_ns, "
             "reason, \"update\") VALUES (?1, ?2, ?3, ?4, ?5, ?6)")),
         set_decision_update(c.prepare("UPDATE policy_decisions SET \"update\" = ?2 WHERE id = ?1")),
+        insert_merged(c.prepare(
+            "INSERT INTO merged_steps (run, step, partial, ranks, report_ids, max_report_id, "
+            "found_inf, skipped, loss, tokens, offender_rank, offender) VALUES (?1, ?2, ?3, ?4, "
+            "?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)")),
+        insert_divergence(c.prepare(
+            "INSERT OR REPLACE INTO rank_divergences (run, step, field, divergence) VALUES "
+            "(?1, ?2, ?3, ?4)")),
         upsert_application(c.prepare(
             "INSERT INTO policy_applications (policy, rank, step, applied, reason) VALUES "
             "(?1, ?2, ?3, ?4, ?5) ON CONFLICT (policy, rank) DO UPDATE SET step = ?3, "
             "applied = ?4, reason = ?5")),
         save_policy(c.prepare(
-            "INSERT INTO policy_state (run, mode, state, last_report_id, saved_ns) VALUES "
-            "(?1, ?2, ?3, ?4, ?5) ON CONFLICT (run) DO UPDATE SET mode = ?2, state = ?3, "
-            "last_report_id = ?4, saved_ns = ?5")),
+            "INSERT INTO policy_state (run, mode, state, last_report_id, saved_ns, "
+            "last_merged_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (run) DO UPDATE SET "
+            "mode = ?2, state = ?3, last_report_id = ?4, saved_ns = ?5, last_merged_id = ?6")),
         delete_reports(c.prepare("DELETE FROM reports WHERE run = ?1")),
         delete_applications(c.prepare("DELETE FROM policy_applications WHERE policy IN "
                                       "(SELECT id FROM policy_decisions WHERE run = ?1)")),
@@ -62,15 +73,18 @@ struct StoreWriter::Statements {
         delete_tensors(c.prepare("DELETE FROM tensor_totals WHERE run = ?1")),
         delete_policy_state(c.prepare("DELETE FROM policy_state WHERE run = ?1")),
         delete_decisions(c.prepare("DELETE FROM policy_decisions WHERE run = ?1")),
+        delete_merged(c.prepare("DELETE FROM merged_steps WHERE run = ?1")),
+        delete_divergences(c.prepare("DELETE FROM rank_divergences WHERE run = ?1")),
         delete_rejections(c.prepare("DELETE FROM rejections WHERE run = ?1")),
         delete_run(c.prepare("DELETE FROM runs WHERE id = ?1")) {}
 
   Statement upsert_run, run_id_of, touch_run, upsert_agent, agent_progress, agent_notice,
       insert_report, add_tensor, insert_rejection, insert_decision, set_decision_update,
-      upsert_application, save_policy;
+      insert_merged, insert_divergence, upsert_application, save_policy;
   // A run's rows, every table; the runs row last.
   Statement delete_reports, delete_applications, delete_agents, delete_notices, delete_tensors,
-      delete_policy_state, delete_decisions, delete_rejections, delete_run;
+      delete_policy_state, delete_decisions, delete_merged, delete_divergences, delete_rejections,
+      delete_run;
 };
 
 StoreWriter::StoreWriter(const StoreOptions& options)
@@ -116,10 +130,11 @@ RestoredState StoreWriter::load_state() {
     }
   }
   {
-    Statement s = conn_->prepare("SELECT run, state, last_report_id FROM policy_state");
+    Statement s =
+        conn_->prepare("SELECT run, state, last_report_id, last_merged_id FROM policy_state");
     while (s.step()) {
-      state.policies.push_back(
-          RestoredPolicy{names[s.column_int(0)], s.column_text(1), s.column_int(2)});
+      state.policies.push_back(RestoredPolicy{names[s.column_int(0)], s.column_text(1),
+                                              s.column_int(2), s.column_int(3)});
     }
   }
   {
@@ -143,12 +158,15 @@ RestoredState StoreWriter::load_state() {
     }
   }
   {
-    // The policy in force: every decision of the run folded in order.
-    Statement s = conn_->prepare("SELECT run, \"update\" FROM policy_decisions ORDER BY id");
+    // The policy in force: every decision of the run folded in order. Decisions stored before
+    // PolicyUpdate.seq existed take theirs from the engine's number.
+    Statement s =
+        conn_->prepare("SELECT run, \"update\", engine_id FROM policy_decisions ORDER BY id");
     while (s.step()) {
       v1::PolicyUpdate u;
       const std::string_view blob = s.column_blob(1);
       if (u.ParseFromArray(blob.data(), static_cast<int>(blob.size()))) {
+        if (u.seq() == 0) u.set_seq(static_cast<std::uint64_t>(s.column_int(2)));
         merge_policy_update(&state.current_updates[names[s.column_int(0)]], u);
       }
     }
@@ -169,6 +187,45 @@ std::vector<std::pair<std::int64_t, v1::StepReport>> StoreWriter::reports_after(
     if (r.ParseFromArray(blob.data(), static_cast<int>(blob.size()))) {
       out.emplace_back(s.column_int(0), std::move(r));
     }
+  }
+  return out;
+}
+
+namespace {
+
+template <typename T>
+std::string join_numbers(const std::vector<T>& values) {
+  std::string s;
+  for (const T& v : values) s += (s.empty() ? "" : " ") + std::to_string(v);
+  return s;
+}
+
+template <typename T>
+std::vector<T> split_numbers(const std::string& text) {
+  std::vector<T> out;
+  std::istringstream in(text);
+  for (T v; in >> v;) out.push_back(v);
+  return out;
+}
+
+}  // namespace
+
+std::vector<StoredMerge> StoreWriter::merges_since(const std::string& run_id,
+                                                   std::int64_t after_merged_id,
+                                                   std::int64_t after_report_id) {
+  std::vector<StoredMerge> out;
+  Statement s = conn_->prepare(
+      "SELECT id, step, partial, ranks, report_ids FROM merged_steps WHERE run = ?1 AND "
+      "(id > ?2 OR max_report_id > ?3) ORDER BY id");
+  s.bind(1, run_key(run_id)).bind(2, after_merged_id).bind(3, after_report_id);
+  while (s.step()) {
+    StoredMerge m;
+    m.id = s.column_int(0);
+    m.step = s.column_int(1);
+    m.partial = s.column_int(2) != 0;
+    m.ranks = split_numbers<std::uint32_t>(s.column_text(3));
+    m.report_ids = split_numbers<std::int64_t>(s.column_text(4));
+    out.push_back(std::move(m));
   }
   return out;
 }
@@ -227,6 +284,10 @@ void StoreWriter::upsert_agent(const v1::Hello& hello, std::int64_t now_ns) {
       .bind(4, hello.trainer())
       .bind(5, hello.agent_version())
       .bind(6, now_ns)
+      .bind(7, std::int64_t{hello.data_parallel_size()})
+      .bind(8, std::int64_t{hello.gradients_sharded()})
+      .bind(9, std::int64_t{hello.policy_agreement()})
+      .bind(10, static_cast<std::int64_t>(hello.last_policy_seq()))
       .run();
 }
 
@@ -275,7 +336,8 @@ std::int64_t StoreWriter::insert_report(const v1::StepReport& r, const std::stri
   }
   s.bind(11, std::int64_t{r.tensors_size()})
       .bind(12, received_ns)
-      .bind_blob(13, payload.data(), payload.size());
+      .bind_blob(13, payload.data(), payload.size())
+      .bind(14, r.step_time_s());
   s.run();
   // INSERT OR IGNORE: 0 changes means the unique (run, rank, seq) already held it.
   return conn_->changes() > 0 ? conn_->last_insert_rowid() : 0;
@@ -322,6 +384,41 @@ std::int64_t StoreWriter::insert_decision(const std::string& run_id, std::uint64
   return conn_->last_insert_rowid();
 }
 
+std::int64_t StoreWriter::insert_merged_step(const std::string& run_id, const MergedStep& m) {
+  const std::int64_t run = run_key(run_id);
+  Statement& s = st_->insert_merged;
+  s.bind(1, run)
+      .bind(2, m.step)
+      .bind(3, std::int64_t{m.partial})
+      .bind(4, join_numbers(m.ranks))
+      .bind(5, join_numbers(m.report_ids))
+      .bind(6, *std::max_element(m.report_ids.begin(), m.report_ids.end()))
+      .bind(7, std::int64_t{m.found_inf})
+      .bind(8, std::int64_t{m.skipped})
+      .bind(10, static_cast<std::int64_t>(m.tokens));
+  if (std::isfinite(m.loss)) {
+    s.bind(9, m.loss);
+  } else {
+    s.bind_null(9);
+  }
+  if (m.first_offender) {
+    s.bind(11, std::int64_t{*m.offender_rank}).bind(12, m.first_offender->tensor());
+  } else {
+    s.bind_null(11).bind_null(12);
+  }
+  s.run();
+  const std::int64_t id = conn_->last_insert_rowid();
+  for (const v1::RankDivergence& d : m.divergences) {
+    const std::string blob = d.SerializeAsString();
+    st_->insert_divergence.bind(1, run)
+        .bind(2, d.step())
+        .bind(3, d.field())
+        .bind_blob(4, blob.data(), blob.size())
+        .run();
+  }
+  return id;
+}
+
 void StoreWriter::set_decision_update(std::int64_t id, const v1::PolicyUpdate& update) {
   const std::string blob = update.SerializeAsString();
   st_->set_decision_update.bind(1, id).bind_blob(2, blob.data(), blob.size()).run();
@@ -339,12 +436,13 @@ void StoreWriter::upsert_application(std::int64_t policy_id, std::uint32_t rank,
 
 void StoreWriter::save_policy_state(const std::string& run_id, const std::string& mode,
                                     const std::string& state, std::int64_t last_report_id,
-                                    std::int64_t now_ns) {
+                                    std::int64_t last_merged_id, std::int64_t now_ns) {
   st_->save_policy.bind(1, run_key(run_id))
       .bind(2, mode)
       .bind(3, state)
       .bind(4, last_report_id)
       .bind(5, now_ns)
+      .bind(6, last_merged_id)
       .run();
 }
 
@@ -361,6 +459,7 @@ std::int64_t StoreWriter::delete_run_rows(std::int64_t run) {
   // Applications hang off the run's decisions: they go first.
   for (Statement* s : {&st_->delete_applications, &st_->delete_agents, &st_->delete_notices,
                        &st_->delete_tensors, &st_->delete_policy_state, &st_->delete_decisions,
+                       &st_->delete_merged, &st_->delete_divergences,
                        &st_->delete_rejections, &st_->delete_run}) {
     s->bind(1, run).run();
   }

@@ -169,7 +169,7 @@ TEST_F(ServerStoreTest, DeleteRunRemovesEveryRowOfThatRunOnly) {
   w.insert_rejection("gone", 0, 9, "report.seq", "seq_order", "seq 9 twice", kSecond);
   const std::int64_t decision = w.insert_decision("gone", 1, v1::PolicyUpdate());
   w.upsert_application(decision, 0, 3, true, "");
-  w.save_policy_state("gone", "observe", "{}", 0, kSecond);
+  w.save_policy_state("gone", "observe", "{}", 0, 0, kSecond);
   w.commit();
 
   w.begin();

@@ -39,6 +39,12 @@ struct ServerOptions {
   std::uint64_t retention_max_bytes = 0;       // 0: no size limit
   std::chrono::milliseconds retention_interval{60000};
   std::chrono::milliseconds policy_snapshot_interval{5000};
+  // Multi-rank runs: how long a step waits for its missing ranks, and how many steps per run
+  // may wait, before they are merged without them.
+  struct RankMerge {
+    std::chrono::milliseconds deadline{3000};
+    std::size_t max_pending_steps = 64;
+  } rank_merge;
   policy::EngineConfig policy;  // validated by create()
   std::string version = "0.0.0";
 };

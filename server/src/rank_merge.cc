@@ -1,0 +1,291 @@
+#include "rank_merge.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+namespace ampscope::server {
+namespace {
+
+// Recently merged steps remembered per run, to tell a late report from a re-run step.
+constexpr std::size_t kRememberedSteps = 1024;
+
+std::string number_text(double v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  return os.str();
+}
+
+std::string bool_text(bool v) { return v ? "true" : "false"; }
+
+BinadeHistogram add_histograms(const BinadeHistogram& a, const BinadeHistogram& b) {
+  if (a.empty()) return b;
+  if (b.empty()) return a;
+  BinadeHistogram sum;
+  sum.min_exponent = std::min(a.min_exponent, b.min_exponent);
+  sum.counts.assign(
+      static_cast<std::size_t>(std::max(a.max_exponent(), b.max_exponent()) - sum.min_exponent + 1),
+      0);
+  for (const BinadeHistogram* h : {&a, &b}) {
+    for (std::size_t i = 0; i < h->counts.size(); ++i) {
+      sum.counts[static_cast<std::size_t>(h->min_exponent - sum.min_exponent) + i] += h->counts[i];
+    }
+  }
+  return sum;
+}
+
+std::optional<std::uint64_t> add_counts(std::optional<std::uint64_t> a,
+                                        std::optional<std::uint64_t> b) {
+  if (!a || !b) return std::nullopt;
+  return *a + *b;
+}
+
+// One tensor measured on several ranks (each holding part of the values): one tensor.
+void add_tensor(policy::TensorInput& into, const policy::TensorInput& more) {
+  if (more.histogram) {
+    into.histogram = add_histograms(into.histogram.value_or(BinadeHistogram{}), *more.histogram);
+  }
+  if (more.max_abs) into.max_abs = std::max(into.max_abs.value_or(0.0), *more.max_abs);
+  into.numel += more.numel;
+  into.nan += more.nan;
+  into.pos_inf += more.pos_inf;
+  into.neg_inf += more.neg_inf;
+  into.overflow = add_counts(into.overflow, more.overflow);
+  into.underflow = add_counts(into.underflow, more.underflow);
+}
+
+bool same_tensor(const policy::TensorInput& a, const policy::TensorInput& b) {
+  return a.name == b.name && a.role == b.role && a.scale == b.scale && a.storage == b.storage &&
+         a.target == b.target;
+}
+
+// What a replicated weight gradient looks like on one rank, for comparing ranks.
+std::string weight_grad_fingerprint(const policy::TensorInput& t) {
+  std::string s = t.name + ": max|x| " + number_text(t.max_abs.value_or(0.0)) + ", nonfinite " +
+                  std::to_string(t.nonfinite());
+  if (t.histogram) {
+    s += ", histogram 2^" + std::to_string(t.histogram->min_exponent);
+    for (std::uint64_t c : t.histogram->counts) s += " " + std::to_string(c);
+  }
+  return s;
+}
+
+// The engine's input of the step: every rank's tensors, one entry per tensor.
+policy::StepInput merge_inputs(const std::vector<RankStep>& ranks, bool gradients_sharded) {
+  policy::StepInput in = ranks.front().input;  // the lowest rank's header
+  in.tensors.clear();
+  for (const RankStep& r : ranks) {
+    in.loss_scale = std::min(in.loss_scale, r.input.loss_scale);
+    in.scale_after = std::min(in.scale_after, r.input.scale_after);
+    in.found_inf = in.found_inf || r.input.found_inf;
+    in.skipped = in.skipped || r.input.skipped;
+    for (const policy::TensorInput& t : r.input.tensors) {
+      const bool replica = !gradients_sharded && t.role == TensorRole::kWeightGrad;
+      auto same = std::find_if(in.tensors.begin(), in.tensors.end(),
+                               [&](const policy::TensorInput& u) { return same_tensor(u, t); });
+      if (same == in.tensors.end()) {
+        in.tensors.push_back(t);
+      } else if (!replica) {
+        add_tensor(*same, t);
+      }
+    }
+  }
+  return in;
+}
+
+// The field as each rank reported it; a divergence when they are not all the same.
+template <typename F>
+void compare(const std::vector<RankStep>& ranks, std::int64_t step, const char* field,
+             F&& value_of, std::vector<v1::RankDivergence>* out) {
+  v1::RankDivergence d;
+  d.set_step(step);
+  d.set_field(field);
+  bool differ = false;
+  for (const RankStep& r : ranks) {
+    v1::RankValue* v = d.add_values();
+    v->set_rank(r.rank);
+    v->set_value(value_of(r));
+    differ = differ || v->value() != d.values(0).value();
+  }
+  if (differ) out->push_back(std::move(d));
+}
+
+std::string weight_grads_of(const RankStep& r) {
+  std::vector<std::string> parts;
+  for (const policy::TensorInput& t : r.input.tensors) {
+    if (t.role == TensorRole::kWeightGrad) parts.push_back(weight_grad_fingerprint(t));
+  }
+  std::sort(parts.begin(), parts.end());
+  std::string s;
+  for (const std::string& p : parts) s += (s.empty() ? "" : "; ") + p;
+  return s;
+}
+
+std::vector<v1::RankDivergence> divergences(const std::vector<RankStep>& ranks,
+                                            std::int64_t step, bool gradients_sharded) {
+  std::vector<v1::RankDivergence> out;
+  if (ranks.size() < 2) return out;
+  compare(ranks, step, "loss_scale", [](const RankStep& r) { return number_text(r.loss_scale); },
+          &out);
+  compare(ranks, step, "scale_after",
+          [](const RankStep& r) { return number_text(r.scale_after); }, &out);
+  compare(ranks, step, "found_inf", [](const RankStep& r) { return bool_text(r.found_inf); },
+          &out);
+  compare(ranks, step, "skipped", [](const RankStep& r) { return bool_text(r.skipped); }, &out);
+  compare(ranks, step, "policy_seq",
+          [](const RankStep& r) { return std::to_string(r.policy_seq); }, &out);
+  compare(ranks, step, "policy_outcomes", [](const RankStep& r) { return r.policy_outcomes; },
+          &out);
+  if (!gradients_sharded) compare(ranks, step, "weight_grads", weight_grads_of, &out);
+  return out;
+}
+
+}  // namespace
+
+RankStep rank_step(const v1::StepReport& report, std::int64_t report_id, policy::StepInput input) {
+  RankStep r;
+  r.rank = report.rank();
+  r.report_id = report_id;
+  r.loss = report.loss();
+  r.loss_scale = report.loss_scale();
+  r.scale_after = report.scale_after();
+  r.found_inf = report.found_inf();
+  r.skipped = report.skipped();
+  r.tokens = report.tokens();
+  r.policy_seq = report.policy_seq();
+  std::vector<std::string> outcomes;
+  for (const v1::PolicyOutcome& o : report.policy_outcomes()) {
+    outcomes.push_back(o.policy_id() + (o.applied() ? ":applied" : ":refused"));
+  }
+  std::sort(outcomes.begin(), outcomes.end());
+  for (const std::string& o : outcomes) {
+    r.policy_outcomes += (r.policy_outcomes.empty() ? "" : " ") + o;
+  }
+  if (report.has_first_offender()) r.first_offender = report.first_offender();
+  r.input = std::move(input);
+  return r;
+}
+
+MergedStep merge_ranks(std::vector<RankStep> ranks, bool gradients_sharded, bool partial) {
+  std::sort(ranks.begin(), ranks.end(),
+            [](const RankStep& a, const RankStep& b) { return a.rank < b.rank; });
+  MergedStep m;
+  m.step = ranks.front().input.step;
+  m.partial = partial;
+  double loss_sum = 0.0;
+  bool loss_finite = true;
+  for (const RankStep& r : ranks) {
+    m.ranks.push_back(r.rank);
+    m.report_ids.push_back(r.report_id);
+    m.found_inf = m.found_inf || r.found_inf;
+    m.skipped = m.skipped || r.skipped;
+    m.tokens += r.tokens;
+    loss_sum += r.loss;
+    loss_finite = loss_finite && std::isfinite(r.loss);
+    // Ranks are in ascending order: a later rank wins only with a strictly earlier tensor.
+    if (r.first_offender &&
+        (!m.first_offender || r.first_offender->order() < m.first_offender->order())) {
+      m.first_offender = r.first_offender;
+      m.offender_rank = r.rank;
+    }
+  }
+  m.loss = loss_finite ? loss_sum / static_cast<double>(ranks.size()) : std::nan("");
+  m.divergences = divergences(ranks, m.step, gradients_sharded);
+  m.input = merge_inputs(ranks, gradients_sharded);
+  return m;
+}
+
+void RankMerger::set_layout(std::uint32_t world_size, bool gradients_sharded) {
+  world_size_ = std::max<std::uint32_t>(world_size, 1);
+  sharded_ = gradients_sharded;
+}
+
+std::vector<MergedStep> RankMerger::add(RankStep rank, Clock::time_point now,
+                                        const ConnectedRanks& connected, bool* late) {
+  if (late != nullptr) *late = false;
+  std::vector<MergedStep> out;
+  const std::int64_t step = rank.input.step;
+  if (world_size_ <= 1) {
+    std::vector<RankStep> one;
+    one.push_back(std::move(rank));
+    out.push_back(merge_ranks(std::move(one), sharded_, false));
+    return out;
+  }
+  if (auto done = merged_.find(step); done != merged_.end()) {
+    const bool rerun = std::find(done->second.begin(), done->second.end(), rank.rank) !=
+                       done->second.end();
+    if (!rerun) {  // its step went without it
+      if (late != nullptr) *late = true;
+      return out;
+    }
+    merged_.erase(done);  // the run went back (resumed from a checkpoint): a new step
+  }
+  auto [it, fresh] = pending_.try_emplace(step);
+  if (fresh) {
+    it->second.since = now;
+    if (connected) it->second.connected = connected();
+  }
+  it->second.ranks.insert_or_assign(rank.rank, std::move(rank));
+  if (it->second.ranks.size() >= world_size_) out.push_back(finish(it, false));
+  while (pending_.size() > options_.max_pending_steps) {
+    out.push_back(finish(pending_.begin(), true));
+  }
+  return out;
+}
+
+std::vector<MergedStep> RankMerger::flush(Clock::time_point now,
+                                          const std::set<std::uint32_t>& connected) {
+  std::vector<MergedStep> out;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    const Pending& p = it->second;
+    bool gone = true;  // every missing rank had a stream when the step began and has none now
+    for (std::uint32_t r = 0; r < world_size_ && gone; ++r) {
+      if (p.ranks.contains(r)) continue;
+      gone = p.connected.contains(r) && !connected.contains(r);
+    }
+    if (gone || now - p.since >= options_.deadline) {
+      auto next = std::next(it);
+      out.push_back(finish(it, true));
+      it = next;
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+std::optional<RankMerger::Clock::time_point> RankMerger::next_deadline() const {
+  std::optional<Clock::time_point> next;
+  for (const auto& [step, p] : pending_) {
+    const Clock::time_point due = p.since + options_.deadline;
+    if (!next || due < *next) next = due;
+  }
+  return next;
+}
+
+std::optional<std::int64_t> RankMerger::first_waiting_report() const {
+  std::optional<std::int64_t> first;
+  for (const auto& [step, p] : pending_) {
+    for (const auto& [rank, r] : p.ranks) {
+      if (!first || r.report_id < *first) first = r.report_id;
+    }
+  }
+  return first;
+}
+
+void RankMerger::remember(std::int64_t step, std::vector<std::uint32_t> ranks) {
+  merged_.insert_or_assign(step, std::move(ranks));
+  while (merged_.size() > kRememberedSteps) merged_.erase(merged_.begin());
+}
+
+MergedStep RankMerger::finish(PendingMap::iterator it, bool partial) {
+  std::vector<RankStep> ranks;
+  for (auto& [rank, r] : it->second.ranks) ranks.push_back(std::move(r));
+  pending_.erase(it);
+  MergedStep m = merge_ranks(std::move(ranks), sharded_, partial);
+  remember(m.step, m.ranks);
+  return m;
+}
+
+}  // namespace ampscope::server
