@@ -150,6 +150,7 @@ void print_report_json(std::ostream& out, const v1::StoredReport& stored, bool t
   j["step_time_s"] = json_number(r.step_time_s());
   j["tokens"] = r.tokens();
   j["optimizer_steps"] = r.optimizer_steps();
+  j["policy_seq"] = r.policy_seq();
   j["val_loss"] = r.has_val_loss() ? json_number(r.val_loss()) : ordered_json(nullptr);
   j["tensor_core_active_ratio"] = r.has_tensor_core_active_ratio()
                                       ? json_number(r.tensor_core_active_ratio())

@@ -13,6 +13,11 @@ What it hooks (all removed again by Monitor.close()):
   - scheduler.step, when a scheduler is given: advances only when the optimizer stepped;
   - module.forward of the layers the server moves to FP32 (installed when a PolicyUpdate names
     them): outside autocast, floating inputs cast to FP32.
+With a process group (several ranks), each step's end also runs the per-step policy agreement:
+one max all-reduce of (-received policy seq, fallback wish) over that group, so that every rank
+applies the server's updates, and falls back, at the same step (docs/multi-rank.md). Use a
+gloo group (torch.distributed.new_group(backend="gloo")): its tensors live on the CPU, so the
+agreement never synchronises with a CUDA stream.
 Every hook body is guarded: an exception becomes a notice (Agent.add_notice), never an
 exception in the training loop. Tensors are handed to the agent by address (data_ptr), with no
 host synchronisation: CUDA tensors are measured on the agent's side stream, ordered after the
@@ -67,7 +72,7 @@ class Monitor:
     close(). Nothing here raises into the training loop once attach() returned."""
 
     def __init__(self, model, optimizer, scaler, scheduler, agent, *, start_step, master_weights,
-                 named_params):
+                 named_params, process_group=None):
         self._model = model
         self._optimizer = optimizer
         self._scheduler = scheduler
@@ -99,6 +104,7 @@ class Monitor:
         self._leaves = {name: module for name, module in model.named_modules()
                         if name and not any(True for _ in module.children())}
         self._encoded = {}
+        self._group = process_group  # the agreement's torch.distributed group, or None
 
     # -- wiring --------------------------------------------------------------------------------
 
@@ -216,6 +222,23 @@ class Monitor:
                              optimizer_steps=self._optimizer_steps,
                              fp32_layers=sorted(self._fp32_active))
         self._last_skipped = False
+        if self._group is not None:
+            self._agree()
+
+    def _agree(self):
+        """The per-step policy agreement: every rank calls this once per step (a collective),
+        so it runs even when the step's report failed."""
+        import torch.distributed as dist
+        try:
+            seq, fallback = self._agent.policy_vote()
+            votes = torch.tensor([-float(seq), 1.0 if fallback else 0.0], dtype=torch.float64)
+            dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self._group)
+            agreed_seq, agreed_fallback = int(-votes[0].item()), votes[1].item() != 0.0
+        except Exception as e:  # no agreement this step: nothing new applies anywhere
+            self.on_error("policy agreement", e)
+            return
+        if self._agent.policy_agreed(agreed_seq, agreed_fallback) != _capi.OK:
+            self._notice("torch: policy agreement refused: " + self._agent.last_error())
 
     def _scale_now(self):
         return self._adapter.current_scale() if self._adapter is not None else 1.0
@@ -484,7 +507,8 @@ _live = weakref.WeakSet()
 
 
 def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, options=None,
-           compute_dtype=None, scheduler=None, master_weights=False, start_step=0):
+           compute_dtype=None, scheduler=None, master_weights=False, start_step=0,
+           process_group=None):
     """Attaches an ampscope agent to a training loop and returns its Monitor.
 
     model          torch.nn.Module (its modules' qualified names name the tensors)
@@ -500,6 +524,11 @@ def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, opti
     scheduler      an LR scheduler that should advance only when the optimizer stepped
     master_weights also report the FP32 parameters at the start of each measured step
     start_step     the number of the first step (a resumed run's)
+    process_group  a torch.distributed group of the data-parallel ranks (a gloo group, so the
+                   agreement stays on the CPU): sets the agent's rank and world_size from it
+                   and runs the per-step policy agreement over it at the end of every step;
+                   every rank must attach with it. None: one rank (or, with several ranks and
+                   no group, the agents refuse loss-scale changes)
 
     Raises TypeError or ValueError naming the bad argument, ampscope.AgentError when the agent
     cannot start; after that, nothing the monitor does raises into the loop."""
@@ -528,6 +557,16 @@ def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, opti
                          f"got {compute_dtype}")
     precision, compute_format = _PRECISIONS[compute_dtype]
     opts = {"sample_count_roles": "all"}  # activations too: first offenders name the module
+    group = None  # the agreement's group: only with several ranks
+    if process_group is not None:
+        import torch.distributed as dist
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError("process_group given but torch.distributed is not initialised")
+        world = dist.get_world_size(process_group)
+        opts.update({"rank": dist.get_rank(process_group), "world_size": world,
+                     "data_parallel_size": world,
+                     "policy_agreement": "per_step" if world > 1 else "single"})
+        group = process_group if world > 1 else None
     opts.update(options or {})
     settings = adapter.settings() if adapter is not None else None
     agent = Agent(run_id=run_id, server=server, options=opts,
@@ -543,7 +582,8 @@ def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, opti
                                      _capi.FORMAT_FP32) else None
         named[id(p)] = (name.encode(), held)
     monitor = Monitor(model, optimizer, adapter, scheduler, agent, start_step=start_step,
-                      master_weights=bool(master_weights), named_params=named)
+                      master_weights=bool(master_weights), named_params=named,
+                      process_group=group)
     try:
         monitor._install()
     except Exception:
