@@ -176,6 +176,20 @@ static int exercise(const char* spool_dir) {
         "add_notice");
   CHECK(10, ampscope_agent_add_notice(agent, "") == AMPSCOPE_INVALID_ARGUMENT, "empty notice");
   CHECK(10, ampscope_agent_add_notice(agent, NULL) == AMPSCOPE_INVALID_ARGUMENT, "NULL notice");
+  {
+    /* One rank (policy_agreement auto -> single): a vote says nothing received, and agreeing
+     * is for per_step ranks only. */
+    uint64_t received = 99;
+    int fallback = 99;
+    CHECK(10, ampscope_agent_policy_vote(agent, &received, &fallback) == AMPSCOPE_OK &&
+                  received == 0 && fallback == 0,
+          "policy_vote");
+    CHECK(10, ampscope_agent_policy_vote(agent, NULL, &fallback) == AMPSCOPE_INVALID_ARGUMENT,
+          "policy_vote NULL");
+    CHECK(10, ampscope_agent_policy_agreed(agent, 0, 0) == AMPSCOPE_FAILED_PRECONDITION &&
+                  strstr(ampscope_agent_last_error(agent), "per_step") != NULL,
+          "policy_agreed on one rank");
+  }
 
   float grad[64];
   for (int i = 0; i < 64; ++i) grad[i] = 0.001f * (float)(i + 1);

@@ -110,7 +110,8 @@ TEST(CApiAbiTest, TheLibraryExportsOnlyTheCApi) {
   for (const char* expected : {"ampscope_agent_abi_version", "ampscope_agent_create",
                                "ampscope_agent_observe", "ampscope_agent_attach_overrides",
                                "ampscope_agent_add_notice", "ampscope_loss_scale_update",
-                               "ampscope_loss_scale_apply_change"}) {
+                               "ampscope_loss_scale_apply_change", "ampscope_agent_policy_vote",
+                               "ampscope_agent_policy_agreed"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), expected), names.end()) << expected;
   }
   std::cout << names.size() << " symbols exported\n";
