@@ -216,6 +216,36 @@ TEST_F(ServerPolicyLoopTest, HeadroomNeverExceedsItsBounds) {
   }
 }
 
+// Decisions carry the run's contiguous seq; an agent whose Hello says it holds the latest one is
+// not sent the policy in force again, one that lags behind gets the fold with the latest seq.
+TEST_F(ServerPolicyLoopTest, UpdatesCarryAContiguousSeqAndTheFoldGoesOnlyToAnAgentBehindIt) {
+  ServerProcess server(dir_.path(), dir_ / "store.db", headroom_flags());
+  Rank ranks[2];
+  connect(server, ranks[0], 0);
+  connect(server, ranks[1], 1);
+  run_steps(0, 20, ranks);
+  const std::vector<v1::PolicyUpdate>& all = ranks[0].all;
+  ASSERT_GE(all.size(), 2u);
+  for (std::size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i].seq(), i + 1);
+  ranks[0].stream.reset();
+  ranks[1].stream.reset();
+
+  const std::uint64_t latest = all.back().seq();
+  const auto attach = [&](std::uint64_t held) {
+    auto stream = std::make_unique<AgentStream>(make_channel(server.address()));
+    v1::Hello hello = make_hello(kRun, 0, 2);
+    hello.set_last_policy_seq(held);
+    EXPECT_TRUE(stream->send_hello(hello));
+    EXPECT_TRUE(stream->wait_ack(0).has_value());
+    return stream;
+  };
+  EXPECT_FALSE(attach(latest)->wait_policy(0, 500ms).has_value());
+  const std::optional<v1::PolicyUpdate> fold = attach(latest - 1)->wait_policy(0);
+  ASSERT_TRUE(fold.has_value());
+  EXPECT_EQ(fold->seq(), latest);
+  EXPECT_EQ(fold->policy_id(), all.back().policy_id());
+}
+
 TEST_F(ServerPolicyLoopTest, StateIsRestoredAfterARestart) {
   Rank ranks[2];
   std::string last_policy;
@@ -241,6 +271,7 @@ TEST_F(ServerPolicyLoopTest, StateIsRestoredAfterARestart) {
     const std::optional<v1::PolicyUpdate> current = ranks[id].stream->wait_policy(0);
     ASSERT_TRUE(current.has_value());
     EXPECT_EQ(current->policy_id(), last_policy);
+    EXPECT_EQ(current->seq(), decisions);
     ranks[id].seen_updates = 1;
   }
   run_steps(20, 40, ranks);
