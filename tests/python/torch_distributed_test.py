@@ -8,7 +8,8 @@ Delivery to rank 1 is delayed (the agent's policy_receive_delay_ms fault injecti
 holds the update several steps before rank 1 does. With the per-step agreement both ranks
 apply it at the same step (late, together), and their loss scales agree on every step. The
 negative control (policy_agreement=independent, the single-rank behaviour on each rank) lets
-rank 0 apply the update while rank 1 refuses it as late: their scales part."""
+rank 0 apply the update while rank 1 refuses it as late: their scales part, and the server
+shows the divergence on exactly those steps."""
 
 import json
 import os
@@ -129,9 +130,11 @@ class DistributedTest(unittest.TestCase):
             self.assertEqual(set(ranks), {0, 1}, s)
             self.assertEqual(ranks[0]["loss_scale"], ranks[1]["loss_scale"], s)
             self.assertEqual(ranks[0]["policy_seq"], ranks[1]["policy_seq"], s)
-        decisions = self.server.cli("show", "agree")["policy_updates"]
+        show = self.server.cli("show", "agree")
+        decisions = show["policy_updates"]
         self.assertEqual(len(decisions), 1, decisions)
         self.assertGreater(step, decisions[0]["effective_from_step"])
+        self.assertEqual(show["rank_divergence"], [])
 
     def test_without_agreement_the_ranks_part(self):
         r0, r1 = self.run_ranks("apart", "independent")
@@ -139,6 +142,11 @@ class DistributedTest(unittest.TestCase):
         self.assertEqual(r1["counters"]["policies_applied"], 0, r1)
         self.assertEqual(r1["counters"]["policies_refused"], 1, r1)
         self.assertNotEqual(r0["scales"], r1["scales"])
+        # The server merged the two ranks' steps and counted where their scales differ.
+        apart = [s for s, (a, b) in enumerate(zip(r0["scales"], r1["scales"])) if a != b]
+        divergence = self.server.cli("show", "apart", "--limit", "1000")["rank_divergence"]
+        loss_scale = sorted(d["step"] for d in divergence if d["field"] == "loss_scale")
+        self.assertEqual(loss_scale, apart, divergence)
 
 
 if __name__ == "__main__":
