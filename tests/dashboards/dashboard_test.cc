@@ -475,8 +475,19 @@ TEST(ExportedMetricsTest, EveryMetricTheDashboardAndAlertsReadIsExported) {
   ServerProcess server(dir.path(), dir / "store.db",
                        {"--policy", "headroom", "--headroom-every", "1", "--headroom-window", "4",
                         "--headroom-raise-after", "1", "--policy-lead-steps", "1",
-                        "--fp32-fallback", "--top-k", "5"});
+                        "--fp32-fallback", "--top-k", "5", "--rank-merge-deadline-ms", "200"});
   const std::string& metrics = server.metrics_address();
+  // A run of two ranks: they disagree on step 0's scale_after, rank 1 never reports step 1
+  // (merged partial at the deadline).
+  AgentStream ranks[2] = {AgentStream(make_channel(server.address())),
+                          AgentStream(make_channel(server.address()))};
+  for (std::uint32_t rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(ranks[rank].send_hello(make_hello("dash-ranks", rank, 2)));
+    v1::StepReport r = make_report("dash-ranks", rank, 1, 0, 1);
+    r.set_scale_after(rank == 0 ? 65536.0 : 32768.0);
+    ASSERT_TRUE(ranks[rank].send(r));
+  }
+  ASSERT_TRUE(ranks[0].send(make_report("dash-ranks", 0, 2, 1, 1)));
   {
     AgentStream agent(make_channel(server.address()));
     v1::Hello hello = make_hello("dash-run");
@@ -523,6 +534,7 @@ TEST(ExportedMetricsTest, EveryMetricTheDashboardAndAlertsReadIsExported) {
     }
     EXPECT_TRUE(agent.finish().ok());
   }
+  for (AgentStream& rank : ranks) EXPECT_TRUE(rank.finish().ok());
   EXPECT_EQ(server.terminate(), 0) << server.log();
 }
 
