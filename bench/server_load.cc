@@ -35,6 +35,7 @@
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -163,6 +164,18 @@ class ServerChild {
       if (line.rfind(key + ":", 0) == 0) return std::stol(line.substr(key.size() + 1));
     }
     return -1;
+  }
+  // CPU seconds (user + system) the server has used so far, from /proc/PID/stat.
+  double cpu_s() const {
+    std::ifstream in("/proc/" + std::to_string(pid_) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::istringstream fields(stat.substr(stat.rfind(')') + 2));  // after "pid (comm) "
+    std::string field;
+    double ticks = 0;
+    for (int i = 3; i <= 15 && fields >> field; ++i) {
+      if (i >= 14) ticks += std::stod(field);  // utime, stime
+    }
+    return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
   }
 
  private:
@@ -591,6 +604,14 @@ double load_average_1m() {
 
 double round_to(double v, double unit) { return std::round(v / unit) * unit; }
 
+// CPU seconds (user + system) this process has used so far.
+double own_cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
 // The multi-rank measurement (--ranks): one synchronous data-parallel run of N ranks, each its
 // own agent stream and connection (as each rank is its own process), each sending the report
 // of step k at k / rate seconds plus a delay drawn uniformly from [0, spread) anew for every
@@ -648,6 +669,8 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
   std::unique_ptr<RssSampler> sampler;
   std::uint64_t acked_at_start = 0;
   long rss_start_kb = -1;
+  double server_cpu_start = 0;
+  double client_cpu_start = 0;
   std::vector<std::pair<Clock::duration, std::size_t>> order(streams.size());
   for (std::int64_t step = 0; step < warmup_steps + measured_steps; ++step) {
     const auto step_at = t0 + step * period;
@@ -655,6 +678,8 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
       std::this_thread::sleep_until(step_at);
       for (auto& s : streams) acked_at_start += s->acked();
       rss_start_kb = server.status_kb("VmRSS");
+      server_cpu_start = server.cpu_s();
+      client_cpu_start = own_cpu_s();
       sampler =
           std::make_unique<RssSampler>(server, step_at,
                                        std::chrono::duration_cast<Clock::duration>(
@@ -679,6 +704,9 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
   std::uint64_t acked_at_end = 0;
   for (auto& s : streams) acked_at_end += s->acked();
   const long rss_end_kb = server.status_kb("VmRSS");
+  const double window_s = std::chrono::duration<double>(measure_to - measure_from).count();
+  const double server_cpu = (server.cpu_s() - server_cpu_start) / window_s;
+  const double client_cpu = (own_cpu_s() - client_cpu_start) / window_s;
   const std::vector<std::pair<double, long>> rss =
       sampler ? sampler->stop() : std::vector<std::pair<double, long>>{};
   const double load_end = load_average_1m();
@@ -710,8 +738,7 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
   for (auto& s : streams) s->wait_done();
 
   const std::uint64_t measured_sent = static_cast<std::uint64_t>(measured_steps) * world;
-  const double reports_per_s = static_cast<double>(acked_at_end - acked_at_start) /
-                               std::chrono::duration<double>(measure_to - measure_from).count();
+  const double reports_per_s = static_cast<double>(acked_at_end - acked_at_start) / window_s;
   const double p50 = percentile(latencies, 0.50);
   const double p99 = percentile(latencies, 0.99);
   const double max =
@@ -719,10 +746,12 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
   // Growth after the server settled: from the first sample at or after --rank-growth-from.
   const double growth_from = std::min(o.rank_growth_from_s, o.rank_duration_s / 2);
   long rss_from_kb = -1;
+  long rss_half_kb = -1;  // the first sample in the second half of the window
   std::vector<std::pair<double, double>> settled;
   nlohmann::json series = nlohmann::json::array();
   for (const auto& [t, kb] : rss) {
     series.push_back(mb(kb));
+    if (rss_half_kb < 0 && kb > 0 && t + 1e-3 >= o.rank_duration_s / 2) rss_half_kb = kb;
     if (t + 1e-3 < growth_from || kb <= 0) continue;
     if (rss_from_kb < 0) rss_from_kb = kb;
     settled.emplace_back(t, kb / 1024.0);
@@ -737,7 +766,9 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
             << policy_seq << ")\n"
             << "  RSS " << mb(rss_start_kb) << " MB at start, " << mb(rss_from_kb) << " MB at "
             << growth_from << " s, " << mb(rss_end_kb) << " MB at the end, peak " << mb(peak_kb)
-            << " MB; load average " << load_start << " -> " << load_end << "\n";
+            << " MB; load average " << load_start << " -> " << load_end
+            << "; CPU cores used: server " << server_cpu << ", load generator " << client_cpu
+            << "\n";
 
   nlohmann::ordered_json j;
   j[key + "ack_p50_ms"] = round_to(p50, 0.01);
@@ -759,6 +790,8 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
   j[key + "rss_end_mb"] = mb(rss_end_kb);
   j[key + "rss_growth_from_s"] = growth_from;
   j[key + "rss_growth_mb"] = round_to(growth_mb, 0.1);
+  j[key + "rss_second_half_growth_mb"] =
+      round_to(rss_half_kb > 0 && rss_end_kb > 0 ? (rss_end_kb - rss_half_kb) / 1024.0 : NAN, 0.1);
   j[key + "rss_slope_mb_per_min"] = round_to(slope(settled) * 60, 0.01);
   j[key + "rss_every_s"] = o.rank_rss_every_s;
   j[key + "rss_series_mb"] = series;
@@ -773,6 +806,8 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
   std::string extra;
   for (const auto& a : o.server_args) extra += (extra.empty() ? "" : " ") + a;
   j[key + "server_args"] = extra;
+  j[key + "server_cpu_cores"] = round_to(server_cpu, 0.01);
+  j[key + "load_generator_cpu_cores"] = round_to(client_cpu, 0.01);
   j[key + "load_average_start"] = load_start;
   j[key + "load_average_end"] = load_end;
   j[key + "hardware_threads"] = std::thread::hardware_concurrency();
