@@ -14,6 +14,11 @@ missing or failing PyTorch leaves its figures out and says why (`trainer_torch_e
 `--compare-bin` runs a second ampscope-train (another build, e.g. before a back-end change)
 in the same rounds and reports it as `trainer_compare_*`, with the ratio of the two.
 
+Data parallel: 2 ranks under mpirun against 1 rank (fp32, the same per-rank batch and threads
+per rank, half the cores each), alternating for `--rounds` rounds, reported as
+`trainer_dp1_tokens_per_s`, `trainer_dp2_tokens_per_s` (global tokens over rank 0's step times)
+and `trainer_dp2_speedup`; no mpirun leaves them out and says so (`trainer_dp_error`).
+
 The torch peer runs with OMP_WAIT_POLICY=PASSIVE unless the environment sets it: on a machine
 that other work keeps busy, libgomp's default spinning makes a 2-thread torch step up to ten
 times slower, which would flatter ampscope. The policy used is recorded.
@@ -23,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -50,16 +56,17 @@ def load_average():
         return -1.0
 
 
-def run_ampscope(binary, precision, args, tmp):
-    """Tokens/s per window and the header facts of one ampscope-train run."""
+def run_ampscope(binary, precision, args, tmp, launcher=(), threads=None, env=None):
+    """Tokens/s per window and the header facts of one ampscope-train run (under `launcher`,
+    e.g. mpirun -np 2: rank 0's log, whose tokens are the global count)."""
     log = os.path.join(tmp, f"ampscope_{precision}.jsonl")
     steps = args.warmup + args.windows * args.window_steps
-    cmd = [binary, "--precision", precision, "--steps", str(steps), "--seed", str(args.seed),
-           "--batch", str(args.batch), "--context", str(args.context), "--width", str(args.width),
-           "--heads", str(args.heads), "--layers", str(args.layers), "--threads",
-           str(args.threads), "--eval-every", "0", "--eval-batches", "1", "--quiet",
-           "--log-json", log]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    cmd = [*launcher, binary, "--precision", precision, "--steps", str(steps), "--seed",
+           str(args.seed), "--batch", str(args.batch), "--context", str(args.context),
+           "--width", str(args.width), "--heads", str(args.heads), "--layers", str(args.layers),
+           "--threads", str(threads or args.threads), "--eval-every", "0", "--eval-batches", "1",
+           "--quiet", "--log-json", log]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
     with open(log) as f:
@@ -130,6 +137,25 @@ def rounds(args, env, tmp, sides, errors, info, torch_info):
             for side, w in sides.items() for key in w), flush=True)
 
 
+def data_parallel(args, tmp):
+    """(dp1 windows, dp2 windows, threads per rank, error): fp32, 1 rank against mpirun -np 2."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        return [], [], 0, "no mpirun on PATH"
+    env = dict(os.environ, OMPI_MCA_rmaps_base_oversubscribe="1")
+    if os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    threads = max(1, args.threads // 2)
+    one, two = [], []
+    for r in range(args.rounds):
+        one.extend(run_ampscope(args.train_bin, "fp32", args, tmp, threads=threads, env=env)[0])
+        two.extend(run_ampscope(args.train_bin, "fp32", args, tmp, [mpirun, "-np", "2"],
+                                threads=threads, env=env)[0])
+        print(f"  data parallel after round {r + 1}/{args.rounds}, tokens/s: 1 rank "
+              f"{statistics.median(one):.0f}, 2 ranks {statistics.median(two):.0f}", flush=True)
+    return one, two, threads, None
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     here = os.path.dirname(os.path.abspath(__file__))
@@ -168,6 +194,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="ampscope-trainer-bench-") as tmp:
         try:
             rounds(args, env, tmp, sides, errors, info, torch_info)
+            dp1, dp2, dp_threads, dp_error = data_parallel(args, tmp)
         except (OSError, RuntimeError, ValueError, KeyError) as e:
             print(f"trainer_bench.py: {e}", file=sys.stderr)
             return 1
@@ -206,6 +233,15 @@ def main():
         f["trainer_torch_version"] = torch_info["torch_version"]
         f["trainer_torch_threads"] = torch_info["threads"]
         f["trainer_torch_openblas_threads"] = torch_info["openblas_threads"]
+    if dp_error:
+        f["trainer_dp_error"] = dp_error
+    else:
+        f["trainer_dp1_tokens_per_s"] = statistics.median(dp1)
+        f["trainer_dp2_tokens_per_s"] = statistics.median(dp2)
+        f["trainer_dp2_speedup"] = f["trainer_dp2_tokens_per_s"] / f["trainer_dp1_tokens_per_s"]
+        f["trainer_dp_threads_per_rank"] = dp_threads
+        f["trainer_dp_setup"] = ("fp32, --batch per rank as above, mpirun -np 2 against one "
+                                 "process, each with trainer_dp_threads_per_rank threads")
     f.update({f"trainer_{k}": v for k, v in errors.items()})
     with open(args.out, "w") as out:
         json.dump(f, out, indent=2, sort_keys=True)

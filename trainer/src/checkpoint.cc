@@ -77,6 +77,12 @@ nlohmann::json model_to_json(const GptConfig& m) {
 }  // namespace
 
 void Trainer::save_checkpoint(const std::string& path) const {
+  // Every rank holds the same state: rank 0 writes, the others wait until the file is there.
+  if (comm_->rank() == 0) write_checkpoint(path);
+  comm_->barrier();
+}
+
+void Trainer::write_checkpoint(const std::string& path) const {
   nlohmann::json h;
   h["model"] = model_to_json(config_.model);
   h["precision"] = precision_name(config_.precision);

@@ -120,13 +120,22 @@ void DataLoader::next_train(Batch& out) {
   const auto n = static_cast<std::size_t>(batch_) * static_cast<std::size_t>(context_);
   out.inputs.resize(n);
   out.targets.resize(n);
-  const std::size_t windows = train_end_ - static_cast<std::size_t>(context_);
   for (int b = 0; b < batch_; ++b) {
-    const std::size_t off = rng_.uniform_int(windows);
-    fill_window(tokens_, off, context_, out.inputs.data() + b * context_,
+    fill_window(tokens_, draw_offset(), context_, out.inputs.data() + b * context_,
                 out.targets.data() + b * context_);
   }
   ++drawn_;
+}
+
+void DataLoader::skip_train(std::int64_t batches) {
+  for (std::int64_t i = 0; i < batches; ++i) {
+    for (int b = 0; b < batch_; ++b) (void)draw_offset();
+    ++drawn_;
+  }
+}
+
+std::size_t DataLoader::draw_offset() {
+  return rng_.uniform_int(train_end_ - static_cast<std::size_t>(context_));
 }
 
 void DataLoader::val_batch(int index, int count, Batch& out) const {

@@ -2,6 +2,10 @@
 // precision modes, with checkpoints, fault injection, a progress line and a JSON-lines log.
 // Bad input (flags, values, data file, checkpoint) gives one line on stderr and exit code 2;
 // a failure while training gives one line and exit code 1.
+// Under mpirun it trains data parallel (docs/multi-rank.md): rank 0 prints the progress and
+// summary lines and writes checkpoints and --log-json FILE; rank r > 0 logs to FILE.rank<r>.
+// An error on one rank prints its line and ends the whole job (MPI_Abort), so that no rank
+// waits forever in a collective.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -27,10 +31,12 @@ namespace {
 using namespace ampscope::trainer;
 using ampscope::parse_scaler_kind;
 using ampscope::ScalerKind;
+using ampscope::Device;
 
 struct Options {
   std::string precision = "amp-fp16";
   std::string device = "cpu";
+  std::string comm = "auto";
   std::int64_t steps = 300;
   std::int64_t stop_at = 0;
   std::uint64_t seed = 1;
@@ -60,6 +66,7 @@ struct Options {
   std::vector<std::string> inject_nan, inject_inf, fp32_layers;
   std::vector<std::int64_t> inject_overflow;
   std::int64_t inject_overflow_every = 0;
+  std::optional<int> inject_rank;
   float grad_shrink = 1.0f;
   std::optional<float> grad_shrink_end;
   std::string log_json;
@@ -167,6 +174,7 @@ TrainerConfig to_config(const Options& o) {
       c.injections.push_back({Injection::Kind::kOverflow, "logits.grad", step});
     }
   }
+  c.inject_rank = o.inject_rank;
   if (std::string e = validate(c); !e.empty()) throw UsageError(e);
   return c;
 }
@@ -196,24 +204,45 @@ nlohmann::json to_json(const StepEvent& e) {
   return j;
 }
 
-int run(const Options& o) {
+// The communicator --comm asks for (auto: by launch and device). `mpi` is set when MPI is
+// needed and lives until main returns.
+std::unique_ptr<Communicator> make_communicator(const Options& o, std::optional<MpiRuntime>& mpi,
+                                                int* argc, char*** argv) {
+  const Device device = o.device == "cuda" ? Device::kCuda : Device::kCpu;
+  const CommKind kind = resolve_comm_kind(*parse_comm_kind(o.comm), device, launched_by_mpi());
+  if (kind == CommKind::kMpi && device != Device::kCpu) {
+    throw UsageError("--comm mpi reduces host memory: use --device cpu, or --comm nccl");
+  }
+  if (kind == CommKind::kNccl && device != Device::kCuda) {
+    throw UsageError("--comm nccl reduces device memory: use --device cuda, or --comm mpi");
+  }
+  if (kind == CommKind::kSingle) return make_single_communicator();
+  mpi.emplace(argc, argv);  // throws when the build has no MPI
+  if (kind == CommKind::kMpi) return make_mpi_communicator(*mpi);
+  return make_nccl_communicator(*mpi, mpi->local_rank());
+}
+
+// `cuda` names the device of this rank (the one the NCCL communicator was given).
+int run(const Options& o, std::unique_ptr<Communicator> comm, const CudaBackendOptions& cuda) {
   const TrainerConfig config = to_config(o);
   if (o.device == "cuda") {
-    if (std::string why = cuda_backend_unavailable_reason(); !why.empty()) {
+    if (std::string why = cuda_backend_unavailable_reason(cuda); !why.empty()) {
       throw UsageError("--device cuda: " + why);
     }
   }
   const Corpus corpus = o.data.empty() ? Corpus::synthetic() : Corpus::from_file(o.data);
   std::unique_ptr<Backend> backend;
   if (o.device == "cuda") {
-    backend = make_cuda_backend();
+    backend = make_cuda_backend(cuda);
   } else {
     CpuBackendOptions bo;
     bo.blas_threads = o.threads;
     backend = make_cpu_backend(bo);
   }
   const std::string backend_name = backend->name();
-  Trainer trainer(config, corpus, std::move(backend));
+  const std::string comm_name = comm->name();
+  Trainer trainer(config, corpus, std::move(backend), std::move(comm));
+  const bool lead = trainer.rank() == 0;  // prints, and writes --log-json FILE itself
   for (const auto& spec : o.fp32_layers) {
     auto [name, step] = split_at_step(spec, "--fp32-layer", true);
     if (std::string e = trainer.fp32_overrides().add(name, step); !e.empty()) throw UsageError(e);
@@ -229,16 +258,25 @@ int run(const Options& o) {
   const std::unique_ptr<AgentAdapter> agent = attach_agent(trainer, o.agent);
   std::ofstream log;
   if (!o.log_json.empty()) {
-    log.open(o.log_json, std::ios::trunc);
-    if (!log.good()) throw UsageError("--log-json: cannot write '" + o.log_json + "'");
+    const std::string path =
+        lead ? o.log_json : o.log_json + ".rank" + std::to_string(trainer.rank());
+    log.open(path, std::ios::trunc);
+    if (!log.good()) throw UsageError("--log-json: cannot write '" + path + "'");
   }
 
-  const bool tty = !o.quiet && isatty(STDERR_FILENO) == 1;
-  std::fprintf(stderr, "ampscope-train: %s, %lld parameters, vocab %d (%s), %s, scaler %s\n",
-               std::string(precision_name(config.precision)).c_str(),
-               static_cast<long long>(trainer.model().num_parameters()),
-               trainer.config().model.vocab_size, corpus.source().c_str(), backend_name.c_str(),
-               std::string(scaler_kind_name(trainer.scaler().state().config.kind)).c_str());
+  const bool tty = lead && !o.quiet && isatty(STDERR_FILENO) == 1;
+  if (lead) {
+    const std::string ranks =
+        trainer.world_size() > 1
+            ? ", " + std::to_string(trainer.world_size()) + " ranks (" + comm_name + ")"
+            : "";
+    std::fprintf(stderr, "ampscope-train: %s, %lld parameters, vocab %d (%s), %s%s, scaler %s\n",
+                 std::string(precision_name(config.precision)).c_str(),
+                 static_cast<long long>(trainer.model().num_parameters()),
+                 trainer.config().model.vocab_size, corpus.source().c_str(),
+                 backend_name.c_str(), ranks.c_str(),
+                 std::string(scaler_kind_name(trainer.scaler().state().config.kind)).c_str());
+  }
   double train_time = 0.0;
   std::int64_t tokens = 0, skipped = 0, ran = 0;
   StepEvent last;
@@ -268,6 +306,7 @@ int run(const Options& o) {
   if (tty) std::fprintf(stderr, "\n");
   if (!ckpt.empty()) trainer.save_checkpoint(ckpt);
   if (agent) agent->finish();
+  if (!lead) return 0;
   const double tps = train_time > 0 ? static_cast<double>(tokens) / train_time : 0.0;
   std::printf("steps %lld | final loss %.4f | val loss %s | skipped %lld | scale %g | %.0f tok/s\n",
               static_cast<long long>(trainer.next_step()), last.loss,
@@ -286,8 +325,15 @@ int main(int argc, char** argv) {
   app.add_option("--precision", o.precision, "fp32 | fp16 | amp-fp16 | amp-bf16")
       ->check(CLI::IsMember({"fp32", "fp16", "amp-fp16", "amp-bf16"}))
       ->capture_default_str();
-  app.add_option("--device", o.device, "cpu | cuda (the first CUDA device)")
+  app.add_option("--device", o.device,
+                 "cpu | cuda (the first CUDA device; under NCCL, one device per rank of a node)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--comm", o.comm,
+                 "data parallel collectives: auto | single | mpi | nccl (auto: single unless "
+                 "launched by mpirun; then mpi for --device cpu, nccl for cuda). Run N ranks "
+                 "with mpirun -np N; --batch and --accum are per rank")
+      ->check(CLI::IsMember({"auto", "single", "mpi", "nccl"}))
       ->capture_default_str();
   app.add_option("--steps", o.steps, "optimizer steps (effective batches)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40))
@@ -356,6 +402,10 @@ int main(int argc, char** argv) {
   app.add_option("--inject-overflow-every", o.inject_overflow_every,
                  "--inject-overflow at every K-th step (K, 2K, ...)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--inject-rank", o.inject_rank,
+                 "only this rank injects --inject-nan/--inject-inf/--inject-overflow "
+                 "(default: every rank)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--grad-shrink", o.grad_shrink, "multiply every gradient (induces underflow)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -364,7 +414,9 @@ int main(int argc, char** argv) {
                  "--grad-shrink (gradients shrinking over training)")
       ->check(CLI::PositiveNumber);
   app.add_option("--fp32-layer", o.fp32_layers, "compute LAYER in FP32 from STEP: LAYER[@STEP]");
-  app.add_option("--log-json", o.log_json, "write one JSON object per step to FILE");
+  app.add_option("--log-json", o.log_json,
+                 "write one JSON object per step to FILE (rank r > 0 of a multi-rank run: to "
+                 "FILE.rank<r>)");
   app.add_option("--threads", o.threads, "OpenBLAS threads for --device cpu (0: its default)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
@@ -380,16 +432,29 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ampscope-train: error: %s\n", one_line(e.what()).c_str());
     return 2;
   }
+  std::optional<MpiRuntime> mpi;
+  // One line on stderr; in a multi-rank job, naming the rank and ending every rank.
+  const auto fail = [&mpi](const std::exception& e, int code) {
+    const bool multi = mpi && mpi->world_size() > 1;
+    std::fprintf(stderr, "ampscope-train: error: %s%s\n",
+                 multi ? ("rank " + std::to_string(mpi->world_rank()) + ": ").c_str() : "",
+                 one_line(e.what()).c_str());
+    if (multi) {
+      std::fflush(stderr);
+      mpi->abort(code);
+    }
+    return code;
+  };
   try {
-    return run(o);
+    std::unique_ptr<Communicator> comm = make_communicator(o, mpi, &argc, &argv);
+    CudaBackendOptions cuda;
+    if (comm->name() == "nccl") cuda.device = mpi->local_rank();
+    return run(o, std::move(comm), cuda);
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "ampscope-train: error: %s\n", one_line(e.what()).c_str());
-    return 2;
+    return fail(e, 2);
   } catch (const ampscope::Error& e) {
-    std::fprintf(stderr, "ampscope-train: error: %s\n", one_line(e.what()).c_str());
-    return 2;
+    return fail(e, 2);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ampscope-train: error: %s\n", one_line(e.what()).c_str());
-    return 1;
+    return fail(e, 1);
   }
 }

@@ -50,6 +50,8 @@ struct Gpt::Activations {
       ce_probs_b, losses_b;
   // Gradient buffers, reused across blocks.
   std::unique_ptr<Buffer> dres_b, dln_b, dqkv_b, dctx_b, dfc_b, dgelu_b, dlogits_b;
+  // This micro-batch's gradient of the tied token embedding (param format, (V,C)); see backward.
+  std::unique_ptr<Buffer> dwte_micro_b;
   Tensor encoded, lnf, lnf_mean, lnf_rstd, logits, ce_probs, losses;
   Format c_head = Format::kFP32;
   const std::int32_t* tokens = nullptr;
@@ -163,6 +165,8 @@ Gpt::Gpt(const GptConfig& config, PrecisionMode mode, Backend& backend, int max_
   a.dfc_b = f32(BT * 4 * C);
   a.dgelu_b = f32(BT * 4 * C);
   a.dlogits_b = f32(BT * V);
+  a.dwte_micro_b = backend_.allocate(static_cast<std::size_t>(V * C) *
+                                     static_cast<std::size_t>(storage_bytes(policy_.param)));
 }
 
 Gpt::~Gpt() = default;
@@ -500,8 +504,15 @@ void Gpt::backward(float dloss, const StepContext& ctx) {
   backend_.cross_entropy_backward(dlogits, a.ce_probs, a.targets, per_token, pp.fp32_ops);
   bwd("logits", dlogits);
 
+  // The tied token embedding is the one parameter with two contributions per backward (the LM
+  // head's matmul, the embedding). They are summed in a buffer of their own, which is then added
+  // to the accumulated gradient, so that every parameter's gradient grows by exactly one term
+  // per micro-batch: the order of a sum over ranks, and accumulating A micro-batches on one rank
+  // gives the same bits as A ranks with one each (docs/multi-rank.md).
+  const Tensor dwte(a.dwte_micro_b->data(), policy_.param, {V, C}, backend_.device());
+  backend_.fill(dwte, 0.0f);
   Tensor dlnf = act(a.dln_b, a.lnf.dtype, {B, T, C});
-  backend_.matmul_backward(dlnf, grad(a.wte), Tensor{}, dlogits, a.lnf, weight(a.wte, a.c_head),
+  backend_.matmul_backward(dlnf, dwte, Tensor{}, dlogits, a.lnf, weight(a.wte, a.c_head),
                            a.c_head);
   bwd("lnf", dlnf);
 
@@ -554,7 +565,8 @@ void Gpt::backward(float dloss, const StepContext& ctx) {
                                 L.ln1_mean, L.ln1_rstd, pp.fp32_ops);
     bwd(li == 0 ? std::string("embed") : a.layers[li - 1].prefix + ".res2", dres);
   }
-  backend_.embedding_backward(grad(a.wte), grad(a.wpe), dres, a.tokens);
+  backend_.embedding_backward(dwte, grad(a.wpe), dres, a.tokens);
+  backend_.add(grad(a.wte), grad(a.wte), dwte, Format::kFP32);
 }
 
 std::vector<float> Gpt::last_losses() const { return host_values(acts_->losses); }

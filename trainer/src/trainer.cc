@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "ampscope/check.h"
@@ -49,6 +50,8 @@ std::string validate(const TrainerConfig& c) {
     os << "eval_every must be >= 0, got " << c.eval_every;
   } else if (c.eval_batches < 0) {
     os << "eval_batches must be >= 0, got " << c.eval_batches;
+  } else if (c.inject_rank && *c.inject_rank < 0) {
+    os << "inject_rank must be >= 0, got " << *c.inject_rank;
   } else if (c.scaler) {
     if (std::string e = validate(*c.scaler); !e.empty()) os << "scaler: " << e;
   }
@@ -62,6 +65,41 @@ struct StepScalars {
   float sum_sq = 0.0f;        // of the unscaled gradients
   double loss_sum = 0.0;      // sum over micro-batches of their mean loss
   LossScaleState scaler;   // the scaler's state, updated by the back end from found_inf
+};
+
+// The step's one max all-reduce of host doubles: {found_inf, -received_seq, fallback, loss_nan,
+// loss_sum of rank 0, ..., of rank N-1}. A rank fills its own loss slot and -inf in the others,
+// so the maximum gathers every rank's loss and the mean is summed on the host in rank order
+// (the same bits for any reduction tree). MPI and NCCL order NaN differently: a NaN loss
+// travels as +inf with loss_nan set. received_seq is exact up to 2^53.
+class StepAgreement {
+ public:
+  StepAgreement(bool found_inf, const PolicyVote& vote, double loss_sum, int rank, int ranks)
+      : values_(kLossSlots + static_cast<std::size_t>(ranks),
+                -std::numeric_limits<double>::infinity()) {
+    values_[kFoundInf] = found_inf ? 1.0 : 0.0;
+    values_[kNegSeq] = -static_cast<double>(vote.received_seq);
+    values_[kFallback] = vote.fallback ? 1.0 : 0.0;
+    values_[kLossNan] = std::isnan(loss_sum) ? 1.0 : 0.0;
+    values_[kLossSlots + static_cast<std::size_t>(rank)] =
+        std::isnan(loss_sum) ? std::numeric_limits<double>::infinity() : loss_sum;
+  }
+  void reduce(Communicator& comm) { comm.all_reduce_max(values_); }
+
+  bool found_inf() const { return values_[kFoundInf] != 0.0; }
+  PolicyVote vote() const {
+    return {static_cast<std::uint64_t>(-values_[kNegSeq]), values_[kFallback] != 0.0};
+  }
+  double loss_sum() const {
+    if (values_[kLossNan] != 0.0) return std::numeric_limits<double>::quiet_NaN();
+    double sum = 0.0;
+    for (std::size_t i = kLossSlots; i < values_.size(); ++i) sum += values_[i];
+    return sum;
+  }
+
+ private:
+  enum : std::size_t { kFoundInf, kNegSeq, kFallback, kLossNan, kLossSlots };
+  std::vector<double> values_;
 };
 
 TrainerConfig resolved(TrainerConfig c, const Corpus& corpus) {
@@ -78,9 +116,10 @@ TrainerConfig resolved(TrainerConfig c, const Corpus& corpus) {
 }  // namespace
 
 Trainer::Trainer(const TrainerConfig& config, const Corpus& corpus,
-                 std::unique_ptr<Backend> backend)
+                 std::unique_ptr<Backend> backend, std::unique_ptr<Communicator> comm)
     : config_(resolved(config, corpus)),
       backend_(std::move(backend)),
+      comm_(comm ? std::move(comm) : make_single_communicator()),
       loader_(corpus, config_.batch, config_.model.context, config_.val_fraction, config_.seed),
       model_(std::make_unique<Gpt>(config_.model, config_.precision, *backend_, config_.batch)),
       scaler_(*config_.scaler),
@@ -90,6 +129,15 @@ Trainer::Trainer(const TrainerConfig& config, const Corpus& corpus,
     AMPSCOPE_REQUIRE(std::find(names.begin(), names.end(), inj.tensor) != names.end(),
                      "unknown tensor '", inj.tensor, "' for fault injection");
     AMPSCOPE_REQUIRE(inj.step >= 0, "fault injection step must be >= 0, got ", inj.step);
+  }
+  AMPSCOPE_REQUIRE(comm_->supports(backend_->device()), "the ", comm_->name(),
+                   " communicator cannot reduce the memory of the ", backend_->name(),
+                   " back end");
+  AMPSCOPE_REQUIRE(!config_.inject_rank || *config_.inject_rank < comm_->size(),
+                   "inject_rank ", config_.inject_rank.value_or(0), " is not a rank of ",
+                   comm_->size());
+  if (!config_.inject_rank || *config_.inject_rank == comm_->rank()) {
+    injections_ = config_.injections;
   }
   model_->init_weights(config_.seed);
   schedule_.max_lr = config_.lr;
@@ -115,7 +163,7 @@ StepEvent Trainer::step() {
   ctx.loss_scale = scale;
   ctx.overrides = &overrides_;
   ctx.observer = observing ? observer_ : nullptr;
-  ctx.injections = &config_.injections;
+  ctx.injections = &injections_;
   ctx.order = &order;
 
   model.zero_grads();
@@ -125,23 +173,27 @@ StepEvent Trainer::step() {
   StepScalars start;
   start.scaler = before;
   be.copy_from_host(scalars, &start, sizeof(start));
-  // The loss-gradient seed: scale, mean over micro-batches, optional shrink (fault injection).
-  const float dloss = static_cast<float>(static_cast<double>(scale) * grad_shrink_at(step) /
-                                         static_cast<double>(config_.accum));
+  // The loss-gradient seed: scale, mean over every rank's micro-batches, optional shrink (fault
+  // injection). The same loss divisor on every rank.
+  const int ranks = comm_->size();
+  const double micro_batches = static_cast<double>(config_.accum) * ranks;
+  const float dloss =
+      static_cast<float>(static_cast<double>(scale) * grad_shrink_at(step) / micro_batches);
   for (int micro = 0; micro < config_.accum; ++micro) {
     ctx.micro_step = micro;
-    loader_.next_train(batch_);
+    next_batch();
     model.forward(batch_, ctx, &scalars->loss_sum);
     model.backward(dloss, ctx);
   }
-  model.finish_backward(ctx);
+  model.finish_backward(ctx);  // this rank's gradients (and weight-gradient injections)
+  const Tensor grads = model.grad_buffer();
+  if (ranks > 1) all_reduce_grads(grads);
 
   // Unscale with inv_scale computed in FP64 and cast to FP32 (GradScaler), checking for
   // non-finite values in the same pass; then the global norm. The step's one host read brings
   // found_inf, the norm and the loss back together.
   const Tensor found_inf(&scalars->found_inf, Format::kFP32, {1}, be.device());
   const Tensor sum_sq(&scalars->sum_sq, Format::kFP32, {1}, be.device());
-  const Tensor grads = model.grad_buffer();
   be.unscale_and_check(grads, inverse_scale(scale), found_inf);
   model.emit_unscaled_grads(ctx);
   be.sum_squares(sum_sq, grads);
@@ -149,17 +201,26 @@ StepEvent Trainer::step() {
   StepScalars host;
   be.copy_to_host(&host, scalars, sizeof(host));
   const double norm = std::sqrt(static_cast<double>(host.sum_sq));
-  const bool found = host.found_inf != 0.0f || !std::isfinite(norm);
+  // The summed gradients are the same on every rank, and so is found_inf; reducing it anyway
+  // costs nothing extra (the votes travel in the same all-reduce) and makes the skip a collective
+  // decision.
+  StepAgreement agreement(host.found_inf != 0.0f || !std::isfinite(norm),
+                          agreement_ != nullptr ? agreement_->vote() : PolicyVote{},
+                          host.loss_sum, comm_->rank(), ranks);
+  agreement.reduce(*comm_);
+  if (agreement_ != nullptr) agreement_->agreed(agreement.vote());
+  const bool found = agreement.found_inf();
 
   StepEvent ev;
   ev.step = step;
-  ev.loss = host.loss_sum / config_.accum;
+  ev.loss = agreement.loss_sum() / micro_batches;
   ev.loss_scale = scale;
   ev.found_inf = found;
   ev.skipped = found;
   ev.grad_norm = norm;
   ev.lr = schedule_.at(updates_);
-  ev.tokens = static_cast<std::int64_t>(config_.batch) * config_.model.context * config_.accum;
+  ev.tokens = static_cast<std::int64_t>(config_.batch) * config_.model.context * config_.accum *
+              ranks;
   if (!found) {
     if (config_.grad_clip > 0.0f && norm > config_.grad_clip) {
       be.scale(grads, static_cast<float>(config_.grad_clip / (norm + 1e-6)));
@@ -195,6 +256,29 @@ StepEvent Trainer::step() {
   }
   for (auto* l : listeners_) l->on_step(ev);
   return ev;
+}
+
+// Rank r of N takes global micro-batch (step * accum + micro) * N + r of the shared stream.
+void Trainer::next_batch() {
+  const int rank = comm_->rank(), ranks = comm_->size();
+  loader_.skip_train(rank);
+  loader_.next_train(batch_);
+  loader_.skip_train(ranks - 1 - rank);
+}
+
+// The sum over ranks in FP32: 16-bit gradients (pure FP16) go through an FP32 copy and are
+// rounded once, as accumulating micro-batches on one rank rounds them (backend.h).
+void Trainer::all_reduce_grads(const Tensor& grads) {
+  Backend& be = *backend_;
+  if (grads.dtype == Format::kFP32) {
+    comm_->all_reduce_sum(grads, be.stream());
+    return;
+  }
+  if (!reduce_fp32_) reduce_fp32_ = be.allocate(static_cast<std::size_t>(grads.numel()) * 4);
+  const Tensor fp32(reduce_fp32_->data(), Format::kFP32, {grads.numel()}, be.device());
+  be.convert(fp32, grads);
+  comm_->all_reduce_sum(fp32, be.stream());
+  be.convert(grads, fp32);
 }
 
 double Trainer::grad_shrink_at(std::int64_t step) const {

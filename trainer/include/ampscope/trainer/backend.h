@@ -14,6 +14,8 @@
 //     when that is narrower), round-to-nearest-even with overflow to Inf as on hardware;
 //   - outputs marked "accumulate" get out = store(out + round(contribution)): the contribution
 //     is rounded to `compute` first, the sum is formed in FP32 and stored in out's dtype.
+//     The contribution is a whole call's (every term of the call summed before the add): the
+//     model relies on it so that accumulation over micro-batches equals a sum over ranks.
 // This is what autocast does on a GPU: an FP16 matmul rounds its inputs and its output to FP16,
 // and the gradient of a tensor has that tensor's dtype.
 //

@@ -52,6 +52,9 @@ class DataLoader {
              std::uint64_t seed);
 
   void next_train(Batch& out);
+  // Draws `batches` training batches without filling one: the position of a rank that takes
+  // every N-th batch of the one stream all ranks share.
+  void skip_train(std::int64_t batches);
   // Validation batch `index` of `count`; the windows of all `count` batches do not repeat
   // unless the validation part is too short.
   void val_batch(int index, int count, Batch& out) const;
@@ -64,6 +67,8 @@ class DataLoader {
   void set_batches_drawn(std::int64_t n) { drawn_ = n; }
 
  private:
+  std::size_t draw_offset();  // a training window's first token
+
   std::vector<std::int32_t> tokens_;
   int batch_;
   int context_;

@@ -52,6 +52,8 @@ class TensorObserver {
 // One optimizer step (one effective batch).
 struct StepEvent {
   std::int64_t step = 0;       // 0-based index of this step
+  // The effective batch is global: every rank's micro-batches of the step (docs/multi-rank.md);
+  // loss, found_inf, grad_norm and tokens are the same on every rank.
   double loss = 0.0;           // mean unscaled training loss over the effective batch
   float loss_scale = 1.0f;     // scale used for this step's backward
   float scale_after = 1.0f;    // scale after the scaler's update

@@ -93,8 +93,10 @@ class Gpt {
   void forward(const Batch& batch, const StepContext& ctx, double* loss_sum);
   // The same, returning the mean loss (one host read).
   double forward(const Batch& batch, const StepContext& ctx);
-  // Backward pass of the last forward, accumulating into the gradients. dloss multiplies the
-  // gradient of the mean loss (loss scale, 1/accum, shrink factor).
+  // Backward pass of the last forward, accumulating into the gradients: each parameter's
+  // gradient becomes store(gradient + this micro-batch's gradient), the latter formed in full
+  // first, so that accumulation over micro-batches and a sum over ranks agree bit for bit. dloss
+  // multiplies the gradient of the mean loss (loss scale, 1/(accum x ranks), shrink factor).
   void backward(float dloss, const StepContext& ctx);
   // Emits the weight gradients to the observer and applies weight-grad injections (after the
   // last micro-batch of a step).

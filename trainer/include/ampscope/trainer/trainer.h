@@ -13,6 +13,17 @@
 //   scaler.end_step(...) adopts the back end's new state (once per effective batch)
 // Every mode checks found_inf and skips a non-finite update; FP32 and BF16 simply do so with a
 // static scale of 1.
+//
+// Data parallel (docs/multi-rank.md): with N ranks each step is one global effective batch of
+// N x accum micro-batches of `batch` sequences. Rank r takes micro-batch (step*accum + micro)*N
+// + r of the one batch stream all ranks draw, the seed is scale * shrink / (accum * N), and
+// the gradients are summed over ranks (FP32) before unscaling, so N ranks x accum A train as
+// one rank x accum A*N: the same batches and divisor, and the same bits for 2 ranks x accum 1
+// against 1 x accum 2 (a sum of two terms has one order; larger sums differ in FP32 rounding
+// only). Then one small max all-reduce of host doubles per step
+// carries found_inf (every rank skips the same steps), the policy votes (PolicyAgreement) and
+// every rank's loss. Weights, moments, scaler, schedule and data position stay identical on
+// every rank; rank 0 writes checkpoints.
 // Thread safety: the Trainer runs on one thread; scaler() and fp32_overrides() may be used from
 // others (see their headers).
 #pragma once
@@ -24,6 +35,7 @@
 #include <vector>
 
 #include "ampscope/trainer/backend.h"
+#include "ampscope/trainer/communicator.h"
 #include "ampscope/trainer/data.h"
 #include "ampscope/trainer/hooks.h"
 #include "ampscope/trainer/loss_scaler.h"
@@ -51,6 +63,7 @@ struct TrainerConfig {
   float grad_clip = 1.0f;  // 0 disables clipping
   double val_fraction = 0.1;
   std::vector<Injection> injections;
+  std::optional<int> inject_rank;  // unset: every rank injects; set: only this rank
   float grad_shrink = 1.0f;  // multiplies every gradient (induces underflow in FP16)
   // Unset: grad_shrink throughout. Set: the factor moves geometrically from grad_shrink at
   // step 0 to grad_shrink_end at the last step (gradients that shrink over training).
@@ -68,8 +81,10 @@ std::string validate(const TrainerConfig& config);
 
 class Trainer {
  public:
-  // Throws ampscope::Error with a one-line message on an invalid configuration or corpus.
-  Trainer(const TrainerConfig& config, const Corpus& corpus, std::unique_ptr<Backend> backend);
+  // Throws ampscope::Error with a one-line message on an invalid configuration or corpus, or a
+  // communicator that cannot reduce the back end's memory. `comm` null: a single process.
+  Trainer(const TrainerConfig& config, const Corpus& corpus, std::unique_ptr<Backend> backend,
+          std::unique_ptr<Communicator> comm = nullptr);
   ~Trainer();
 
   // One effective batch; evaluates the validation loss first when it is due (see
@@ -82,6 +97,8 @@ class Trainer {
 
   void set_observer(TensorObserver* observer) { observer_ = observer; }
   void add_step_listener(StepListener* listener) { listeners_.push_back(listener); }
+  // The per-step policy vote (hooks.h); null: this rank votes {0, no fallback}.
+  void set_policy_agreement(PolicyAgreement* agreement) { agreement_ = agreement; }
   ScalerHandle& scaler() { return scaler_; }
   Fp32OverrideSet& fp32_overrides() { return overrides_; }
 
@@ -91,17 +108,28 @@ class Trainer {
   const Gpt& model() const { return *model_; }
   Gpt& model() { return *model_; }
   const LrSchedule& lr_schedule() const { return schedule_; }
+  int rank() const { return comm_->rank(); }
+  int world_size() const { return comm_->size(); }
 
   // Writes weights, moments, scaler state, step, applied updates, data position and config
-  // to `path` atomically (temporary file + rename), with a CRC-32 over the contents.
+  // to `path` atomically (temporary file + rename), with a CRC-32 over the contents. Every rank
+  // calls it: rank 0 writes, then all wait for one another (the file is complete everywhere
+  // once it returns).
   void save_checkpoint(const std::string& path) const;
-  // Restores a checkpoint written by a trainer of the same model shape and precision. Throws
-  // ampscope::Error with a one-line reason otherwise.
+  // Restores a checkpoint written by a trainer of the same model shape and precision (every
+  // rank reads the same file; step and data position are global). Throws ampscope::Error with
+  // a one-line reason otherwise.
   void load_checkpoint(const std::string& path);
 
  private:
+  void next_batch();
+  void write_checkpoint(const std::string& path) const;
+  void all_reduce_grads(const Tensor& grads);
+
   TrainerConfig config_;
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Communicator> comm_;
+  std::vector<Injection> injections_;  // this rank's (TrainerConfig::inject_rank)
   DataLoader loader_;  // before model_: a corpus too short fails before any allocation
   std::unique_ptr<Gpt> model_;
   ScalerHandle scaler_;
@@ -109,6 +137,8 @@ class Trainer {
   LrSchedule schedule_;
   TensorObserver* observer_ = nullptr;
   std::vector<StepListener*> listeners_;
+  PolicyAgreement* agreement_ = nullptr;
+  std::unique_ptr<Buffer> reduce_fp32_;  // FP32 copy of 16-bit gradients for the sum over ranks
   std::unique_ptr<Buffer> scalars_;  // StepScalars (found_inf, sum_sq, loss) on the device
   std::int64_t step_ = 0;
   std::int64_t updates_ = 0;
