@@ -162,6 +162,10 @@ std::string format_name(v1::Format format) {
   return f ? std::string(ampscope::format_name(*f)) : "unspecified";
 }
 
+std::string agreement_name(v1::PolicyAgreement agreement) {
+  return lower_suffix(v1::PolicyAgreement_Name(agreement), "POLICY_AGREEMENT_");
+}
+
 std::string mode_name(v1::PolicyMode mode) {
   std::string s = lower_suffix(v1::PolicyMode_Name(mode), "POLICY_MODE_");
   std::replace(s.begin(), s.end(), '_', '-');

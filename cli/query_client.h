@@ -63,5 +63,6 @@ std::string format_time_ago(std::int64_t unix_ns);  // "12s ago", "3h ago", "-" 
 std::string role_name(v1::TensorRole role);         // "activation_grad"
 std::string format_name(v1::Format format);         // "fp16"
 std::string mode_name(v1::PolicyMode mode);         // "headroom"
+std::string agreement_name(v1::PolicyAgreement a);  // "per_step" (the agent's option value)
 
 }  // namespace ampscope::cli

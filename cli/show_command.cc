@@ -128,21 +128,6 @@ std::string rank_values(const v1::RankDivergence& d) {
   return s;
 }
 
-std::string agreement_name(v1::PolicyAgreement a) {
-  switch (a) {
-    case v1::POLICY_AGREEMENT_SINGLE:
-      return "single";
-    case v1::POLICY_AGREEMENT_PER_STEP:
-      return "per-step";
-    case v1::POLICY_AGREEMENT_NONE:
-      return "none";
-    case v1::POLICY_AGREEMENT_INDEPENDENT:
-      return "independent";
-    default:
-      return "unspecified";
-  }
-}
-
 // The multi-rank sections: steps merged without every rank, and where the ranks disagreed.
 void print_ranks_text(std::ostream& out, const v1::GetRunResponse& run) {
   const v1::RunSummary& s = run.summary();

@@ -111,6 +111,13 @@ class ServerPolicyLoopTest : public ::testing::Test {
     }
   }
 
+  // Both ranks connect and run steps [0, steps).
+  void start_run(const ServerProcess& server, Rank* ranks, std::int64_t steps) {
+    connect(server, ranks[0], 0);
+    connect(server, ranks[1], 1);
+    run_steps(0, steps, ranks);
+  }
+
   void run_steps(std::int64_t from, std::int64_t to, Rank* ranks) {
     for (std::int64_t s = from; s < to; ++s) {
       for (std::uint32_t id = 0; id < 2; ++id) step(s, id, ranks[id]);
@@ -134,9 +141,7 @@ class ServerPolicyLoopTest : public ::testing::Test {
 TEST_F(ServerPolicyLoopTest, HeadroomPicksTheLargestSafeScaleOnEveryRankAndDoesNotFlap) {
   ServerProcess server(dir_.path(), dir_ / "store.db", headroom_flags());
   Rank ranks[2];
-  connect(server, ranks[0], 0);
-  connect(server, ranks[1], 1);
-  run_steps(0, 40, ranks);
+  start_run(server, ranks, 40);
 
   // Unscaled top binade -3: FP16 keeps [2^14, 2^15) overflow-free at 2^17; margin 1 -> 2^16.
   const std::vector<v1::PolicyUpdate> scales = scale_updates(ranks[0].all);
@@ -188,9 +193,7 @@ TEST_F(ServerPolicyLoopTest, HeadroomSizesTheScaleAgainstTheFormatAGradientIsHel
   weight_grads_held_in_fp32_ = true;
   ServerProcess server(dir_.path(), dir_ / "store.db", headroom_flags());
   Rank ranks[2];
-  connect(server, ranks[0], 0);
-  connect(server, ranks[1], 1);
-  run_steps(0, 40, ranks);
+  start_run(server, ranks, 40);
   const std::vector<v1::PolicyUpdate> scales = scale_updates(ranks[0].all);
   ASSERT_EQ(scales.size(), 1u);
   // Top binade -5: FP16 is overflow-free at 2^19; margin 1 -> 2^18 (2^16 when the weight
@@ -203,9 +206,7 @@ TEST_F(ServerPolicyLoopTest, HeadroomSizesTheScaleAgainstTheFormatAGradientIsHel
 TEST_F(ServerPolicyLoopTest, HeadroomNeverExceedsItsBounds) {
   ServerProcess server(dir_.path(), dir_ / "store.db", headroom_flags("4096"));
   Rank ranks[2];
-  connect(server, ranks[0], 0);
-  connect(server, ranks[1], 1);
-  run_steps(0, 20, ranks);
+  start_run(server, ranks, 20);
   const std::vector<v1::PolicyUpdate> scales = scale_updates(ranks[0].all);
   ASSERT_EQ(scales.size(), 1u);
   EXPECT_EQ(scales[0].loss_scale(), 4096.0);
@@ -221,9 +222,7 @@ TEST_F(ServerPolicyLoopTest, HeadroomNeverExceedsItsBounds) {
 TEST_F(ServerPolicyLoopTest, UpdatesCarryAContiguousSeqAndTheFoldGoesOnlyToAnAgentBehindIt) {
   ServerProcess server(dir_.path(), dir_ / "store.db", headroom_flags());
   Rank ranks[2];
-  connect(server, ranks[0], 0);
-  connect(server, ranks[1], 1);
-  run_steps(0, 20, ranks);
+  start_run(server, ranks, 20);
   const std::vector<v1::PolicyUpdate>& all = ranks[0].all;
   ASSERT_GE(all.size(), 2u);
   for (std::size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i].seq(), i + 1);
@@ -252,9 +251,7 @@ TEST_F(ServerPolicyLoopTest, StateIsRestoredAfterARestart) {
   std::size_t decisions = 0;
   {
     ServerProcess server(dir_.path(), dir_ / "store.db", headroom_flags());
-    connect(server, ranks[0], 0);
-    connect(server, ranks[1], 1);
-    run_steps(0, 20, ranks);
+    start_run(server, ranks, 20);
     decisions = ranks[0].all.size();
     ASSERT_GE(decisions, 1u);
     last_policy = ranks[0].all.back().policy_id();
