@@ -123,7 +123,8 @@ class ServerChild {
                                      o.sync,
                                      "--max-in-flight",
                                      "1024"};
-    if (o.runs > 0) argv[4] = "127.0.0.1:0";  // --metrics-listen: the runs measurement scrapes
+    // --metrics-listen: the runs and ranks measurements scrape
+    if (o.runs > 0 || o.ranks > 0) argv[4] = "127.0.0.1:0";
     argv.insert(argv.end(), o.server_args.begin(), o.server_args.end());
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
@@ -604,6 +605,19 @@ double load_average_1m() {
 
 double round_to(double v, double unit) { return std::round(v / unit) * unit; }
 
+// The sum of a family's samples in a /metrics body (0 when absent: a counter not yet touched).
+double metric_sum(const std::string& body, const std::string& family) {
+  double sum = 0;
+  std::istringstream in(body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(family, 0) != 0) continue;
+    const char next = line.size() > family.size() ? line[family.size()] : '\0';
+    if (next != ' ' && next != '{') continue;
+    sum += std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return sum;
+}
+
 // CPU seconds (user + system) this process has used so far.
 double own_cpu_s() {
   rusage u{};
@@ -734,6 +748,11 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
     if (s->failed()) ++failed;
   }
   const long peak_kb = server.status_kb("VmHWM");
+  // The per-step merge's verdicts (complete steps, no divergence expected: the ranks report the
+  // same replicated weight gradients and scales).
+  const std::string metrics = scrape(server.metrics_address());
+  const double partial_steps = metric_sum(metrics, "ampscope_partial_steps_total");
+  const double divergences = metric_sum(metrics, "ampscope_rank_divergence_total");
   for (auto& s : streams) s->close();
   for (auto& s : streams) s->wait_done();
 
@@ -763,7 +782,8 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
             << "  " << reports_per_s << " reports/s acknowledged; " << acked << " of " << sent
             << " reports acknowledged, " << rejects << " rejected, " << failed
             << " streams failed; " << policy_updates << " policy updates received (seq up to "
-            << policy_seq << ")\n"
+            << policy_seq << "); " << partial_steps << " partial steps, " << divergences
+            << " rank divergences\n"
             << "  RSS " << mb(rss_start_kb) << " MB at start, " << mb(rss_from_kb) << " MB at "
             << growth_from << " s, " << mb(rss_end_kb) << " MB at the end, peak " << mb(peak_kb)
             << " MB; load average " << load_start << " -> " << load_end
@@ -784,6 +804,8 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
   j[key + "rejects"] = rejects;
   if (rejects > 0) j[key + "first_reject"] = first_reject;
   j[key + "streams_failed"] = failed;
+  j[key + "partial_steps"] = metrics.empty() ? NAN : partial_steps;
+  j[key + "rank_divergences"] = metrics.empty() ? NAN : divergences;
   j[key + "policy_updates_received"] = policy_updates;
   j[key + "policy_seq"] = policy_seq;
   j[key + "rss_start_mb"] = mb(rss_start_kb);
