@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <sstream>
 
 namespace ampscope::server {
@@ -60,11 +61,12 @@ bool same_tensor(const policy::TensorInput& a, const policy::TensorInput& b) {
          a.target == b.target;
 }
 
-// What a replicated weight gradient looks like on one rank, for comparing ranks.
-std::string weight_grad_fingerprint(const policy::TensorInput& t) {
+// What a replicated weight gradient looks like on one rank, for comparing ranks: its counts,
+// and its histogram when every rank measured one (ranks may sample a step differently).
+std::string weight_grad_fingerprint(const policy::TensorInput& t, bool with_histogram) {
   std::string s = t.name + ": max|x| " + number_text(t.max_abs.value_or(0.0)) + ", nonfinite " +
                   std::to_string(t.nonfinite());
-  if (t.histogram) {
+  if (with_histogram && t.histogram) {
     s += ", histogram 2^" + std::to_string(t.histogram->min_exponent);
     for (std::uint64_t c : t.histogram->counts) s += " " + std::to_string(c);
   }
@@ -111,15 +113,53 @@ void compare(const std::vector<RankStep>& ranks, std::int64_t step, const char* 
   if (differ) out->push_back(std::move(d));
 }
 
-std::string weight_grads_of(const RankStep& r) {
-  std::vector<std::string> parts;
-  for (const policy::TensorInput& t : r.input.tensors) {
-    if (t.role == TensorRole::kWeightGrad) parts.push_back(weight_grad_fingerprint(t));
+// The weight gradients every replica holds alike: those measured after unscaling, which
+// follows the all-reduce, compared tensor by tensor where every rank measured the tensor. (Backward-phase
+// weight gradients may be a rank's own: ampscope-train measures them before the all-reduce.)
+// One divergence naming the tensors that differ, each rank's fingerprints of them.
+void compare_weight_grads(const std::vector<RankStep>& ranks, std::int64_t step,
+                          std::vector<v1::RankDivergence>* out) {
+  constexpr std::size_t kMaxNamed = 4;
+  std::map<std::string, std::vector<const policy::TensorInput*>> by_name;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    for (const policy::TensorInput& t : ranks[i].input.tensors) {
+      if (t.role != TensorRole::kWeightGrad || t.phase != TensorPhase::kAfterUnscale) continue;
+      auto& on_ranks = by_name[t.name];
+      on_ranks.resize(ranks.size(), nullptr);
+      on_ranks[i] = &t;
+    }
   }
-  std::sort(parts.begin(), parts.end());
-  std::string s;
-  for (const std::string& p : parts) s += (s.empty() ? "" : "; ") + p;
-  return s;
+  std::vector<std::vector<std::string>> differing(ranks.size());  // per rank
+  std::size_t named = 0, more = 0;
+  for (const auto& [name, on_ranks] : by_name) {
+    if (std::find(on_ranks.begin(), on_ranks.end(), nullptr) != on_ranks.end()) continue;
+    const bool histograms = std::all_of(on_ranks.begin(), on_ranks.end(),
+                                        [](const policy::TensorInput* t) { return t->histogram; });
+    std::vector<std::string> fps;
+    for (const policy::TensorInput* t : on_ranks) fps.push_back(weight_grad_fingerprint(*t, histograms));
+    if (std::all_of(fps.begin(), fps.end(), [&](const std::string& f) { return f == fps[0]; })) {
+      continue;
+    }
+    if (named == kMaxNamed) {
+      ++more;
+      continue;
+    }
+    ++named;
+    for (std::size_t i = 0; i < ranks.size(); ++i) differing[i].push_back(std::move(fps[i]));
+  }
+  if (named == 0) return;
+  v1::RankDivergence d;
+  d.set_step(step);
+  d.set_field("weight_grads");
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    std::string s;
+    for (const std::string& f : differing[i]) s += (s.empty() ? "" : "; ") + f;
+    if (more > 0) s += "; and " + std::to_string(more) + " more tensors";
+    v1::RankValue* v = d.add_values();
+    v->set_rank(ranks[i].rank);
+    v->set_value(std::move(s));
+  }
+  out->push_back(std::move(d));
 }
 
 std::vector<v1::RankDivergence> divergences(const std::vector<RankStep>& ranks,
@@ -137,7 +177,7 @@ std::vector<v1::RankDivergence> divergences(const std::vector<RankStep>& ranks,
           [](const RankStep& r) { return std::to_string(r.policy_seq); }, &out);
   compare(ranks, step, "policy_outcomes", [](const RankStep& r) { return r.policy_outcomes; },
           &out);
-  if (!gradients_sharded) compare(ranks, step, "weight_grads", weight_grads_of, &out);
+  if (!gradients_sharded) compare_weight_grads(ranks, step, &out);
   return out;
 }
 

@@ -28,6 +28,7 @@ policy::TensorInput to_tensor_input(const v1::TensorStats& t) {
   ti.role = proto::from_proto(t.role()).value_or(TensorRole::kActivation);
   ti.storage = proto::from_proto(t.dtype()).value_or(Format::kFP32);
   ti.scale = t.scale();
+  ti.phase = proto::from_proto(t.phase());
   if (t.has_histogram()) {
     BinadeHistogram h;
     h.min_exponent = t.histogram().min_exponent();

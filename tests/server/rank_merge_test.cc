@@ -85,6 +85,8 @@ TEST(RankMergeTest, ShardedWeightGradientsAreSummedReplicatedOnesCompared) {
   RankStep b = report(1, 3, 2);
   a.input.tensors.push_back(tensor("w.grad", TensorRole::kWeightGrad, -5, {2}));
   b.input.tensors.push_back(tensor("w.grad", TensorRole::kWeightGrad, -5, {3}));
+  a.input.tensors.back().phase = TensorPhase::kAfterUnscale;
+  b.input.tensors.back().phase = TensorPhase::kAfterUnscale;
   const MergedStep sharded = merge_ranks({a, b}, true, false);
   EXPECT_EQ(sharded.input.tensors.at(0).histogram->counts, (std::vector<std::uint64_t>{5}));
   EXPECT_TRUE(sharded.divergences.empty());
@@ -93,6 +95,38 @@ TEST(RankMergeTest, ShardedWeightGradientsAreSummedReplicatedOnesCompared) {
   EXPECT_EQ(replicated.input.tensors.at(0).histogram->counts, (std::vector<std::uint64_t>{2}));
   ASSERT_EQ(replicated.divergences.size(), 1u);
   EXPECT_EQ(replicated.divergences[0].field(), "weight_grads");
+}
+
+TEST(RankMergeTest, BackwardPhaseWeightGradientsAreEachRanksOwnAndNotCompared) {
+  // ampscope-train measures weight gradients in the backward pass before the all-reduce (each
+  // rank's share of the batch) and again after unscaling (the reduced sum, the same on all).
+  RankStep a = report(0, 3, 1);
+  RankStep b = report(1, 3, 2);
+  a.input.tensors.push_back(tensor("w.grad", TensorRole::kWeightGrad, -5, {2}));
+  b.input.tensors.push_back(tensor("w.grad", TensorRole::kWeightGrad, -5, {3}));
+  a.input.tensors.back().phase = TensorPhase::kBackward;
+  b.input.tensors.back().phase = TensorPhase::kBackward;
+  EXPECT_TRUE(merge_ranks({a, b}, false, false).divergences.empty());
+}
+
+TEST(RankMergeTest, ReplicatedGradientsAreComparedWhereEveryRankMeasuredThem) {
+  // Rank 1 measured its step in full (a non-finite value of its own escalated it), rank 0 only
+  // counted: the tensor only rank 1 measured, and rank 1's histogram, are not compared.
+  RankStep a = report(0, 3, 1);
+  RankStep b = report(1, 3, 2);
+  a.input.tensors.push_back(tensor("w.grad", TensorRole::kWeightGrad, -5, {2}));
+  a.input.tensors.back().histogram.reset();
+  b.input.tensors.push_back(tensor("w.grad", TensorRole::kWeightGrad, -5, {2}));
+  b.input.tensors.push_back(tensor("v.grad", TensorRole::kWeightGrad, -5, {7}));
+  for (RankStep* r : {&a, &b}) {
+    for (auto& t : r->input.tensors) t.phase = TensorPhase::kAfterUnscale;
+  }
+  EXPECT_TRUE(merge_ranks({a, b}, false, false).divergences.empty());
+  b.input.tensors[b.input.tensors.size() - 2].max_abs = 1.0;  // w.grad now differs
+  const MergedStep m = merge_ranks({a, b}, false, false);
+  ASSERT_EQ(m.divergences.size(), 1u);
+  EXPECT_NE(m.divergences[0].values(1).value().find("w.grad: max|x| 1"), std::string::npos);
+  EXPECT_EQ(m.divergences[0].values(1).value().find("v.grad"), std::string::npos);
 }
 
 TEST(RankMergeTest, FirstOffenderIsTheEarliestInOrderThenTheLowestRank) {

@@ -118,6 +118,16 @@ std::unique_ptr<AgentAdapter> attach_agent(Trainer& trainer, const AgentFlags& f
   for (const auto& [key, value] : flags.options) {
     if (std::string e = agent::set_option(config, key, value); !e.empty()) throw Error(e);
   }
+  // The layout is the communicator's, whatever the options said. Pure data parallelism:
+  // replicated gradients, and this trainer always votes, so several ranks agree per step
+  // unless an option asked otherwise (policy_agreement=independent: a negative control).
+  config.rank = static_cast<std::uint32_t>(trainer.rank());
+  config.world_size = static_cast<std::uint32_t>(trainer.world_size());
+  config.data_parallel_size = config.world_size;
+  config.gradients_sharded = false;
+  if (config.world_size > 1 && config.policy_agreement == agent::PolicyAgreementMode::kAuto) {
+    config.policy_agreement = agent::PolicyAgreementMode::kPerStep;
+  }
   const bool wanted = !config.server.empty() || !config.run_id.empty() ||
                       !config.spool_dir.empty();
   if (!wanted) return nullptr;
@@ -154,10 +164,14 @@ AgentAdapter::AgentAdapter(Trainer& trainer, std::unique_ptr<agent::Agent> agent
     trainer_.set_observer(this);
     trainer_.add_step_listener(this);
   }
+  if (agent::resolved_agreement(agent_->config()) == agent::PolicyAgreementMode::kPerStep) {
+    trainer_.set_policy_agreement(this);
+  }
 }
 
 AgentAdapter::~AgentAdapter() {
   if (installed_) trainer_.set_observer(nullptr);
+  trainer_.set_policy_agreement(nullptr);
   agent_->shutdown(std::chrono::milliseconds(0));
 }
 
@@ -208,6 +222,19 @@ void AgentAdapter::on_step(const StepEvent& e) {
   i.val_loss = e.val_loss;
   step_seconds_ += e.step_time_s;
   agent_->end_step(i);
+}
+
+PolicyVote AgentAdapter::vote() {
+  const agent::PolicyVote v = agent_->policy_vote();
+  return {v.received_seq, v.fallback};
+}
+
+void AgentAdapter::agreed(const PolicyVote& v) {
+  // Refused only on a broken reduction (a seq above this rank's): then nothing new applies
+  // here, and the agent reports why in a notice.
+  if (const agent::Status s = agent_->policy_agreed({v.received_seq, v.fallback}); !s.ok()) {
+    agent_->add_notice("ampscope-train: policy agreement refused: " + s.message);
+  }
 }
 
 void AgentAdapter::finish() {

@@ -33,7 +33,9 @@ void add_agent_flags(CLI::App& app, AgentFlags* flags);
 
 class AgentAdapter;
 
-// Builds the agent's configuration (defaults, then AMPSCOPE_* variables, then the flags) and
+// Builds the agent's configuration (defaults, then AMPSCOPE_* variables, then the flags; rank,
+// world size and data-parallel size always from the trainer's communicator, and per-step
+// policy agreement on several ranks unless policy_agreement says otherwise) and
 // attaches it to `trainer` when a server, run id or spool directory is configured. Returns
 // nullptr when the agent is not wanted. Throws ampscope::Error (a usage error) on a bad
 // option; when the agent cannot start, prints why and returns nullptr (training goes on).
@@ -42,7 +44,7 @@ std::unique_ptr<AgentAdapter> attach_agent(Trainer& trainer, const AgentFlags& f
 // What the Hello says about `trainer`'s run.
 agent::RunInfo run_info(Trainer& trainer);
 
-class AgentAdapter final : public TensorObserver, public StepListener {
+class AgentAdapter final : public TensorObserver, public StepListener, public PolicyAgreement {
  public:
   // Attaches the agent's scaler and override controls; with install_hooks, also sets itself as
   // the trainer's observer and step listener (a caller that switches observers forwards the
@@ -53,6 +55,9 @@ class AgentAdapter final : public TensorObserver, public StepListener {
   bool observe_step(std::int64_t step) override;
   void on_tensor(const TensorView& tensor) override;
   void on_step(const StepEvent& event) override;
+  // The per-step policy agreement (installed when the agent's mode is per_step: several ranks).
+  PolicyVote vote() override;
+  void agreed(const PolicyVote& vote) override;
 
   // Flushes (up to the agent's flush_timeout) and prints a one-line summary to stderr.
   void finish();

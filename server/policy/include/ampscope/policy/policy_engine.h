@@ -78,6 +78,9 @@ struct TensorInput {
   // Factor the stored values carry (wire: TensorStats.scale): the step's loss scale for scaled
   // gradients, 1 otherwise. Finite and > 0.
   double scale = 1.0;
+  // Where in the step it was measured. Merging ranks tells a rank's own gradients (backward)
+  // from gradients every replica holds after the all-reduce (after_unscale) by it.
+  TensorPhase phase = TensorPhase::kUnknown;
 
   // As measured (scaled). Absent for count-only samples.
   std::optional<BinadeHistogram> histogram;
