@@ -20,9 +20,10 @@ import time
 
 
 class LocalServer:
-    def __init__(self, binary=None, *args, workdir=None, start_timeout_s=30.0):
+    def __init__(self, binary=None, *args, workdir=None, start_timeout_s=30.0, metrics=False):
         """binary: the ampscope-server program (default: AMPSCOPE_SERVER_BIN, else
-        ampscope-server on PATH). args: more of its flags ("--policy", "headroom", ...)."""
+        ampscope-server on PATH). args: more of its flags ("--policy", "headroom", ...).
+        metrics: also serve /metrics on a free loopback port (metrics_address once started)."""
         binary = binary or os.environ.get("AMPSCOPE_SERVER_BIN") or shutil.which(
             "ampscope-server")
         if not binary:
@@ -34,6 +35,8 @@ class LocalServer:
         self.workdir = workdir or tempfile.mkdtemp(prefix="ampscope-server-")
         self.db = os.path.join(self.workdir, "store.db")
         self.address = None  # "127.0.0.1:PORT" once started
+        self.metrics_address = None  # "127.0.0.1:PORT" of /metrics, when asked for
+        self._metrics = metrics
         self.proc = None
         self._starts = 0
         self._timeout = start_timeout_s
@@ -45,7 +48,8 @@ class LocalServer:
         ready = os.path.join(self.workdir, f"ready{self._starts}.json")
         with open(self.log_path(), "wb") as log:
             self.proc = subprocess.Popen(
-                [self.binary, "--listen", self.address or "127.0.0.1:0", "--metrics-listen", "",
+                [self.binary, "--listen", self.address or "127.0.0.1:0", "--metrics-listen",
+                 (self.metrics_address or "127.0.0.1:0") if self._metrics else "",
                  "--db", self.db, "--ready-file", ready, *self.args],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self._timeout
@@ -55,7 +59,10 @@ class LocalServer:
                 raise RuntimeError("ampscope-server did not start:\n" + self.log()[-4000:])
             time.sleep(0.05)
         with open(ready, encoding="utf-8") as f:
-            self.address = json.load(f)["grpc"]
+            bound = json.load(f)
+        self.address = bound["grpc"]
+        if self._metrics:
+            self.metrics_address = bound["metrics"]
         return self
 
     def log_path(self):

@@ -23,8 +23,23 @@ class Server(ampscope.LocalServer):
     """ampscope-server on loopback (ampscope.LocalServer) with its store in `tmp`, and what the
     tests ask it through the ampscope CLI."""
 
-    def __init__(self, tmp, *args):
-        super().__init__(os.environ["AMPSCOPE_SERVER_BIN"], *args, workdir=tmp)
+    def __init__(self, tmp, *args, metrics=False):
+        super().__init__(os.environ["AMPSCOPE_SERVER_BIN"], *args, workdir=tmp, metrics=metrics)
+
+    def metric(self, name, **labels):
+        """The value of one sample of /metrics (None when absent); needs metrics=True."""
+        import urllib.request
+        with urllib.request.urlopen(f"http://{self.metrics_address}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        want = {k: str(v) for k, v in labels.items()}
+        for line in text.splitlines():
+            if not line.startswith(name + "{") and not line.startswith(name + " "):
+                continue
+            head, _, value = line.rpartition(" ")
+            found = dict(kv.split("=", 1) for kv in head[len(name):].strip("{}").split(",") if kv)
+            if all(found.get(k, "").strip('"') == v for k, v in want.items()):
+                return float(value)
+        return None
 
     def cli(self, *args):
         """The ampscope CLI's --json answer, as Python objects."""

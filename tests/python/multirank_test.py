@@ -49,8 +49,8 @@ class MultiRankTest(unittest.TestCase):
         self.tmp = self._tmp.name
         self.addCleanup(self._tmp.cleanup)
 
-    def server(self, *args):
-        s = amps_testing.Server(self.tmp, *args).start()
+    def server(self, *args, metrics=False):
+        s = amps_testing.Server(self.tmp, *args, metrics=metrics).start()
         self.addCleanup(s.stop, False)
         return s
 
@@ -114,7 +114,7 @@ class MultiRankTest(unittest.TestCase):
 
     def test_without_agreement_the_ranks_diverge_and_the_server_says_so(self):
         # Lead steps enough for rank 0's decisions to arrive in time; rank 1's come later still.
-        server = self.server("--policy", "headroom", "--policy-lead-steps", "10")
+        server = self.server("--policy", "headroom", "--policy-lead-steps", "10", metrics=True)
         steps = 200
         self.train(server, "apart", steps,
                    common=["--init-scale", "16777216", "--agent", "policy_agreement=independent"],
@@ -130,6 +130,9 @@ class MultiRankTest(unittest.TestCase):
         self.assertIn("loss_scale", fields)
         first = min(d["step"] for d in divergence if d["field"] == "loss_scale")
         self.assertEqual(first, min(differ))
+        # What the AmpscopeRankDivergence alert fires on: one count per step and field.
+        counted = server.metric("ampscope_rank_divergence_total", run="apart", field="loss_scale")
+        self.assertEqual(counted, len([d for d in divergence if d["field"] == "loss_scale"]))
 
     def test_server_killed_both_ranks_fall_back_on_the_same_step(self):
         server = self.server("--policy", "static-params", "--static-loss-scale", "1024",
