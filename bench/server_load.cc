@@ -24,7 +24,8 @@
 //
 // With --ranks N it measures one synchronous data-parallel run instead: N ranks (world_size N,
 // data_parallel_size N, POLICY_AGREEMENT_PER_STEP), one stream and connection each, each sending
-// one report per step at --rank-rate steps/s, the same step on every rank, each rank's send
+// one report per step at --rank-rate steps/s (weight gradients after unscaling, the same on
+// every rank; activation gradients the rank's own), the same step on every rank, each rank's send
 // delayed by a uniform [0, --rank-spread-ms) drawn anew every step; the server runs the headroom
 // policy, so its per-step merge and engine are on the path. Writes server_<N>_ranks_* keys:
 // report-to-Ack p50/p99 over all ranks, the acknowledged rate, the server's RSS every
@@ -203,7 +204,10 @@ v1::TensorStats to_proto(const ampscope::TensorStats& s, const std::string& name
 
 // One step of a GPT-like model: weight and activation gradients, log-normal magnitudes around
 // 1e-4..1e-2 (unscaled), measured at loss scale 2^16 with the FP16 target at the current scale.
-v1::StepReport realistic_report(int tensors, std::size_t n, std::uint32_t seed) {
+// `weights_unscaled`: the weight gradients as measured after unscaling (scale 1), the phase in
+// which every data-parallel rank holds the same values.
+v1::StepReport realistic_report(int tensors, std::size_t n, std::uint32_t seed,
+                                bool weights_unscaled = false) {
   std::mt19937 rng(seed);
   v1::StepReport r;
   r.set_loss(3.1);
@@ -216,15 +220,18 @@ v1::StepReport realistic_report(int tensors, std::size_t n, std::uint32_t seed) 
   const ampscope::TargetSpec targets[] = {{ampscope::Format::kFP16, 0}};
   std::vector<float> values(n);
   for (int i = 0; i < tensors; ++i) {
+    const bool weight = i % 2 == 0;
+    const double scale = weight && weights_unscaled ? 1 : 65536;
     std::normal_distribution<double> log_scale(std::log(1e-3), 1.2);
     const double sigma = std::exp(log_scale(rng));
-    std::normal_distribution<float> g(0.0f, static_cast<float>(sigma * 65536));
+    std::normal_distribution<float> g(0.0f, static_cast<float>(sigma * scale));
     for (float& v : values) v = g(rng);
     const auto s = ampscope::compute_stats(values.data(), n, ampscope::Format::kFP32, targets);
-    const bool weight = i % 2 == 0;
-    *r.add_tensors() = to_proto(
+    v1::TensorStats* t = r.add_tensors();
+    *t = to_proto(
         s, "h" + std::to_string(i / 8) + "." + std::to_string(i % 8) + (weight ? ".w" : ".a"),
-        weight ? v1::TENSOR_ROLE_WEIGHT_GRAD : v1::TENSOR_ROLE_ACTIVATION_GRAD, 65536, n);
+        weight ? v1::TENSOR_ROLE_WEIGHT_GRAD : v1::TENSOR_ROLE_ACTIVATION_GRAD, scale, n);
+    if (weight && weights_unscaled) t->set_phase(v1::TENSOR_PHASE_AFTER_UNSCALE);
   }
   return r;
 }
@@ -277,8 +284,8 @@ class LoadStream : public grpc::ClientBidiReactor<v1::AgentMessage, v1::ServerMe
   }
 
   // Queues the report of `step` of a data-parallel rank: the weight gradients are those every
-  // rank holds after the all-reduce (one template per step), the activation gradients its own
-  // (another template per rank). `measured`: its latency counts (take_latencies).
+  // rank holds after the all-reduce and unscaling (one template per step), the activation
+  // gradients its own (another template per rank). `measured`: its latency counts.
   void send_step(std::int64_t step, std::uint64_t policy_seq, bool measured) {
     std::uint64_t seq = 0;
     {
@@ -638,7 +645,8 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
   std::cerr << "building report templates (" << o.rank_tensors << " tensors)...\n";
   std::vector<v1::StepReport> templates;
   for (std::uint32_t i = 0; i < 8; ++i) {
-    templates.push_back(realistic_report(o.rank_tensors, o.elements, 1234 + i));
+    templates.push_back(realistic_report(o.rank_tensors, o.elements, 1234 + i,
+                                         /*weights_unscaled=*/true));
   }
   const std::size_t report_bytes = templates[0].ByteSizeLong();
 
