@@ -2,7 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
+#include <string_view>
+#include <unordered_map>
 #include <sstream>
 
 namespace ampscope::server {
@@ -73,10 +74,12 @@ std::string weight_grad_fingerprint(const policy::TensorInput& t, bool with_hist
   return s;
 }
 
-// The engine's input of the step: every rank's tensors, one entry per tensor.
+// The engine's input of the step: every rank's tensors, one entry per tensor (found through
+// an index by name: a step of 256 ranks x 200 tensors is 51,200 lookups).
 policy::StepInput merge_inputs(const std::vector<RankStep>& ranks, bool gradients_sharded) {
   policy::StepInput in = ranks.front().input;  // the lowest rank's header
   in.tensors.clear();
+  std::unordered_multimap<std::string_view, std::size_t> by_name;  // -> index in in.tensors
   for (const RankStep& r : ranks) {
     in.loss_scale = std::min(in.loss_scale, r.input.loss_scale);
     in.scale_after = std::min(in.scale_after, r.input.scale_after);
@@ -84,10 +87,17 @@ policy::StepInput merge_inputs(const std::vector<RankStep>& ranks, bool gradient
     in.skipped = in.skipped || r.input.skipped;
     for (const policy::TensorInput& t : r.input.tensors) {
       const bool replica = !gradients_sharded && t.role == TensorRole::kWeightGrad;
-      auto same = std::find_if(in.tensors.begin(), in.tensors.end(),
-                               [&](const policy::TensorInput& u) { return same_tensor(u, t); });
-      if (same == in.tensors.end()) {
+      policy::TensorInput* same = nullptr;
+      for (auto [it, end] = by_name.equal_range(t.name); it != end; ++it) {
+        if (same_tensor(in.tensors[it->second], t)) {
+          same = &in.tensors[it->second];
+          break;
+        }
+      }
+      if (same == nullptr) {
         in.tensors.push_back(t);
+        // Keys view the names in `ranks`, which outlive the index.
+        by_name.emplace(std::string_view(t.name), in.tensors.size() - 1);
       } else if (!replica) {
         add_tensor(*same, t);
       }
@@ -113,14 +123,21 @@ void compare(const std::vector<RankStep>& ranks, std::int64_t step, const char* 
   if (differ) out->push_back(std::move(d));
 }
 
+bool same_values(const policy::TensorInput& a, const policy::TensorInput& b, bool histograms) {
+  return a.max_abs.value_or(0.0) == b.max_abs.value_or(0.0) && a.nonfinite() == b.nonfinite() &&
+         (!histograms || *a.histogram == *b.histogram);
+}
+
 // The weight gradients every replica holds alike: those measured after unscaling, which
-// follows the all-reduce, compared tensor by tensor where every rank measured the tensor. (Backward-phase
-// weight gradients may be a rank's own: ampscope-train measures them before the all-reduce.)
-// One divergence naming the tensors that differ, each rank's fingerprints of them.
+// follows the all-reduce, compared tensor by tensor where every rank measured the tensor
+// (counts, and histograms where every rank has one: ranks may sample a step differently).
+// Backward-phase weight gradients may be a rank's own (ampscope-train measures them before
+// the all-reduce) and are not compared. One divergence naming the tensors that differ (at
+// most kMaxNamed), each rank's fingerprints of them.
 void compare_weight_grads(const std::vector<RankStep>& ranks, std::int64_t step,
                           std::vector<v1::RankDivergence>* out) {
   constexpr std::size_t kMaxNamed = 4;
-  std::map<std::string, std::vector<const policy::TensorInput*>> by_name;
+  std::unordered_map<std::string_view, std::vector<const policy::TensorInput*>> by_name;
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     for (const policy::TensorInput& t : ranks[i].input.tensors) {
       if (t.role != TensorRole::kWeightGrad || t.phase != TensorPhase::kAfterUnscale) continue;
@@ -129,32 +146,33 @@ void compare_weight_grads(const std::vector<RankStep>& ranks, std::int64_t step,
       on_ranks[i] = &t;
     }
   }
-  std::vector<std::vector<std::string>> differing(ranks.size());  // per rank
-  std::size_t named = 0, more = 0;
+  std::vector<std::string_view> names;
   for (const auto& [name, on_ranks] : by_name) {
     if (std::find(on_ranks.begin(), on_ranks.end(), nullptr) != on_ranks.end()) continue;
     const bool histograms = std::all_of(on_ranks.begin(), on_ranks.end(),
                                         [](const policy::TensorInput* t) { return t->histogram; });
-    std::vector<std::string> fps;
-    for (const policy::TensorInput* t : on_ranks) fps.push_back(weight_grad_fingerprint(*t, histograms));
-    if (std::all_of(fps.begin(), fps.end(), [&](const std::string& f) { return f == fps[0]; })) {
-      continue;
+    if (!std::all_of(on_ranks.begin(), on_ranks.end(), [&](const policy::TensorInput* t) {
+          return same_values(*t, *on_ranks[0], histograms);
+        })) {
+      names.push_back(name);
     }
-    if (named == kMaxNamed) {
-      ++more;
-      continue;
-    }
-    ++named;
-    for (std::size_t i = 0; i < ranks.size(); ++i) differing[i].push_back(std::move(fps[i]));
   }
-  if (named == 0) return;
+  if (names.empty()) return;
+  std::sort(names.begin(), names.end());
   v1::RankDivergence d;
   d.set_step(step);
   d.set_field("weight_grads");
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     std::string s;
-    for (const std::string& f : differing[i]) s += (s.empty() ? "" : "; ") + f;
-    if (more > 0) s += "; and " + std::to_string(more) + " more tensors";
+    for (std::size_t n = 0; n < std::min(names.size(), kMaxNamed); ++n) {
+      const auto& on_ranks = by_name.at(names[n]);
+      const bool histograms = std::all_of(on_ranks.begin(), on_ranks.end(),
+                                          [](const policy::TensorInput* t) { return t->histogram; });
+      s += (s.empty() ? "" : "; ") + weight_grad_fingerprint(*on_ranks[i], histograms);
+    }
+    if (names.size() > kMaxNamed) {
+      s += "; and " + std::to_string(names.size() - kMaxNamed) + " more tensors";
+    }
     v1::RankValue* v = d.add_values();
     v->set_rank(ranks[i].rank);
     v->set_value(std::move(s));
