@@ -10,6 +10,7 @@ namespace ampscope::agent {
 namespace {
 
 constexpr std::size_t kMaxFp32Layers = 4096;
+constexpr std::int64_t kAgreementSilentSteps = 100;
 constexpr double kFp32Max = 3.4028234663852886e38;
 
 bool power_of_two(double v) {
@@ -202,6 +203,7 @@ std::string PolicyApplier::agreed(const PolicyVote& agreed) {
   }
   agreed_seq_.store(agreed.received_seq);
   if (agreed.fallback) agreed_fallback_.store(true);
+  steps_since_agreed_.store(0);
   return {};
 }
 
@@ -230,6 +232,12 @@ std::vector<PolicyApplier::Pending> PolicyApplier::take_due(Due due) {
 void PolicyApplier::begin_step(std::int64_t step, std::vector<PolicyOutcome>* outcomes) {
   if (mode_ == PolicyAgreementMode::kPerStep) {
     if (agreed_fallback_.exchange(false) && scaler_changed_.load()) fall_back(step);
+    if (steps_since_agreed_.fetch_add(1) + 1 == kAgreementSilentSteps &&
+        has_pending_.load(std::memory_order_acquire)) {
+      notices_->raise("policy: per_step agreement, but no agreed vote for " +
+                      std::to_string(kAgreementSilentSteps) +
+                      " steps: updates wait (the host must call policy_agreed every step)");
+    }
   } else if (wants_fallback()) {
     fall_back(step);
   }

@@ -23,7 +23,9 @@
 // update with seq <= the agreed seq whose effective step has come (in seq order, validated
 // against the scaler's state at that step, so every rank reaches the same outcome; an update
 // whose effective step had passed applies late, together), and fall back when any rank asked.
-// An update without a seq cannot be agreed on and is refused.
+// An update without a seq cannot be agreed on and is refused. A host that stops agreeing
+// leaves updates waiting; after kAgreementSilentSteps steps with updates waiting and no
+// agreed() call a notice says so (once).
 //
 // Thread safety: receive(), set_connected(), vote(), agreed() and the getters from any thread; attach_*() and begin_step() by
 // the recorder, one caller at a time (its step lock).
@@ -119,6 +121,7 @@ class PolicyApplier {
   std::atomic<std::uint64_t> agreed_seq_{0};
   std::atomic<bool> agreed_fallback_{false};
   std::atomic<std::uint64_t> step_seq_{0};
+  std::atomic<std::int64_t> steps_since_agreed_{0};  // begin_step calls since agreed()
 
   std::atomic<bool> connected_{false};
   std::atomic<std::int64_t> disconnected_since_ns_{0};  // steady clock; 0: never connected

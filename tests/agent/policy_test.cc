@@ -397,6 +397,16 @@ TEST_F(AgreementTest, WithoutAgreementSeveralRanksRefuseUpdates) {
   EXPECT_NE(a.agreed({0, false}).find("not per_step"), std::string::npos);
 }
 
+TEST_F(AgreementTest, AHostThatStopsAgreeingIsToldUpdatesWait) {
+  make();
+  r0->applier.receive(numbered(1, 0, 512));
+  std::vector<PolicyOutcome> out;
+  for (std::int64_t s = 0; s < 100; ++s) r0->applier.begin_step(s, &out);
+  EXPECT_TRUE(out.empty());
+  ASSERT_EQ(r0->notices.all().size(), 1u);
+  EXPECT_NE(r0->notices.all()[0].find("no agreed vote for 100 steps"), std::string::npos);
+}
+
 TEST_F(AgreementTest, AReceiveDelayHoldsAnUpdateBack) {
   config.policy_receive_delay = std::chrono::milliseconds(30);
   make();
