@@ -482,6 +482,21 @@ std::string scrape(const std::string& address) {
 
 double mb(long kb) { return kb > 0 ? std::round(kb / 102.4) / 10 : -1; }
 
+// `n` connections to the server at `address` (distinct channel arguments give each its own
+// subchannel), each with its Telemetry client stub (which keeps its channel alive).
+std::vector<std::unique_ptr<v1::Telemetry::Stub>> open_connections(const std::string& address,
+                                                                   int n) {
+  std::vector<std::unique_ptr<v1::Telemetry::Stub>> stubs;
+  for (int i = 0; i < n; ++i) {
+    grpc::ChannelArguments a;
+    a.SetMaxSendMessageSize(64 << 20);
+    a.SetInt("ampscope.channel", i);
+    stubs.push_back(v1::Telemetry::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), a)));
+  }
+  return stubs;
+}
+
 // The runs measurement (--runs): see the file comment.
 nlohmann::ordered_json measure_runs(const Options& o, ServerChild& server,
                                     const std::vector<std::unique_ptr<v1::Telemetry::Stub>>& stubs,
@@ -650,22 +665,16 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
   }
   const std::size_t report_bytes = templates[0].ByteSizeLong();
 
-  grpc::ChannelArguments args;
-  args.SetMaxSendMessageSize(64 << 20);
-  std::vector<std::shared_ptr<grpc::Channel>> channels;
-  std::vector<std::unique_ptr<v1::Telemetry::Stub>> stubs;
-  std::vector<std::unique_ptr<LoadStream>> streams;
+  // One connection per rank: each rank is its own process.
   const auto world = static_cast<std::uint32_t>(o.ranks);
+  const auto stubs = open_connections(address, o.ranks);
+  std::vector<std::unique_ptr<LoadStream>> streams;
   for (std::uint32_t rank = 0; rank < world; ++rank) {
-    grpc::ChannelArguments a = args;
-    a.SetInt("ampscope.channel", static_cast<int>(rank));  // distinct args: own connection
-    channels.push_back(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), a));
-    stubs.push_back(v1::Telemetry::NewStub(channels.back()));
     v1::Hello hello = agent_hello("ranks-" + std::to_string(o.ranks), rank, world);
     hello.set_data_parallel_size(world);
     hello.set_gradients_sharded(false);
     hello.set_policy_agreement(v1::POLICY_AGREEMENT_PER_STEP);
-    streams.push_back(std::make_unique<LoadStream>(stubs.back().get(), hello, &templates));
+    streams.push_back(std::make_unique<LoadStream>(stubs[rank].get(), hello, &templates));
   }
   const auto connect_deadline = Clock::now() + 60s;
   for (auto& s : streams) {
@@ -951,17 +960,9 @@ int main(int argc, char** argv) {
   std::size_t bins = 0;
   for (const auto& t : templates[0].tensors()) bins += t.histogram().counts_size();
 
-  grpc::ChannelArguments args;
-  args.SetMaxSendMessageSize(64 << 20);
   // One connection per 8 streams, as agents on different hosts would have their own.
-  std::vector<std::shared_ptr<grpc::Channel>> channels;
-  std::vector<std::unique_ptr<v1::Telemetry::Stub>> stubs;
-  for (int i = 0; i < (o.streams + 7) / 8; ++i) {
-    grpc::ChannelArguments a = args;
-    a.SetInt("ampscope.channel", i);  // distinct args: distinct subchannels
-    channels.push_back(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), a));
-    stubs.push_back(v1::Telemetry::NewStub(channels.back()));
-  }
+  const std::vector<std::unique_ptr<v1::Telemetry::Stub>> stubs =
+      open_connections(address, (o.streams + 7) / 8);
   if (o.runs > 0) {
     const nlohmann::ordered_json j = measure_runs(o, *server, stubs, templates);
     server.reset();
