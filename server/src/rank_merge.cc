@@ -184,13 +184,13 @@ std::vector<v1::RankDivergence> divergences(const std::vector<RankStep>& ranks,
                                             std::int64_t step, bool gradients_sharded) {
   std::vector<v1::RankDivergence> out;
   if (ranks.size() < 2) return out;
-  compare(ranks, step, "loss_scale", [](const RankStep& r) { return number_text(r.loss_scale); },
+  compare(ranks, step, "loss_scale", [](const RankStep& r) { return number_text(r.input.loss_scale); },
           &out);
   compare(ranks, step, "scale_after",
-          [](const RankStep& r) { return number_text(r.scale_after); }, &out);
-  compare(ranks, step, "found_inf", [](const RankStep& r) { return bool_text(r.found_inf); },
+          [](const RankStep& r) { return number_text(r.input.scale_after); }, &out);
+  compare(ranks, step, "found_inf", [](const RankStep& r) { return bool_text(r.input.found_inf); },
           &out);
-  compare(ranks, step, "skipped", [](const RankStep& r) { return bool_text(r.skipped); }, &out);
+  compare(ranks, step, "skipped", [](const RankStep& r) { return bool_text(r.input.skipped); }, &out);
   compare(ranks, step, "policy_seq",
           [](const RankStep& r) { return std::to_string(r.policy_seq); }, &out);
   compare(ranks, step, "policy_outcomes", [](const RankStep& r) { return r.policy_outcomes; },
@@ -206,10 +206,6 @@ RankStep rank_step(const v1::StepReport& report, std::int64_t report_id, policy:
   r.rank = report.rank();
   r.report_id = report_id;
   r.loss = report.loss();
-  r.loss_scale = report.loss_scale();
-  r.scale_after = report.scale_after();
-  r.found_inf = report.found_inf();
-  r.skipped = report.skipped();
   r.tokens = report.tokens();
   r.policy_seq = report.policy_seq();
   std::vector<std::string> outcomes;
@@ -236,8 +232,6 @@ MergedStep merge_ranks(std::vector<RankStep> ranks, bool gradients_sharded, bool
   for (const RankStep& r : ranks) {
     m.ranks.push_back(r.rank);
     m.report_ids.push_back(r.report_id);
-    m.found_inf = m.found_inf || r.found_inf;
-    m.skipped = m.skipped || r.skipped;
     m.tokens += r.tokens;
     loss_sum += r.loss;
     loss_finite = loss_finite && std::isfinite(r.loss);

@@ -34,15 +34,12 @@ struct RankStep {
   std::uint32_t rank = 0;
   std::int64_t report_id = 0;
   double loss = 0.0;
-  double loss_scale = 1.0;
-  double scale_after = 1.0;
-  bool found_inf = false;
-  bool skipped = false;
   std::uint64_t tokens = 0;
   std::uint64_t policy_seq = 0;
   std::string policy_outcomes;  // "12:applied 13:refused", compared across ranks
   std::optional<v1::FirstOffender> first_offender;
-  policy::StepInput input;  // the report's tensors as the engine reads them
+  // The report as the engine reads it: loss_scale, scale_after, found_inf, skipped, tensors.
+  policy::StepInput input;
 };
 
 RankStep rank_step(const v1::StepReport& report, std::int64_t report_id, policy::StepInput input);
@@ -52,14 +49,13 @@ struct MergedStep {
   bool partial = false;                  // some rank of the run did not report it in time
   std::vector<std::uint32_t> ranks;      // the ranks merged, ascending
   std::vector<std::int64_t> report_ids;  // their reports, same order
-  bool found_inf = false;
-  bool skipped = false;
   double loss = 0.0;
   std::uint64_t tokens = 0;
   std::optional<std::uint32_t> offender_rank;
   std::optional<v1::FirstOffender> first_offender;
   std::vector<v1::RankDivergence> divergences;  // one per field the ranks disagreed on
-  policy::StepInput input;                      // what the policy engine observes
+  // What the policy engine observes: found_inf and skipped of any rank, the smallest scales.
+  policy::StepInput input;
 };
 
 // Merges the reports of one step (at least one, any order, one per rank).

@@ -393,8 +393,8 @@ std::int64_t StoreWriter::insert_merged_step(const std::string& run_id, const Me
       .bind(4, join_numbers(m.ranks))
       .bind(5, join_numbers(m.report_ids))
       .bind(6, *std::max_element(m.report_ids.begin(), m.report_ids.end()))
-      .bind(7, std::int64_t{m.found_inf})
-      .bind(8, std::int64_t{m.skipped})
+      .bind(7, std::int64_t{m.input.found_inf})
+      .bind(8, std::int64_t{m.input.skipped})
       .bind(10, static_cast<std::int64_t>(m.tokens));
   if (std::isfinite(m.loss)) {
     s.bind(9, m.loss);

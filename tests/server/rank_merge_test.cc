@@ -32,8 +32,6 @@ RankStep report(std::uint32_t rank, std::int64_t step, std::int64_t id) {
   r.rank = rank;
   r.report_id = id;
   r.loss = 2.0 + rank;
-  r.loss_scale = 1024.0;
-  r.scale_after = 1024.0;
   r.tokens = 100;
   r.input.run_id = "run";
   r.input.rank = static_cast<int>(rank);
@@ -53,16 +51,16 @@ v1::FirstOffender offender(const std::string& tensor, std::uint32_t order) {
 TEST(RankMergeTest, CombinesTheFieldsOfEveryRank) {
   RankStep a = report(0, 7, 10);
   RankStep b = report(1, 7, 11);
-  b.found_inf = b.input.found_inf = true;
-  b.skipped = b.input.skipped = true;
+  b.input.found_inf = true;
+  b.input.skipped = true;
   a.input.tensors.push_back(tensor("x.grad", TensorRole::kActivationGrad, -10, {1, 2}));
   b.input.tensors.push_back(tensor("x.grad", TensorRole::kActivationGrad, -9, {3, 4}));
   const MergedStep m = merge_ranks({b, a}, false, false);
   EXPECT_EQ(m.step, 7);
   EXPECT_EQ(m.ranks, (std::vector<std::uint32_t>{0, 1}));
   EXPECT_EQ(m.report_ids, (std::vector<std::int64_t>{10, 11}));
-  EXPECT_TRUE(m.found_inf);
-  EXPECT_TRUE(m.skipped);
+  EXPECT_TRUE(m.input.found_inf);
+  EXPECT_TRUE(m.input.skipped);
   EXPECT_EQ(m.tokens, 200u);
   EXPECT_DOUBLE_EQ(m.loss, 2.5);
   // Activation gradients of one tensor are summed binade by binade.
@@ -150,7 +148,7 @@ TEST(RankMergeTest, FirstOffenderIsTheEarliestInOrderThenTheLowestRank) {
 TEST(RankMergeTest, EachDisagreeingFieldIsOneDivergenceNamingEveryRank) {
   RankStep a = report(0, 4, 1);
   RankStep b = report(1, 4, 2);
-  b.scale_after = 512.0;
+  b.input.scale_after = 512.0;
   b.policy_seq = 3;
   const MergedStep m = merge_ranks({a, b}, false, false);
   ASSERT_EQ(m.divergences.size(), 2u);
@@ -162,7 +160,7 @@ TEST(RankMergeTest, EachDisagreeingFieldIsOneDivergenceNamingEveryRank) {
   EXPECT_EQ(m.divergences[0].values(1).value(), "512");
   EXPECT_EQ(m.divergences[1].field(), "policy_seq");
   // The engine takes the smallest scale of the step.
-  EXPECT_EQ(m.input.scale_after, 1024.0);
+  EXPECT_EQ(m.input.scale_after, 512.0);
 }
 
 TEST(RankMergeTest, SingleRankRunsMergeAtOnce) {
