@@ -228,11 +228,11 @@ class Monitor:
     def _agree(self):
         """The per-step policy agreement: every rank calls this once per step (a collective),
         so it runs even when the step's report failed."""
-        import torch.distributed as dist
         try:
             seq, fallback = self._agent.policy_vote()
             votes = torch.tensor([-float(seq), 1.0 if fallback else 0.0], dtype=torch.float64)
-            dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self._group)
+            torch.distributed.all_reduce(votes, op=torch.distributed.ReduceOp.MAX,
+                                         group=self._group)
             agreed_seq, agreed_fallback = int(-votes[0].item()), votes[1].item() != 0.0
         except Exception as e:  # no agreement this step: nothing new applies anywhere
             self.on_error("policy agreement", e)
@@ -559,7 +559,7 @@ def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, opti
     opts = {"sample_count_roles": "all"}  # activations too: first offenders name the module
     group = None  # the agreement's group: only with several ranks
     if process_group is not None:
-        import torch.distributed as dist
+        dist = torch.distributed
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError("process_group given but torch.distributed is not initialised")
         world = dist.get_world_size(process_group)
