@@ -121,6 +121,16 @@ class PrecisionOverrides {
   // Makes `layers` exactly the FP32 set from `from_step` on. Empty when accepted, otherwise a
   // one-line reason; on failure nothing changes.
   virtual std::string replace(const std::vector<std::string>& layers, std::int64_t from_step) = 0;
+  // The capable layer whose FP32 override computes `tensor` (the policy recommends tensors by
+  // the names the trainer reports them under: "h1.attn.scores" is computed by layer
+  // "h1.attn.core"), or empty when no capable layer does. Default: `tensor` itself when it is
+  // a capable layer.
+  virtual std::string layer_of(std::string_view tensor) const {
+    for (const std::string& l : capable_layers()) {
+      if (l == tensor) return l;
+    }
+    return {};
+  }
 };
 
 // Points of a step the trainer may mark for the NVTX timeline; the agent infers forward,
