@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <sstream>
 
 #include "spool.h"
@@ -56,9 +57,33 @@ bool changes_config(const v1::PolicyUpdate& u) {
 
 }  // namespace
 
+std::string fp32_layers_of(const v1::PolicyUpdate& u, const PrecisionOverrides& overrides,
+                           std::vector<std::string>* layers) {
+  layers->clear();
+  for (int i = 0; i < u.fp32_tensors_size(); ++i) {
+    const std::string& name = u.fp32_tensors(i);
+    const std::string where = "fp32_tensors[" + std::to_string(i) + "]: '" + name + "'";
+    std::string layer;
+    // The trainer's code, on the reader thread too, where nothing else would catch.
+    try {
+      layer = overrides.layer_of(name);
+    } catch (const std::exception& e) {
+      return where + ": mapping it to a layer failed: " + e.what();
+    } catch (...) {
+      return where + ": mapping it to a layer failed";
+    }
+    if (layer.empty()) return where + " is not a layer the trainer can compute in FP32";
+    if (std::find(layers->begin(), layers->end(), layer) == layers->end()) {
+      layers->push_back(std::move(layer));
+    }
+  }
+  return {};
+}
+
 std::string validate_update(const v1::PolicyUpdate& u, const std::string& run_id,
                             const ScalerSettings& current, bool has_scaler,
-                            const std::vector<std::string>& capable, bool has_overrides) {
+                            const PrecisionOverrides* overrides,
+                            std::vector<std::string>* fp32_layers) {
   if (u.policy_id().empty()) return "policy_id: must not be empty";
   if (!u.run_id().empty() && u.run_id() != run_id) {
     return "run_id: '" + u.run_id() + "' is not this run ('" + run_id + "')";
@@ -97,18 +122,14 @@ std::string validate_update(const v1::PolicyUpdate& u, const std::string& run_id
   }
   if (u.has_hysteresis() && u.hysteresis() < 1) return "hysteresis: must be >= 1, got 0";
   if (u.fp32_tensors_set()) {
-    if (!has_overrides) return "fp32_tensors: no FP32 override set is attached to the agent";
+    if (overrides == nullptr) return "fp32_tensors: no FP32 override set is attached to the agent";
     if (static_cast<std::size_t>(u.fp32_tensors_size()) > kMaxFp32Layers) {
       return "fp32_tensors: " + std::to_string(u.fp32_tensors_size()) + " names, at most " +
              std::to_string(kMaxFp32Layers);
     }
-    for (int i = 0; i < u.fp32_tensors_size(); ++i) {
-      const std::string& name = u.fp32_tensors(i);
-      if (std::find(capable.begin(), capable.end(), name) == capable.end()) {
-        return "fp32_tensors[" + std::to_string(i) + "]: '" + name +
-               "' is not a layer the trainer can compute in FP32";
-      }
-    }
+    std::vector<std::string> layers;
+    if (std::string err = fp32_layers_of(u, *overrides, &layers); !err.empty()) return err;
+    if (fp32_layers != nullptr) *fp32_layers = std::move(layers);
   }
   return {};
 }
@@ -159,8 +180,7 @@ void PolicyApplier::receive(const v1::PolicyUpdate& update) {
       break;
     default: {
       const ScalerSettings current = scaler_ != nullptr ? scaler_->settings() : ScalerSettings{};
-      p.refusal = validate_update(update, config_.run_id, current, scaler_ != nullptr, capable_,
-                                  overrides_ != nullptr);
+      p.refusal = validate_update(update, config_.run_id, current, scaler_ != nullptr, overrides_);
     }
   }
   pending_.push_back(std::move(p));
@@ -284,12 +304,12 @@ void PolicyApplier::apply(const v1::PolicyUpdate& u, std::int64_t step,
   PolicyOutcome o;
   o.policy_id = u.policy_id();
   // Re-checked against the state now: the scale may have moved since the update arrived.
+  std::vector<std::string> layers;
   std::string err = validate_update(u, config_.run_id,
                                     scaler_ != nullptr ? scaler_->settings() : ScalerSettings{},
-                                    scaler_ != nullptr, capable_, overrides_ != nullptr);
+                                    scaler_ != nullptr, overrides_, &layers);
   if (err.empty() && changes_scaler(u)) err = scaler_->schedule(to_change(u, step));
   if (err.empty() && u.fp32_tensors_set()) {
-    std::vector<std::string> layers(u.fp32_tensors().begin(), u.fp32_tensors().end());
     err = overrides_->replace(layers, step);
     if (!err.empty()) err = "fp32_tensors: " + err;
   }

@@ -8,8 +8,16 @@
 // Validation (telemetry.proto PolicyUpdate): loss_scale, min_scale and max_scale are finite
 // powers of two, > 0, with min <= loss_scale <= max (the update's bounds, else the scaler's
 // current ones); growth_factor >= 1; backoff_factor in (0, 1]; growth_interval and hysteresis
-// >= 1; fp32_tensors are names the trainer declared FP32-capable; run_id is this run's; a
-// policy id is handled once, also across restarts (the spool remembers it).
+// >= 1; every name in fp32_tensors maps to a layer the trainer can compute in FP32; run_id is
+// this run's; a policy id is handled once, also across restarts (the spool remembers it).
+//
+// FP32 fallback: the server recommends tensors by the names the trainer reports them under
+// ("h1.attn.scores"); the trainer's override set takes layers ("h1.attn.core").
+// PrecisionOverrides::layer_of maps each name (on the stream's reader thread when the update
+// arrives, on the training thread when it applies), and the FP32 set applied is the
+// de-duplicated layers, in the order of their first tensor. A name that maps to no layer
+// refuses the whole update, as any invalid field does: an update is one decision, applied or
+// refused as a unit, and part of it would be a state the server never decided.
 //
 // Fallback: when the server has been unreachable for policy_fallback_after and an update
 // changed the scaler's configuration, the local scaler's own configuration (as it was when
@@ -49,11 +57,19 @@ namespace ampscope::agent {
 
 class Spool;
 
-// Empty when `u` may be applied to a scaler with `current` settings and to `capable` layers,
-// otherwise one line naming the field. `has_scaler`/`has_overrides` say what is attached.
+// Empty when `u` may be applied to a scaler with `current` settings (`has_scaler`: one is
+// attached) and through `overrides` (nullptr: none attached), otherwise one line naming the
+// field. *fp32_layers, when given, receives the FP32 set the update makes (fp32_layers_of).
 std::string validate_update(const v1::PolicyUpdate& u, const std::string& run_id,
                             const ScalerSettings& current, bool has_scaler,
-                            const std::vector<std::string>& capable, bool has_overrides);
+                            const PrecisionOverrides* overrides,
+                            std::vector<std::string>* fp32_layers = nullptr);
+
+// The layers u.fp32_tensors() name through overrides.layer_of, de-duplicated in the order of
+// their first tensor. Empty when every name maps, otherwise one line naming the first that does
+// not (or whose mapping threw).
+std::string fp32_layers_of(const v1::PolicyUpdate& u, const PrecisionOverrides& overrides,
+                           std::vector<std::string>* layers);
 
 class PolicyApplier {
  public:

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <memory>
+#include <stdexcept>
 #include <thread>
 
 #include "ampscope/testing/files.h"
@@ -48,7 +50,44 @@ v1::PolicyUpdate update(const std::string& id, std::int64_t step) {
 }
 
 std::string check(const v1::PolicyUpdate& u, ScalerSettings s = {}) {
-  return validate_update(u, "run", s, true, {"h0.mlp.fc"}, true);
+  const FakeOverrides overrides;
+  return validate_update(u, "run", s, true, &overrides);
+}
+
+// A trainer whose FP32 overrides work per layer while it reports tensors: the attention core
+// computes the scores and the probabilities, the head its logits. What throws is a bug in the
+// trainer's mapping.
+class MappingOverrides final : public PrecisionOverrides {
+ public:
+  std::vector<std::string> capable_layers() const override {
+    return {"h0.attn.core", "h1.attn.core", "lm_head"};
+  }
+  std::string layer_of(std::string_view tensor) const override {
+    if (tensor == "boom") throw std::runtime_error("no such block");
+    for (const char* block : {"h0", "h1"}) {
+      const std::string b = block;
+      if (tensor == b + ".attn.scores" || tensor == b + ".attn.probs") return b + ".attn.core";
+    }
+    if (tensor == "logits" || tensor == "lm_head") return "lm_head";
+    return {};
+  }
+  std::string replace(const std::vector<std::string>& l, std::int64_t from) override {
+    layers = l;
+    step = from;
+    ++calls;
+    return {};
+  }
+  std::vector<std::string> layers;
+  std::int64_t step = -1;
+  int calls = 0;
+};
+
+v1::PolicyUpdate fp32_update(const std::string& id, std::int64_t step,
+                             std::initializer_list<const char*> tensors) {
+  v1::PolicyUpdate u = update(id, step);
+  u.set_fp32_tensors_set(true);
+  for (const char* t : tensors) u.add_fp32_tensors(t);
+  return u;
 }
 
 TEST(PolicyValidationTest, AcceptsAPowerOfTwoWithinBounds) {
@@ -103,6 +142,40 @@ TEST(PolicyValidationTest, RefusesBadFactorsAndUnknownLayers) {
   EXPECT_NE(check(r).find("run_id"), std::string::npos);
 }
 
+TEST(PolicyValidationTest, Fp32TensorsMapToTheLayersThatComputeThemOnceEach) {
+  const MappingOverrides overrides;
+  const auto u = fp32_update("1", 5, {"h1.attn.scores", "h1.attn.probs", "logits",
+                                      "h0.attn.scores", "lm_head"});
+  std::vector<std::string> layers;
+  EXPECT_EQ(validate_update(u, "run", {}, true, &overrides, &layers), "");
+  EXPECT_EQ(layers, (std::vector<std::string>{"h1.attn.core", "lm_head", "h0.attn.core"}));
+}
+
+TEST(PolicyValidationTest, ATensorThatNoLayerComputesRefusesTheWholeUpdate) {
+  const MappingOverrides overrides;
+  auto u = fp32_update("1", 5, {"h1.attn.scores", "h1.mlp.gelu"});
+  u.set_loss_scale(1024);
+  EXPECT_EQ(validate_update(u, "run", {}, true, &overrides),
+            "fp32_tensors[1]: 'h1.mlp.gelu' is not a layer the trainer can compute in FP32");
+  const auto boom = fp32_update("2", 5, {"boom"});
+  EXPECT_EQ(validate_update(boom, "run", {}, true, &overrides),
+            "fp32_tensors[0]: 'boom': mapping it to a layer failed: no such block");
+}
+
+TEST(PolicyValidationTest, TheDefaultMappingTakesCapableLayersByTheirOwnName) {
+  const FakeOverrides overrides;  // capable: h0.mlp.fc, lm_head; no layer_of of its own
+  std::vector<std::string> layers;
+  EXPECT_EQ(validate_update(fp32_update("1", 5, {"lm_head", "h0.mlp.fc", "lm_head"}), "run", {},
+                            true, &overrides, &layers),
+            "");
+  EXPECT_EQ(layers, (std::vector<std::string>{"lm_head", "h0.mlp.fc"}));
+  EXPECT_NE(validate_update(fp32_update("2", 5, {"h0.mlp.fc.out"}), "run", {}, true, &overrides)
+                .find("fp32_tensors[0]: 'h0.mlp.fc.out' is not a layer"),
+            std::string::npos);
+  EXPECT_EQ(validate_update(fp32_update("3", 5, {"lm_head"}), "run", {}, true, nullptr),
+            "fp32_tensors: no FP32 override set is attached to the agent");
+}
+
 class PolicyApplierTest : public ::testing::Test {
  protected:
   PolicyApplierTest() {
@@ -139,6 +212,32 @@ TEST_F(PolicyApplierTest, AppliesExactlyAtTheEffectiveStep) {
   EXPECT_EQ(overrides.step, 7);
   EXPECT_EQ(overrides.layers, std::vector<std::string>{"lm_head"});
   EXPECT_EQ(applier.applied(), 1u);
+}
+
+TEST_F(PolicyApplierTest, TheFp32SetAppliedIsTheLayersOfTheRecommendedTensors) {
+  MappingOverrides mapping;
+  PolicyApplier a(config, nullptr, &notices);
+  a.attach_scaler(&scaler);
+  a.attach_overrides(&mapping);
+  a.receive(fp32_update("1", 3, {"h0.attn.scores", "h0.attn.probs", "logits"}));
+  std::vector<PolicyOutcome> out;
+  a.begin_step(3, &out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].applied) << out[0].reason;
+  EXPECT_EQ(mapping.step, 3);
+  EXPECT_EQ(mapping.layers, (std::vector<std::string>{"h0.attn.core", "lm_head"}));
+  // One name no layer computes: the update, its scale included, is refused as a whole.
+  auto bad = fp32_update("2", 4, {"h1.attn.scores", "h1.mlp.gelu"});
+  bad.set_loss_scale(512);
+  a.receive(bad);
+  out.clear();
+  a.begin_step(4, &out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_FALSE(out[0].applied);
+  EXPECT_EQ(out[0].reason,
+            "fp32_tensors[1]: 'h1.mlp.gelu' is not a layer the trainer can compute in FP32");
+  EXPECT_EQ(mapping.calls, 1);
+  EXPECT_TRUE(scaler.changes.empty());
 }
 
 TEST_F(PolicyApplierTest, RefusesOnArrivalAndReportsAtTheNextStep) {
