@@ -1,22 +1,36 @@
-// ampscope_policy_eval_extract: one run's stored step reports, reduced to what the policy
-// evaluation needs, as JSON lines (one per step, ascending):
+// ampscope_policy_eval_extract: one run's stored step reports and policy decisions, reduced to
+// what the policy evaluation needs:
 //
 //   ampscope_policy_eval_extract --server HOST:PORT --run-id ID --out steps.jsonl
+//                                [--decisions-out decisions.json]
 //
-// Each line: step, loss, loss_scale, scale_after, found_inf, skipped, val_loss (null where not
-// evaluated), policy_applied (updates the agent applied at that step) and, over the gradients
-// the loss scale multiplies (activation and weight gradients as measured in the backward pass,
-// before unscaling): grad_tensors, grad_numel, grad_underflow and grad_zeros16.
-//  - grad_underflow: targets[0].underflow of gradients held wider than the compute format (the
-//    FP32 weight gradients of AMP): values that round to zero in FP16 at the step's scale.
-//  - grad_zeros16: zeros of gradients stored in the 16-bit compute format itself (activation
-//    gradients): their underflow has already happened, an underflowed value is stored as 0, so
-//    the zeros are the underflow plus the few exact zeros the model makes.
+// steps.jsonl, one line per step, ascending: step, loss, loss_scale, scale_after, found_inf,
+// skipped, val_loss (null where not evaluated), policy_applied (ids of the updates the agent
+// applied at that step), fp32_layers, and the underflow of the gradients the loss scale
+// multiplies (activation and weight gradients as measured in the backward pass, before
+// unscaling). Each such gradient is counted once, in the format it passes through at its scale
+// (TensorStats.held, else targets[0].format, the compute format):
+//  - grad_numel: values that pass through a 16-bit format, of which
+//    - grad_underflow: held wider than that format (the FP32 weight gradients that autocast
+//      rounds to FP16): targets[0].underflow, values that round to zero at the step's scale;
+//    - grad_zeros16: stored in that format itself (activation gradients): their underflow has
+//      already happened, an underflowed value is stored as 0, so the zeros are the underflow
+//      plus the few exact zeros the model makes.
+//  - grad_numel_wide: values that never leave FP32 (held FP32: wte's total gradient, LayerNorm
+//    and wpe gradients); nothing of theirs underflows at these scales, and they stay out of
+//    the underflow ratio, whose share is of what passes through the 16-bit format.
+//  - grad_unmeasured: gradients whose sample lacked the count that is needed (a counts-level
+//    sample without targets); the step's underflow is then incomplete.
 // act_grad_numel and act_grad_zeros split out the activation gradients.
 //
-// It reads the server's Query service (GetReports with tensors), the same API `ampscope tail`
-// uses (through its QueryClient); the `ampscope` tool prints no per-tensor counts, hence this
-// small client.
+// decisions.json: {"complete": bool, "decisions": [...]}, every stored decision of the run,
+// oldest first (policy_id, effective_from_step, decided_at_step, loss_scale, fp32_tensors,
+// reason, applied_step: where rank 0 applied it, null if it did not); complete is false when
+// the server returned only its latest kLimit decisions.
+//
+// It reads the server's Query service (GetReports with tensors, GetRun), the same API
+// `ampscope tail` and `show` use (through their QueryClient); the `ampscope` tool prints no
+// per-tensor counts, hence this small client.
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <fstream>
@@ -31,55 +45,106 @@
 namespace {
 
 using nlohmann::ordered_json;
+namespace v1 = ampscope::v1;
 
 struct StepRow {
-  const ampscope::v1::StepReport* report = nullptr;
+  const v1::StepReport* report = nullptr;
   std::uint64_t grad_tensors = 0, grad_numel = 0, grad_underflow = 0, grad_zeros16 = 0;
+  std::uint64_t grad_numel_wide = 0, grad_unmeasured = 0;
   std::uint64_t act_grad_numel = 0, act_grad_zeros = 0;
-  int policy_applied = 0;
+  std::vector<std::string> policy_applied;
 };
 
 using ampscope::cli::json_number;
 
-bool is_scaled_gradient(const ampscope::v1::TensorStats& t) {
-  const bool grad = t.role() == ampscope::v1::TENSOR_ROLE_ACTIVATION_GRAD ||
-                    t.role() == ampscope::v1::TENSOR_ROLE_WEIGHT_GRAD;
-  return grad && t.phase() != ampscope::v1::TENSOR_PHASE_AFTER_UNSCALE;
+bool is_scaled_gradient(const v1::TensorStats& t) {
+  const bool grad = t.role() == v1::TENSOR_ROLE_ACTIVATION_GRAD ||
+                    t.role() == v1::TENSOR_ROLE_WEIGHT_GRAD;
+  return grad && t.phase() != v1::TENSOR_PHASE_AFTER_UNSCALE;
 }
 
-void add_report(const ampscope::v1::StepReport& r, StepRow& row) {
-  row.report = &r;
-  for (const auto& o : r.policy_outcomes()) row.policy_applied += o.applied() ? 1 : 0;
-  for (const auto& t : r.tensors()) {
-    if (!is_scaled_gradient(t)) continue;
-    ++row.grad_tensors;
+// The narrowest format the values pass through at the scale they carry (stats.proto: held).
+v1::Format passes_through(const v1::TensorStats& t) {
+  if (t.has_held()) return t.held();
+  if (t.targets_size() > 0) return t.targets(0).format();
+  return t.dtype();
+}
+
+bool is_wide(v1::Format f) { return f == v1::FORMAT_FP32 || f == v1::FORMAT_UNSPECIFIED; }
+
+// targets[i] that asks how the values round into `f` as they are (scale_log2 0), or null.
+const v1::TargetCounts* target_for(const v1::TensorStats& t, v1::Format f) {
+  for (const auto& c : t.targets()) {
+    if (c.format() == f && c.scale_log2() == 0) return &c;
+  }
+  return nullptr;
+}
+
+void add_tensor(const v1::TensorStats& t, StepRow& row) {
+  ++row.grad_tensors;
+  if (t.role() == v1::TENSOR_ROLE_ACTIVATION_GRAD) {
+    row.act_grad_numel += t.numel();
+    row.act_grad_zeros += t.zeros();
+  }
+  const v1::Format through = passes_through(t);
+  if (is_wide(through)) {
+    row.grad_numel_wide += t.numel();
+  } else if (t.dtype() == through) {
     row.grad_numel += t.numel();
-    const bool stored_narrow = t.targets_size() > 0 && t.dtype() == t.targets(0).format();
-    if (stored_narrow) {
-      row.grad_zeros16 += t.zeros();
-    } else if (t.targets_size() > 0) {
-      row.grad_underflow += t.targets(0).underflow();
-    }
-    if (t.role() == ampscope::v1::TENSOR_ROLE_ACTIVATION_GRAD) {
-      row.act_grad_numel += t.numel();
-      row.act_grad_zeros += t.zeros();
-    }
+    row.grad_zeros16 += t.zeros();
+  } else if (const v1::TargetCounts* c = target_for(t, through)) {
+    row.grad_numel += t.numel();
+    row.grad_underflow += c->underflow();
+  } else {
+    ++row.grad_unmeasured;
   }
 }
 
-int run(const ampscope::cli::ServerArgs& server, const std::string& run_id,
-        const std::string& out_path) {
-  ampscope::cli::QueryClient client(server);
-  std::vector<ampscope::v1::GetReportsResponse> pages;  // own the reports the rows point at
+void add_report(const v1::StepReport& r, StepRow& row) {
+  row.report = &r;
+  for (const auto& o : r.policy_outcomes()) {
+    if (o.applied()) row.policy_applied.push_back(o.policy_id());
+  }
+  for (const auto& t : r.tensors()) {
+    if (is_scaled_gradient(t)) add_tensor(t, row);
+  }
+}
+
+ordered_json step_json(std::int64_t step, const StepRow& row) {
+  const auto& r = *row.report;
+  ordered_json j;
+  j["step"] = step;
+  j["loss"] = json_number(r.loss());
+  j["loss_scale"] = json_number(r.loss_scale());
+  j["scale_after"] = json_number(r.scale_after());
+  j["found_inf"] = r.found_inf();
+  j["skipped"] = r.skipped();
+  j["val_loss"] = r.has_val_loss() ? json_number(r.val_loss()) : ordered_json(nullptr);
+  j["policy_applied"] = row.policy_applied;
+  j["fp32_layers"] = std::vector<std::string>(r.fp32_layers().begin(), r.fp32_layers().end());
+  j["grad_tensors"] = row.grad_tensors;
+  j["grad_numel"] = row.grad_numel;
+  j["grad_underflow"] = row.grad_underflow;
+  j["grad_zeros16"] = row.grad_zeros16;
+  j["grad_numel_wide"] = row.grad_numel_wide;
+  j["grad_unmeasured"] = row.grad_unmeasured;
+  j["act_grad_numel"] = row.act_grad_numel;
+  j["act_grad_zeros"] = row.act_grad_zeros;
+  return j;
+}
+
+int write_steps(ampscope::cli::QueryClient& client, const std::string& run_id,
+                const std::string& out_path) {
+  std::vector<v1::GetReportsResponse> pages;  // own the reports the rows point at
   std::map<std::int64_t, StepRow> rows;
   std::string token;
   do {
-    ampscope::v1::GetReportsRequest q;
+    v1::GetReportsRequest q;
     q.set_run_id(run_id);
     q.set_rank(0);
     q.set_limit(500);
     q.set_include_tensors(true);
-    q.set_order(ampscope::v1::REPORT_ORDER_STEP);
+    q.set_order(v1::REPORT_ORDER_STEP);
     q.set_page_token(token);
     pages.push_back(client.get_reports(q));
     token = pages.back().next_page_token();
@@ -92,25 +157,50 @@ int run(const ampscope::cli::ServerArgs& server, const std::string& run_id,
     return 1;
   }
   std::ofstream out(out_path);
-  for (const auto& [step, row] : rows) {
-    const auto& r = *row.report;
-    ordered_json j;
-    j["step"] = step;
-    j["loss"] = json_number(r.loss());
-    j["loss_scale"] = json_number(r.loss_scale());
-    j["scale_after"] = json_number(r.scale_after());
-    j["found_inf"] = r.found_inf();
-    j["skipped"] = r.skipped();
-    j["val_loss"] = r.has_val_loss() ? json_number(r.val_loss()) : ordered_json(nullptr);
-    j["policy_applied"] = row.policy_applied;
-    j["grad_tensors"] = row.grad_tensors;
-    j["grad_numel"] = row.grad_numel;
-    j["grad_underflow"] = row.grad_underflow;
-    j["grad_zeros16"] = row.grad_zeros16;
-    j["act_grad_numel"] = row.act_grad_numel;
-    j["act_grad_zeros"] = row.act_grad_zeros;
-    out << j.dump() << "\n";
+  for (const auto& [step, row] : rows) out << step_json(step, row).dump() << "\n";
+  if (!out) {
+    std::cerr << "ampscope_policy_eval_extract: cannot write " << out_path << "\n";
+    return 1;
   }
+  return 0;
+}
+
+// GetRun's most decisions per answer (the latest ones).
+constexpr std::uint32_t kLimit = 1000;
+
+ordered_json decision_json(const v1::PolicyDecision& d) {
+  const v1::PolicyUpdate& u = d.update();
+  ordered_json j;
+  j["policy_id"] = u.policy_id();
+  j["effective_from_step"] = u.effective_from_step();
+  j["decided_at_step"] = u.decided_at_step();
+  j["loss_scale"] = u.has_loss_scale() ? json_number(u.loss_scale()) : ordered_json(nullptr);
+  j["fp32_tensors"] = u.fp32_tensors_set() ? ordered_json(std::vector<std::string>(
+                                                 u.fp32_tensors().begin(), u.fp32_tensors().end()))
+                                           : ordered_json(nullptr);
+  j["reason"] = u.reason();
+  j["applied_step"] = nullptr;
+  for (const auto& a : d.applications()) {
+    if (a.rank() == 0 && a.applied()) {
+      j["applied_step"] = a.step();
+      break;
+    }
+  }
+  return j;
+}
+
+int write_decisions(ampscope::cli::QueryClient& client, const std::string& run_id,
+                    const std::string& out_path) {
+  v1::GetRunRequest q;
+  q.set_run_id(run_id);
+  q.set_limit(kLimit);
+  const v1::GetRunResponse run = client.get_run(q);
+  ordered_json j;
+  j["complete"] = static_cast<std::uint32_t>(run.policy_decisions_size()) < kLimit;
+  j["decisions"] = ordered_json::array();
+  for (const auto& d : run.policy_decisions()) j["decisions"].push_back(decision_json(d));
+  std::ofstream out(out_path);
+  out << j.dump() << "\n";
   if (!out) {
     std::cerr << "ampscope_policy_eval_extract: cannot write " << out_path << "\n";
     return 1;
@@ -121,19 +211,22 @@ int run(const ampscope::cli::ServerArgs& server, const std::string& run_id,
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"One run's step reports, reduced for the policy evaluation, as JSON lines"};
+  CLI::App app{"One run's step reports and policy decisions, reduced for the policy evaluation"};
   ampscope::cli::ServerArgs server;
-  std::string run_id, out;
+  std::string run_id, out, decisions_out;
   ampscope::cli::add_server_options(&app, server);
   app.add_option("--run-id", run_id, "run to read")->required();
-  app.add_option("--out", out, "JSON-lines file to write")->required();
+  app.add_option("--out", out, "JSON-lines file of the steps to write")->required();
+  app.add_option("--decisions-out", decisions_out, "JSON file of the policy decisions to write");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {
-    return run(server, run_id, out);
+    ampscope::cli::QueryClient client(server);
+    if (const int rc = write_steps(client, run_id, out); rc != 0) return rc;
+    return decisions_out.empty() ? 0 : write_decisions(client, run_id, decisions_out);
   } catch (const ampscope::cli::ServerError& e) {
     std::cerr << "ampscope_policy_eval_extract: " << e.what() << "\n";
     return 1;
