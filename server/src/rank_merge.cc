@@ -6,6 +6,8 @@
 #include <unordered_map>
 #include <sstream>
 
+#include "report_digest.h"
+
 namespace ampscope::server {
 namespace {
 
@@ -245,6 +247,8 @@ MergedStep merge_ranks(std::vector<RankStep> ranks, bool gradients_sharded, bool
   m.loss = loss_finite ? loss_sum / static_cast<double>(ranks.size()) : std::nan("");
   m.divergences = divergences(ranks, m.step, gradients_sharded);
   m.input = merge_inputs(ranks, gradients_sharded);
+  m.input.first_offender.reset();
+  if (m.first_offender) m.input.first_offender = to_offender(*m.first_offender);
   return m;
 }
 

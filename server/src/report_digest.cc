@@ -7,6 +7,10 @@
 #include "ampscope/proto/vocabulary_codec.h"
 
 namespace ampscope::server {
+policy::StepInput::Offender to_offender(const v1::FirstOffender& f) {
+  return {f.tensor(), proto::from_proto(f.role()).value_or(TensorRole::kActivation)};
+}
+
 namespace {
 
 // The report's own fields of the engine's input; the tensors are the caller's.
@@ -19,6 +23,7 @@ policy::StepInput step_header(const v1::StepReport& r) {
   in.scale_after = r.scale_after();
   in.found_inf = r.found_inf();
   in.skipped = r.skipped();
+  if (r.has_first_offender()) in.first_offender = to_offender(r.first_offender());
   return in;
 }
 

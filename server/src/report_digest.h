@@ -74,6 +74,9 @@ struct ReportDigest {
 ReportDigest digest_report(const v1::StepReport& report, bool policy_all_tensors);
 
 // The engine's input alone, for replaying stored reports into a restored engine.
+// The engine's view of a report's first offender.
+policy::StepInput::Offender to_offender(const v1::FirstOffender& offender);
+
 policy::StepInput to_step_input(const v1::StepReport& report, bool all_tensors = true);
 
 }  // namespace ampscope::server

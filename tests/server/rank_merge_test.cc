@@ -138,6 +138,9 @@ TEST(RankMergeTest, FirstOffenderIsTheEarliestInOrderThenTheLowestRank) {
   ASSERT_TRUE(m.first_offender.has_value());
   EXPECT_EQ(m.first_offender->tensor(), "early-1");
   EXPECT_EQ(m.offender_rank, 1u);
+  // The policy engine sees the same offender (the lowest rank's header would name "late").
+  ASSERT_TRUE(m.input.first_offender.has_value());
+  EXPECT_EQ(m.input.first_offender->name, "early-1");
 
   r2.first_offender = offender("earliest", 1);
   m = merge_ranks({r0, r1, r2}, false, false);

@@ -21,22 +21,6 @@ std::string scale_text(double scale) {
   return os.str();
 }
 
-std::optional<int> quantile_bin(const BinadeHistogram& h, std::uint64_t above, double fraction) {
-  const std::uint64_t finite = h.total();
-  if (finite == 0) return std::nullopt;
-  const long double n = static_cast<long double>(finite) + static_cast<long double>(above);
-  // The value of rank r (1-based) with r = max(1, ceil(fraction * n)).
-  const auto rank = std::max<std::uint64_t>(
-      1, static_cast<std::uint64_t>(std::ceil(static_cast<long double>(fraction) * n)));
-  if (rank > finite) return std::nullopt;
-  std::uint64_t cum = 0;
-  for (std::size_t i = 0; i < h.counts.size(); ++i) {
-    cum += h.counts[i];
-    if (cum >= rank) return h.min_exponent + static_cast<int>(i);
-  }
-  return std::nullopt;
-}
-
 }  // namespace detail
 
 BinadeHistogram to_unscaled(const BinadeHistogram& measured, double scale) {

@@ -26,8 +26,6 @@ namespace {
 
 constexpr std::uint8_t kOverflowed = 1;
 constexpr std::uint8_t kRangeMisfit = 2;
-// Share of the smallest values ignored when estimating where an overflowed tensor's top was.
-constexpr double kReactionTrimFraction = 1e-3;
 constexpr double kLog2Eps = 1e-9;
 
 std::string binade(int e) { return "2^" + std::to_string(e); }
@@ -60,29 +58,47 @@ std::string describe(const TensorInput& t) {
 // What one tensor the loss scale multiplies says about the scale.
 struct ScaleFinding {
   enum class Overflow { kNone, kScale, kOutlier };
-  std::optional<int> ceiling;   // log2 of the largest overflow-free scale, evidence included
-  std::optional<int> reaction;  // after an overflow: estimated ceiling for the immediate drop
+  std::optional<int> finite_ceiling;  // log2 of the largest scale its finite values allow
+  std::optional<int> ceiling;         // the same with the overflow's evidence
+  std::optional<int> reaction;        // after an overflow: estimated ceiling for the drop
   Overflow overflow = Overflow::kNone;
   bool blind = false;  // kScale with no finite value left to show how far the values went
   std::string what;
 };
+
+// Binades above the format's top that the values of a tensor reach when `overflowed` of its
+// `numel` values overflowed there. The tail is taken as exponential in magnitude (Laplace):
+// P(|x| > t) = exp(-t / b), so the threshold sits at b ln(numel / overflowed) and the largest
+// of numel values near b ln(numel); the top is their ratio above the threshold. A Gaussian's
+// tail falls faster, so for ordinary gradients this errs high by about a binade (a safe,
+// slightly low scale that the next clean histograms raise again) and heavier tails are still
+// covered. One overflowed value: 1 binade up; a quarter of 1,200: 3; all of them: `most`.
+int tail_binades(std::uint64_t overflowed, std::uint64_t numel, int most) {
+  if (overflowed >= numel || numel < 2) return most;
+  const double n = static_cast<double>(numel);
+  const double ratio = std::log(n) / std::log(n / static_cast<double>(overflowed));
+  const double up = 1.0 + std::floor(std::log2(std::max(ratio, 1.0)));
+  return static_cast<int>(std::min(up, static_cast<double>(most)));
+}
 
 // The finite values bound the ceiling from above through their top binade. Non-finite values
 // are the tricky part: they are not in the histogram, so after an overflow the histogram hides
 // how far the values went. Three cases:
 //  - the finite top reaches within one binade of the format's top: the tail ran into the
 //    threshold; the scale caused it. Evidence: some value reached 2^max_exponent / scale, so
-//    the ceiling is at most log2(scale) - 1. For the immediate reaction the top is estimated by
-//    mirroring the bottom of the distribution around its median (log-magnitudes of gradients
-//    have a long lower tail, so the mirror overestimates the top: a safe, too-low scale that
-//    the raise path corrects once clean histograms arrive).
+//    the ceiling is at most log2(scale) - 1. For the immediate reaction the top is estimated as
+//    the higher of the tail extrapolated from the share of values that overflowed
+//    (tail_binades) and the tensor's last clean top in the window plus one binade (gradients
+//    move little from step to step); at most blind_drop binades above the format's top.
 //  - the finite values stop two or more binades below the format's top: the non-finite values
 //    did not come from the tail (an injected or propagated Inf/NaN); no scale avoids them, so
 //    they say nothing about the scale (the FP32 fallback still counts them).
-//  - nothing finite and some Inf: all of it overflowed; drop blind_drop binades.
+//  - nothing finite and some Inf: all of it overflowed; the estimate rests on the clean top, or
+//    is blind_drop binades up without one.
 // The comparison with the format's top happens at `cast_scale`, the step's loss scale: that is
 // where the gradient was held in the format, also for a copy measured after unscaling.
-ScaleFinding analyse_scaled(const TensorInput& t, double cast_scale, int blind_drop) {
+ScaleFinding analyse_scaled(const TensorInput& t, double cast_scale, int blind_drop,
+                            std::optional<int> clean_top) {
   ScaleFinding r;
   const Format fmt = t.format();
   const int top_of_format = format_info(fmt).max_exponent;
@@ -94,7 +110,8 @@ ScaleFinding analyse_scaled(const TensorInput& t, double cast_scale, int blind_d
   if (t.max_abs && *t.max_abs > 0.0) top = std::max(top.value_or(INT_MIN), floor_log2(*t.max_abs));
   r.what = describe(t);
   if (top) {
-    r.ceiling = ceiling_for_top(*top - shift, fmt);
+    r.finite_ceiling = ceiling_for_top(*top - shift, fmt);
+    r.ceiling = r.finite_ceiling;
     r.what += " top binade " + binade(*top - shift) + " unscaled";
   }
   const std::uint64_t nonfinite = t.nonfinite();
@@ -119,39 +136,51 @@ ScaleFinding analyse_scaled(const TensorInput& t, double cast_scale, int blind_d
   const int evidence_top = top_of_format - cast_shift;  // an overflowed value reached this binade
   const int evidence = ceiling_for_top(evidence_top, fmt);
   r.ceiling = std::min(r.ceiling.value_or(evidence), evidence);
-  int estimated_top = evidence_top + blind_drop;
-  if (has_histogram) {
-    const BinadeHistogram u = to_unscaled(*t.histogram, t.scale);
-    const int low = *detail::quantile_bin(u, 0, kReactionTrimFraction);
-    const int median = detail::quantile_bin(u, nonfinite, 0.5).value_or(evidence_top);
-    estimated_top = std::max({2 * median - low, evidence_top, *top - shift});
+  // With no clean report of the tensor in the window (a run that started far too high) the
+  // tail's shape is all there is: one binade more, so that the drop does not take a second
+  // skipped step to finish.
+  const int tail = tail_binades(nonfinite, t.numel, blind_drop) + (clean_top ? 0 : 1);
+  int estimated_top = evidence_top + std::min(tail, blind_drop);
+  std::string basis = std::to_string(nonfinite) + " of " + std::to_string(t.numel) +
+                      " overflowed, exponential tail" + (clean_top ? "" : " plus one binade");
+  if (clean_top) {
+    const int from_clean = std::clamp(*clean_top + 1, evidence_top + 1, evidence_top + blind_drop);
+    // Nothing finite: the clean top is the better guess; otherwise the higher is the safer.
+    if (!has_histogram || from_clean > estimated_top) {
+      estimated_top = from_clean;
+      basis = "last clean top " + binade(*clean_top) + " plus one binade";
+    }
   }
   r.reaction = ceiling_for_top(estimated_top, fmt);
-  r.what += ", " + std::to_string(nonfinite) + " of " + std::to_string(t.numel) +
-            " non-finite at scale " + scale_text(cast_scale) + ", top estimated at " +
-            binade(estimated_top) + " unscaled";
+  r.what += ", non-finite at scale " + scale_text(cast_scale) + ", top estimated at " +
+            binade(estimated_top) + " unscaled (" + basis + ")";
   return r;
 }
 
-// A tensor whose every value is non-finite (a norm's gradient, a reduction over all tokens)
-// hides where its values went. When no tensor of the step has finite values up at the format's
-// top but some tensor holds Inf/NaN far above its finite values, the step's non-finite values
-// come from that outlier (an injected or propagated Inf, which no scale avoids) and spread
-// through the backward pass: the blind tensors are then not evidence about the scale either.
-// Without this, every injected spike would pull the ceiling blind_drop binades down.
-void discount_propagated(std::vector<ScaleFinding>& findings) {
-  bool outlier = false, seen_at_top = false;
+// The non-finite values of a step may not come from the loss scale at all:
+//  - the step's first offender is a forward tensor (an activation, the loss, a weight): the
+//    forward pass overflowed, and the backward pass spread its Inf/NaN;
+//  - a tensor whose every value is non-finite (a norm's gradient, a reduction over all tokens)
+//    hides where its values went; when no tensor of the step has finite values up at the
+//    format's top but some tensor holds Inf/NaN far above its finite values, the step's
+//    non-finite values come from that outlier (an injected or propagated Inf).
+// Either way the overflowed tensors are no evidence about the scale: their finite values still
+// bound the ceiling, their non-finite ones do not. Without this, every injected spike would
+// pull the ceiling blind_drop binades down.
+void discount_propagated(std::vector<ScaleFinding>& findings, bool forward_fault) {
+  bool outlier = forward_fault, seen_at_top = false;
   for (const ScaleFinding& f : findings) {
     outlier = outlier || f.overflow == ScaleFinding::Overflow::kOutlier;
     seen_at_top = seen_at_top || (f.overflow == ScaleFinding::Overflow::kScale && !f.blind);
   }
-  if (!outlier || seen_at_top) return;
+  if (!outlier || (seen_at_top && !forward_fault)) return;
   for (ScaleFinding& f : findings) {
     if (f.overflow != ScaleFinding::Overflow::kScale) continue;
     f.overflow = ScaleFinding::Overflow::kOutlier;
-    f.ceiling.reset();
+    f.ceiling = f.finite_ceiling;
     f.reaction.reset();
-    f.what += ": every value non-finite, propagated from an outlier";
+    f.what += forward_fault ? ": non-finite values propagated from the forward pass"
+                            : ": every value non-finite, propagated from an outlier";
   }
 }
 
@@ -328,9 +357,12 @@ bool PolicyEngine::record(const StepInput& in) {
   std::vector<ScaleFinding> findings;
   for (const TensorInput& t : in.tensors) {
     if (!is_loss_scaled(t.role)) continue;
-    findings.push_back(analyse_scaled(t, in.loss_scale, config_.headroom.blind_drop_binades));
+    findings.push_back(analyse_scaled(t, in.loss_scale, config_.headroom.blind_drop_binades,
+                                      clean_top(t.name)));
   }
-  discount_propagated(findings);
+  const bool forward_fault = in.first_offender && !is_loss_scaled(in.first_offender->role);
+  discount_propagated(findings, forward_fault);
+  remember_clean_tops(in);
   for (const ScaleFinding& f : findings) {
     if (f.ceiling && (!s.ceiling_log2 || *f.ceiling < *s.ceiling_log2)) {
       s.ceiling_log2 = f.ceiling;
@@ -342,7 +374,7 @@ bool PolicyEngine::record(const StepInput& in) {
       s.reaction_why = f.what + at;
     }
   }
-  if (in.found_inf && !saw_nonfinite) {
+  if (in.found_inf && !saw_nonfinite && !forward_fault) {
     // The step overflowed but no reported tensor shows where: the scale used is the evidence.
     const int evidence = scale_exponent(in.loss_scale) - 1;
     const std::string what =
@@ -357,6 +389,36 @@ bool PolicyEngine::record(const StepInput& in) {
     }
   }
   return true;
+}
+
+std::optional<int> PolicyEngine::clean_top(const std::string& name) const {
+  auto it = std::lower_bound(clean_tops_.begin(), clean_tops_.end(), name,
+                             [](const CleanTop& c, const std::string& n) { return c.name < n; });
+  if (it == clean_tops_.end() || it->name != name) return std::nullopt;
+  if (it->step <= latest_step_ - config_.headroom.window_steps) return std::nullopt;
+  return it->top;
+}
+
+void PolicyEngine::remember_clean_tops(const StepInput& in) {
+  for (const TensorInput& t : in.tensors) {
+    if (!is_loss_scaled(t.role) || t.nonfinite() > 0 || t.overflow.value_or(0) > 0) continue;
+    std::optional<int> top;
+    if (t.histogram && !t.histogram->empty()) top = t.histogram->max_exponent();
+    if (t.max_abs && *t.max_abs > 0.0) {
+      top = std::max(top.value_or(INT_MIN), floor_log2(*t.max_abs));
+    }
+    if (!top) continue;
+    const int unscaled = *top - scale_exponent(t.scale);
+    auto it = std::lower_bound(clean_tops_.begin(), clean_tops_.end(), t.name,
+                               [](const CleanTop& c, const std::string& n) { return c.name < n; });
+    if (it == clean_tops_.end() || it->name != t.name) {
+      clean_tops_.insert(it, CleanTop{t.name, in.step, unscaled});
+    } else if (in.step > it->step) {
+      *it = CleanTop{t.name, in.step, unscaled};
+    } else if (in.step == it->step) {
+      it->top = std::max(it->top, unscaled);  // another rank or phase of the same step
+    }
+  }
 }
 
 bool PolicyEngine::overflow_explained_by_scale(double tensor_scale) const {
@@ -377,7 +439,11 @@ void PolicyEngine::record_tracks(const StepInput& in) {
     if (fmt == Format::kFP32) continue;  // nothing to fall back to
     const FormatInfo& f = format_info(fmt);
     std::uint8_t flags = 0;
-    bool overflowed = t.nonfinite() > 0 || t.overflow.value_or(0) > 0;
+    // Non-finite values are the tensor's own only when it is the step's first offender (or
+    // the step names none); after it they are its values, propagated.
+    const bool own_nonfinite =
+        t.nonfinite() > 0 && (!in.first_offender || in.first_offender->name == t.name);
+    bool overflowed = own_nonfinite || t.overflow.value_or(0) > 0;
     if (overflowed && is_loss_scaled(t.role) && overflow_explained_by_scale(t.scale)) {
       overflowed = false;
     }

@@ -1,6 +1,8 @@
 // save_state()/restore(): the engine as a versioned JSON document. Doubles are written with
 // round-trip precision, so a restored engine compares and decides bit for bit like the
 // original. Version 1; a document of another version is refused rather than guessed at.
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "ampscope/policy/policy_engine.h"
@@ -168,6 +170,10 @@ struct StateCodec {
                         {"steps", k.steps},
                         {"flags", k.flags}});
     }
+    json clean_tops = json::array();
+    for (const auto& c : e.clean_tops_) {
+      clean_tops.push_back({{"name", c.name}, {"step", c.step}, {"top", c.top}});
+    }
     const Evaluation& v = e.evaluation_;
     return json{
         {"kind", kDocumentKind},
@@ -187,6 +193,7 @@ struct StateCodec {
         {"lowest_raise_target", opt(e.lowest_raise_target_)},
         {"window", window},
         {"tracks", tracks},
+        {"clean_tops", clean_tops},
         {"fp32_set", e.fp32_set_},
         {"cumulative", settings_to_json(e.cumulative_)},
         {"last_decision", e.last_decision_ ? decision_to_json(*e.last_decision_) : json(nullptr)},
@@ -246,6 +253,18 @@ struct StateCodec {
                           " steps but " + std::to_string(t.flags.size()) + " flags");
       }
       e.tracks_.push_back(std::move(t));
+    }
+    // Added within version 1: a document written before has none (the estimate after an
+    // overflow then rests on the tail alone until clean reports come in).
+    if (const auto c = j.find("clean_tops"); c != j.end()) {
+      for (const json& k : *c) {
+        e.clean_tops_.push_back({k.at("name").get<std::string>(),
+                                 k.at("step").get<std::int64_t>(), k.at("top").get<int>()});
+      }
+      if (!std::is_sorted(e.clean_tops_.begin(), e.clean_tops_.end(),
+                          [](const auto& a, const auto& b) { return a.name < b.name; })) {
+        throw PolicyError("state: clean_tops are not sorted by name");
+      }
     }
     e.fp32_set_ = j.at("fp32_set").get<std::vector<std::string>>();
     e.cumulative_ = settings_from_json(j.at("cumulative"));

@@ -364,10 +364,13 @@ TEST(PolicyEngineTest, FoundInfTriggersAnImmediateReevaluation) {
   const auto out = sim.run({spike});
   ASSERT_EQ(sim.overflow_steps, 1);
   ASSERT_EQ(out.size(), 1u);
-  // Evidence alone caps the ceiling at 2^18 (target 2^17). The finite values (binades -12..-4
-  // unscaled, 900 values) and 300 Infs put the median at 2^-7 and the trimmed bottom at 2^-12:
-  // the mirrored top is 2^-2, ceiling 16, target 2^15 (the true top 2^-1 needs <= 2^14 + margin).
-  EXPECT_EQ(out[0].scaler.loss_scale, p2(15));
+  // Evidence alone caps the ceiling at 2^18 (target 2^17). 300 of 1,200 values overflowed: an
+  // exponential tail puts the top ln(1200) / ln(4) = 5.1 times above the threshold, 1 + 2
+  // binades above FP16's top at 2^19 (2^-4 unscaled): 2^-1, the true top; ceiling 15, margin 1.
+  // The last clean top (2^-6, plus one binade) is lower and does not count.
+  EXPECT_EQ(out[0].scaler.loss_scale, p2(14));
+  EXPECT_NE(out[0].reason.find("300 of 1200 overflowed, exponential tail)"), std::string::npos)
+      << out[0].reason;
   EXPECT_NE(out[0].reason.find("found_inf at step 6"), std::string::npos) << out[0].reason;
   for (int i = 0; i < 5; ++i) sim.run({spike});
   EXPECT_EQ(sim.overflow_steps, 1 + 1);  // only the next step, already running at 2^18
@@ -510,6 +513,212 @@ TEST(PolicyEngineTest, InfPropagatedFromAnInjectedOutlierIsNotScaleEvidence) {
   bool lowered = false;
   for (const auto& d : engine.observe(hot)) lowered = lowered || d.scaler.loss_scale.has_value();
   EXPECT_TRUE(lowered);
+}
+
+TEST(PolicyEngineTest, ActivationAndWeightGradientsBothBoundTheScale) {
+  // Whichever of the two roles reaches higher sets the ceiling (the weight gradient's turn is
+  // HeadroomTakesTheTightestTensorAndIgnoresUnscaledRoles).
+  Sim sim(headroom_config(), p2(24));
+  Dist act_grad;
+  act_grad.top = -2;  // ceiling 16
+  Dist weight_grad;   // FP32 buffer cast to FP16: top 2^-6 -> ceiling 20
+  weight_grad.name = "h0.attn.qkv.weight";
+  weight_grad.role = TensorRole::kWeightGrad;
+  weight_grad.storage = Format::kFP32;
+  weight_grad.target = Format::kFP16;
+  for (int i = 0; i < 8; ++i) sim.run({act_grad, weight_grad});
+  ASSERT_FALSE(sim.scale_decisions().empty());
+  EXPECT_EQ(sim.scale, p2(15));
+  EXPECT_EQ(sim.engine.last_evaluation().limiting_tensor.rfind("h0.attn.qkv (activation_grad", 0),
+            0u)
+      << sim.engine.last_evaluation().limiting_tensor;
+}
+
+// The |x| of n values drawn from N(0, 2^sigma_log2), stored at `scale` in FP16 (expected counts
+// per binade, rounded; binades from 16 up are Inf). A gradient's real shape: a long lower tail,
+// a top about 2.2 binades above sigma for n = 100,000.
+TensorInput gaussian_gradient(std::string name, int sigma_log2, double n, double scale) {
+  TensorInput t;
+  t.name = std::move(name);
+  t.role = TensorRole::kActivationGrad;
+  t.storage = Format::kFP16;
+  t.scale = scale;
+  const double sigma = std::ldexp(1.0, sigma_log2) * scale;
+  auto below = [&](double x) { return std::erf(x / (sigma * std::sqrt(2.0))); };
+  BinadeHistogram h{kHistogramMinExponent, {}};
+  std::uint64_t finite = 0;
+  for (int e = kHistogramMinExponent; e <= 15; ++e) {
+    const auto c = static_cast<std::uint64_t>(
+        std::llround(n * (below(std::ldexp(1.0, e + 1)) - below(std::ldexp(1.0, e)))));
+    h.counts.push_back(c);
+    finite += c;
+  }
+  while (!h.counts.empty() && h.counts.front() == 0) {
+    h.counts.erase(h.counts.begin());
+    ++h.min_exponent;
+  }
+  while (!h.counts.empty() && h.counts.back() == 0) h.counts.pop_back();
+  t.pos_inf = static_cast<std::uint64_t>(std::llround(n * (1.0 - below(65504.0))));
+  t.numel = finite + t.pos_inf;
+  t.histogram = std::move(h);
+  return t;
+}
+
+TEST(PolicyEngineTest, AnOverflowedGaussianGradientDropsNearItsTrueTop) {
+  // 2^23 on a gradient of sigma 2^-8 (top binade 2^-6: the true ceiling is 2^20, target 2^19):
+  // 4.6% of the values overflow. The estimate from that share (no clean report yet: one binade
+  // more) lands one binade under the target; mirroring the bottom of the distribution about
+  // its median, as this engine once did, put the top at 2^0 and the scale at 2^13.
+  PolicyEngine engine(kRun, headroom_config(), dynamic_scaler(p2(23)));
+  StepInput in = report(0, p2(23), {gaussian_gradient("h0.mlp.fc", -8, 1e5, p2(23))});
+  in.found_inf = true;
+  in.skipped = true;
+  in.scale_after = p2(22);
+  const auto out = engine.observe(in);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].scaler.loss_scale, p2(18)) << out[0].reason;
+  EXPECT_NE(out[0].reason.find("overflowed, exponential tail plus one binade"), std::string::npos)
+      << out[0].reason;
+  // At 2^18 nothing overflows, and the clean histograms raise it to the target.
+  std::optional<double> raised;
+  for (std::int64_t s = 1; s < 40 && !raised; ++s) {
+    const double scale = s < 2 ? p2(22) : p2(18);
+    for (const auto& d :
+         engine.observe(report(s, scale, {gaussian_gradient("h0.mlp.fc", -8, 1e5, scale)}))) {
+      if (d.scaler.loss_scale && *d.scaler.loss_scale > p2(18)) raised = d.scaler.loss_scale;
+    }
+  }
+  EXPECT_EQ(raised, p2(19));
+
+  // A clean history and then gradients 16 times larger: the share alone is the estimate (the
+  // clean top is lower), no extra binade. Sigma 2^-4 has its top at 2^-2: ceiling 16, target 15.
+  PolicyEngine grown(kRun, headroom_config(), dynamic_scaler(p2(19)));
+  for (std::int64_t s = 0; s < 3; ++s) {
+    grown.observe(report(s, p2(19), {gaussian_gradient("h0.mlp.fc", -8, 1e5, p2(19))}));
+  }
+  StepInput spike = report(3, p2(19), {gaussian_gradient("h0.mlp.fc", -4, 1e5, p2(19))});
+  spike.found_inf = true;
+  spike.scale_after = p2(18);
+  const auto reaction = grown.observe(spike);
+  ASSERT_EQ(reaction.size(), 1u);
+  EXPECT_EQ(reaction[0].scaler.loss_scale, p2(15)) << reaction[0].reason;
+}
+
+TEST(PolicyEngineTest, AnEntirelyOverflowedTensorFallsBackOnItsLastCleanTop) {
+  // A LayerNorm weight gradient turns Inf everywhere; its last clean report (top 2^-6 at 2^19)
+  // says where it was. Without history the drop is blind_drop binades.
+  auto norm = [](double scale, bool overflowed) {
+    TensorInput t;
+    t.name = "lnf.weight";
+    t.role = TensorRole::kWeightGrad;
+    t.storage = Format::kFP16;
+    t.scale = scale;
+    t.numel = 64;
+    if (overflowed) {
+      t.pos_inf = 64;
+    } else {
+      t.histogram = bins(-8 + scale_exponent(scale), -6 + scale_exponent(scale), 20);
+      t.numel = 60;
+    }
+    return t;
+  };
+  EngineConfig cfg = headroom_config();
+  cfg.headroom.update_every_steps = 100;
+  PolicyEngine engine(kRun, cfg, dynamic_scaler(p2(19)));
+  for (std::int64_t s = 0; s < 3; ++s) engine.observe(report(s, p2(19), {norm(p2(19), false)}));
+  StepInput in = report(3, p2(19), {norm(p2(19), true)});
+  in.found_inf = true;
+  in.scale_after = p2(18);
+  const auto out = engine.observe(in);
+  ASSERT_EQ(out.size(), 1u);
+  // The clean top + 1 (2^-5) is below the evidence (an overflowed value reached 2^-3 unscaled at
+  // least), so the top is taken at 2^-3: ceiling 17, margin 1.
+  EXPECT_EQ(out[0].scaler.loss_scale, p2(16)) << out[0].reason;
+  EXPECT_NE(out[0].reason.find("last clean top 2^-6 plus one binade"), std::string::npos)
+      << out[0].reason;
+
+  PolicyEngine fresh(kRun, cfg, dynamic_scaler(p2(19)));
+  StepInput first = in;
+  first.step = 0;
+  const auto blind = fresh.observe(first);
+  ASSERT_EQ(blind.size(), 1u);
+  EXPECT_EQ(blind[0].scaler.loss_scale, p2(19 - 1 - cfg.headroom.blind_drop_binades - 1))
+      << blind[0].reason;
+}
+
+TEST(PolicyEngineTest, NonFiniteGradientsFromAForwardOverflowAreNotScaleEvidence) {
+  // An activation overflowed in the forward pass (the step's first offender): the loss and every
+  // gradient turn NaN. No scale avoids that; the engine must not lower. The same step without
+  // the offender named is read as an overflow caused by the scale.
+  auto step_of = [](std::int64_t s, bool name_offender) {
+    TensorInput grad;
+    grad.name = "h1.attn.qkv";
+    grad.role = TensorRole::kActivationGrad;
+    grad.storage = Format::kFP16;
+    grad.scale = p2(16);
+    grad.numel = 1000;
+    grad.pos_inf = 1000;
+    StepInput in = report(s, p2(16), {grad});
+    in.found_inf = true;
+    in.skipped = true;
+    in.scale_after = p2(15);
+    if (name_offender) in.first_offender = StepInput::Offender{"h1.attn.scores",
+                                                               TensorRole::kActivation};
+    return in;
+  };
+  EngineConfig cfg = headroom_config();
+  PolicyEngine engine(kRun, cfg, dynamic_scaler(p2(16)));
+  for (std::int64_t s = 0; s < 3; ++s) {
+    engine.observe(report(s, p2(16), {gaussian_gradient("h1.attn.qkv", -8, 1e5, p2(16))}));
+  }
+  for (const auto& d : engine.observe(step_of(3, true))) {
+    EXPECT_FALSE(d.scaler.loss_scale) << d.reason;
+  }
+  PolicyEngine unnamed(kRun, cfg, dynamic_scaler(p2(16)));
+  for (std::int64_t s = 0; s < 3; ++s) {
+    unnamed.observe(report(s, p2(16), {gaussian_gradient("h1.attn.qkv", -8, 1e5, p2(16))}));
+  }
+  bool lowered = false;
+  for (const auto& d : unnamed.observe(step_of(3, false))) {
+    lowered = lowered || (d.scaler.loss_scale && *d.scaler.loss_scale < p2(16));
+  }
+  EXPECT_TRUE(lowered);
+}
+
+TEST(PolicyEngineTest, Fp32FallbackCountsNonFiniteValuesOnlyForTheFirstOffender) {
+  // Attention scores overflow FP16 every step; the Inf spreads to the probabilities, the
+  // context and everything after. Only the scores are recommended.
+  EngineConfig cfg;
+  cfg.mode = PolicyMode::kObserve;
+  cfg.fp32_fallback.enabled = true;
+  cfg.mode = PolicyMode::kStaticParams;
+  cfg.static_params.loss_scale = p2(10);
+  cfg.fp32_fallback.min_reports = 4;
+  PolicyEngine engine(kRun, cfg, dynamic_scaler(p2(10)));
+  auto activation = [](std::string name, std::uint64_t nan, std::uint64_t inf) {
+    TensorInput t;
+    t.name = std::move(name);
+    t.role = TensorRole::kActivation;
+    t.storage = Format::kFP16;
+    t.numel = 100;
+    t.histogram = bins(-4, 12, 5);
+    t.numel = 85 + nan + inf;
+    t.nan = nan;
+    t.pos_inf = inf;
+    return t;
+  };
+  std::vector<std::string> recommended;
+  for (std::int64_t s = 0; s < 8; ++s) {
+    StepInput in = report(s, p2(10), {activation("h1.attn.scores", 0, 1),
+                                      activation("h1.attn.context", 15, 0),
+                                      activation("h1.mlp.fc", 15, 0)});
+    in.found_inf = true;
+    in.first_offender = StepInput::Offender{"h1.attn.scores", TensorRole::kActivation};
+    for (const auto& d : engine.observe(in)) {
+      if (!d.fp32_tensors.empty()) recommended = d.fp32_tensors;
+    }
+  }
+  EXPECT_EQ(recommended, (std::vector<std::string>{"h1.attn.scores"}));
 }
 
 TEST(PolicyEngineTest, AnOverflowAtAScaleAlreadyReplacedDoesNotLowerAgain) {

@@ -16,11 +16,14 @@
 //                  A found_inf step is evaluated at once. A scaled tensor whose finite values
 //                  reach within one binade of its format's top overflowed because of the scale:
 //                  the window ceiling drops to log2(scale) - 1 for window_steps, and the scale
-//                  drops at once to an estimate of the true top (the distribution's bottom
-//                  mirrored about its median; blind_drop_binades when nothing finite or only
-//                  max_abs is known). Non-finite values far above a tensor's finite values are
-//                  an outlier no scale avoids and move nothing. found_inf with no reported
-//                  tensor showing it caps the ceiling at log2(loss_scale) - 1.
+//                  drops at once to an estimate of the true top: the highest of the tensor's
+//                  last clean top in the window plus one binade and an extrapolation of its
+//                  tail from the share of its values that overflowed, at most
+//                  blind_drop_binades above the format's top (also when nothing finite or only
+//                  max_abs is known). Non-finite values far above a tensor's finite values, or
+//                  a step whose first offender is a forward tensor, are an outlier no scale
+//                  avoids and move nothing. found_inf with no reported tensor showing it caps
+//                  the ceiling at log2(loss_scale) - 1.
 //   FP32 fallback  (with static-params or headroom) recommends tensors to keep in FP32 when they
 //                  keep overflowing or their dynamic range does not fit their format.
 //
@@ -110,6 +113,16 @@ struct StepInput {
   bool found_inf = false;    // any rank's; the headroom mode re-evaluates at once
   bool skipped = false;
   std::vector<TensorInput> tensors;  // any subset of the step's tensors, in any order
+  // The first measured tensor, in execution order, that held a non-finite value (wire:
+  // first_offender; over ranks, the earliest). A tensor the loss scale does not multiply (an
+  // activation, the loss, a weight) means the step's non-finite gradients came from the forward
+  // pass, which no loss scale avoids; the FP32 fallback counts only this tensor's non-finite
+  // values as its own (those of later tensors are the offender's, propagated).
+  struct Offender {
+    std::string name;
+    TensorRole role = TensorRole::kActivation;
+  };
+  std::optional<Offender> first_offender;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -174,8 +187,10 @@ struct HeadroomParams {
   // (and again after set_run_scaler() brings back a smaller one), so that it stops probing
   // upward and skipping a step per probe. 0: leave the local growth interval alone.
   std::int64_t local_growth_interval = 1000000000;
-  // Drop, in binades below the scale that overflowed, when an overflowed scaled tensor leaves
-  // nothing to estimate its top from (no finite value, or only max_abs without a histogram).
+  // The most binades an overflowed tensor's top is estimated above its format's top at the
+  // scale that overflowed (so the most one overflow lowers the scale, before the margin); also
+  // the estimate when the tensor leaves nothing to extrapolate from (no finite value, or only
+  // max_abs without a histogram) and no clean report of it is in the window.
   int blind_drop_binades = 8;
   friend bool operator==(const HeadroomParams&, const HeadroomParams&) = default;
 };
@@ -296,6 +311,13 @@ class PolicyEngine {
     std::string reaction_why;
     bool found_inf = false;
   };
+  // A scaled tensor's last report without a non-finite value or an overflow: where its values
+  // ended (unscaled top binade), the basis of the estimate when it overflows later.
+  struct CleanTop {
+    std::string name;
+    std::int64_t step = 0;
+    int top = 0;
+  };
   // FP32-fallback evidence about one tensor name: its last window_reports reported steps.
   struct TensorTrack {
     std::string name;
@@ -307,6 +329,8 @@ class PolicyEngine {
 
   void check_input(const StepInput& input) const;
   bool record(const StepInput& input);  // true when the report fed the window
+  std::optional<int> clean_top(const std::string& name) const;  // within the window
+  void remember_clean_tops(const StepInput& input);
   void record_tracks(const StepInput& input);
   void evaluate(const StepInput& input, ScalerSettings* scaler, std::vector<std::string>* why);
   std::optional<int> window_ceiling(std::string* limiting) const;
@@ -331,6 +355,7 @@ class PolicyEngine {
   std::optional<int> lowest_raise_target_;  // over the current run of raise votes
   std::vector<StepSummary> window_;         // ascending by step
   std::vector<TensorTrack> tracks_;         // ascending by name
+  std::vector<CleanTop> clean_tops_;        // ascending by name
   std::vector<std::string> fp32_set_;       // ascending
   ScalerSettings cumulative_;               // every decided scaler field, latest value
   std::optional<PolicyDecision> last_decision_;
