@@ -194,15 +194,19 @@ rm -f "$fragments"/server_ranks.json
 echo "results: $out_dir/results.json"
 
 # ---- Loss-scale policies in closed loop (bench/policy_eval) ----------------------------------
-# ampscope-train with the agent against ampscope-server: five scenarios (defaults, initial scale
-# 2^24, shrinking gradients, injected overflow spikes, a 5,000-step run) with each of GradScaler,
-# hysteresis, static, headroom and headroom + FP32 fallback. Writes
-# policy_{skip,underflow}_reduction_vs_gradscaler and policy_val_loss_delta_vs_gradscaler (with
-# their targets and whether they are met) into results.json, and BUILD_DIR/bench/policy_eval/
-# table.md and *.png. About 5 minutes on 2 cores; a run that does not complete fails the script.
+# ampscope-train with the agent against ampscope-server, five seeds per scenario, every policy
+# of a seed on the same batches, in lockstep with the server (deterministic): defaults, initial
+# scale 2^24, shrinking gradients, injected gradient overflows, an overflow in an attention
+# activation (with headroom + FP32 fallback), and 5,000 steps on the Jargon File (jargon-text;
+# headroom also live there). Writes policy_{skip,underflow}_reduction_vs_gradscaler,
+# policy_val_loss_delta_vs_gradscaler with policy_val_loss_delta_ci95, the skip, live-spread
+# and FP32-fallback keys (with their targets and whether they are met) into results.json, and
+# BUILD_DIR/bench/policy_eval/table.md and *.png. About 25 minutes on 2 cores; a run that does
+# not complete fails the script.
 #
 # Environment (optional):
-#   AMPSCOPE_BENCH_POLICY_PROFILE  short (default) or full (longer scenarios, ~30 min)
+#   AMPSCOPE_BENCH_POLICY_PROFILE  short (default) or full (longer scenarios, 8 seeds)
+#   AMPSCOPE_BENCH_POLICY_JOBS     runs at a time (default 2)
 extract_bin=$build_dir/bench/policy_eval/ampscope_policy_eval_extract
 if [[ ! -x $extract_bin ]]; then
   echo "$0: $extract_bin not found; build the target ampscope_policy_eval_targets in $build_dir" >&2
@@ -211,6 +215,6 @@ fi
 rm -f "$fragments"/policy_eval.json
 /usr/bin/python3 "$here/policy_eval/policy_eval.py" --build-dir "$build_dir" \
   --out-dir "$out_dir/policy_eval" --profile "${AMPSCOPE_BENCH_POLICY_PROFILE:-short}" \
-  --fragment "$fragments/policy_eval.json"
+  --jobs "${AMPSCOPE_BENCH_POLICY_JOBS:-2}" --fragment "$fragments/policy_eval.json"
 "$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/policy_eval.json"
 echo "results: $out_dir/results.json"

@@ -1,34 +1,47 @@
 #!/usr/bin/env python3
-"""Closed-loop loss-scale policies compared (docs/policy.md).
+"""Closed-loop loss-scale policies compared over several seeds (docs/policy.md).
 
     policy_eval.py --build-dir BUILD --out-dir DIR [--profile smoke|short|full] [--fragment F]
+                   [--seeds N] [--jobs N]
 
 Runs ampscope-train (amp-fp16, the agent attached) against ampscope-server under every scenario
-with every policy, same seed and model, one run at a time:
+with the policies the profile gives it, on several seeds; on one seed every policy trains from
+the same weights on the same batches, so runs are compared seed by seed (paired):
 
   policies   gradscaler     local dynamic scaler (PyTorch GradScaler semantics), server observe
              hysteresis     local Megatron-style scaler, server observe
              static         a fixed scale (2^16, or the scenario's initial scale), server observe
              headroom       server --policy headroom (the local dynamic scaler as safety net)
              headroom-fp32  the same with --fp32-fallback
+             headroom-live  headroom without lockstep: the live, asynchronous loop
   scenarios  defaults, init-2p24 (initial scale 2^24), grad-shrink (gradients shrinking
-             geometrically over training), overflow-spikes (an overflow injected every K steps),
-             long (>= 5,000 steps in the short and full profiles)
+             geometrically over training), overflow-spikes (a logits-gradient overflow every K
+             steps), activation-overflow (an overflow in the forward activation h1.attn.scores
+             every K steps: Inf in FP16, finite once h1.attn.core computes in FP32), long
+             (>= 5,000 steps on a real English text, the Jargon File from Debian's jargon-text)
 
-Every run measures the same way: full statistics of every activation and weight gradient every
-step (--sample-full-every 1), read back from the server with ampscope_policy_eval_extract. The
-underflow of a step is the share of those gradient values lost to FP16 at the scale in use:
-FP32-held weight gradients count what their FP16 target count says underflows, FP16-held
-activation gradients count their zeros (an underflowed value is stored as 0; the model's own
-exact zeros are a small floor every policy shares).
+Every policy but headroom-live runs with the agent option policy_lockstep=on: before step s the
+agent waits for the server's Ack of step s-1, so the server's decisions take effect at the same
+steps on every run and the figures regenerate exactly. headroom-live, on the long scenario,
+shows how far the live loop strays from that.
 
-Writes DIR/runs.json (every figure of every run), DIR/table.md, DIR/*.png (gnuplot), the
-per-step series DIR/series/*.dat and, with --fragment, the flat results keys for
-bench/merge_results.py. Exit status 1 when a run did not complete (every run is still tried).
-Only the standard library: it runs under Debian 12's /usr/bin/python3.
+Every run takes full statistics of every activation and weight gradient every step
+(--sample-full-every 1), read back from the server with ampscope_policy_eval_extract. A step's
+underflow ratio is the share of the gradient values that pass through FP16 which are lost there
+at the scale in use (the extractor says how each gradient is counted once). A skip is avoidable
+when no overflow was injected at that step.
+
+Writes DIR/runs.json (every figure of every run, the per-scenario summaries, the derived
+figures), DIR/table.md (summary first, then the goals, then per-seed rows), DIR/*.png
+(gnuplot), the per-step series DIR/work/series/*.dat and, with --fragment, the flat results
+keys for bench/merge_results.py. Exit status 1 when a run did not complete (every run is still
+tried), 2 on a setup problem (binaries, corpus). Only the standard library: it runs under
+Debian 12's /usr/bin/python3.
 """
 
 import argparse
+import concurrent.futures
+import gzip
 import json
 import math
 import os
@@ -36,83 +49,141 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
-POLICIES = ("gradscaler", "hysteresis", "static", "headroom", "headroom-fp32")
-SCENARIOS = ("defaults", "init-2p24", "grad-shrink", "overflow-spikes", "long")
+SCENARIOS = ("defaults", "init-2p24", "grad-shrink", "overflow-spikes", "activation-overflow",
+             "long")
+HEADROOM_LOCKSTEP = ("headroom", "headroom-fp32")  # the deterministic server policies
 STATIC_SCALE = 65536.0  # the static policy's fixed scale: GradScaler's initial scale
 INIT_TOO_HIGH = 16777216.0  # 2^24
 UNDERFLOW_STEP_THRESHOLD = 0.01  # "steps whose gradient underflow ratio exceeds 1%"
+OVERFLOW_ACTIVATION = "h1.attn.scores"  # computed by h1.attn.core: needs >= 2 layers
 
 TARGET_SKIP_REDUCTION = 10.0
 TARGET_UNDERFLOW_REDUCTION = 2.0
-TARGET_VAL_LOSS_DELTA = 0.01
+TARGET_VAL_LOSS_DELTA = 0.0  # headroom - gradscaler, final validation loss, mean over seeds
+TARGET_SKIPS_AFTER_DECISION = 0
 
-# Model and steps per profile. smoke: the ctest (a tiny model, seconds in all; its steps are so
-# short that the server's decisions often arrive after their effective step). short: ./run
-# bench. full: longer scenarios.
+# Two-sided 95% quantiles of Student's t, t(0.975; df), for df = 1..30 (beyond: 1.96).
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+# Model, seeds, steps and policies per profile. smoke: the ctest (a tiny model, two seeds, about
+# a minute). short: ./run bench, about 25 minutes on 2 cores. full: longer scenarios.
 SMALL_MODEL = ["--width", "64", "--heads", "2", "--layers", "2", "--context", "64", "--batch", "8"]
+LOCAL_AND_HEADROOM = ("gradscaler", "hysteresis", "static", "headroom")
+FALLBACK = ("gradscaler", "headroom", "headroom-fp32")
+LONG = ("gradscaler", "headroom", "headroom-live")
 PROFILES = {
     "smoke": {
         "model": ["--width", "32", "--heads", "2", "--layers", "2", "--context", "32",
                   "--batch", "4"],
-        "steps": {"defaults": 30, "init-2p24": 30, "grad-shrink": 30, "overflow-spikes": 30,
-                  "long": 60},
+        "seeds": 2,
+        "scenarios": {"defaults": (30, LOCAL_AND_HEADROOM), "init-2p24": (30, LOCAL_AND_HEADROOM),
+                      "grad-shrink": (30, LOCAL_AND_HEADROOM),
+                      "overflow-spikes": (30, LOCAL_AND_HEADROOM + ("headroom-fp32",)),
+                      "activation-overflow": (40, FALLBACK), "long": (60, LONG)},
         "spike_every": 10,
+        "activation_overflow_every": 4,
         "eval_batches": 2,
     },
     "short": {
         "model": SMALL_MODEL,
-        "steps": {"defaults": 300, "init-2p24": 300, "grad-shrink": 600, "overflow-spikes": 400,
-                  "long": 5000},
+        "seeds": 5,
+        "scenarios": {"defaults": (300, LOCAL_AND_HEADROOM),
+                      "init-2p24": (300, LOCAL_AND_HEADROOM),
+                      "grad-shrink": (600, LOCAL_AND_HEADROOM),
+                      "overflow-spikes": (400, LOCAL_AND_HEADROOM + ("headroom-fp32",)),
+                      "activation-overflow": (500, FALLBACK), "long": (5000, LONG)},
         "spike_every": 50,
+        "activation_overflow_every": 5,
         "eval_batches": 8,
     },
     "full": {
         "model": SMALL_MODEL,
-        "steps": {"defaults": 2000, "init-2p24": 2000, "grad-shrink": 3000,
-                  "overflow-spikes": 2000, "long": 10000},
+        "seeds": 8,
+        "scenarios": {"defaults": (2000, LOCAL_AND_HEADROOM),
+                      "init-2p24": (2000, LOCAL_AND_HEADROOM),
+                      "grad-shrink": (3000, LOCAL_AND_HEADROOM),
+                      "overflow-spikes": (2000, LOCAL_AND_HEADROOM + ("headroom-fp32",)),
+                      "activation-overflow": (2000, FALLBACK), "long": (10000, LONG)},
         "spike_every": 100,
+        "activation_overflow_every": 5,
         "eval_batches": 16,
     },
 }
+# activation_overflow_every: the server's FP32 fallback recommends a tensor that overflowed in
+# at least 4 of its last 16 reported steps (--fp32-min-reports, --fp32-window), so an overflow
+# every 5th step or more often: an activation that has outgrown FP16 overflows again and again.
+
 # The shrinking-gradients schedule: the gradient multiplier moves geometrically from 1 at the
 # first step to this at the last.
 GRAD_SHRINK_END = 2.0 ** -20
 
+# The long scenario's text: the Jargon File as Debian's jargon-text ships it.
+JARGON_PACKAGE = "jargon-text"
+JARGON_GZ = "usr/share/doc/jargon-text/jargon.txt.gz"
 
-def scenario_flags(scenario, policy, profile):
-    steps = profile["steps"][scenario]
-    flags = ["--steps", str(steps)]
+
+class SetupError(Exception):
+    pass
+
+
+def steps_of(profile, scenario):
+    return profile["scenarios"][scenario][0]
+
+
+def policies_of(profile, scenario):
+    return profile["scenarios"][scenario][1]
+
+
+def scenario_flags(scenario, policy, profile, corpus):
+    flags = ["--steps", str(steps_of(profile, scenario))]
     if scenario == "init-2p24" and policy != "static":  # static: its one scale, policy_flags
         flags += ["--init-scale", repr(INIT_TOO_HIGH)]
     elif scenario == "grad-shrink":
         flags += ["--grad-shrink", "1", "--grad-shrink-end", repr(GRAD_SHRINK_END)]
     elif scenario == "overflow-spikes":
         flags += ["--inject-overflow-every", str(profile["spike_every"])]
+    elif scenario == "activation-overflow":
+        # Forward activations counted too: with the default count roles the first offender is
+        # the loss, which no layer computes, and the agent refuses such a recommendation.
+        flags += ["--inject-overflow-tensor", OVERFLOW_ACTIVATION,
+                  "--inject-overflow-every", str(profile["activation_overflow_every"]),
+                  "--sample-count-roles", "activation,activation_grad,weight_grad,loss"]
+    elif scenario == "long":
+        flags += ["--data", corpus]
     return flags
 
 
 def injected_steps(scenario, profile):
-    if scenario != "overflow-spikes":
+    k = {"overflow-spikes": profile["spike_every"],
+         "activation-overflow": profile["activation_overflow_every"]}.get(scenario)
+    if k is None:
         return set()
-    k, n = profile["spike_every"], profile["steps"][scenario]
-    return set(range(k, n, k))
+    return set(range(k, steps_of(profile, scenario), k))  # the trainer's K, 2K, ...
 
 
 def policy_flags(policy, scenario):
     if policy == "gradscaler":
-        return ["--scaler", "dynamic"]
-    if policy == "hysteresis":
-        return ["--scaler", "hysteresis"]
-    if policy == "static":
+        flags = ["--scaler", "dynamic"]
+    elif policy == "hysteresis":
+        flags = ["--scaler", "hysteresis"]
+    elif policy == "static":
         scale = INIT_TOO_HIGH if scenario == "init-2p24" else STATIC_SCALE
-        return ["--scaler", "static", "--init-scale", repr(scale)]
-    return ["--scaler", "dynamic"]  # headroom*: the local dynamic scaler is the safety net
+        flags = ["--scaler", "static", "--init-scale", repr(scale)]
+    else:
+        flags = ["--scaler", "dynamic"]  # headroom*: the local dynamic scaler is the safety net
+    if policy != "headroom-live":
+        flags += ["--agent", "policy_lockstep=on"]
+    return flags
 
 
 def server_for(policy):
-    return {"headroom": "headroom", "headroom-fp32": "headroom-fp32"}.get(policy, "observe")
+    return {"headroom": "headroom", "headroom-live": "headroom",
+            "headroom-fp32": "headroom-fp32"}.get(policy, "observe")
 
 
 SERVER_ARGS = {
@@ -120,6 +191,50 @@ SERVER_ARGS = {
     "headroom": ["--policy", "headroom"],
     "headroom-fp32": ["--policy", "headroom", "--fp32-fallback"],
 }
+
+
+def jargon_corpus(out_dir, build_dir):
+    """The Jargon File as plain text in OUT_DIR/corpus: from the installed package, else from
+    `apt-get download` + `dpkg-deb -x` into the build tree (images that exclude /usr/share/doc
+    from installs)."""
+    dest = os.path.join(out_dir, "corpus", "jargon.txt")
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    unpacked = os.path.join(build_dir, "bench", "policy_eval", "jargon-text")
+    for gz in ("/" + JARGON_GZ, os.path.join(unpacked, "root", JARGON_GZ)):
+        if os.path.exists(gz):
+            break
+    else:
+        gz = os.path.join(unpacked, "root", JARGON_GZ)
+        why = _download_jargon(unpacked)
+        if why:
+            raise SetupError(
+                f"the long scenario trains on the Jargon File, and neither /{JARGON_GZ} "
+                f"(apt-get install {JARGON_PACKAGE}) nor the package unpacked into {unpacked} "
+                f"is there: {why}")
+    with gzip.open(gz, "rb") as f, open(dest, "wb") as out:
+        shutil.copyfileobj(f, out)
+    return dest
+
+
+def _download_jargon(unpacked):
+    """An error message, or None once UNPACKED/root holds the package's files."""
+    for tool in ("apt-get", "dpkg-deb"):
+        if shutil.which(tool) is None:
+            return f"{tool} not found"
+    shutil.rmtree(unpacked, ignore_errors=True)
+    os.makedirs(unpacked)
+    p = subprocess.run(["apt-get", "download", JARGON_PACKAGE], cwd=unpacked, text=True,
+                       capture_output=True)
+    debs = [f for f in os.listdir(unpacked) if f.endswith(".deb")]
+    if p.returncode != 0 or not debs:
+        return f"apt-get download {JARGON_PACKAGE} failed: {p.stderr.strip() or p.returncode}"
+    p = subprocess.run(["dpkg-deb", "-x", os.path.join(unpacked, debs[0]),
+                        os.path.join(unpacked, "root")], text=True, capture_output=True)
+    if p.returncode != 0:
+        return f"dpkg-deb -x {debs[0]} failed: {p.stderr.strip()}"
+    if not os.path.exists(os.path.join(unpacked, "root", JARGON_GZ)):
+        return f"{debs[0]} has no {JARGON_GZ}"
+    return None
 
 
 class Server:
@@ -172,8 +287,41 @@ def read_jsonl(path):
     return rows
 
 
-def summarise(log, reports, injected, wall_s, steps):
-    """The per-run figures, from the trainer's log (losses, skips) and the server's reports."""
+def per_10k(count, steps):
+    return 10000.0 * count / steps if steps else None
+
+
+def first_decision(decisions, reports):
+    """The first step the server's policy governed: the effective step of its first stored
+    decision, or, when the server returned only its latest decisions, the first step at which
+    the agent applied one."""
+    if decisions["decisions"] and decisions["complete"]:
+        return min(d["effective_from_step"] for d in decisions["decisions"])
+    applied = [r["step"] for r in reports if r["policy_applied"]]
+    return min(applied) if applied else None
+
+
+def fp32_figures(log, decisions, skipped):
+    """When layers went to FP32: the decision that asked for it and the first step the trainer
+    computed them so (its log), the layers, and the skips before and after that step."""
+    asked = [d for d in decisions["decisions"] if d["fp32_tensors"]]
+    from_step = next((r["step"] for r in log if r.get("fp32_layers")), None)
+    layers = sorted({l for r in log for l in r.get("fp32_layers", [])})
+    return {
+        "fp32_decision_step": asked[0]["effective_from_step"] if asked else None,
+        "fp32_tensors": asked[0]["fp32_tensors"] if asked else [],
+        "fp32_from_step": from_step,
+        "fp32_layers": layers,
+        "skipped_before_fp32": None if from_step is None else sum(1 for s in skipped
+                                                                  if s < from_step),
+        "skipped_after_fp32": None if from_step is None else sum(1 for s in skipped
+                                                                 if s >= from_step),
+    }
+
+
+def summarise(log, reports, decisions, injected, wall_s, steps):
+    """The per-run figures, from the trainer's log (losses, skips, step times, FP32 layers) and
+    the server's reports and decisions; and the per-step series."""
     by_step = {r["step"]: r for r in reports}
     ratios = []
     series = []
@@ -183,31 +331,44 @@ def summarise(log, reports, injected, wall_s, steps):
         cum_skipped += 1 if row["skipped"] else 0
         rep = by_step.get(s)
         ratio = None
-        if rep is not None and rep["grad_numel"] > 0:
+        if rep is not None and rep["grad_numel"] > 0 and rep["grad_unmeasured"] == 0:
             ratio = (rep["grad_underflow"] + rep["grad_zeros16"]) / rep["grad_numel"]
             ratios.append(ratio)
-        series.append((s, row["loss_scale"], cum_skipped, ratio))
+        series.append((s, row["loss_scale"], cum_skipped, ratio, row["step_time_s"]))
     skipped = [r["step"] for r in log if r["skipped"]]
+    avoidable = [s for s in skipped if s not in injected]
+    n = len(log)
+    first = first_decision(decisions, reports)
     last = log[-1] if log else {}
     vals = [r.get("val_loss") for r in log if r.get("val_loss") is not None]
-    return {
-        "steps": len(log),
+    m = {
+        "steps": n,
         "steps_wanted": steps,
         "reports": len(reports),
         "steps_measured": len(ratios),
         "skipped": len(skipped),
-        "avoidable_skipped": sum(1 for s in skipped if s not in injected),
+        "skipped_per_10k": per_10k(len(skipped), n),
+        "avoidable_skipped": len(avoidable),
+        "avoidable_per_10k": per_10k(len(avoidable), n),
+        "avoidable_skipped_steps": avoidable,
         "injected": len(injected),
+        "decisions": len(decisions["decisions"]),
+        "first_decision_step": first,
+        "avoidable_after_first_decision":
+            None if first is None else sum(1 for s in avoidable if s >= first),
         "steps_underflow_gt_1pct": sum(1 for r in ratios if r > UNDERFLOW_STEP_THRESHOLD),
         "mean_underflow_ratio": sum(ratios) / len(ratios) if ratios else None,
         "final_train_loss": last.get("loss"),
         "final_val_loss": vals[-1] if vals else None,
-        "policy_updates": sum(r["policy_applied"] for r in reports),
+        "policy_updates": sum(len(r["policy_applied"]) for r in reports),
         "scale_changes": sum(1 for r in log if r["scale_after"] != r["loss_scale"])
         + sum(1 for a, b in zip(log, log[1:]) if b["loss_scale"] != a["scale_after"]),
         "final_scale": last.get("scale_after"),
+        "train_s": sum(r["step_time_s"] for r in log),
         "wall_s": wall_s,
-    }, series
+    }
+    m.update(fp32_figures(log, decisions, skipped))
+    return m, series
 
 
 def completed(m):
@@ -217,159 +378,598 @@ def completed(m):
             and v is not None and math.isfinite(v))
 
 
-def run_one(args, profile, servers, scenario, policy, work):
-    run_id = f"{scenario}.{policy}"
-    run_dir = os.path.join(work, "runs", run_id)
+def run_id(scenario, policy, seed):
+    return f"{scenario}.{policy}.s{seed}"
+
+
+def run_one(ctx, scenario, policy, seed):
+    """One training run and its figures; the trainer's log stays on disk (train.jsonl)."""
+    args, profile, servers, work = ctx["args"], ctx["profile"], ctx["servers"], ctx["work"]
+    rid = run_id(scenario, policy, seed)
+    run_dir = os.path.join(work, "runs", rid)
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
     log_path = os.path.join(run_dir, "train.jsonl")
-    steps = profile["steps"][scenario]
+    steps = steps_of(profile, scenario)
     server = servers[server_for(policy)]
-    cmd = ([args.train_bin, "--precision", "amp-fp16", "--seed", str(args.seed), "--threads", "1",
+    cmd = ([args.train_bin, "--precision", "amp-fp16", "--seed", str(seed), "--threads", "1",
             "--eval-every", "0", "--eval-batches", str(profile["eval_batches"]), "--quiet",
-            "--log-json", log_path] + profile["model"] + scenario_flags(scenario, policy, profile)
+            "--log-json", log_path] + profile["model"]
+           + scenario_flags(scenario, policy, profile, ctx["corpus"])
            + policy_flags(policy, scenario)
-           + ["--server", server.address, "--run-id", run_id,
+           + ["--server", server.address, "--run-id", rid,
               "--spool-dir", os.path.join(run_dir, "spool"),
               "--sample-full-every", "1", "--sample-full-roles", "activation_grad,weight_grad"])
     with open(os.path.join(run_dir, "command.txt"), "w") as f:
         f.write(" ".join(cmd) + "\n")
-    t0 = time.monotonic()
+    started = time.monotonic()
     with open(os.path.join(run_dir, "train.out"), "w") as out:
         rc = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT)
-    wall_s = time.monotonic() - t0
+    wall_s = time.monotonic() - started
     error = None if rc == 0 else f"ampscope-train exited with {rc}"
     reports_path = os.path.join(run_dir, "reports.jsonl")
+    decisions_path = os.path.join(run_dir, "decisions.json")
     if error is None:
-        rc = subprocess.call([args.extract_bin, "--server", server.address, "--run-id", run_id,
-                              "--out", reports_path])
+        rc = subprocess.call([args.extract_bin, "--server", server.address, "--run-id", rid,
+                              "--out", reports_path, "--decisions-out", decisions_path])
         if rc != 0:
             error = f"ampscope_policy_eval_extract exited with {rc}"
     log = read_jsonl(log_path) if os.path.exists(log_path) else []
     reports = read_jsonl(reports_path) if os.path.exists(reports_path) else []
-    m, series = summarise(log, reports, injected_steps(scenario, profile), wall_s, steps)
+    decisions = {"complete": True, "decisions": []}
+    if os.path.exists(decisions_path):
+        with open(decisions_path) as f:
+            decisions = json.load(f)
+    m, series = summarise(log, reports, decisions, injected_steps(scenario, profile), wall_s,
+                          steps)
+    m["seed"] = seed
     m["error"] = error
     m["completed"] = completed(m)
     if not m["completed"] and m["error"] is None:
         m["error"] = (f"incomplete: {m['steps']} steps logged, {m['reports']} reports stored, "
                       f"{m['steps_measured']} measured of {steps}; final val loss "
                       f"{m['final_val_loss']}")
-    with open(os.path.join(work, "series", f"{scenario}.{policy}.dat"), "w") as f:
-        f.write("# step loss_scale cumulative_skipped underflow_ratio\n")
-        for s, scale, cum, ratio in series:
-            f.write(f"{s} {scale} {cum} {'NaN' if ratio is None else repr(ratio)}\n")
+    with open(os.path.join(work, "series", f"{rid}.dat"), "w") as f:
+        f.write("# step loss_scale cumulative_skipped underflow_ratio step_time_s\n")
+        for s, scale, cum, ratio, t in series:
+            f.write(f"{s} {scale} {cum} {'NaN' if ratio is None else repr(ratio)} {t}\n")
+    _progress(ctx, scenario, policy, seed, m)
     return m
 
+
+def _progress(ctx, scenario, policy, seed, m):
+    mean = m["mean_underflow_ratio"]
+    with ctx["print_lock"]:
+        print(f"  {scenario:19} {policy:13} seed {seed}  skipped {m['skipped']:4} (avoidable "
+              f"{m['avoidable_skipped']:4})  underflow "
+              f"{'n/a' if mean is None else f'{100 * mean:.3f}%':>8}  val "
+              f"{fmt(m['final_val_loss'], '.4f')}  updates {m['policy_updates']:3}  "
+              f"{m['wall_s']:.1f} s{'' if m['completed'] else '  FAILED: ' + m['error']}",
+              flush=True)
+
+
+def throughput_ratio(ctx, scenario, seed, fp32_run):
+    """Steps per second of headroom-fp32 from its first FP32 step to the end, over headroom's
+    (no fallback) on the same seed and steps: the price of computing those layers in FP32.
+    From the trainers' per-step times (the two runs ran side by side)."""
+    start = fp32_run["fp32_from_step"]
+    if start is None:
+        return None
+    times = {}
+    for policy in ("headroom", "headroom-fp32"):
+        path = os.path.join(ctx["work"], "runs", run_id(scenario, policy, seed), "train.jsonl")
+        if not os.path.exists(path):
+            return None
+        times[policy] = sum(r["step_time_s"] for r in read_jsonl(path) if r["step"] >= start)
+    if not times["headroom-fp32"]:
+        return None
+    return times["headroom"] / times["headroom-fp32"]
+
+
+def run_pair(ctx, scenario, seed, workers):
+    """headroom and headroom-fp32 on one seed at the same time, so that the throughput they are
+    compared on is measured under the same load."""
+    with concurrent.futures.ThreadPoolExecutor(workers) as ex:
+        futures = {p: ex.submit(run_one, ctx, scenario, p, seed)
+                   for p in ("headroom", "headroom-fp32")}
+        runs = {p: f.result() for p, f in futures.items()}
+    runs["headroom-fp32"]["throughput_ratio_after_fp32"] = throughput_ratio(
+        ctx, scenario, seed, runs["headroom-fp32"])
+    return runs
+
+
+def run_everything(ctx, seeds, jobs):
+    """Every run of the profile, `jobs` at a time, longest scenario first; the fallback pairs
+    last, each pair alone on the machine. Returns results[scenario][policy][seed] and the time
+    each scenario took."""
+    profile = ctx["profile"]
+    results = {s: {p: {} for p in policies_of(profile, s)} for s in SCENARIOS}
+    run_seconds = {s: 0.0 for s in SCENARIOS}
+    pair = ("headroom", "headroom-fp32")
+    paired = [("activation-overflow", seed) for seed in seeds
+              if set(pair) <= set(policies_of(profile, "activation-overflow"))]
+    pooled = [(s, p, seed)
+              for s in sorted(SCENARIOS, key=lambda s: -steps_of(profile, s))
+              for p in policies_of(profile, s) for seed in seeds
+              if not ((s, seed) in paired and p in pair)]
+
+    with concurrent.futures.ThreadPoolExecutor(jobs) as ex:
+        futures = {ex.submit(run_one, ctx, s, p, seed): (s, p, seed) for s, p, seed in pooled}
+        for f in concurrent.futures.as_completed(futures):
+            s, p, seed = futures[f]
+            results[s][p][seed] = f.result()
+            run_seconds[s] += results[s][p][seed]["wall_s"]
+    for s, seed in paired:
+        for p, m in run_pair(ctx, s, seed, min(2, jobs)).items():
+            results[s][p][seed] = m
+            run_seconds[s] += m["wall_s"]
+    # Runs of all scenarios share the workers, so a scenario's wall time is its share of the
+    # whole by run seconds.
+    wall = time.monotonic() - ctx["t0"]
+    total = sum(run_seconds.values()) or 1.0
+    times = {s: {"runs": sum(len(results[s][p]) for p in results[s]), "run_s": run_seconds[s],
+                 "wall_s": wall * run_seconds[s] / total}
+             for s in SCENARIOS}
+    return results, times
+
+
+# ---- statistics ---------------------------------------------------------------------------
+
+def mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def mean_ci95(xs):
+    """Mean and Student-t 95% confidence interval [low, high] of paired differences."""
+    xs = [x for x in xs if x is not None]
+    n = len(xs)
+    if n == 0:
+        return None, None
+    m = sum(xs) / n
+    if n < 2:
+        return m, None
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+    t = T_975[n - 2] if n - 1 <= len(T_975) else 1.96
+    half = t * sd / math.sqrt(n)
+    return m, [m - half, m + half]
+
+
+def val_deltas(results, scenario, policy):
+    """Per seed: final val loss of `policy` minus gradscaler's on the same seed."""
+    runs = results[scenario]
+    if policy == "gradscaler" or "gradscaler" not in runs or policy not in runs:
+        return {}
+    out = {}
+    for seed, m in runs[policy].items():
+        g = runs["gradscaler"].get(seed)
+        if g and m["final_val_loss"] is not None and g["final_val_loss"] is not None:
+            out[seed] = m["final_val_loss"] - g["final_val_loss"]
+    return out
+
+
+def summarise_scenario(results, scenario):
+    out = {}
+    for policy, runs in results[scenario].items():
+        ms = list(runs.values())
+        after = [m["avoidable_after_first_decision"] for m in ms]
+        deltas = val_deltas(results, scenario, policy)
+        d_mean, d_ci = mean_ci95(list(deltas.values()))
+        out[policy] = {
+            "seeds": sorted(runs),
+            "steps": ms[0]["steps_wanted"] if ms else None,
+            "skipped": mean(m["skipped"] for m in ms),
+            "skipped_per_10k": mean(m["skipped_per_10k"] for m in ms),
+            "skipped_total": sum(m["skipped"] for m in ms),
+            "avoidable_skipped": mean(m["avoidable_skipped"] for m in ms),
+            "avoidable_per_10k": mean(m["avoidable_per_10k"] for m in ms),
+            "avoidable_total": sum(m["avoidable_skipped"] for m in ms),
+            "avoidable_after_first_decision_total":
+                None if all(a is None for a in after) else sum(a or 0 for a in after),
+            "mean_underflow_ratio": mean(m["mean_underflow_ratio"] for m in ms),
+            "steps_underflow_gt_1pct": mean(m["steps_underflow_gt_1pct"] for m in ms),
+            "final_val_loss": mean(m["final_val_loss"] for m in ms),
+            "val_loss_delta_vs_gradscaler": d_mean,
+            "val_loss_delta_ci95": d_ci,
+            "val_loss_deltas": deltas,
+            "policy_updates": mean(m["policy_updates"] for m in ms),
+            "wall_s": mean(m["wall_s"] for m in ms),
+            "completed": all(m["completed"] for m in ms),
+        }
+    return out
+
+
+def met(value, ok):
+    return None if value is None else bool(ok(value))
+
+
+def skip_verdicts(summary):
+    """Per scenario: headroom's avoidable skips (all seeds) against GradScaler's."""
+    out = {}
+    for s, pols in summary.items():
+        if "gradscaler" not in pols or "headroom" not in pols:
+            continue
+        g, h = pols["gradscaler"]["avoidable_total"], pols["headroom"]["avoidable_total"]
+        verdict = "fewer" if h < g else ("tie, GradScaler 0" if g == 0 and h == 0 else
+                                         "NOT fewer")
+        out[s] = {"gradscaler": g, "headroom": h,
+                  "gradscaler_per_10k": pols["gradscaler"]["avoidable_per_10k"],
+                  "headroom_per_10k": pols["headroom"]["avoidable_per_10k"],
+                  "verdict": verdict}
+    return out
+
+
+def live_spread(results):
+    """headroom-live against headroom (lockstep) on the long scenario, seed by seed."""
+    runs = results["long"]
+    if "headroom-live" not in runs or "headroom" not in runs:
+        return {}
+    rows = {}
+    for seed, live in runs["headroom-live"].items():
+        lock = runs["headroom"].get(seed)
+        if lock is None or live["final_val_loss"] is None or lock["final_val_loss"] is None:
+            continue
+        rows[seed] = {"val_lockstep": lock["final_val_loss"], "val_live": live["final_val_loss"],
+                      "val_abs_diff": abs(live["final_val_loss"] - lock["final_val_loss"]),
+                      "skipped_lockstep": lock["skipped"], "skipped_live": live["skipped"],
+                      "first_decision_lockstep": lock["first_decision_step"],
+                      "first_decision_live": live["first_decision_step"],
+                      "avoidable_after_first_decision_live":
+                          live["avoidable_after_first_decision"],
+                      "final_scale_lockstep": lock["final_scale"],
+                      "final_scale_live": live["final_scale"]}
+    return rows
+
+
+def fallback_rows(results):
+    runs = results["activation-overflow"].get("headroom-fp32", {})
+    return {seed: {k: m.get(k) for k in (
+        "fp32_decision_step", "fp32_tensors", "fp32_from_step", "fp32_layers",
+        "skipped_before_fp32", "skipped_after_fp32", "throughput_ratio_after_fp32", "skipped",
+        "injected")} for seed, m in sorted(runs.items())}
+
+
+def derive(results, summary):
+    both = [s for s in SCENARIOS if "gradscaler" in results[s] and "headroom" in results[s]]
+    gs_skips = sum(summary[s]["gradscaler"]["avoidable_total"] for s in both)
+    hr_skips = sum(summary[s]["headroom"]["avoidable_total"] for s in both)
+    gs_steps = sum(m["steps"] for s in both for m in results[s]["gradscaler"].values())
+    hr_steps = sum(m["steps"] for s in both for m in results[s]["headroom"].values())
+    skip_red = gs_skips / max(1, hr_skips)
+    verdicts = skip_verdicts(summary)
+    after = [m["avoidable_after_first_decision"] for s in SCENARIOS for p in HEADROOM_LOCKSTEP
+             for m in results[s].get(p, {}).values()]
+    after_total = None if all(a is None for a in after) else sum(a or 0 for a in after)
+
+    shrink = summary["grad-shrink"]
+    gs_u = shrink["gradscaler"]["mean_underflow_ratio"]
+    hr_u = shrink["headroom"]["mean_underflow_ratio"]
+    under_red = gs_u / hr_u if gs_u is not None and hr_u else None
+
+    long_hr = summary["long"]["headroom"]
+    val_delta, val_ci = long_hr["val_loss_delta_vs_gradscaler"], long_hr["val_loss_delta_ci95"]
+
+    spread = live_spread(results)
+    diffs = [r["val_abs_diff"] for r in spread.values()]
+    live_after = [r["avoidable_after_first_decision_live"] for r in spread.values()]
+
+    fb = fallback_rows(results)
+    fb_after = [r["skipped_after_fp32"] for r in fb.values()]
+    fb_after_total = None if not fb or any(a is None for a in fb_after) else sum(fb_after)
+    fb_ratio = mean(r["throughput_ratio_after_fp32"] for r in fb.values())
+    fb_layers = sorted({l for r in fb.values() for l in r["fp32_layers"]})
+
+    return {
+        "policy_skip_reduction_vs_gradscaler": skip_red,
+        "policy_target_skip_reduction": TARGET_SKIP_REDUCTION,
+        "policy_skip_reduction_target_met": met(skip_red, lambda v: v >= TARGET_SKIP_REDUCTION),
+        "policy_eval_gradscaler_avoidable_skips": gs_skips,
+        "policy_eval_headroom_avoidable_skips": hr_skips,
+        "policy_eval_gradscaler_avoidable_skips_per_10k": per_10k(gs_skips, gs_steps),
+        "policy_eval_headroom_avoidable_skips_per_10k": per_10k(hr_skips, hr_steps),
+        "policy_skips_fewer_than_gradscaler_every_scenario_met":
+            all(v["verdict"] != "NOT fewer" for v in verdicts.values()),
+        "policy_skip_scenarios_gradscaler_zero":
+            [s for s, v in verdicts.items() if v["gradscaler"] == 0],
+        "policy_avoidable_skips_after_first_decision": after_total,
+        "policy_target_avoidable_skips_after_first_decision": TARGET_SKIPS_AFTER_DECISION,
+        "policy_avoidable_skips_after_first_decision_target_met":
+            met(after_total, lambda v: v <= TARGET_SKIPS_AFTER_DECISION),
+
+        "policy_underflow_reduction_vs_gradscaler": under_red,
+        "policy_target_underflow_reduction": TARGET_UNDERFLOW_REDUCTION,
+        "policy_underflow_reduction_target_met":
+            met(under_red, lambda v: v >= TARGET_UNDERFLOW_REDUCTION),
+        "policy_eval_gradscaler_mean_underflow_grad_shrink": gs_u,
+        "policy_eval_headroom_mean_underflow_grad_shrink": hr_u,
+
+        "policy_val_loss_delta_vs_gradscaler": val_delta,
+        "policy_val_loss_delta_ci95": val_ci,
+        "policy_val_loss_delta_seeds": len(long_hr["val_loss_deltas"]),
+        "policy_target_val_loss_delta": TARGET_VAL_LOSS_DELTA,
+        "policy_val_loss_delta_target_met": met(val_delta, lambda v: v <= TARGET_VAL_LOSS_DELTA),
+        "policy_eval_gradscaler_val_loss_long": summary["long"]["gradscaler"]["final_val_loss"],
+        "policy_eval_headroom_val_loss_long": long_hr["final_val_loss"],
+
+        "policy_live_val_loss_spread_mean": mean(diffs),
+        "policy_live_val_loss_spread_max": max(diffs) if diffs else None,
+        "policy_live_skipped_mean": mean(r["skipped_live"] for r in spread.values()),
+        "policy_lockstep_skipped_mean": mean(r["skipped_lockstep"] for r in spread.values()),
+        "policy_live_avoidable_skips_after_first_decision":
+            None if not live_after or any(a is None for a in live_after) else sum(live_after),
+
+        "policy_fp32_fallback_skips_before_decision":
+            None if fb_after_total is None else sum(r["skipped_before_fp32"] for r in fb.values()),
+        "policy_fp32_fallback_skips_after_decision": fb_after_total,
+        "policy_target_fp32_fallback_skips_after_decision": 0,
+        "policy_fp32_fallback_skips_after_decision_target_met":
+            met(fb_after_total, lambda v: v == 0),
+        "policy_fp32_fallback_throughput_ratio": fb_ratio,
+        "policy_fp32_fallback_layers": fb_layers,
+        "policy_fp32_fallback_from_steps": [r["fp32_from_step"] for r in fb.values()],
+    }
+
+
+# ---- the table ----------------------------------------------------------------------------
 
 def fmt(v, spec):
     return "n/a" if v is None else format(v, spec)
 
 
-TABLE_COLUMNS = ("scenario", "policy", "steps", "skipped", "avoidable skipped",
-                 "steps underflow > 1%", "mean underflow", "final train loss", "final val loss",
-                 "policy updates", "scale changes", "final scale", "wall s", "completed")
+def fmt_pct(v):
+    return "n/a" if v is None else f"{100 * v:.3f}%"
 
 
-def write_table(path, results, profile_name, profile):
-    lines = [f"Profile `{profile_name}`: model `{' '.join(profile['model'])}`, amp-fp16, seed "
-             f"and batches identical across policies; steps per scenario "
-             + ", ".join(f"{s} {profile['steps'][s]}" for s in SCENARIOS)
-             + f"; overflow injected every {profile['spike_every']} steps in overflow-spikes.",
-             "",
-             "| " + " | ".join(TABLE_COLUMNS) + " |",
-             "|" + "|".join("---" for _ in TABLE_COLUMNS) + "|"]
-    for scenario in SCENARIOS:
-        for policy in POLICIES:
-            m = results[scenario][policy]
-            mean = m["mean_underflow_ratio"]
-            cells = [scenario, policy, str(m["steps"]), str(m["skipped"]),
-                     str(m["avoidable_skipped"]), str(m["steps_underflow_gt_1pct"]),
-                     "n/a" if mean is None else f"{100 * mean:.3f}%",
-                     fmt(m["final_train_loss"], ".4f"), fmt(m["final_val_loss"], ".4f"),
-                     str(m["policy_updates"]), str(m["scale_changes"]),
-                     "n/a" if not m["final_scale"] else f"2^{math.log2(m['final_scale']):g}",
-                     f"{m['wall_s']:.1f}", "yes" if m["completed"] else "NO: " + m["error"]]
-            lines.append("| " + " | ".join(cells) + " |")
+def fmt_ci(d, ci):
+    if d is None:
+        return "n/a"
+    return f"{d:+.4f}" + ("" if ci is None else f" [{ci[0]:+.4f}, {ci[1]:+.4f}]")
+
+
+def fmt_scale(v):
+    return "n/a" if not v else f"2^{math.log2(v):g}"
+
+
+def md_table(columns, rows):
+    return (["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+            + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+SUMMARY_COLUMNS = ("scenario", "policy", "seeds", "steps", "skipped", "skipped / 10k",
+                   "avoidable", "avoidable / 10k", "avoidable after first decision (all seeds)",
+                   "steps underflow > 1%", "mean underflow", "final val loss",
+                   "val loss - gradscaler [95% CI]", "policy updates", "wall s", "completed")
+PER_SEED_COLUMNS = ("scenario", "policy", "seed", "steps", "skipped", "skipped / 10k",
+                    "avoidable", "avoidable / 10k", "first decision step",
+                    "avoidable after first decision", "steps underflow > 1%", "mean underflow",
+                    "final train loss", "final val loss", "val loss - gradscaler",
+                    "policy updates", "scale changes", "final scale", "fp32 layers (from step)",
+                    "wall s", "completed")
+GOAL_COLUMNS = ("goal", "key", "measured", "target", "met")
+
+
+def summary_rows(summary):
+    rows = []
+    for s in SCENARIOS:
+        for p, x in summary[s].items():
+            rows.append([s, p, str(len(x["seeds"])), str(x["steps"]), fmt(x["skipped"], ".1f"),
+                         fmt(x["skipped_per_10k"], ".1f"), fmt(x["avoidable_skipped"], ".1f"),
+                         fmt(x["avoidable_per_10k"], ".1f"),
+                         fmt(x["avoidable_after_first_decision_total"], "d"),
+                         fmt(x["steps_underflow_gt_1pct"], ".1f"),
+                         fmt_pct(x["mean_underflow_ratio"]), fmt(x["final_val_loss"], ".4f"),
+                         "—" if p == "gradscaler" else fmt_ci(x["val_loss_delta_vs_gradscaler"],
+                                                              x["val_loss_delta_ci95"]),
+                         fmt(x["policy_updates"], ".1f"), fmt(x["wall_s"], ".1f"),
+                         "yes" if x["completed"] else "NO"])
+    return rows
+
+
+def per_seed_rows(results):
+    rows = []
+    for s in SCENARIOS:
+        for p, runs in results[s].items():
+            deltas = val_deltas(results, s, p)
+            for seed, m in sorted(runs.items()):
+                layers = ("—" if not m["fp32_layers"] else
+                          f"{','.join(m['fp32_layers'])} ({m['fp32_from_step']})")
+                rows.append([s, p, str(seed), str(m["steps"]), str(m["skipped"]),
+                             fmt(m["skipped_per_10k"], ".1f"), str(m["avoidable_skipped"]),
+                             fmt(m["avoidable_per_10k"], ".1f"),
+                             fmt(m["first_decision_step"], "d"),
+                             fmt(m["avoidable_after_first_decision"], "d"),
+                             str(m["steps_underflow_gt_1pct"]), fmt_pct(m["mean_underflow_ratio"]),
+                             fmt(m["final_train_loss"], ".4f"), fmt(m["final_val_loss"], ".4f"),
+                             "—" if p == "gradscaler" else fmt(deltas.get(seed), "+.4f"),
+                             str(m["policy_updates"]), str(m["scale_changes"]),
+                             fmt_scale(m["final_scale"]), layers, f"{m['wall_s']:.1f}",
+                             "yes" if m["completed"] else "NO: " + m["error"]])
+    return rows
+
+
+def verdict(ok):
+    return "n/a" if ok is None else ("met" if ok else "NOT met")
+
+
+def goal_rows(d):
+    ci = d["policy_val_loss_delta_ci95"]
+    return [
+        ["avoidable skips, GradScaler / headroom (all scenarios and seeds)",
+         "policy_skip_reduction_vs_gradscaler",
+         f"{d['policy_skip_reduction_vs_gradscaler']:.3g} "
+         f"({d['policy_eval_gradscaler_avoidable_skips']} vs "
+         f"{d['policy_eval_headroom_avoidable_skips']})", f">= {TARGET_SKIP_REDUCTION:g}",
+         verdict(d["policy_skip_reduction_target_met"])],
+        ["headroom skips fewer than GradScaler in every scenario",
+         "policy_skips_fewer_than_gradscaler_every_scenario_met",
+         "GradScaler skipped none in: "
+         + (", ".join(d["policy_skip_scenarios_gradscaler_zero"]) or "—"),
+         "fewer (a tie at 0 where GradScaler skips none)",
+         verdict(d["policy_skips_fewer_than_gradscaler_every_scenario_met"])],
+        ["avoidable skips after headroom's first decision (lockstep runs)",
+         "policy_avoidable_skips_after_first_decision",
+         fmt(d["policy_avoidable_skips_after_first_decision"], "d"), "0",
+         verdict(d["policy_avoidable_skips_after_first_decision_target_met"])],
+        ["underflow, GradScaler / headroom (grad-shrink)",
+         "policy_underflow_reduction_vs_gradscaler",
+         f"{fmt(d['policy_underflow_reduction_vs_gradscaler'], '.3g')} "
+         f"({fmt_pct(d['policy_eval_gradscaler_mean_underflow_grad_shrink'])} vs "
+         f"{fmt_pct(d['policy_eval_headroom_mean_underflow_grad_shrink'])})",
+         f">= {TARGET_UNDERFLOW_REDUCTION:g}", verdict(d["policy_underflow_reduction_target_met"])],
+        ["final val loss, headroom - GradScaler (long, paired, 95% CI)",
+         "policy_val_loss_delta_vs_gradscaler",
+         fmt_ci(d["policy_val_loss_delta_vs_gradscaler"], ci)
+         + f" over {d['policy_val_loss_delta_seeds']} seeds", "<= 0 (mean)",
+         verdict(d["policy_val_loss_delta_target_met"])],
+        ["skips after the FP32 decision (activation-overflow, headroom-fp32)",
+         "policy_fp32_fallback_skips_after_decision",
+         f"{fmt(d['policy_fp32_fallback_skips_after_decision'], 'd')} (before: "
+         f"{fmt(d['policy_fp32_fallback_skips_before_decision'], 'd')})", "0",
+         verdict(d["policy_fp32_fallback_skips_after_decision_target_met"])],
+        ["steps/s after the FP32 decision, headroom-fp32 / headroom",
+         "policy_fp32_fallback_throughput_ratio",
+         fmt(d["policy_fp32_fallback_throughput_ratio"], ".3f")
+         + f" (FP32: {', '.join(d['policy_fp32_fallback_layers']) or 'none'})", "—", "—"],
+        ["final val loss, live against lockstep, absolute difference (long, headroom)",
+         "policy_live_val_loss_spread_mean",
+         f"mean {fmt(d['policy_live_val_loss_spread_mean'], '.4f')}, max "
+         f"{fmt(d['policy_live_val_loss_spread_max'], '.4f')}", "—", "—"],
+    ]
+
+
+def write_table(path, results, summary, d, times, profile_name, profile, seeds):
+    steps = ", ".join(f"{s} {steps_of(profile, s)}" for s in SCENARIOS)
+    out = [f"# Loss-scale policies in closed loop: profile `{profile_name}`", "",
+           f"Model `{' '.join(profile['model'])}`, amp-fp16, seeds {', '.join(map(str, seeds))} "
+           f"(on a seed every policy starts from the same weights and sees the same batches); "
+           f"steps: {steps}; an overflow injected every {profile['spike_every']} steps "
+           f"(overflow-spikes, logits gradient) and every {profile['activation_overflow_every']} "
+           f"steps (activation-overflow, {OVERFLOW_ACTIVATION}); long trains on the Jargon File, "
+           f"the others on the built-in corpus. Every policy but headroom-live runs in lockstep "
+           f"with the server (deterministic). Skips per 10k are per 10,000 steps.", "",
+           "## Summary (mean per run over the seeds)", ""]
+    out += md_table(SUMMARY_COLUMNS, summary_rows(summary))
+    out += ["", "## Goals", ""]
+    out += md_table(GOAL_COLUMNS, goal_rows(d))
+    out += ["", "## Avoidable skips against GradScaler, per scenario (all seeds)", ""]
+    out += md_table(("scenario", "GradScaler", "headroom", "GradScaler / 10k", "headroom / 10k",
+                     "headroom"),
+                    [[s, str(v["gradscaler"]), str(v["headroom"]),
+                      fmt(v["gradscaler_per_10k"], ".1f"), fmt(v["headroom_per_10k"], ".1f"),
+                      v["verdict"]] for s, v in skip_verdicts(summary).items()])
+    out += ["", "## headroom live against lockstep (long)", ""]
+    out += md_table(("seed", "val loss lockstep", "val loss live", "abs(live - lockstep)",
+                     "skipped lockstep", "skipped live", "first decision lockstep",
+                     "first decision live", "final scale lockstep", "final scale live"),
+                    [[str(seed), f"{r['val_lockstep']:.4f}", f"{r['val_live']:.4f}",
+                      f"{r['val_abs_diff']:.4f}", str(r["skipped_lockstep"]),
+                      str(r["skipped_live"]), fmt(r["first_decision_lockstep"], "d"),
+                      fmt(r["first_decision_live"], "d"), fmt_scale(r["final_scale_lockstep"]),
+                      fmt_scale(r["final_scale_live"])]
+                     for seed, r in sorted(live_spread(results).items())])
+    out += ["", "## FP32 fallback (activation-overflow, headroom-fp32)", ""]
+    out += md_table(("seed", "decision effective step", "tensors asked", "FP32 from step",
+                     "layers", "skipped before", "skipped after", "injected",
+                     "steps/s vs headroom after it"),
+                    [[str(seed), fmt(r["fp32_decision_step"], "d"),
+                      ", ".join(r["fp32_tensors"]) or "—", fmt(r["fp32_from_step"], "d"),
+                      ", ".join(r["fp32_layers"]) or "—", fmt(r["skipped_before_fp32"], "d"),
+                      fmt(r["skipped_after_fp32"], "d"), str(r["injected"]),
+                      fmt(r["throughput_ratio_after_fp32"], ".3f")]
+                     for seed, r in fallback_rows(results).items()])
+    out += ["", "## Per-seed runs", ""]
+    out += md_table(PER_SEED_COLUMNS, per_seed_rows(results))
+    out += ["", "## Time per scenario", ""]
+    out += md_table(("scenario", "runs", "run seconds (sum)", "wall seconds (its share)"),
+                    [[s, str(t["runs"]), f"{t['run_s']:.0f}", f"{t['wall_s']:.0f}"]
+                     for s, t in times.items()])
+    text = "\n".join(out) + "\n"
     with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    return "\n".join(lines)
+        f.write(text)
+    return text
 
 
-def derive(results):
-    gs_skips = sum(results[s]["gradscaler"]["avoidable_skipped"] for s in SCENARIOS)
-    hr_skips = sum(results[s]["headroom"]["avoidable_skipped"] for s in SCENARIOS)
-    skip_red = gs_skips / max(1, hr_skips)
-    gs_u = results["grad-shrink"]["gradscaler"]["mean_underflow_ratio"]
-    hr_u = results["grad-shrink"]["headroom"]["mean_underflow_ratio"]
-    under_red = gs_u / hr_u if gs_u is not None and hr_u else None
-    gs_v = results["long"]["gradscaler"]["final_val_loss"]
-    hr_v = results["long"]["headroom"]["final_val_loss"]
-    val_delta = (hr_v - gs_v) / gs_v if gs_v and hr_v is not None else None
-
-    def met(value, ok):
-        return None if value is None else bool(ok(value))
-
-    return {
-        "policy_skip_reduction_vs_gradscaler": skip_red,
-        "policy_underflow_reduction_vs_gradscaler": under_red,
-        "policy_val_loss_delta_vs_gradscaler": val_delta,
-        "policy_target_skip_reduction": TARGET_SKIP_REDUCTION,
-        "policy_target_underflow_reduction": TARGET_UNDERFLOW_REDUCTION,
-        "policy_target_val_loss_delta": TARGET_VAL_LOSS_DELTA,
-        "policy_skip_reduction_target_met": met(skip_red, lambda v: v >= TARGET_SKIP_REDUCTION),
-        "policy_underflow_reduction_target_met":
-            met(under_red, lambda v: v >= TARGET_UNDERFLOW_REDUCTION),
-        "policy_val_loss_delta_target_met": met(val_delta, lambda v: v <= TARGET_VAL_LOSS_DELTA),
-        "policy_eval_gradscaler_avoidable_skips": gs_skips,
-        "policy_eval_headroom_avoidable_skips": hr_skips,
-        "policy_eval_gradscaler_mean_underflow_grad_shrink": gs_u,
-        "policy_eval_headroom_mean_underflow_grad_shrink": hr_u,
-        "policy_eval_gradscaler_val_loss_long": gs_v,
-        "policy_eval_headroom_val_loss_long": hr_v,
-    }
-
+# ---- plots --------------------------------------------------------------------------------
 
 GNUPLOT_PANELS = {
     "loss_scale": ("loss scale (log2)", "($2 > 0 ? log($2)/log(2) : NaN)"),
     "cumulative_skipped": ("cumulative skipped steps", "3"),
     "underflow": ("gradient underflow ratio (%)", "($4*100)"),
 }
+COLOURS = {"gradscaler": "#1f77b4", "hysteresis": "#d62728", "static": "#7f7f7f",
+           "headroom": "#2ca02c", "headroom-fp32": "#9467bd", "headroom-live": "#ff7f0e"}
 
 
-def plot(out_dir, work, profile):
+def plot(out_dir, work, profile, summary, seed):
     gnuplot = shutil.which("gnuplot")
     if gnuplot is None:
         print("policy_eval.py: gnuplot not found (Debian: gnuplot-nox); no plots",
               file=sys.stderr)
         return []
     made = []
-    colours = ["#1f77b4", "#d62728", "#7f7f7f", "#2ca02c", "#9467bd"]
     for name, (ylabel, column) in GNUPLOT_PANELS.items():
         png = os.path.join(out_dir, f"{name}.png")
         script = [
             "set terminal pngcairo size 1500,900 font ',10'",
             f"set output '{png}'",
-            "set multiplot layout 2,3 title '" + ylabel + " per scenario, one line per policy'",
-            "set key top right font ',8'",
-            "set xlabel 'step'",
-            f"set ylabel '{ylabel}'",
+            f"set multiplot layout 2,3 title '{ylabel} per scenario, one line per policy, "
+            f"seed {seed}'",
+            "set key top right font ',8'", "set xlabel 'step'", f"set ylabel '{ylabel}'",
             "set grid",
         ]
         for scenario in SCENARIOS:
-            script.append(f"set title '{scenario} ({profile['steps'][scenario]} steps)'")
+            script.append(f"set title '{scenario} ({steps_of(profile, scenario)} steps)'")
             parts = []
-            for i, policy in enumerate(POLICIES):
-                dat = os.path.join(work, "series", f"{scenario}.{policy}.dat")
-                parts.append(f"'{dat}' using 1:{column} with lines lw 1.5 lc rgb '{colours[i]}' "
-                             f"title '{policy}'")
+            for policy in policies_of(profile, scenario):
+                dat = os.path.join(work, "series", f"{run_id(scenario, policy, seed)}.dat")
+                parts.append(f"'{dat}' using 1:{column} with lines lw 1.5 "
+                             f"lc rgb '{COLOURS[policy]}' title '{policy}'")
             script.append("plot " + ", ".join(parts))
         script.append("unset multiplot")
-        rc = _gnuplot(gnuplot, script)
-        if rc == 0 and os.path.exists(png):
+        if _gnuplot(gnuplot, script) == 0 and os.path.exists(png):
             made.append(png)
         else:
             print(f"policy_eval.py: gnuplot failed for {png}", file=sys.stderr)
+    png = plot_val_deltas(gnuplot, out_dir, work, summary)
+    if png:
+        made.append(png)
     return made
+
+
+def plot_val_deltas(gnuplot, out_dir, work, summary):
+    """headroom - GradScaler final val loss per seed and scenario, with the mean and its CI."""
+    png = os.path.join(out_dir, "val_loss_delta.png")
+    points, means = os.path.join(work, "val_deltas.dat"), os.path.join(work, "val_means.dat")
+    with open(points, "w") as fp, open(means, "w") as fm:
+        fp.write("# scenario_index delta seed\n")
+        fm.write("# scenario_index mean low high\n")
+        for i, s in enumerate(SCENARIOS):
+            x = summary[s].get("headroom")
+            if x is None:
+                continue
+            deltas = sorted(x["val_loss_deltas"].items())
+            for j, (seed, d) in enumerate(deltas):
+                fp.write(f"{i + 0.06 * (j - (len(deltas) - 1) / 2)} {d!r} {seed}\n")
+            m, ci = x["val_loss_delta_vs_gradscaler"], x["val_loss_delta_ci95"]
+            if m is not None:
+                lo, hi = ci if ci else (m, m)
+                fm.write(f"{i + 0.3} {m!r} {lo!r} {hi!r}\n")
+    labels = ", ".join(f"'{s}' {i}" for i, s in enumerate(SCENARIOS))
+    script = [
+        "set terminal pngcairo size 1200,600 font ',10'", f"set output '{png}'",
+        "set title 'final validation loss, headroom - GradScaler, per seed (points) and mean "
+        "with 95% CI (bars)'",
+        f"set xtics ({labels})", f"set xrange [-0.5:{len(SCENARIOS) - 0.5}]",
+        "set ylabel 'val loss difference (nats)'", "set grid", "set key top left",
+        "set xzeroaxis lt -1",
+        f"plot '{points}' using 1:2 with points pt 7 ps 1 lc rgb '#2ca02c' title 'seeds', "
+        f"'{means}' using 1:2:3:4 with yerrorbars pt 5 ps 1.2 lc rgb '#000000' "
+        f"title 'mean, 95% CI'",
+    ]
+    if _gnuplot(gnuplot, script) == 0 and os.path.exists(png):
+        return png
+    print(f"policy_eval.py: gnuplot failed for {png}", file=sys.stderr)
+    return None
 
 
 def _gnuplot(binary, script):
@@ -380,12 +980,16 @@ def _gnuplot(binary, script):
     return p.returncode
 
 
+# ---- main ---------------------------------------------------------------------------------
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build-dir", required=True)
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--profile", choices=sorted(PROFILES), default="short")
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seeds", type=int, help="seeds 1..N (default: the profile's)")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                    help="runs at a time (default: 2, or 1 on one core)")
     ap.add_argument("--fragment", help="write the results keys here (for merge_results.py)")
     ap.add_argument("--server-arg", action="append", default=[],
                     help="extra ampscope-server flag for the headroom servers (repeatable)")
@@ -400,57 +1004,60 @@ def main():
                   file=sys.stderr)
             return 2
     profile = PROFILES[args.profile]
+    seeds = list(range(1, (args.seeds or profile["seeds"]) + 1))
     out_dir = args.out_dir
     work = os.path.join(out_dir, "work")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(os.path.join(work, "series"))
-    t_start = time.monotonic()
-    servers = {}
-    results = {s: {} for s in SCENARIOS}
+    try:
+        corpus = jargon_corpus(out_dir, b)
+    except (SetupError, OSError) as e:
+        print(f"policy_eval.py: {e}", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    ctx = {"args": args, "profile": profile, "work": work, "corpus": corpus, "t0": t0,
+           "servers": {}, "print_lock": threading.Lock()}
     try:
         for name in SERVER_ARGS:
             extra = args.server_arg if name.startswith("headroom") else []
-            servers[name] = Server(args.server_bin, name, work, extra)
-        for scenario in SCENARIOS:
-            for policy in POLICIES:
-                m = run_one(args, profile, servers, scenario, policy, work)
-                results[scenario][policy] = m
-                mean = m["mean_underflow_ratio"]
-                print(f"  {scenario:15} {policy:13} skipped {m['skipped']:4} (avoidable "
-                      f"{m['avoidable_skipped']:4})  underflow "
-                      f"{'n/a' if mean is None else f'{100 * mean:.3f}%':>8}  val "
-                      f"{fmt(m['final_val_loss'], '.4f')}  updates {m['policy_updates']:3}  "
-                      f"{m['wall_s']:.1f} s{'' if m['completed'] else '  FAILED: ' + m['error']}",
-                      flush=True)
+            ctx["servers"][name] = Server(args.server_bin, name, work, extra)
+        results, times = run_everything(ctx, seeds, max(1, args.jobs))
     finally:
-        for s in servers.values():
+        for s in ctx["servers"].values():
             s.stop()
-    d = derive(results)
+    summary = {s: summarise_scenario(results, s) for s in SCENARIOS}
+    d = derive(results, summary)
     d["policy_eval_profile"] = args.profile
-    d["policy_eval_wall_s"] = time.monotonic() - t_start
+    d["policy_eval_seeds"] = len(seeds)
+    d["policy_eval_wall_s"] = time.monotonic() - t0
     with open(os.path.join(out_dir, "runs.json"), "w") as f:
-        json.dump({"profile": args.profile, "model": profile["model"], "steps": profile["steps"],
-                   "seed": args.seed, "server_args": args.server_arg, "derived": d,
+        json.dump({"profile": args.profile, "model": profile["model"],
+                   "scenarios": {s: {"steps": steps_of(profile, s),
+                                     "policies": list(policies_of(profile, s))}
+                                 for s in SCENARIOS},
+                   "seeds": seeds, "corpus_long": corpus, "server_args": args.server_arg,
+                   "jobs": args.jobs, "derived": d, "summary": summary, "times": times,
+                   "live_spread": live_spread(results), "fp32_fallback": fallback_rows(results),
                    "runs": results}, f, indent=2, sort_keys=True)
         f.write("\n")
     print()
-    print(write_table(os.path.join(out_dir, "table.md"), results, args.profile, profile))
-    for png in plot(out_dir, work, profile):
+    print(write_table(os.path.join(out_dir, "table.md"), results, summary, d, times,
+                      args.profile, profile, seeds))
+    for png in plot(out_dir, work, profile, summary, seeds[0]):
         print(f"plot: {png}")
     print()
-    for key, target, met in (
-            ("policy_skip_reduction_vs_gradscaler", ">= 10", "policy_skip_reduction_target_met"),
-            ("policy_underflow_reduction_vs_gradscaler", ">= 2",
-             "policy_underflow_reduction_target_met"),
-            ("policy_val_loss_delta_vs_gradscaler", "<= 0.01", "policy_val_loss_delta_target_met")):
-        v, ok = d[key], d[met]
-        print(f"{key}: {fmt(v, '.4g')} (target {target}: "
-              f"{'n/a' if ok is None else ('met' if ok else 'NOT met')})")
+    for s, t in times.items():
+        print(f"time {s}: {t['runs']} runs, {t['run_s']:.0f} run-seconds, about "
+              f"{t['wall_s']:.0f} s of the wall time")
+    print(f"policy_eval.py: {d['policy_eval_wall_s']:.0f} s in all, {args.jobs} runs at a time")
+    for row in goal_rows(d):
+        print(f"{row[1]}: {row[2]} (target {row[3]}: {row[4]})")
     if args.fragment:
         with open(args.fragment, "w") as f:
             json.dump(d, f, indent=2, sort_keys=True)
             f.write("\n")
-    failed = [f"{s}.{p}" for s in SCENARIOS for p in POLICIES if not results[s][p]["completed"]]
+    failed = [run_id(s, p, seed) for s in SCENARIOS for p, runs in results[s].items()
+              for seed, m in runs.items() if not m["completed"]]
     if failed:
         print(f"policy_eval.py: runs that did not complete: {', '.join(failed)}", file=sys.stderr)
         return 1
