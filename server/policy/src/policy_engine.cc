@@ -548,9 +548,16 @@ void PolicyEngine::evaluate(const StepInput& in, ScalerSettings* scaler,
   // overflowed tensors, often small ones) would only compound the first one downwards.
   const bool superseded = commanded_scale_ && latest_step_ < commanded_from_step_ &&
                           in.loss_scale > *commanded_scale_;
+  // An overflow that was not the scale's (an outlier, a forward-pass overflow): the local
+  // scaler backed off anyway, as a safety net must; undo that at once instead of waiting
+  // raise_after_evaluations evaluations at half the scale.
+  bool restore = false;
   if (urgent && !superseded) {
     auto s = std::find_if(window_.begin(), window_.end(),
                           [&](const StepSummary& x) { return x.step == in.step; });
+    restore = s != window_.end() && !s->reaction_log2 && in.scale_after < in.loss_scale &&
+              is_power_of_two(in.loss_scale) && scale_exponent(in.loss_scale) <= target &&
+              scale_exponent(in.loss_scale) >= lo;
     if (s != window_.end() && s->reaction_log2) {
       const int react = std::clamp(*s->reaction_log2 - h.margin_binades, lo, hi);
       if (react < target) {
@@ -566,7 +573,21 @@ void PolicyEngine::evaluate(const StepInput& in, ScalerSettings* scaler,
 
   if (scaler != nullptr) {
     const double log2_in_use = std::log2(in_use);
-    if (log2_in_use - target > h.lower_tolerance_binades + kLog2Eps) {
+    if (restore) {
+      scaler->loss_scale = in.loss_scale;
+      const bool forward = in.first_offender && !is_loss_scaled(in.first_offender->role);
+      const std::string cause =
+          forward ? "its first offender " + in.first_offender->name + " (" +
+                        std::string(role_name(in.first_offender->role)) +
+                        ") is in the forward pass"
+                  : "its non-finite values lie far above the finite ones (an outlier)";
+      why->push_back("headroom: restore " + scale_text(in.scale_after) + " -> " +
+                     scale_text(in.loss_scale) + ": the overflow at step " +
+                     std::to_string(in.step) + " was not the scale's, " + cause +
+                     "; the local backoff is undone; " + basis);
+      consecutive_raises_ = 0;
+      lowest_raise_target_.reset();
+    } else if (log2_in_use - target > h.lower_tolerance_binades + kLog2Eps) {
       scaler->loss_scale = pow2(target);
       why->push_back("headroom: lower " + scale_text(in_use) + " -> " + binade(target) + ": " +
                      basis);

@@ -394,15 +394,19 @@ TEST(PolicyEngineTest, AnIsolatedInfIsNotScaleEvidence) {
   for (int i = 0; i < 6; ++i) sim.run({Dist{}});
   Dist injected;
   injected.extra_inf = 1;  // finite top 2^13 as stored: two binades below FP16's top
-  EXPECT_TRUE(sim.run({injected}).empty());
+  const auto out = sim.run({injected});
   EXPECT_EQ(sim.scale, p2(18));  // the local scaler backed off
-  // The engine restores the scale it chose, through the ordinary raise path.
-  std::vector<PolicyDecision> raised;
-  for (int i = 0; i < 6; ++i) {
-    for (const auto& d : sim.run({Dist{}})) raised.push_back(d);
-  }
-  ASSERT_EQ(raised.size(), 1u);
-  EXPECT_EQ(raised[0].scaler.loss_scale, p2(19));
+  // The engine does not lower, and undoes the backoff at once: the scale was not the cause.
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].scaler.loss_scale, p2(19));
+  EXPECT_EQ(out[0].effective_from_step, sim.step - 1 + 2);
+  EXPECT_EQ(out[0].reason.rfind("headroom: restore 2^18 -> 2^19: the overflow at step 6 was not "
+                                "the scale's, its non-finite values lie far above",
+                                0),
+            0u)
+      << out[0].reason;
+  for (int i = 0; i < 6; ++i) EXPECT_TRUE(sim.run({Dist{}}).empty());
+  EXPECT_EQ(sim.scale, p2(19));
 }
 
 TEST(PolicyEngineTest, AnOverflowSeenOnlyAfterUnscalingIsStillScaleEvidence) {
@@ -503,7 +507,10 @@ TEST(PolicyEngineTest, InfPropagatedFromAnInjectedOutlierIsNotScaleEvidence) {
   in.skipped = true;
   in.scale_after = p2(18);
   PolicyEngine& engine = sim.engine;
-  for (const auto& d : engine.observe(in)) EXPECT_FALSE(d.scaler.loss_scale) << d.reason;
+  // Not lowered; the local backoff is undone (restored to the step's own scale).
+  for (const auto& d : engine.observe(in)) {
+    EXPECT_EQ(d.scaler.loss_scale.value_or(p2(19)), p2(19)) << d.reason;
+  }
   // The same blind tensor next to a tensor whose finite values ran into the top is evidence.
   Dist tail;
   tail.top = -3;  // stored at 2^19: 2^16, overflows
@@ -671,9 +678,12 @@ TEST(PolicyEngineTest, NonFiniteGradientsFromAForwardOverflowAreNotScaleEvidence
   for (std::int64_t s = 0; s < 3; ++s) {
     engine.observe(report(s, p2(16), {gaussian_gradient("h1.attn.qkv", -8, 1e5, p2(16))}));
   }
-  for (const auto& d : engine.observe(step_of(3, true))) {
-    EXPECT_FALSE(d.scaler.loss_scale) << d.reason;
-  }
+  const auto forward = engine.observe(step_of(3, true));
+  ASSERT_EQ(forward.size(), 1u);
+  EXPECT_EQ(forward[0].scaler.loss_scale, p2(16)) << forward[0].reason;  // the backoff undone
+  EXPECT_NE(forward[0].reason.find("first offender h1.attn.scores (activation) is in the forward"),
+            std::string::npos)
+      << forward[0].reason;
   PolicyEngine unnamed(kRun, cfg, dynamic_scaler(p2(16)));
   for (std::int64_t s = 0; s < 3; ++s) {
     unnamed.observe(report(s, p2(16), {gaussian_gradient("h1.attn.qkv", -8, 1e5, p2(16))}));
