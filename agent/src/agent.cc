@@ -214,7 +214,8 @@ Status Agent::shutdown(std::chrono::milliseconds timeout) noexcept {
     if (m.shut) return Status::Ok();
     m.shut = true;
     const auto deadline = Clock::now() + timeout;
-    m.recorder->close();  // no step call hands anything over after this
+    m.delivery->interrupt_waits();  // a lockstep begin_step gives the step lock back
+    m.recorder->close();            // no step call hands anything over after this
     const Status result = m.delivery->stop(deadline);
     m.recorder->release_devices();
     return result;
@@ -240,6 +241,7 @@ Counters Agent::counters() const noexcept {
   c.policies_applied = m.policy->applied();
   c.policies_refused = m.policy->refused();
   c.refused_calls = m.recorder->refused_calls();
+  c.lockstep_timeouts = m.recorder->lockstep_timeouts();
   c.training_thread_s = m.recorder->training_thread_s();
   try {
     m.delivery->fill(&c);  // the spool's counters are behind its lock

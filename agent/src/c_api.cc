@@ -582,6 +582,7 @@ ampscope_status ampscope_agent_get_counters(const ampscope_agent* agent,
     v.training_thread_s = c.training_thread_s;
     v.connected = c.connected ? 1 : 0;
     v.refused_calls = c.refused_calls;
+    v.lockstep_timeouts = c.lockstep_timeouts;
     if (std::string e = write_struct(v, AMPSCOPE_AGENT_COUNTERS_SIZE_V1, "out", out); !e.empty()) {
       return agent->fail(AMPSCOPE_INVALID_ARGUMENT, std::move(e));
     }

@@ -140,6 +140,10 @@ const std::vector<Option>& options() {
        }},
       {"policy_receive_delay_ms", "milliseconds in [0, 86400000]",
        millis(&AgentConfig::policy_receive_delay, 0, kDay)},
+      {"policy_lockstep", "a boolean",
+       [](AgentConfig& c, std::string_view v) { return parse_bool(v, &c.policy_lockstep); }},
+      {"policy_lockstep_timeout_ms", "milliseconds in [1, 86400000]",
+       millis(&AgentConfig::policy_lockstep_timeout, 1, kDay)},
       {"token", "a token", text(&AgentConfig::token)},
       {"token_file", "a readable file whose first line is the token",
        [](AgentConfig& c, std::string_view v) {
@@ -296,6 +300,9 @@ std::string validate(const AgentConfig& c) {
   if (c.backoff_max < c.backoff_initial) return "backoff_max_ms: below backoff_initial_ms";
   if (c.queue_steps == 0 || c.max_batch == 0 || c.max_in_flight == 0) {
     return "queue_steps, max_batch and max_in_flight must be >= 1";
+  }
+  if (c.policy_lockstep_timeout.count() <= 0) {
+    return "policy_lockstep_timeout_ms: must be >= 1 (a lockstep wait is always bounded)";
   }
   if (c.sampling.full_every < 0 || c.sampling.cupti_every < 0) {
     return "sample_full_every and cupti_every must be >= 0";

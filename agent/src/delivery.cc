@@ -105,7 +105,41 @@ Status Delivery::flush(Deadline deadline) {
   return acknowledged_by(spool_->last_seq(), deadline, " yet");
 }
 
+Delivery::AckWait Delivery::wait_all_acked(Deadline deadline, std::uint64_t* target) {
+  *target = spool_->last_seq();
+  if (config_.server.empty()) return AckWait::kAcked;
+  {
+    // A submitted record has its seq once the worker spooled it.
+    std::unique_lock lock(mu_);
+    const bool idle = cv_.wait_until(lock, deadline, [&] {
+      return interrupted_.load() || (queue_.empty() && !worker_busy_);
+    });
+    if (interrupted_.load()) return AckWait::kInterrupted;
+    *target = spool_->last_seq();
+    if (!idle) return AckWait::kTimedOut;
+  }
+  // Acks wake wait_acked at once; the slices only bound how late a loss or an interrupt is seen.
+  constexpr std::chrono::milliseconds kSlice{20};
+  for (;;) {
+    if (spool_->acked() >= *target) return AckWait::kAcked;
+    if (interrupted_.load()) return AckWait::kInterrupted;
+    if (transport_->lost()) return AckWait::kLost;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return AckWait::kTimedOut;
+    transport_->wait_acked(*target, std::min(deadline, now + kSlice));
+  }
+}
+
+void Delivery::interrupt_waits() {
+  {
+    std::lock_guard lock(mu_);
+    interrupted_.store(true);
+  }
+  cv_.notify_all();
+}
+
 Status Delivery::stop(Deadline deadline) {
+  interrupt_waits();
   {
     std::lock_guard lock(lifecycle_mu_);
     if (stopped_) return Status::Ok();

@@ -67,6 +67,19 @@ class Delivery {
 
   // Waits until everything submitted is spooled and, with a server, acknowledged.
   Status flush(Deadline deadline);
+
+  // For policy_lockstep (lockstep.h): how a wait for the acknowledgement of everything
+  // submitted so far ended.
+  enum class AckWait { kAcked, kTimedOut, kLost, kInterrupted };
+  // Waits until the worker has spooled every submitted record and the server acknowledged the
+  // spool up to its last seq (*target: that seq). Ends early when the stream that was open is
+  // lost (kLost) or at interrupt_waits(). Without a server: kAcked at once.
+  AckWait wait_all_acked(Deadline deadline, std::uint64_t* target);
+  // Ends every wait_all_acked, the one in progress and all later ones (shutdown: the step call
+  // that waits must give the step lock back).
+  void interrupt_waits();
+  std::uint64_t acked() const { return spool_->acked(); }
+  bool connected() const { return transport_->connected(); }
   // Stops accepting records, spools what is queued, waits for the acknowledgements until the
   // deadline and stops the transport. What is not acknowledged stays in the spool. The first
   // call does the work; a later or concurrent one returns Ok at once.
@@ -102,6 +115,8 @@ class Delivery {
   bool stopping_ = false;              // guarded by mu_: the worker drains the queue and exits
   bool worker_busy_ = false;           // guarded by mu_
   std::uint64_t queued_copy_bytes_ = 0;  // guarded by mu_
+
+  std::atomic<bool> interrupted_{false};  // set under mu_ (cv_ waits on it)
 
   std::atomic<std::uint64_t> spooled_{0};
   std::atomic<std::uint64_t> dropped_reports_{0};

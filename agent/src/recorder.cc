@@ -58,6 +58,7 @@ Recorder::Recorder(const AgentConfig& config, const RunInfo& run, Notices* notic
       policy_(policy),
       delivery_(delivery),
       resume_skip_through_(resume_skip_through),
+      lockstep_(config, delivery, notices),
       sampler_(config.sampling) {}
 
 Recorder::~Recorder() = default;
@@ -115,6 +116,7 @@ bool Recorder::begin_step(std::int64_t step) {
     step_scale_ = 1.0;
     sampled_this_step_ = 0;
     nonfinite_this_step_ = false;
+    lockstep_.before_step(step);
     policy_->begin_step(step, &current_.outcomes);
     current_.policy_seq = policy_->step_seq();
     observing_ = sampler_.begin_step(step);

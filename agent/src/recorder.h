@@ -1,5 +1,6 @@
-// The recorder: the training side of the agent. At begin_step it applies the policy updates due
-// at the step and decides what to measure (sampling); observe measures host tensors on the
+// The recorder: the training side of the agent. At begin_step it waits for the server when
+// policy_lockstep asks for it (lockstep.h), applies the policy updates due at the step and
+// decides what to measure (sampling); observe measures host tensors on the
 // calling thread, or copies them for the worker, and launches device statistics; it keeps the
 // step's NVTX ranges and CUPTI range; end_step hands the step's record to the delivery pipeline.
 //
@@ -30,6 +31,7 @@
 #include "ampscope/agent/agent.h"
 #include "cupti_collector.h"
 #include "gpu_stats.h"
+#include "lockstep.h"
 #include "notices.h"
 #include "record.h"
 #include "sampling.h"
@@ -79,6 +81,7 @@ class Recorder {
     return static_cast<double>(training_ns_.load(std::memory_order_relaxed)) * 1e-9;
   }
   std::uint64_t refused_calls() const { return refused_calls_.load(std::memory_order_relaxed); }
+  std::uint64_t lockstep_timeouts() const { return lockstep_.timeouts(); }
 
  private:
   class Call;
@@ -106,6 +109,7 @@ class Recorder {
   std::atomic<std::thread::id> holder_{};  // the thread holding step_mu_, if any
 
   // Guarded by step_mu_.
+  Lockstep lockstep_;
   Sampler sampler_;
   bool started_ = false;  // the first step began: the pipeline runs, attach_* are refused
   bool closed_ = false;

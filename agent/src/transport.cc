@@ -191,6 +191,7 @@ void Transport::run() {
         ever_connected = true;
         backoff = config_.backoff_initial;
         connected_ = true;
+        ever_connected_ = true;
         if (hooks_.on_connected) hooks_.on_connected(true);
       }
       std::vector<SpoolRecord> batch;

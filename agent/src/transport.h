@@ -56,6 +56,9 @@ class Transport {
   void stop();
 
   bool connected() const { return connected_.load(); }
+  // A stream had been acknowledged and none is now: the server went away (or is being
+  // reconnected to). False before the first acknowledged stream.
+  bool lost() const { return ever_connected_.load() && !connected_.load(); }
   std::uint64_t reconnects() const { return reconnects_.load(); }
   std::uint64_t rejected() const { return rejected_.load(); }
 
@@ -74,6 +77,7 @@ class Transport {
   bool stopping_ = false;       // guarded by mu_
   grpc::ClientContext* context_ = nullptr;  // of the open stream, guarded by mu_
   std::atomic<bool> connected_{false};
+  std::atomic<bool> ever_connected_{false};
   std::atomic<std::uint64_t> reconnects_{0};
   std::atomic<std::uint64_t> rejected_{0};
 };

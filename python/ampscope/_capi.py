@@ -1,5 +1,5 @@
 """libampscope_agent.so through ctypes: the C API's structs, functions and constants
-(ampscope/agent/c_api.h, ABI 3), and where the library is found.
+(ampscope/agent/c_api.h, ABI 5), and where the library is found.
 
 The library is looked up, in order: the AMPSCOPE_AGENT_LIBRARY environment variable (a path);
 next to this package (ampscope/_lib/, where `cmake --install` puts it); the system's library
@@ -14,7 +14,7 @@ import os
 
 # The ABI this module declares (AMPSCOPE_AGENT_ABI_VERSION of the header it mirrors). A library
 # with a lower version lacks functions or fields used here and is refused.
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 OK, INVALID_ARGUMENT, UNAVAILABLE, DEADLINE_EXCEEDED, FAILED_PRECONDITION, INTERNAL = range(6)
 
@@ -163,7 +163,7 @@ class Counters(ctypes.Structure):
                      "dropped_tensors", "rejected_reports", "spool_bytes", "reconnects",
                      "policies_applied", "policies_refused")
     ] + [("training_thread_s", _c_double), ("connected", ctypes.c_int),
-         ("refused_calls", ctypes.c_uint64)]
+         ("refused_calls", ctypes.c_uint64), ("lockstep_timeouts", ctypes.c_uint64)]
 
     def as_dict(self):
         return {name: getattr(self, name) for name, _ in self._fields_[1:]}

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "ampscope/testing/files.h"
@@ -66,6 +67,33 @@ TEST(AgentConfigTest, ABadVariableIsNamed) {
   const std::string err = apply_environment(c);
   unsetenv("AMPSCOPE_SAMPLE_COUNTS");
   EXPECT_NE(err.find("AMPSCOPE_SAMPLE_COUNTS"), std::string::npos) << err;
+}
+
+TEST(AgentConfigTest, LockstepIsOffByDefaultAndSetLikeEveryOption) {
+  AgentConfig c;
+  EXPECT_FALSE(c.policy_lockstep);
+  EXPECT_EQ(c.policy_lockstep_timeout, std::chrono::milliseconds(10000));
+  EXPECT_EQ(set_option(c, "policy_lockstep", "on"), "");
+  EXPECT_EQ(set_option(c, "policy-lockstep-timeout-ms", "2500"), "");
+  EXPECT_TRUE(c.policy_lockstep);
+  EXPECT_EQ(c.policy_lockstep_timeout, std::chrono::milliseconds(2500));
+  // Never unbounded, never zero.
+  EXPECT_NE(set_option(c, "policy_lockstep_timeout_ms", "0").find("policy_lockstep_timeout_ms"),
+            std::string::npos);
+  EXPECT_NE(set_option(c, "policy_lockstep", "sometimes").find("policy_lockstep"),
+            std::string::npos);
+  EXPECT_EQ(c.policy_lockstep_timeout, std::chrono::milliseconds(2500));
+
+  setenv("AMPSCOPE_POLICY_LOCKSTEP", "off", 1);
+  setenv("AMPSCOPE_POLICY_LOCKSTEP_TIMEOUT_MS", "700", 1);
+  const std::string err = apply_environment(c);
+  unsetenv("AMPSCOPE_POLICY_LOCKSTEP");
+  unsetenv("AMPSCOPE_POLICY_LOCKSTEP_TIMEOUT_MS");
+  EXPECT_EQ(err, "");
+  EXPECT_FALSE(c.policy_lockstep);
+  EXPECT_EQ(c.policy_lockstep_timeout, std::chrono::milliseconds(700));
+  const auto& keys = option_keys();
+  EXPECT_NE(std::find(keys.begin(), keys.end(), "policy_lockstep"), keys.end());
 }
 
 TEST(AgentConfigTest, ValidateNamesTheField) {

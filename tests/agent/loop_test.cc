@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <tuple>
+#include <vector>
 
 #include "ampscope/testing/child_process.h"
 #include "ampscope/testing/files.h"
@@ -68,6 +70,35 @@ TEST(PolicyLoopTest, UpdateIsAppliedAtExactlyTheRequestedStep) {
   EXPECT_TRUE(r.reports.at(at).policy_outcomes(0).applied());
   // With growth frozen by the policy, the scale stays (no overflow in this run).
   EXPECT_EQ(r.reports.rbegin()->second.scale_after(), 1024.0);
+}
+
+// policy_lockstep: the headroom policy's closed loop, run twice, takes the same decisions at the
+// same steps, so the per-step loss scale and loss repeat exactly (without lockstep the
+// decisions land on steps that depend on how late they arrive).
+TEST(PolicyLoopTest, LockstepRunsRepeatExactly) {
+  std::vector<std::vector<std::tuple<std::int64_t, double, double>>> runs;
+  for (int i = 0; i < 2; ++i) {
+    TempDir dir;
+    const LoopResult r = run_loop(dir, "lockstep", {"--policy", "headroom"},
+                                  {"--precision", "amp-fp16", "--scaler", "dynamic",
+                                   "--init-scale", "16777216", "--agent", "policy_lockstep=on"},
+                                  60);
+    ASSERT_EQ(r.reports.size(), 60u) << r.trainer_log;
+    ASSERT_TRUE(r.policy);
+    int applied = 0;
+    for (const auto& d : r.policy->history()) {
+      for (const auto& a : d.applications()) applied += a.applied() ? 1 : 0;
+    }
+    EXPECT_GT(applied, 0) << "the loop must have acted for the comparison to mean anything";
+    runs.emplace_back();
+    for (const auto& [step, report] : r.reports) {
+      runs.back().emplace_back(step, report.loss_scale(), report.loss());
+      for (const auto& n : report.notices()) {
+        EXPECT_EQ(n.find("lockstep gave up"), std::string::npos) << n;
+      }
+    }
+  }
+  EXPECT_EQ(runs[0], runs[1]);
 }
 
 TEST(PolicyLoopTest, MalformedUpdateIsRefusedAndReported) {

@@ -22,7 +22,9 @@
 // A guest in someone else's process: no member throws, exits or aborts. Failures are returned
 // as a Status or turn into notices in the reports and counted drops, and a failing collector
 // stops collecting instead of failing the run. begin_step/observe/end_step never block on the
-// network or the disk: they hand work to a bounded queue and count what does not fit.
+// network or the disk: they hand work to a bounded queue and count what does not fit. The one
+// exception is asked for: with policy_lockstep on, begin_step waits, bounded by
+// policy_lockstep_timeout, for the server's acknowledgement of the reports before it (config.h).
 //
 // Threads. The step calls (begin_step, observe, mark_phase, end_step) and attach_* may come
 // from any thread: the agent serialises them, one at a time, under its own step lock held for
@@ -31,8 +33,8 @@
 // are recorded in the order they take the lock, and tensors shown between end_step and the
 // next begin_step are ignored. A call waits at most for the step call in progress (its work on
 // the caller's side: counting or, in stats_thread=caller mode, fully measuring a tensor; the
-// scaler's callbacks; the CUPTI range of a profiled step), never for the network, the disk or
-// the worker.
+// scaler's callbacks; the CUPTI range of a profiled step, a lockstep begin_step's wait), never
+// for the network, the disk or the worker.
 // The one misuse is re-entry: a step call from inside another on the same thread (from a
 // ScalerControl or PrecisionOverrides callback, which run under the step lock) would deadlock,
 // so it is refused with kFailedPrecondition (begin_step returns false), counted in
@@ -101,7 +103,9 @@ struct Counters {
   std::uint64_t policies_applied = 0;
   std::uint64_t policies_refused = 0;
   std::uint64_t refused_calls = 0;     // step calls refused by the threading contract (re-entry)
+  std::uint64_t lockstep_timeouts = 0;  // policy_lockstep waits given up (timeout, stream lost)
   double training_thread_s = 0.0;      // time inside begin_step/observe/end_step, all callers
+                                       // (policy_lockstep's waits included)
   bool connected = false;              // a stream is open and has been acknowledged
 };
 
@@ -127,7 +131,9 @@ class Agent {
   //
   // At the start of each step, before the step reads its loss scale: applies policy updates
   // due at `step` and decides what to measure. Returns true when observe() calls are wanted
-  // this step (false when refused).
+  // this step (false when refused). With policy_lockstep on it first waits (bounded) until the
+  // server acknowledged every report handed over before; shutdown() from another thread ends
+  // that wait at once.
   bool begin_step(std::int64_t step) noexcept;
   // Between begin_step and end_step, in execution order (TensorView::order says it exactly).
   Status observe(const TensorView& tensor) noexcept;

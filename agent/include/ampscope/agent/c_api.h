@@ -64,8 +64,9 @@
  *      loss-scale rules (ampscope_loss_scale_*), so that a caller's own scaler runs the
  *      built-in one's rules
  *   4  the per-step policy agreement of a multi-rank run: ampscope_agent_policy_vote and
- *      ampscope_agent_policy_agreed */
-#define AMPSCOPE_AGENT_ABI_VERSION 4u
+ *      ampscope_agent_policy_agreed
+ *   5  counters: lockstep_timeouts (agent options policy_lockstep, policy_lockstep_timeout_ms) */
+#define AMPSCOPE_AGENT_ABI_VERSION 5u
 
 /* Whether a struct `ptr` of type `type` carries `field` (its struct_size covers it). */
 #define AMPSCOPE_STRUCT_HAS(type, ptr, field) \
@@ -292,6 +293,8 @@ typedef struct ampscope_agent_counters {
   int connected;
   /* ABI 3: step calls refused by the threading contract (re-entry from a callback). */
   uint64_t refused_calls;
+  /* ABI 5: policy_lockstep waits given up (timeout, or the stream to the server lost). */
+  uint64_t lockstep_timeouts;
 } ampscope_agent_counters;
 #define AMPSCOPE_AGENT_COUNTERS_INIT AMPSCOPE_STRUCT_INIT_(ampscope_agent_counters)
 #define AMPSCOPE_AGENT_COUNTERS_SIZE_V1 offsetof(ampscope_agent_counters, refused_calls)

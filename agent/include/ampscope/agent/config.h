@@ -88,6 +88,16 @@ struct AgentConfig {
   // Fault injection for tests of the agreement: a PolicyUpdate counts as received only this
   // long after it arrived (0: at once).
   std::chrono::milliseconds policy_receive_delay{0};
+  // Lockstep policy application, for evaluations that must repeat exactly (docs/agent.md,
+  // "Lockstep"). On: begin_step(s) first waits until the server has acknowledged every report
+  // handed over before it (the report of step s-1); the server sends the decisions a report
+  // caused before its Ack, so every decision caused by the steps before s is held when s
+  // begins, and a decision takes effect at the same step on every run, whatever the timing.
+  // The wait is bounded: after policy_lockstep_timeout, or at once when the stream that was
+  // open is lost, it gives up (a notice, Counters::lockstep_timeouts) and steps do not wait
+  // again until the acknowledgements have caught up. Off: the loop is asynchronous.
+  bool policy_lockstep = false;
+  std::chrono::milliseconds policy_lockstep_timeout{10000};
   std::string token;  // sent as "authorization: Bearer <token>"; empty: none
 
   // Durable transport.
@@ -121,7 +131,8 @@ struct AgentConfig {
 //   max_in_flight, worker_max_bytes (integers; sizes take K/M/G suffixes);
 //   backoff_initial_ms, backoff_max_ms, connect_timeout_ms, keepalive_time_ms,
 //   keepalive_timeout_ms, flush_timeout_ms, policy_fallback_after_ms,
-//   policy_receive_delay_ms (milliseconds); gradients_sharded (bool);
+//   policy_receive_delay_ms, policy_lockstep_timeout_ms (milliseconds); gradients_sharded,
+//   policy_lockstep (bool);
 //   policy_agreement (auto|single|per_step|none|independent);
 //   stats_thread (caller|worker); nvtx (bool);
 //   sample_counts, sample_full_on_nonfinite, sample_full_on_scale_change (bool: 1/0,
