@@ -112,6 +112,7 @@ int main(void) {
   F(ampscope_agent_counters, training_thread_s);
   F(ampscope_agent_counters, connected);
   F(ampscope_agent_counters, refused_calls);
+  F(ampscope_agent_counters, lockstep_timeouts);
   END();
   BEGIN(ampscope_loss_scale_rule);
   F(ampscope_loss_scale_rule, struct_size);

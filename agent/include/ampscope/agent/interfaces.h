@@ -111,8 +111,9 @@ struct PolicyVote {
 };
 
 // The set of layers computed in FP32 (the policy's FP32 fallback).
-// Thread safety: capable_layers() from any thread; replace() from the training thread, called
-// by Agent::begin_step(step) with from_step == step.
+// Thread safety: capable_layers() and layer_of() from any thread (the agent validates updates on
+// its reader thread); replace() from the training thread, called by Agent::begin_step(step) with
+// from_step == step.
 class PrecisionOverrides {
  public:
   virtual ~PrecisionOverrides() = default;
