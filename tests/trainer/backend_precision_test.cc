@@ -109,6 +109,65 @@ INSTANTIATE_TEST_SUITE_P(Formats, BackendPrecisionTest,
                          ::testing::Values(Format::kFP16, Format::kBF16),
                          [](const auto& info) { return std::string(format_name(info.param)); });
 
+// Faults injected into attention's scores and probabilities land where the softmax and the
+// product read them (one sequence, 3 tokens, 2 heads of 2 channels).
+class AttentionFaultTest : public ::testing::Test {
+ protected:
+  static constexpr std::int64_t B = 1, T = 3, C = 4, NH = 2, hs = C / NH;
+  struct Result {
+    std::vector<float> out, scores, probs;
+  };
+  Result run(Format compute, const AttentionFaults& faults) {
+    std::vector<float> qkv(B * T * 3 * C);
+    for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = 0.25f * static_cast<float>(i % 5) - 0.5f;
+    std::vector<std::uint16_t> out16(B * T * C), scores16(B * NH * T * T);
+    std::vector<float> out32(out16.size()), scores32(scores16.size()), probs(scores16.size());
+    const bool half = compute != Format::kFP32;
+    void* out = half ? static_cast<void*>(out16.data()) : out32.data();
+    void* scores = half ? static_cast<void*>(scores16.data()) : scores32.data();
+    be_->attention_forward(Tensor(out, compute, {B, T, C}), Tensor(scores, compute, {B, NH, T, T}),
+                           Tensor(probs.data(), Format::kFP32, {B, NH, T, T}),
+                           Tensor(qkv.data(), Format::kFP32, {B, T, 3 * C}), int(NH), compute,
+                           Format::kFP32, faults);
+    Result r{std::vector<float>(out16.size()), std::vector<float>(scores16.size()), probs};
+    convert_to_fp32(out, r.out.data(), r.out.size(), compute);
+    convert_to_fp32(scores, r.scores.data(), r.scores.size(), compute);
+    return r;
+  }
+  std::unique_ptr<Backend> be_ = make_cpu_backend({.blas_threads = 1});
+};
+
+TEST_F(AttentionFaultTest, AScoreAboveFp16SpoilsItsRowInFp16AndChangesNothingInFp32) {
+  AttentionFaults faults;
+  faults.scores = ElementFault{0, 131008.0f};  // query 0's one score (key 0), sequence 0, head 0
+  const Result fp16 = run(Format::kFP16, faults), clean16 = run(Format::kFP16, {});
+  EXPECT_TRUE(std::isinf(fp16.scores[0]));
+  EXPECT_TRUE(std::isnan(fp16.probs[0]));
+  for (std::int64_t c = 0; c < C; ++c) {
+    EXPECT_EQ(std::isnan(fp16.out[c]), c < hs) << c;  // token 0's context in head 0 only
+  }
+  for (std::size_t i = hs; i < fp16.out.size(); ++i) EXPECT_EQ(fp16.out[i], clean16.out[i]) << i;
+
+  const Result fp32 = run(Format::kFP32, faults), clean32 = run(Format::kFP32, {});
+  EXPECT_EQ(fp32.scores[0], 131008.0f);
+  EXPECT_EQ(fp32.probs, clean32.probs);  // a row with one key has probability 1 for any score
+  EXPECT_EQ(fp32.out, clean32.out);
+}
+
+TEST_F(AttentionFaultTest, AProbabilityFaultIsWhatTheProductReads) {
+  AttentionFaults faults;
+  faults.probs = ElementFault{NH * T * T - T, 0.5f};  // head 1, query 2, key 0
+  const Result hit = run(Format::kFP32, faults), clean = run(Format::kFP32, {});
+  EXPECT_EQ(hit.probs[NH * T * T - T], 0.5f);
+  EXPECT_EQ(hit.scores, clean.scores);
+  for (std::int64_t t = 0; t < T; ++t) {
+    for (std::int64_t c = 0; c < C; ++c) {
+      const std::size_t i = static_cast<std::size_t>(t * C + c);
+      EXPECT_EQ(hit.out[i] != clean.out[i], t == 2 && c >= hs) << t << "," << c;
+    }
+  }
+}
+
 TEST(TensorTest, SixteenBitTensorsUseTwoBytesPerElement) {
   EXPECT_EQ(Tensor(nullptr, Format::kFP16, {3, 5}).bytes(), 30u);
   EXPECT_EQ(Tensor(nullptr, Format::kBF16, {3, 5}).bytes(), 30u);

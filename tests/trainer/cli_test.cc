@@ -68,6 +68,10 @@ TEST_F(CliTest, BadInputGivesOneLineErrorAndNonZeroExit) {
       "--resume --checkpoint-dir " + (dir_ / "nothing").string(),
       "--init-scale 0",
       "--precision amp-fp16 --scaler hysteresis --init-scale 0.5",  // below min_scale 1
+      "--inject-overflow 1 --inject-overflow-tensor logits.grad",   // a gradient
+      "--inject-overflow-tensor h0.mlp.fc.weight",                  // a weight
+      "--inject-overflow-tensor loss",                              // not an activation
+      "--inject-overflow-tensor h1.attn.scores",                    // no block h1
       "extra_positional",
   };
   for (const auto& args : bad) {
@@ -83,10 +87,11 @@ TEST_F(CliTest, BadInputGivesOneLineErrorAndNonZeroExit) {
 TEST_F(CliTest, HelpListsTheFlags) {
   const Result r = run("--help");
   EXPECT_EQ(r.code, 0);
-  for (const char* flag : {"--precision", "--steps", "--seed", "--batch", "--accum", "--lr",
-                           "--data", "--checkpoint-dir", "--resume", "--log-json", "--context",
-                           "--width", "--heads", "--layers", "--inject-nan", "--grad-shrink",
-                           "--grad-shrink-end", "--inject-overflow-every"}) {
+  for (const char* flag :
+       {"--precision", "--steps", "--seed", "--batch", "--accum", "--lr", "--data",
+        "--checkpoint-dir", "--resume", "--log-json", "--context", "--width", "--heads", "--layers",
+        "--inject-nan", "--grad-shrink", "--grad-shrink-end", "--inject-overflow-every",
+        "--inject-overflow-tensor"}) {
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
   }
 }
@@ -125,6 +130,30 @@ TEST_F(CliTest, PeriodicOverflowSpikesSkipExactlyTheirSteps) {
     EXPECT_EQ(lines[i]["skipped"].get<bool>(), i == 3 || i == 6) << lines[i].dump();
   }
   EXPECT_NE(r.out.find("skipped 2"), std::string::npos) << r.out;
+}
+
+// --inject-overflow-tensor moves the periodic overflow into an activation: skipped where its
+// layer stores FP16, harmless where --fp32-layer moved that layer to FP32.
+TEST_F(CliTest, ActivationOverflowSkipsItsStepsUnlessItsLayerRunsInFp32) {
+  const std::string spikes = tiny() +
+                             "--precision amp-fp16 --steps 7 --inject-overflow-every 3 "
+                             "--inject-overflow-tensor h0.attn.scores ";
+  const fs::path fp16_log = dir_ / "fp16.jsonl", fp32_log = dir_ / "fp32.jsonl";
+  const Result fp16 = run(spikes + "--log-json '" + fp16_log.string() + "'");
+  ASSERT_EQ(fp16.code, 0) << fp16.err;
+  const Result fp32 =
+      run(spikes + "--fp32-layer h0.attn.core@0 --log-json '" + fp32_log.string() + "'");
+  ASSERT_EQ(fp32.code, 0) << fp32.err;
+  const auto a = log_lines(fp16_log), b = log_lines(fp32_log);
+  ASSERT_EQ(a.size(), 7u);
+  ASSERT_EQ(b.size(), 7u);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]["skipped"].get<bool>(), i == 3 || i == 6) << a[i].dump();
+    EXPECT_FALSE(b[i]["skipped"].get<bool>()) << b[i].dump();
+    EXPECT_TRUE(b[i]["loss"].is_number()) << b[i].dump();  // null when not finite
+  }
+  EXPECT_NE(fp16.out.find("skipped 2"), std::string::npos) << fp16.out;
+  EXPECT_NE(fp32.out.find("skipped 0"), std::string::npos) << fp32.out;
 }
 
 TEST_F(CliTest, ResumeContinuesTheRunBitForBit) {

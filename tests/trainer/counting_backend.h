@@ -65,8 +65,9 @@ class CountingBackend final : public Backend {
     inner_->matmul_backward(dinp, dweight, dbias, dout, inp, weight, compute);
   }
   void attention_forward(const Tensor& out, const Tensor& scores, const Tensor& probs,
-                         const Tensor& qkv, int n_head, Format compute, Format softmax) override {
-    inner_->attention_forward(out, scores, probs, qkv, n_head, compute, softmax);
+                         const Tensor& qkv, int n_head, Format compute, Format softmax,
+                         const AttentionFaults& faults) override {
+    inner_->attention_forward(out, scores, probs, qkv, n_head, compute, softmax, faults);
   }
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                           const Tensor& probs, int n_head, Format compute,

@@ -130,7 +130,7 @@ TEST_F(GradCheckTest, CausalAttention) {
   auto objective = [&] {
     be_->attention_forward(view(out, {B, T, C}), view(scores, {B, NH, T, T}),
                            view(probs, {B, NH, T, T}), view(qkv, {B, T, 3 * C}), int(NH),
-                           Format::kFP32, Format::kFP32);
+                           Format::kFP32, Format::kFP32, {});
     return dot(out, r);
   };
   objective();

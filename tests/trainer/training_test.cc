@@ -9,10 +9,14 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "ampscope/check.h"
+#include "ampscope/convert.h"
 #include "ampscope/tensor_stats.h"
 #include "ampscope/testing/files.h"
 #include "ampscope/trainer/trainer.h"
@@ -456,6 +460,276 @@ TEST(TrainingTest, AStepReadsFromTheDeviceOnceWhateverTheAccumulation) {
     sum += b->model().forward(batch, ctx);
   }
   EXPECT_EQ(step_loss, sum / 3);
+}
+
+// Every tensor of the chosen steps as shown: its view's fields, and whether every value is
+// exactly representable in FP16 (what a value that passed through FP16 is).
+class ViewRecorder : public TensorObserver {
+ public:
+  struct Seen {
+    std::string name;
+    TensorRole role;
+    TensorPhase phase;
+    Format dtype;
+    std::vector<std::int64_t> shape;
+    float scale;
+    int micro_step;
+    int order;
+    std::optional<Format> held;
+    bool fp16_values;
+  };
+  std::vector<std::int64_t> steps{0};
+  std::vector<Seen> seen;
+
+  bool observe_step(std::int64_t step) override {
+    return std::find(steps.begin(), steps.end(), step) != steps.end();
+  }
+  void on_tensor(const TensorView& v) override {
+    std::int64_t n = 1;
+    for (auto d : v.shape) n *= d;
+    std::vector<float> x(static_cast<std::size_t>(n));
+    convert_to_fp32(v.data, x.data(), x.size(), v.dtype);
+    const bool fp16 = std::all_of(x.begin(), x.end(), [](float f) {
+      return !std::isfinite(f) || round_to(f, Format::kFP16) == f;
+    });
+    seen.push_back({std::string(v.name), v.role, v.phase, v.dtype,
+                    std::vector<std::int64_t>(v.shape.begin(), v.shape.end()), v.scale,
+                    v.micro_step, v.order, v.held, fp16});
+  }
+  std::vector<const Seen*> find(const std::string& name, TensorRole role, TensorPhase phase) const {
+    std::vector<const Seen*> out;
+    for (const auto& s : seen) {
+      if (s.name == name && s.role == role && s.phase == phase) out.push_back(&s);
+    }
+    return out;
+  }
+};
+
+// held, per parameter and mode: the matmul layers' compute format at the step (FP32 for a layer
+// moved there), the gradient buffer's format for LayerNorm, wpe and wte; the same after
+// unscaling.
+TEST(HeldTest, WeightGradientsSayWhereTheyCanOverflow) {
+  struct Case {
+    PrecisionMode mode;
+    Format matmul, overridden, buffer;
+  };
+  for (const Case& k : {Case{PrecisionMode::kAmpFP16, Format::kFP16, Format::kFP32, Format::kFP32},
+                        Case{PrecisionMode::kAmpBF16, Format::kBF16, Format::kFP32, Format::kFP32},
+                        Case{PrecisionMode::kFP16, Format::kFP16, Format::kFP16, Format::kFP16},
+                        Case{PrecisionMode::kFP32, Format::kFP32, Format::kFP32, Format::kFP32}}) {
+    auto t = make(tiny(k.mode, 1));
+    ASSERT_EQ(t->fp32_overrides().add("h0.mlp.fc", 0), "");
+    ViewRecorder rec;
+    t->set_observer(&rec);
+    t->step();
+    const std::regex matmul(R"(h\d+\.(attn\.qkv|attn\.proj|mlp\.fc|mlp\.proj)\.(weight|bias))");
+    int grads = 0;
+    for (const auto& s : rec.seen) {
+      if (s.role != TensorRole::kWeightGrad) {
+        EXPECT_FALSE(s.held) << s.name;  // activation gradients too: the run's compute format
+        continue;
+      }
+      ++grads;
+      Format expected = k.buffer;  // LayerNorm, wpe, wte
+      if (s.name.starts_with("h0.mlp.fc.")) {
+        expected = k.overridden;
+      } else if (std::regex_match(s.name, matmul) || s.name == "lm_head") {
+        expected = k.matmul;
+      }
+      ASSERT_TRUE(s.held) << precision_name(k.mode) << " " << s.name;
+      EXPECT_EQ(*s.held, expected)
+          << precision_name(k.mode) << " " << s.name << " " << format_name(*s.held);
+    }
+    EXPECT_EQ(grads, 2 * static_cast<int>(t->model().params().size()) + 1);
+  }
+}
+
+// held against the numbers: with one micro-batch, a gradient held in FP16 holds FP16 values
+// (each contribution was rounded to FP16 before the FP32 buffer added it to zero), and one held
+// in FP32 has values FP16 cannot represent.
+TEST(HeldTest, WhatIsSaidToPassThroughFp16HoldsFp16Values) {
+  auto t = make(tiny(PrecisionMode::kAmpFP16, 1));
+  ViewRecorder rec;
+  t->set_observer(&rec);
+  t->step();
+  int fp16 = 0, fp32 = 0;
+  for (const auto& s : rec.seen) {
+    if (s.role != TensorRole::kWeightGrad || s.phase != TensorPhase::kBackward) continue;
+    ASSERT_TRUE(s.held) << s.name;
+    EXPECT_EQ(s.dtype, Format::kFP32) << s.name;  // the FP32 gradient buffer either way
+    if (*s.held == Format::kFP16) {
+      ++fp16;
+      EXPECT_TRUE(s.fp16_values) << s.name;
+    } else {
+      ++fp32;
+      EXPECT_FALSE(s.fp16_values) << s.name;
+    }
+  }
+  EXPECT_EQ(fp16, 1 + 8 * 2);      // lm_head and the 8 matmul parameters of each block
+  EXPECT_EQ(fp32, 2 + 4 * 2 + 2);  // wte, wpe, LayerNorms of the blocks, lnf
+}
+
+// The LM head's share of the tied embedding's gradient: shown once per micro-batch, right after
+// the logits gradient, as a weight gradient at the loss scale, held in the head's compute
+// format; showing it changes no number of the run.
+TEST(LmHeadTest, TheHeadsShareOfTheTiedGradientIsShownEveryMicroBatch) {
+  TrainerConfig c = tiny(PrecisionMode::kAmpFP16, 3);
+  c.accum = 2;
+  auto watched = make(c);
+  ViewRecorder rec;
+  rec.steps = {0, 1, 2};
+  watched->set_observer(&rec);
+  for (int i = 0; i < 3; ++i) watched->step();
+  const auto head = rec.find("lm_head", TensorRole::kWeightGrad, TensorPhase::kBackward);
+  ASSERT_EQ(head.size(), 6u);
+  const auto dlogits = rec.find("logits", TensorRole::kActivationGrad, TensorPhase::kBackward);
+  const auto dlnf = rec.find("lnf", TensorRole::kActivationGrad, TensorPhase::kBackward);
+  ASSERT_EQ(dlogits.size(), 6u);
+  ASSERT_EQ(dlnf.size(), 6u);
+  const std::int64_t V = watched->config().model.vocab_size, C = c.model.n_embd;
+  for (std::size_t i = 0; i < head.size(); ++i) {
+    EXPECT_EQ(head[i]->micro_step, static_cast<int>(i % 2));
+    EXPECT_EQ(head[i]->order, dlogits[i]->order + 1);
+    EXPECT_EQ(dlnf[i]->order, head[i]->order + 1);
+    EXPECT_EQ(head[i]->scale, 65536.0f);
+    EXPECT_EQ(head[i]->held, Format::kFP16);
+    EXPECT_EQ(head[i]->shape, (std::vector<std::int64_t>{V, C}));
+    EXPECT_TRUE(head[i]->fp16_values);
+  }
+  EXPECT_TRUE(rec.find("lm_head", TensorRole::kWeightGrad, TensorPhase::kAfterUnscale).empty());
+
+  auto unwatched = make(c);
+  for (int i = 0; i < 3; ++i) unwatched->step();
+  const Tensor a = watched->model().param_buffer(), b = unwatched->model().param_buffer();
+  EXPECT_EQ(std::memcmp(a.data, b.data, a.bytes()), 0);
+
+  // Moved to FP32, the head's share is FP32 values, and says so.
+  auto fp32_head = make(tiny(PrecisionMode::kAmpFP16, 1));
+  ASSERT_EQ(fp32_head->fp32_overrides().add("lm_head", 0), "");
+  ViewRecorder fp32_rec;
+  fp32_head->set_observer(&fp32_rec);
+  fp32_head->step();
+  const auto moved = fp32_rec.find("lm_head", TensorRole::kWeightGrad, TensorPhase::kBackward);
+  ASSERT_EQ(moved.size(), 1u);
+  EXPECT_EQ(moved[0]->held, Format::kFP32);
+  EXPECT_FALSE(moved[0]->fp16_values);
+}
+
+TEST(LmHeadTest, IsNoInjectionTarget) {
+  auto t = make(tiny(PrecisionMode::kAmpFP16, 1));
+  const auto names = t->model().injectable_tensors();
+  EXPECT_EQ(std::count(names.begin(), names.end(), "lm_head.grad"), 0);
+  EXPECT_EQ(std::count(names.begin(), names.end(), "wte.grad"), 1);
+  TrainerConfig c = tiny(PrecisionMode::kAmpFP16, 1);
+  c.injections = {{Injection::Kind::kNaN, "lm_head.grad", 0}};
+  EXPECT_THROW(make(c), Error);
+}
+
+// The layer each tensor the model shows comes from, for every name it really shows: written
+// out here independently of the model's table, so that a tensor the model starts showing
+// without a mapping fails this test.
+TEST(ModelTest, LayerOfNamesTheLayerOfEveryTensorTheModelShows) {
+  TrainerConfig c = tiny(PrecisionMode::kAmpFP16, 1);
+  auto t = make(c);
+  ViewRecorder rec;
+  t->set_observer(&rec);
+  t->step();
+  const std::regex block(R"((h\d+)\.(.*))");
+  auto expected = [&](const std::string& name) -> std::optional<std::string> {
+    if (name == "logits" || name == "lm_head") return "lm_head";
+    if (name == "embed" || name == "lnf" || name == "loss" || name == "wte" || name == "wpe" ||
+        name == "lnf.weight" || name == "lnf.bias") {
+      return "";
+    }
+    std::smatch m;
+    if (!std::regex_match(name, m, block)) return std::nullopt;
+    const std::string h = m[1], rest = m[2];
+    for (const char* fp32 :
+         {"ln1", "ln2", "res1", "res2", "ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias"}) {
+      if (rest == fp32) return "";
+    }
+    for (const char* core : {"attn.scores", "attn.probs", "attn.context"}) {
+      if (rest == core) return h + ".attn.core";
+    }
+    if (rest == "mlp.gelu") return h + ".mlp.gelu";
+    for (const char* layer : {"attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"}) {
+      for (const char* suffix : {"", ".weight", ".bias"}) {
+        if (rest == std::string(layer) + suffix) return h + "." + layer;
+      }
+    }
+    return std::nullopt;
+  };
+  std::set<std::string> names, layers_hit;
+  for (const auto& s : rec.seen) names.insert(s.name);
+  for (const auto& name : names) {
+    const auto want = expected(name);
+    ASSERT_TRUE(want) << "the model shows '" << name << "', which this test does not know";
+    EXPECT_EQ(t->model().layer_of(name), *want) << name;
+    if (!want->empty()) layers_hit.insert(*want);
+  }
+  const auto layers = t->model().layer_names();
+  EXPECT_EQ(layers_hit, std::set<std::string>(layers.begin(), layers.end()));
+  for (const char* unknown : {"h2.attn.scores", "h0.attn", "h0", "h0.mlp.fc.weight.grad", "",
+                              "lm_head.weight", "hx.mlp.fc"}) {
+    EXPECT_EQ(t->model().layer_of(unknown), "") << unknown;
+  }
+}
+
+TEST(ModelTest, ActivationNamesAreTheForwardActivationsShownInOrder) {
+  TrainerConfig c = tiny(PrecisionMode::kAmpFP16, 1);
+  auto t = make(c);
+  ViewRecorder rec;
+  t->set_observer(&rec);
+  t->step();
+  std::vector<std::string> shown;
+  for (const auto& s : rec.seen) {
+    if (s.role == TensorRole::kActivation) shown.push_back(s.name);
+  }
+  EXPECT_EQ(shown, Gpt::activation_names(t->config().model));
+  const auto injectable = t->model().injectable_tensors();
+  for (const auto& name : shown) {
+    EXPECT_EQ(std::count(injectable.begin(), injectable.end(), name), 1) << name;
+  }
+}
+
+// An overflow injected into an activation is twice FP16's largest value: stored by an FP16
+// layer it is Inf, the step's loss goes non-finite and the step is skipped; computed by a layer
+// in FP32 it stays finite. Element 0 of the scores is the one score of query 0, whose softmax is
+// 1 for any finite value, so the FP32 run is bit for bit the run without the injection.
+TEST(TrainingTest, OverflowInjectedIntoAnActivationSkipsTheStepUnlessItsLayerRunsInFp32) {
+  TrainerConfig c = tiny(PrecisionMode::kAmpFP16, 6);
+  c.eval_batches = 0;
+  c.injections = {{Injection::Kind::kOverflow, "h1.attn.scores", 2},
+                  {Injection::Kind::kOverflow, "h1.attn.scores", 4}};
+  auto fp16 = make(c);
+  ViewRecorder rec;
+  rec.steps = {2};
+  fp16->set_observer(&rec);
+  for (int i = 0; i < 6; ++i) {
+    const StepEvent e = fp16->step();
+    EXPECT_EQ(e.skipped, i == 2 || i == 4) << "step " << i;
+    EXPECT_EQ(std::isfinite(e.loss), !e.skipped) << "step " << i;
+  }
+  const auto scores = rec.find("h1.attn.scores", TensorRole::kActivation, TensorPhase::kForward);
+  ASSERT_EQ(scores.size(), 1u);
+  EXPECT_EQ(scores[0]->dtype, Format::kFP16);
+
+  auto fp32_core = [&](const std::vector<Injection>& injections) {
+    TrainerConfig k = c;
+    k.injections = injections;
+    auto t = make(k);
+    EXPECT_EQ(t->fp32_overrides().add("h1.attn.core", 0), "");
+    std::vector<StepEvent> events;
+    for (int i = 0; i < 6; ++i) events.push_back(t->step());
+    return events;
+  };
+  const auto injected = fp32_core(c.injections), clean = fp32_core({});
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_FALSE(injected[i].skipped) << "step " << i;
+    EXPECT_TRUE(std::isfinite(injected[i].loss)) << "step " << i;
+    EXPECT_EQ(injected[i].loss, clean[i].loss) << "step " << i;
+    EXPECT_EQ(injected[i].grad_norm, clean[i].grad_norm) << "step " << i;
+  }
 }
 
 TEST(TrainerConfigTest, RejectsBadValuesWithAOneLineReason) {

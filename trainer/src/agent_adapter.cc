@@ -49,32 +49,24 @@ class AgentAdapter::Scaler final : public agent::ScalerControl {
   ScalerHandle& handle_;
 };
 
-// The trainer's Fp32OverrideSet as the agent's PrecisionOverrides.
-class AgentAdapter::Overrides final : public agent::PrecisionOverrides {
- public:
-  explicit Overrides(Fp32OverrideSet& set) : set_(set) {}
-  std::vector<std::string> capable_layers() const override { return set_.valid_layers(); }
-  std::string replace(const std::vector<std::string>& layers, std::int64_t from_step) override {
-    for (const auto& l : layers) {
-      if (std::find(set_.valid_layers().begin(), set_.valid_layers().end(), l) ==
-          set_.valid_layers().end()) {
-        return "unknown layer '" + l + "'";
-      }
+std::string AgentAdapter::Overrides::replace(const std::vector<std::string>& layers,
+                                             std::int64_t from_step) {
+  for (const auto& l : layers) {
+    if (std::find(set_.valid_layers().begin(), set_.valid_layers().end(), l) ==
+        set_.valid_layers().end()) {
+      return "unknown layer '" + l + "'";
     }
-    // Called at the start of from_step (before the forward pass reads the set): removing now
-    // and adding from from_step is exactly "this set from from_step on".
-    for (const auto& [name, step] : set_.entries()) {
-      if (std::find(layers.begin(), layers.end(), name) == layers.end()) set_.remove(name);
-    }
-    for (const auto& l : layers) {
-      if (std::string e = set_.add(l, from_step); !e.empty()) return e;
-    }
-    return {};
   }
-
- private:
-  Fp32OverrideSet& set_;
-};
+  // Called at the start of from_step (before the forward pass reads the set): removing now
+  // and adding from from_step is exactly "this set from from_step on".
+  for (const auto& [name, step] : set_.entries()) {
+    if (std::find(layers.begin(), layers.end(), name) == layers.end()) set_.remove(name);
+  }
+  for (const auto& l : layers) {
+    if (std::string e = set_.add(l, from_step); !e.empty()) return e;
+  }
+  return {};
+}
 
 void add_agent_flags(CLI::App& app, AgentFlags* flags) {
   auto add = [&](const std::string& flag, const std::string& key, const std::string& help) {
@@ -154,7 +146,7 @@ AgentAdapter::AgentAdapter(Trainer& trainer, std::unique_ptr<agent::Agent> agent
                            bool install_hooks)
     : trainer_(trainer),
       scaler_(std::make_unique<Scaler>(trainer.scaler())),
-      overrides_(std::make_unique<Overrides>(trainer.fp32_overrides())),
+      overrides_(std::make_unique<Overrides>(trainer.fp32_overrides(), trainer.model())),
       agent_(std::move(agent)),
       num_params_(trainer.model().params().size()),
       installed_(install_hooks) {
@@ -180,7 +172,7 @@ bool AgentAdapter::observe_step(std::int64_t step) {
   return agent_->begin_step(step);
 }
 
-void AgentAdapter::on_tensor(const TensorView& t) {
+agent::TensorView to_agent_view(const TensorView& t) {
   agent::TensorView v;
   v.name = t.name;
   v.role = t.role;
@@ -193,11 +185,18 @@ void AgentAdapter::on_tensor(const TensorView& t) {
   v.scale = t.scale;
   v.micro_step = t.micro_step;
   v.order = t.order;
-  // TensorView::held stays unset: each micro-batch's matmul weight gradient is rounded to the
-  // compute format before it is added into the FP32 buffer (autocast's FP16 weight-gradient
-  // copy), so weight gradients do pass through FP16. (Measured: claiming FP32 here let the
-  // headroom policy raise the scale into overflows that skipped steps.)
-  agent_->observe(v);
+  // The model says where each weight gradient can overflow (Gpt::grad_held): the layer's
+  // compute format for matmul weights and biases (each micro-batch's contribution is rounded to
+  // it before the buffer adds it up), the gradient buffer's format (FP32 in the AMP modes) for
+  // LayerNorm, wpe and the tied wte, whose compute-format part is shown on its own as
+  // "lm_head". Activation gradients stay unset: the run's compute format, which they pass
+  // through as operands of the next product.
+  v.held = t.held;
+  return v;
+}
+
+void AgentAdapter::on_tensor(const TensorView& t) {
+  agent_->observe(to_agent_view(t));
   // The trainer shows every weight gradient once after unscaling, then runs the norm and the
   // optimizer: the last of them opens the optimizer's range.
   if (t.phase == TensorPhase::kAfterUnscale && ++unscaled_seen_ == num_params_) {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -44,6 +45,9 @@ std::unique_ptr<AgentAdapter> attach_agent(Trainer& trainer, const AgentFlags& f
 // What the Hello says about `trainer`'s run.
 agent::RunInfo run_info(Trainer& trainer);
 
+// The trainer's tensor as the agent's (borrowing the same data and name).
+agent::TensorView to_agent_view(const TensorView& tensor);
+
 class AgentAdapter final : public TensorObserver, public StepListener, public PolicyAgreement {
  public:
   // Attaches the agent's scaler and override controls; with install_hooks, also sets itself as
@@ -63,9 +67,10 @@ class AgentAdapter final : public TensorObserver, public StepListener, public Po
   void finish();
   agent::Agent& agent() { return *agent_; }
 
+  class Overrides;
+
  private:
   class Scaler;
-  class Overrides;
   Trainer& trainer_;
   std::unique_ptr<Scaler> scaler_;
   std::unique_ptr<Overrides> overrides_;
@@ -74,6 +79,22 @@ class AgentAdapter final : public TensorObserver, public StepListener, public Po
   bool installed_;
   std::size_t unscaled_seen_ = 0;  // after-unscale weight grads seen this step
   double step_seconds_ = 0.0;      // the trainer's step times, summed
+};
+
+// The trainer's Fp32OverrideSet as the agent's PrecisionOverrides, with the model's names:
+// capable layers are its layer_names(), and layer_of() is Gpt::layer_of. Both referents must
+// outlive it. Thread safety: capable_layers() and layer_of() from any thread (they read what
+// does not change after construction); replace() as Fp32OverrideSet allows.
+class AgentAdapter::Overrides final : public agent::PrecisionOverrides {
+ public:
+  Overrides(Fp32OverrideSet& set, const Gpt& model) : set_(set), model_(model) {}
+  std::vector<std::string> capable_layers() const override { return set_.valid_layers(); }
+  std::string replace(const std::vector<std::string>& layers, std::int64_t from_step) override;
+  std::string layer_of(std::string_view tensor) const override { return model_.layer_of(tensor); }
+
+ private:
+  Fp32OverrideSet& set_;
+  const Gpt& model_;
 };
 
 }  // namespace ampscope::trainer

@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -465,10 +466,15 @@ class CpuBackend final : public Backend {
   }
 
   void attention_forward(const Tensor& out, const Tensor& scores, const Tensor& probs,
-                         const Tensor& qkv, int n_head, Format compute, Format softmax) override {
+                         const Tensor& qkv, int n_head, Format compute, Format softmax,
+                         const AttentionFaults& faults) override {
     const std::int64_t B = qkv.dim(0), T = qkv.dim(1), C3 = qkv.dim(2), C = C3 / 3, NH = n_head,
                        hs = C / NH;
     AMPSCOPE_CHECK(C % NH == 0, "channels ", C, " not divisible by ", NH, " heads");
+    for (const auto* f : {&faults.scores, &faults.probs}) {
+      AMPSCOPE_CHECK(!*f || ((*f)->index >= 0 && (*f)->index < B * NH * T * T), "fault index ",
+                     (*f)->index, " outside [0, ", B * NH * T * T, ")");
+    }
     const float alpha = 1.0f / std::sqrt(static_cast<float>(hs));
     In x(qkv, compute, ex_);
     Out s(scores, compute, ex_);
@@ -484,9 +490,15 @@ class CpuBackend final : public Backend {
       const float* v = q + 2 * C;
       float* sr = s.get() + (b * NH + h) * T * T;
       float* pr = p.get() + (b * NH + h) * T * T;
+      // A fault in this head's (T,T) block, before the rounding that every element gets.
+      const auto inject = [&](const std::optional<ElementFault>& f, float* block) {
+        const std::int64_t at = f ? f->index - (b * NH + h) * T * T : -1;
+        if (at >= 0 && at < T * T) block[at] = f->value;
+      };
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(T), int(hs), alpha, q,
                   int(C3), k, int(C3), 0.0f, sr, int(T));
       for (std::int64_t i = 0; i < T; ++i) std::fill(sr + i * T + i + 1, sr + (i + 1) * T, 0.0f);
+      inject(faults.scores, sr);
       // The stored scores are what the softmax reads.
       if (compute != Format::kFP32) round_through(sr, TT, compute);
       for (std::int64_t i = 0; i < T; ++i) {
@@ -501,6 +513,7 @@ class CpuBackend final : public Backend {
         for (std::int64_t j = 0; j <= i; ++j) prow[j] *= inv;
         std::fill(prow + i + 1, prow + T, 0.0f);
       }
+      inject(faults.probs, pr);
       // The product reads probs rounded to the softmax format, then to compute.
       if (softmax != Format::kFP32) round_through(pr, TT, softmax);
       const float* pm = pr;

@@ -265,7 +265,12 @@ class CudaBackend final : public Backend {
   }
 
   void attention_forward(const Tensor& out, const Tensor& scores, const Tensor& probs,
-                         const Tensor& qkv, int n_head, Format compute, Format softmax) override {
+                         const Tensor& qkv, int n_head, Format compute, Format softmax,
+                         const AttentionFaults& faults) override {
+    if (faults.scores || faults.probs) {
+      attention_on_host(out, scores, probs, qkv, n_head, compute, softmax, faults);
+      return;
+    }
     const std::int64_t B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3;
     nn::attention_forward(*blas_, array(out, "attention: out"), array(scores, "attention: scores"),
                           array(probs, "attention: probs"), array(qkv, "attention: qkv"), B, T, C,
@@ -357,6 +362,35 @@ class CudaBackend final : public Backend {
  private:
   cudaStream_t s() const { return queue_->stream(); }
 
+  // One launcher computes the scores, the softmax and the product on the device, so a fault
+  // cannot land between them there: a call with faults (fault injection only) runs on the host
+  // through the CPU back end, the reference the kernels are tested against, and its results are
+  // copied back.
+  void attention_on_host(const Tensor& out, const Tensor& scores, const Tensor& probs,
+                         const Tensor& qkv, int n_head, Format compute, Format softmax,
+                         const AttentionFaults& faults) {
+    if (!host_) host_ = make_cpu_backend();
+    struct Staged {
+      Tensor device, host;
+      std::unique_ptr<Buffer> memory;
+    };
+    auto stage = [&](const Tensor& t, const char* what) {
+      check_on_device(t, what);
+      Staged st{t, t, host_->allocate(t.bytes())};
+      st.host.data = st.memory->data();
+      st.host.device = Device::kCpu;
+      return st;
+    };
+    Staged o = stage(out, "attention: out"), sc = stage(scores, "attention: scores"),
+           pr = stage(probs, "attention: probs"), in = stage(qkv, "attention: qkv");
+    copy_to_host(in.host.data, in.device.data, in.host.bytes());
+    host_->attention_forward(o.host, sc.host, pr.host, in.host, n_head, compute, softmax, faults);
+    // copy_from_host has read its source when it returns: the host buffers may go.
+    for (const Staged* st : {&o, &sc, &pr}) {
+      copy_from_host(st->device.data, st->host.data, st->host.bytes());
+    }
+  }
+
   static float* fp32(const Tensor& t, std::int64_t n, const char* what) {
     check_on_device(t, what);
     AMPSCOPE_CHECK(t.dtype == Format::kFP32 && t.numel() == n, what, ": expected ", n,
@@ -368,6 +402,7 @@ class CudaBackend final : public Backend {
   CudaStream stream_;
   std::unique_ptr<cuda::CublasLt> blas_;
   std::string name_;
+  std::unique_ptr<Backend> host_;  // the CPU back end, for attention_on_host; made on first use
 };
 
 }  // namespace

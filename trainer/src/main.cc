@@ -66,6 +66,7 @@ struct Options {
   std::vector<std::string> inject_nan, inject_inf, fp32_layers;
   std::vector<std::int64_t> inject_overflow;
   std::int64_t inject_overflow_every = 0;
+  std::string inject_overflow_tensor;
   std::optional<int> inject_rank;
   float grad_shrink = 1.0f;
   std::optional<float> grad_shrink_end;
@@ -165,13 +166,26 @@ TrainerConfig to_config(const Options& o) {
     auto [name, step] = split_at_step(spec, "--inject-inf", false);
     c.injections.push_back({Injection::Kind::kInf, name, step});
   }
+  // An overflow goes into a logits gradient (a loss scale too high), or into the forward
+  // activation --inject-overflow-tensor names (a value its layer cannot hold in FP16).
+  std::string overflow_into = "logits.grad";
+  if (!o.inject_overflow_tensor.empty()) {
+    const auto activations = Gpt::activation_names(c.model);
+    if (std::find(activations.begin(), activations.end(), o.inject_overflow_tensor) ==
+        activations.end()) {
+      throw UsageError("--inject-overflow-tensor: '" + o.inject_overflow_tensor +
+                       "' is not a forward activation of the model (e.g. h0.attn.scores, "
+                       "h0.mlp.fc, logits)");
+    }
+    overflow_into = o.inject_overflow_tensor;
+  }
   for (auto step : o.inject_overflow) {
-    c.injections.push_back({Injection::Kind::kOverflow, "logits.grad", step});
+    c.injections.push_back({Injection::Kind::kOverflow, overflow_into, step});
   }
   if (o.inject_overflow_every > 0) {
     for (std::int64_t step = o.inject_overflow_every; step < c.steps;
          step += o.inject_overflow_every) {
-      c.injections.push_back({Injection::Kind::kOverflow, "logits.grad", step});
+      c.injections.push_back({Injection::Kind::kOverflow, overflow_into, step});
     }
   }
   c.inject_rank = o.inject_rank;
@@ -397,11 +411,16 @@ int main(int argc, char** argv) {
   app.add_option("--inject-nan", o.inject_nan, "NaN into TENSOR at STEP: TENSOR@STEP (repeatable)");
   app.add_option("--inject-inf", o.inject_inf, "Inf into TENSOR at STEP: TENSOR@STEP (repeatable)");
   app.add_option("--inject-overflow", o.inject_overflow,
-                 "at STEP, one logits gradient exceeds its format's max finite (repeatable)")
+                 "at STEP, one logits gradient exceeds its format's max finite (repeatable; "
+                 "see --inject-overflow-tensor)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--inject-overflow-every", o.inject_overflow_every,
                  "--inject-overflow at every K-th step (K, 2K, ...)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--inject-overflow-tensor", o.inject_overflow_tensor,
+                 "--inject-overflow(-every) sets element 0 of this forward activation (e.g. "
+                 "h1.attn.scores), micro-batch 0, to twice the compute format's max finite "
+                 "instead: Inf where its layer computes in FP16, finite where it runs in FP32");
   app.add_option("--inject-rank", o.inject_rank,
                  "only this rank injects --inject-nan/--inject-inf/--inject-overflow "
                  "(default: every rank)")

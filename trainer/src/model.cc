@@ -3,9 +3,13 @@
 // to FP32 by an override needs no reallocation; each step records the dtype it stored.
 #include "ampscope/trainer/model.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <sstream>
+#include <string_view>
 
 #include "ampscope/check.h"
 #include "ampscope/convert.h"
@@ -171,15 +175,74 @@ Gpt::Gpt(const GptConfig& config, PrecisionMode mode, Backend& backend, int max_
 
 Gpt::~Gpt() = default;
 
+namespace {
+
+// The FP32-capable layers of a block and the tensors each computes, as suffixes of the block's
+// name ("h0"): its outputs (their gradients have the same names and dtypes: backend.h) and the
+// weights and weight gradients of its parameters. The one definition that layer_names() and
+// layer_of() read; forward() asks compute_for() with these layer names.
+struct CapableLayer {
+  std::string_view layer;
+  std::array<std::string_view, 3> tensors;  // unused entries empty
+};
+constexpr std::array<CapableLayer, 6> kBlockLayers{{
+    {".attn.qkv", {".attn.qkv", ".attn.qkv.weight", ".attn.qkv.bias"}},
+    // Scores and context are its products; the probabilities are the softmax between them,
+    // which follows the layer into FP32 (in pure fp16, the one mode where it is not FP32).
+    {".attn.core", {".attn.scores", ".attn.probs", ".attn.context"}},
+    {".attn.proj", {".attn.proj", ".attn.proj.weight", ".attn.proj.bias"}},
+    {".mlp.fc", {".mlp.fc", ".mlp.fc.weight", ".mlp.fc.bias"}},
+    {".mlp.gelu", {".mlp.gelu", "", ""}},
+    {".mlp.proj", {".mlp.proj", ".mlp.proj.weight", ".mlp.proj.bias"}},
+}};
+// The LM head computes the logits and its share of the tied embedding's gradient; the table
+// wte itself (read in FP32 by the embedding, its FP16 copy by the head) is no layer's.
+constexpr std::string_view kHead = "lm_head";
+constexpr std::array<std::string_view, 2> kHeadTensors = {"logits", "lm_head"};
+
+}  // namespace
+
 std::vector<std::string> Gpt::layer_names() const {
   std::vector<std::string> names;
   for (const auto& L : acts_->layers) {
-    for (const char* s : {".attn.qkv", ".attn.core", ".attn.proj", ".mlp.fc", ".mlp.gelu",
-                          ".mlp.proj"}) {
-      names.push_back(L.prefix + s);
+    for (const CapableLayer& c : kBlockLayers) names.push_back(L.prefix + std::string(c.layer));
+  }
+  names.emplace_back(kHead);
+  return names;
+}
+
+std::string Gpt::layer_of(std::string_view tensor) const {
+  for (std::string_view t : kHeadTensors) {
+    if (tensor == t) return std::string(kHead);
+  }
+  const auto dot = tensor.find('.');
+  if (dot == std::string_view::npos) return {};
+  const std::string_view block = tensor.substr(0, dot), rest = tensor.substr(dot);
+  const auto& layers = acts_->layers;
+  if (std::none_of(layers.begin(), layers.end(),
+                   [&](const Layer& L) { return L.prefix == block; })) {
+    return {};
+  }
+  for (const CapableLayer& c : kBlockLayers) {
+    for (std::string_view t : c.tensors) {
+      if (!t.empty() && t == rest) return std::string(block) + std::string(c.layer);
     }
   }
-  names.push_back("lm_head");
+  return {};
+}
+
+std::vector<std::string> Gpt::activation_names(const GptConfig& config) {
+  std::vector<std::string> names = {"embed"};
+  for (int l = 0; l < config.n_layer; ++l) {
+    const std::string p = "h" + std::to_string(l);
+    for (const char* s :
+         {".ln1", ".attn.qkv", ".attn.scores", ".attn.probs", ".attn.context", ".attn.proj",
+          ".res1", ".ln2", ".mlp.fc", ".mlp.gelu", ".mlp.proj", ".res2"}) {
+      names.push_back(p + s);
+    }
+  }
+  names.emplace_back("lnf");
+  names.emplace_back("logits");
   return names;
 }
 
@@ -297,28 +360,61 @@ Format Gpt::compute_for(const StepContext& ctx, const std::string& layer) const 
   return policy_.compute;
 }
 
-void Gpt::emit(const StepContext& ctx, const std::string& name, TensorRole role,
-               TensorPhase phase, const Tensor& t, float scale) {
-  if (ctx.injections != nullptr) {
-    const bool grad = role == TensorRole::kActivationGrad || role == TensorRole::kWeightGrad;
-    const bool weight_grad_now = role == TensorRole::kWeightGrad && phase == TensorPhase::kBackward;
-    const bool act_now = (role == TensorRole::kActivation || role == TensorRole::kActivationGrad) &&
-                         ctx.micro_step == 0;
-    for (const auto& inj : *ctx.injections) {
-      if (inj.step != ctx.step || !(weight_grad_now || act_now)) continue;
-      const bool match = grad ? inj.tensor.size() == name.size() + 5 &&
-                                    inj.tensor.starts_with(name) && inj.tensor.ends_with(".grad")
-                              : inj.tensor == name;
-      if (!match) continue;
-      float value = std::numeric_limits<float>::quiet_NaN();
-      if (inj.kind == Injection::Kind::kInf) value = std::numeric_limits<float>::infinity();
-      if (inj.kind == Injection::Kind::kOverflow) {
-        // Twice the largest finite value of the tensor's format: stored, it becomes Inf.
-        value = static_cast<float>(2.0 * format_info(t.dtype).max_finite);
-      }
-      backend_.set_element(t, 0, value);
+namespace {
+
+// Twice the largest finite value of `format`: stored in it, Inf (also for FP32, where the
+// double does not fit a float).
+float twice_max_finite(Format format) {
+  const double v = 2.0 * format_info(format).max_finite;
+  return v > std::numeric_limits<float>::max() ? std::numeric_limits<float>::infinity()
+                                               : static_cast<float>(v);
+}
+
+}  // namespace
+
+std::optional<float> Gpt::injection_due(const StepContext& ctx, const std::string& name,
+                                        TensorRole role, TensorPhase phase, Format stored) const {
+  if (ctx.injections == nullptr) return std::nullopt;
+  const bool grad = role == TensorRole::kActivationGrad || role == TensorRole::kWeightGrad;
+  const bool weight_grad_now = role == TensorRole::kWeightGrad && phase == TensorPhase::kBackward;
+  const bool act_now = (role == TensorRole::kActivation || role == TensorRole::kActivationGrad) &&
+                       ctx.micro_step == 0;
+  if (!(weight_grad_now || act_now)) return std::nullopt;
+  std::optional<float> value;
+  for (const auto& inj : *ctx.injections) {
+    if (inj.step != ctx.step) continue;
+    const bool match = grad ? inj.tensor.size() == name.size() + 5 &&
+                                  inj.tensor.starts_with(name) && inj.tensor.ends_with(".grad")
+                            : inj.tensor == name;
+    if (!match) continue;
+    switch (inj.kind) {
+      case Injection::Kind::kNaN:
+        value = std::numeric_limits<float>::quiet_NaN();
+        break;
+      case Injection::Kind::kInf:
+        value = std::numeric_limits<float>::infinity();
+        break;
+      case Injection::Kind::kOverflow:
+        // A gradient overflows the format it is stored in (a loss scale too high); an
+        // activation overflows the compute format, whatever its layer stores it in this step,
+        // so that a layer moved to FP32 holds the same value finite.
+        value = twice_max_finite(grad ? stored : policy_.compute);
+        break;
     }
   }
+  return value;
+}
+
+void Gpt::emit(const StepContext& ctx, const std::string& name, TensorRole role, TensorPhase phase,
+               const Tensor& t, float scale, std::optional<Format> held) {
+  if (const auto value = injection_due(ctx, name, role, phase, t.dtype)) {
+    backend_.set_element(t, 0, *value);
+  }
+  show(ctx, name, role, phase, t, scale, held);
+}
+
+void Gpt::show(const StepContext& ctx, const std::string& name, TensorRole role, TensorPhase phase,
+               const Tensor& t, float scale, std::optional<Format> held) {
   if (ctx.observer == nullptr) return;
   TensorView v;
   v.name = name;
@@ -333,6 +429,7 @@ void Gpt::emit(const StepContext& ctx, const std::string& name, TensorRole role,
   v.step = ctx.step;
   v.micro_step = ctx.micro_step;
   v.order = ctx.order != nullptr ? (*ctx.order)++ : 0;
+  v.held = held;
   ctx.observer->on_tensor(v);
 }
 
@@ -351,16 +448,47 @@ void Gpt::emit_weights(const StepContext& ctx) {
   }
 }
 
+namespace {
+// The format of the two in which a value overflows first.
+Format narrower(Format a, Format b) {
+  return format_info(a).max_finite <= format_info(b).max_finite ? a : b;
+}
+}  // namespace
+
+// What both back ends do (cpu_backend.cc: Out::commit with OutMode::kAccumulate; kernels/cuda:
+// commit() in nn_element.cuh, used by linear_backward's epilogue and finish_columns):
+//  - a matmul layer's weight and bias gradients: each backward call rounds its contribution to
+//    the layer's compute format at this step (FP32 when the layer is overridden), then adds it
+//    to the gradient buffer in FP32, so the values pass through that format;
+//  - LayerNorm weights and biases (contributions formed in the fp32_ops format), wpe and the
+//    tied wte (embedding backward in the buffer's format): the buffer's format. wte's total
+//    also holds the LM head's share, rounded to the head's compute format; that share is shown
+//    on its own ("lm_head", in backward()), so the total is where it really is: the buffer.
+// A 16-bit gradient buffer (pure fp16) is narrower than any of them.
+// With --accum > 1 (and after unscaling, the sum over ranks) the values shown are a sum of
+// rounded pieces and can exceed what any one piece reached: reporting the sum against the
+// pieces' format is conservative (it can only ask for a lower scale).
+Format Gpt::grad_held(const StepContext& ctx, std::size_t i) const {
+  const auto& a = *acts_;
+  const std::string layer = layer_of(params_[i].name);
+  Format formed = policy_.fp32_ops;                      // LayerNorm weights and biases
+  if (!layer.empty()) formed = compute_for(ctx, layer);  // matmul weights and biases
+  if (i == a.wte || i == a.wpe) formed = policy_.param;  // embedding backward
+  return narrower(formed, policy_.param);
+}
+
 void Gpt::finish_backward(const StepContext& ctx) {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     emit(ctx, params_[i].name, TensorRole::kWeightGrad, TensorPhase::kBackward, grad(i),
-         ctx.loss_scale);
+         ctx.loss_scale, grad_held(ctx, i));
   }
 }
 
+// The same held as in the backward phase: the unscaled values were held at the step's scale.
 void Gpt::emit_unscaled_grads(const StepContext& ctx) {
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    emit(ctx, params_[i].name, TensorRole::kWeightGrad, TensorPhase::kAfterUnscale, grad(i), 1);
+    emit(ctx, params_[i].name, TensorRole::kWeightGrad, TensorPhase::kAfterUnscale, grad(i), 1,
+         grad_held(ctx, i));
   }
 }
 
@@ -422,10 +550,26 @@ void Gpt::forward(const Batch& batch, const StepContext& ctx, double* loss_sum) 
     L.scores = act(L.scores_b, L.c_core, {B, NH, T, T});
     L.probs = act(L.probs_b, L.c_softmax, {B, NH, T, T});
     L.ctx = act(L.ctx_b, L.c_core, {B, T, C});
+    // Scores and probabilities are read inside attention_forward (by the softmax, by the
+    // product): an injection into them lands there, so that what follows sees it. Element 0 of
+    // the scores is query 0 attending key 0 (sequence 0, head 0), the one key the causal mask
+    // leaves that query: a finite score gives probability exactly 1 there, whatever its value,
+    // so an overflow injected into an FP32 layer changes nothing else, while in FP16 it is
+    // stored as Inf and the softmax turns the row into NaN.
+    const std::string scores_name = p + ".attn.scores", probs_name = p + ".attn.probs";
+    AttentionFaults faults;
+    if (auto v = injection_due(ctx, scores_name, TensorRole::kActivation, TensorPhase::kForward,
+                               L.scores.dtype)) {
+      faults.scores = ElementFault{0, *v};
+    }
+    if (auto v = injection_due(ctx, probs_name, TensorRole::kActivation, TensorPhase::kForward,
+                               L.probs.dtype)) {
+      faults.probs = ElementFault{0, *v};
+    }
     backend_.attention_forward(L.ctx, L.scores, L.probs, L.qkv, config_.n_head, L.c_core,
-                               L.c_softmax);
-    fwd(p + ".attn.scores", L.scores);
-    fwd(p + ".attn.probs", L.probs);
+                               L.c_softmax, faults);
+    show(ctx, scores_name, TensorRole::kActivation, TensorPhase::kForward, L.scores, 1.0f, {});
+    show(ctx, probs_name, TensorRole::kActivation, TensorPhase::kForward, L.probs, 1.0f, {});
     fwd(p + ".attn.context", L.ctx);
 
     L.c_proj = compute_for(ctx, p + ".attn.proj");
@@ -514,6 +658,12 @@ void Gpt::backward(float dloss, const StepContext& ctx) {
   Tensor dlnf = act(a.dln_b, a.lnf.dtype, {B, T, C});
   backend_.matmul_backward(dlnf, dwte, Tensor{}, dlogits, a.lnf, weight(a.wte, a.c_head),
                            a.c_head);
+  // dwte was zeroed, so it now holds exactly the LM head's share of wte's gradient, rounded to
+  // the head's compute format: the part of the tied gradient that can overflow FP16 (wte's
+  // total is shown as held in its FP32 buffer). Shown every micro-batch, each rounded on its
+  // own; read only, and not injectable (injection_due is not asked).
+  show(ctx, std::string(kHead), TensorRole::kWeightGrad, TensorPhase::kBackward, dwte,
+       ctx.loss_scale, narrower(a.c_head, dwte.dtype));
   bwd("lnf", dlnf);
 
   Tensor dres = act(a.dres_b, pp.residual, {B, T, C});

@@ -316,9 +316,9 @@ TEST_P(CudaBackendTest, AttentionMatchesCpu) {
     Twin out = zeros(compute, {B, T, C}), scores = zeros(compute, {B, NH, T, T}),
          probs = zeros(softmax, {B, NH, T, T});
     cpu_->attention_forward(out.cpu(), scores.cpu(), probs.cpu(), qkv.cpu(), int(NH), compute,
-                            softmax);
+                            softmax, {});
     gpu_->attention_forward(out.gpu(), scores.gpu(), probs.gpu(), qkv.gpu(), int(NH), compute,
-                            softmax);
+                            softmax, {});
     Tolerance t = reduction_tolerance(compute, softmax);
     t.rtol *= 4;
     t.atol *= 4;
@@ -335,6 +335,27 @@ TEST_P(CudaBackendTest, AttentionMatchesCpu) {
                              softmax);
     EXPECT_TRUE(close(dqkv.host.values(), download(dqkv).values(), t)) << format_name(softmax);
   }
+}
+
+// With faults the device runs attention on the host through the CPU back end: the same bits.
+TEST_P(CudaBackendTest, AttentionWithFaultsMatchesCpuBitForBit) {
+  const auto [name, B, T, C, NH, V] = s();
+  (void)name;
+  (void)V;
+  const Format compute = p().compute;
+  AttentionFaults faults;
+  faults.scores = ElementFault{0, 131008.0f};
+  faults.probs = ElementFault{B * NH * T * T - 1, 0.5f};
+  Twin qkv = grid(p().in, {B, T, 3 * C}, 42);
+  Twin out = zeros(compute, {B, T, C}), scores = zeros(compute, {B, NH, T, T}),
+       probs = zeros(Format::kFP32, {B, NH, T, T});
+  cpu_->attention_forward(out.cpu(), scores.cpu(), probs.cpu(), qkv.cpu(), int(NH), compute,
+                          Format::kFP32, faults);
+  gpu_->attention_forward(out.gpu(), scores.gpu(), probs.gpu(), qkv.gpu(), int(NH), compute,
+                          Format::kFP32, faults);
+  EXPECT_TRUE(same_bits(scores.host, download(scores)));
+  EXPECT_TRUE(same_bits(probs.host, download(probs)));
+  EXPECT_TRUE(same_bits(out.host, download(out)));
 }
 
 TEST_P(CudaBackendTest, CrossEntropyMatchesCpu) {

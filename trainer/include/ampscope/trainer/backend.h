@@ -27,12 +27,13 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include "ampscope/formats.h"
-#include "ampscope/vocabulary.h"
 #include "ampscope/trainer/loss_scaler.h"
+#include "ampscope/vocabulary.h"
 
 namespace ampscope::trainer {
 
@@ -77,6 +78,21 @@ struct Tensor {
   bool empty() const { return data == nullptr; }
   // The same memory seen with another dtype (the caller guarantees the buffer is large enough).
   Tensor as(Format new_dtype) const;
+};
+
+// One element written into a result inside an operation, after the result is computed and
+// before the rest of the operation reads it (fault injection into a tensor that the operation
+// both writes and consumes). The value is rounded and stored like the element it replaces.
+struct ElementFault {
+  std::int64_t index = 0;  // element of the whole tensor, row-major
+  float value = 0.0f;
+};
+
+// Faults attention_forward applies: in the scores before the softmax reads them, in the
+// probabilities before the product reads them.
+struct AttentionFaults {
+  std::optional<ElementFault> scores;
+  std::optional<ElementFault> probs;
 };
 
 struct AdamWParams {
@@ -135,10 +151,11 @@ class Backend {
   // Causal multi-head attention on qkv (B,T,3C) packed [q|k|v], n_head heads:
   // scores (B,NH,T,T) = q k^T / sqrt(hs) (masked positions hold 0), probs (B,NH,T,T) =
   // softmax(scores) computed in `softmax` and stored in probs.dtype, out (B,T,C) = probs v.
-  // The two products run in `compute`.
+  // The two products run in `compute`. `faults` (usually none) land where the softmax and the
+  // second product see them.
   virtual void attention_forward(const Tensor& out, const Tensor& scores, const Tensor& probs,
-                                 const Tensor& qkv, int n_head, Format compute,
-                                 Format softmax) = 0;
+                                 const Tensor& qkv, int n_head, Format compute, Format softmax,
+                                 const AttentionFaults& faults) = 0;
   // dqkv (B,T,3C) overwritten; dout (B,T,C).
   virtual void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                   const Tensor& probs, int n_head, Format compute,

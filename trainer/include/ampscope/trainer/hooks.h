@@ -37,6 +37,10 @@ struct TensorView {
   std::int64_t step = 0;
   int micro_step = 0;
   int order = 0;  // position in execution order within the step, from 0
+  // For gradients: the narrowest format the values pass through at this scale, where they can
+  // overflow (model.cc, Gpt::grad_held, says what that is for each parameter). Unset where the
+  // model does not say (activation gradients): then the run's compute format.
+  std::optional<Format> held;
 };
 
 // Called on the training thread, synchronously, in execution order. Implementations must not

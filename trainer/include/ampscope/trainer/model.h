@@ -15,7 +15,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ampscope/trainer/backend.h"
@@ -43,8 +45,13 @@ struct ParamInfo {
   bool decay = false;        // weight decay applies (2-D weights)
 };
 
-// Fault injection into a named tensor at a step (first micro-batch for activations and
-// activation grads; after the last micro-batch's backward for weight grads).
+// Fault injection into element 0 of a named tensor at a step (first micro-batch for activations
+// and activation grads; after the last micro-batch's backward for weight grads). The value is
+// NaN, +Inf, or for kOverflow twice the largest finite value of a format: for an activation,
+// the run's compute format (Inf where the layer computing it stores 16 bits, finite where it
+// runs in FP32); for a gradient, the format it is stored in (a loss-scale overflow).
+// An injected activation is what its consumers read, also the attention scores and
+// probabilities, which the softmax and the product read inside attention_forward.
 struct Injection {
   enum class Kind { kNaN, kInf, kOverflow };
   Kind kind = Kind::kNaN;
@@ -83,8 +90,17 @@ class Gpt {
   std::int64_t num_parameters() const { return num_params_; }
   // Layers an Fp32OverrideSet may name.
   std::vector<std::string> layer_names() const;
+  // The layer (one of layer_names()) whose FP32 override computes `tensor`, a name the model
+  // shows its observer: an activation and the gradient of one (which has its dtype), a weight
+  // or weight gradient of a matmul layer, or "lm_head"; empty for tensors no override changes
+  // (LayerNorm outputs, the residual stream, the loss, wte, wpe, LayerNorm parameters) and for
+  // names the model does not have. Reads only what the constructor set: safe from any thread.
+  std::string layer_of(std::string_view tensor) const;
+  // The activations the forward pass of a model of `config` shows its observer, in order.
+  static std::vector<std::string> activation_names(const GptConfig& config);
   // Tensors an Injection may name: activations, and "<name>.grad" for activation and weight
-  // gradients.
+  // gradients. ("lm_head", the LM head's share of wte's gradient, is not one: faults reach it
+  // through logits.grad, and wte.grad is the tied gradient's.)
   std::vector<std::string> injectable_tensors() const;
 
   // Forward pass of one micro-batch (inputs/targets: (B,T), B <= max_batch, T == context).
@@ -97,6 +113,9 @@ class Gpt {
   // gradient becomes store(gradient + this micro-batch's gradient), the latter formed in full
   // first, so that accumulation over micro-batches and a sum over ranks agree bit for bit. dloss
   // multiplies the gradient of the mean loss (loss scale, 1/(accum x ranks), shrink factor).
+  // Shows activation gradients, and the LM head's share of wte's gradient as "lm_head" (a
+  // weight gradient, every micro-batch: each one is rounded to the head's compute format on
+  // its own).
   void backward(float dloss, const StepContext& ctx);
   // Emits the weight gradients to the observer and applies weight-grad injections (after the
   // last micro-batch of a step).
@@ -130,9 +149,19 @@ class Gpt {
  private:
   struct Activations;
   struct Layer;
+  // Applies the injections due for `name` at this point (injection_due), then shows the tensor.
   void emit(const StepContext& ctx, const std::string& name, TensorRole role, TensorPhase phase,
-            const Tensor& t, float scale);
+            const Tensor& t, float scale, std::optional<Format> held = std::nullopt);
+  // Shows the tensor to the observer (if any) without injecting.
+  void show(const StepContext& ctx, const std::string& name, TensorRole role, TensorPhase phase,
+            const Tensor& t, float scale, std::optional<Format> held);
+  // The value the last injection due for `name` (shown in `role` and `phase`, stored in
+  // `stored`) writes into element 0 now; nullopt when none is due.
+  std::optional<float> injection_due(const StepContext& ctx, const std::string& name,
+                                     TensorRole role, TensorPhase phase, Format stored) const;
   Format compute_for(const StepContext& ctx, const std::string& layer) const;
+  // Where parameter i's gradient can overflow at this step (TensorView::held).
+  Format grad_held(const StepContext& ctx, std::size_t i) const;
   Tensor act(const std::unique_ptr<Buffer>& buf, Format dtype,
              std::initializer_list<std::int64_t> shape) const;
 
