@@ -59,6 +59,17 @@ void add_tensor(policy::TensorInput& into, const policy::TensorInput& more) {
   into.underflow = add_counts(into.underflow, more.underflow);
 }
 
+// Weight gradients that are not shards, shown more than once in a step: each rank's own
+// before the all-reduce, each micro-batch's piece (a tied LM head's), or the replicas every
+// rank holds after it. Each passed through its format on its own, so the one reaching highest
+// (the most non-finite values first) is what bounds the scale; replicas are equal anyway.
+void keep_extreme(policy::TensorInput& into, const policy::TensorInput& more) {
+  const auto rank = [](const policy::TensorInput& t) {
+    return std::pair(t.nonfinite(), t.max_abs.value_or(0.0));
+  };
+  if (rank(more) > rank(into)) into = more;
+}
+
 bool same_tensor(const policy::TensorInput& a, const policy::TensorInput& b) {
   return a.name == b.name && a.role == b.role && a.scale == b.scale && a.storage == b.storage &&
          a.target == b.target;
@@ -100,7 +111,9 @@ policy::StepInput merge_inputs(const std::vector<RankStep>& ranks, bool gradient
         in.tensors.push_back(t);
         // Keys view the names in `ranks`, which outlive the index.
         by_name.emplace(std::string_view(t.name), in.tensors.size() - 1);
-      } else if (!replica) {
+      } else if (replica) {
+        keep_extreme(*same, t);
+      } else {
         add_tensor(*same, t);
       }
     }

@@ -95,6 +95,26 @@ TEST(RankMergeTest, ShardedWeightGradientsAreSummedReplicatedOnesCompared) {
   EXPECT_EQ(replicated.divergences[0].field(), "weight_grads");
 }
 
+TEST(RankMergeTest, CopiesOfAWeightGradientKeepTheOneReachingHighest) {
+  // One rank shows a tied LM head's gradient once per micro-batch (each piece rounded to FP16
+  // on its own), two ranks their own backward-phase gradients: the engine must see the piece
+  // whose values went highest, not the first one shown.
+  RankStep a = report(0, 3, 1);
+  a.input.tensors.push_back(tensor("lm_head", TensorRole::kWeightGrad, -5, {4}));
+  a.input.tensors.push_back(tensor("lm_head", TensorRole::kWeightGrad, -5, {1, 3}));
+  MergedStep one = merge_ranks({a}, false, false);
+  ASSERT_EQ(one.input.tensors.size(), 1u);
+  EXPECT_EQ(one.input.tensors[0].histogram->max_exponent(), -4);
+  RankStep b = report(1, 3, 2);
+  b.input.tensors.push_back(tensor("lm_head", TensorRole::kWeightGrad, -5, {1, 0, 0, 1}));
+  b.input.tensors.back().pos_inf = 1;
+  b.input.tensors.back().numel = 3;
+  const MergedStep two = merge_ranks({a, b}, false, false);
+  ASSERT_EQ(two.input.tensors.size(), 1u);
+  EXPECT_EQ(two.input.tensors[0].pos_inf, 1u);  // non-finite values first
+  EXPECT_EQ(two.input.tensors[0].histogram->max_exponent(), -2);
+}
+
 TEST(RankMergeTest, BackwardPhaseWeightGradientsAreEachRanksOwnAndNotCompared) {
   // ampscope-train measures weight gradients in the backward pass before the all-reduce (each
   // rank's share of the batch) and again after unscaling (the reduced sum, the same on all).
