@@ -19,8 +19,8 @@ SUMMARY_COLUMNS = ["scenario", "policy", "seeds", "steps", "skipped", "skipped /
                    "avoidable", "avoidable / 10k", "avoidable after first decision (all seeds)",
                    "steps underflow > 1%", "mean underflow", "final val loss",
                    "val loss - gradscaler [95% CI]", "policy updates", "wall s", "completed"]
-PER_SEED_COLUMNS = ["scenario", "policy", "seed", "steps", "skipped", "skipped / 10k",
-                    "avoidable", "avoidable / 10k", "first decision step",
+PER_SEED_COLUMNS = ["scenario", "policy", "seed", "steps", "steps measured", "skipped",
+                    "skipped / 10k", "avoidable", "avoidable / 10k", "first decision step",
                     "avoidable after first decision", "steps underflow > 1%", "mean underflow",
                     "final train loss", "final val loss", "val loss - gradscaler",
                     "policy updates", "scale changes", "final scale", "fp32 layers (from step)",
@@ -44,7 +44,7 @@ TARGETS = ["policy_target_skip_reduction", "policy_target_underflow_reduction",
            "policy_target_val_loss_delta", "policy_target_avoidable_skips_after_first_decision",
            "policy_target_fp32_fallback_skips_after_decision"]
 PLOTS = ["loss_scale.png", "cumulative_skipped.png", "underflow.png", "val_loss_delta.png"]
-COUNTS = ("steps", "skipped", "avoidable", "steps underflow > 1%", "policy updates",
+COUNTS = ("steps", "steps measured", "skipped", "avoidable", "steps underflow > 1%", "policy updates",
           "scale changes")
 NUMBERS = ("skipped / 10k", "avoidable / 10k", "final train loss", "final val loss", "wall s")
 
