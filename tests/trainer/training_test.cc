@@ -68,7 +68,8 @@ const RunResult& reference_run(PrecisionMode mode) {
   return it->second;
 }
 
-// Collects tensors of chosen roles/phases at chosen steps, with their statistics.
+// Every tensor of the chosen steps as shown: its view's fields, its statistics, and whether
+// every value is exactly representable in FP16 (what a value that passed through FP16 is).
 class Recorder : public TensorObserver {
  public:
   struct Seen {
@@ -76,9 +77,13 @@ class Recorder : public TensorObserver {
     TensorRole role;
     TensorPhase phase;
     Format dtype;
+    std::vector<std::int64_t> shape;
     float scale;
     std::int64_t step;
+    int micro_step;
     int order;
+    std::optional<Format> held;
+    bool fp16_values;
     TensorStats stats;
   };
   std::vector<std::int64_t> steps{0};
@@ -90,10 +95,24 @@ class Recorder : public TensorObserver {
   void on_tensor(const TensorView& v) override {
     std::int64_t n = 1;
     for (auto d : v.shape) n *= d;
+    std::vector<float> x(static_cast<std::size_t>(n));
+    convert_to_fp32(v.data, x.data(), x.size(), v.dtype);
+    const bool fp16 = std::all_of(x.begin(), x.end(), [](float f) {
+      return !std::isfinite(f) || round_to(f, Format::kFP16) == f;
+    });
     const TargetSpec fp16_at_0{Format::kFP16, 0};
-    seen.push_back({std::string(v.name), v.role, v.phase, v.dtype, v.scale, v.step, v.order,
+    seen.push_back({std::string(v.name), v.role, v.phase, v.dtype,
+                    std::vector<std::int64_t>(v.shape.begin(), v.shape.end()), v.scale, v.step,
+                    v.micro_step, v.order, v.held, fp16,
                     compute_stats(v.data, static_cast<std::size_t>(n), v.dtype,
                                   std::span<const TargetSpec>(&fp16_at_0, 1))});
+  }
+  std::vector<const Seen*> find(const std::string& name, TensorRole role, TensorPhase phase) const {
+    std::vector<const Seen*> out;
+    for (const auto& s : seen) {
+      if (s.name == name && s.role == role && s.phase == phase) out.push_back(&s);
+    }
+    return out;
   }
 };
 
@@ -462,49 +481,6 @@ TEST(TrainingTest, AStepReadsFromTheDeviceOnceWhateverTheAccumulation) {
   EXPECT_EQ(step_loss, sum / 3);
 }
 
-// Every tensor of the chosen steps as shown: its view's fields, and whether every value is
-// exactly representable in FP16 (what a value that passed through FP16 is).
-class ViewRecorder : public TensorObserver {
- public:
-  struct Seen {
-    std::string name;
-    TensorRole role;
-    TensorPhase phase;
-    Format dtype;
-    std::vector<std::int64_t> shape;
-    float scale;
-    int micro_step;
-    int order;
-    std::optional<Format> held;
-    bool fp16_values;
-  };
-  std::vector<std::int64_t> steps{0};
-  std::vector<Seen> seen;
-
-  bool observe_step(std::int64_t step) override {
-    return std::find(steps.begin(), steps.end(), step) != steps.end();
-  }
-  void on_tensor(const TensorView& v) override {
-    std::int64_t n = 1;
-    for (auto d : v.shape) n *= d;
-    std::vector<float> x(static_cast<std::size_t>(n));
-    convert_to_fp32(v.data, x.data(), x.size(), v.dtype);
-    const bool fp16 = std::all_of(x.begin(), x.end(), [](float f) {
-      return !std::isfinite(f) || round_to(f, Format::kFP16) == f;
-    });
-    seen.push_back({std::string(v.name), v.role, v.phase, v.dtype,
-                    std::vector<std::int64_t>(v.shape.begin(), v.shape.end()), v.scale,
-                    v.micro_step, v.order, v.held, fp16});
-  }
-  std::vector<const Seen*> find(const std::string& name, TensorRole role, TensorPhase phase) const {
-    std::vector<const Seen*> out;
-    for (const auto& s : seen) {
-      if (s.name == name && s.role == role && s.phase == phase) out.push_back(&s);
-    }
-    return out;
-  }
-};
-
 // held, per parameter and mode: the matmul layers' compute format at the step (FP32 for a layer
 // moved there), the gradient buffer's format for LayerNorm, wpe and wte; the same after
 // unscaling.
@@ -519,7 +495,7 @@ TEST(HeldTest, WeightGradientsSayWhereTheyCanOverflow) {
                         Case{PrecisionMode::kFP32, Format::kFP32, Format::kFP32, Format::kFP32}}) {
     auto t = make(tiny(k.mode, 1));
     ASSERT_EQ(t->fp32_overrides().add("h0.mlp.fc", 0), "");
-    ViewRecorder rec;
+    Recorder rec;
     t->set_observer(&rec);
     t->step();
     const std::regex matmul(R"(h\d+\.(attn\.qkv|attn\.proj|mlp\.fc|mlp\.proj)\.(weight|bias))");
@@ -549,7 +525,7 @@ TEST(HeldTest, WeightGradientsSayWhereTheyCanOverflow) {
 // in FP32 has values FP16 cannot represent.
 TEST(HeldTest, WhatIsSaidToPassThroughFp16HoldsFp16Values) {
   auto t = make(tiny(PrecisionMode::kAmpFP16, 1));
-  ViewRecorder rec;
+  Recorder rec;
   t->set_observer(&rec);
   t->step();
   int fp16 = 0, fp32 = 0;
@@ -576,7 +552,7 @@ TEST(LmHeadTest, TheHeadsShareOfTheTiedGradientIsShownEveryMicroBatch) {
   TrainerConfig c = tiny(PrecisionMode::kAmpFP16, 3);
   c.accum = 2;
   auto watched = make(c);
-  ViewRecorder rec;
+  Recorder rec;
   rec.steps = {0, 1, 2};
   watched->set_observer(&rec);
   for (int i = 0; i < 3; ++i) watched->step();
@@ -606,7 +582,7 @@ TEST(LmHeadTest, TheHeadsShareOfTheTiedGradientIsShownEveryMicroBatch) {
   // Moved to FP32, the head's share is FP32 values, and says so.
   auto fp32_head = make(tiny(PrecisionMode::kAmpFP16, 1));
   ASSERT_EQ(fp32_head->fp32_overrides().add("lm_head", 0), "");
-  ViewRecorder fp32_rec;
+  Recorder fp32_rec;
   fp32_head->set_observer(&fp32_rec);
   fp32_head->step();
   const auto moved = fp32_rec.find("lm_head", TensorRole::kWeightGrad, TensorPhase::kBackward);
@@ -631,7 +607,7 @@ TEST(LmHeadTest, IsNoInjectionTarget) {
 TEST(ModelTest, LayerOfNamesTheLayerOfEveryTensorTheModelShows) {
   TrainerConfig c = tiny(PrecisionMode::kAmpFP16, 1);
   auto t = make(c);
-  ViewRecorder rec;
+  Recorder rec;
   t->set_observer(&rec);
   t->step();
   const std::regex block(R"((h\d+)\.(.*))");
@@ -678,7 +654,7 @@ TEST(ModelTest, LayerOfNamesTheLayerOfEveryTensorTheModelShows) {
 TEST(ModelTest, ActivationNamesAreTheForwardActivationsShownInOrder) {
   TrainerConfig c = tiny(PrecisionMode::kAmpFP16, 1);
   auto t = make(c);
-  ViewRecorder rec;
+  Recorder rec;
   t->set_observer(&rec);
   t->step();
   std::vector<std::string> shown;
@@ -702,7 +678,7 @@ TEST(TrainingTest, OverflowInjectedIntoAnActivationSkipsTheStepUnlessItsLayerRun
   c.injections = {{Injection::Kind::kOverflow, "h1.attn.scores", 2},
                   {Injection::Kind::kOverflow, "h1.attn.scores", 4}};
   auto fp16 = make(c);
-  ViewRecorder rec;
+  Recorder rec;
   rec.steps = {2};
   fp16->set_observer(&rec);
   for (int i = 0; i < 6; ++i) {
