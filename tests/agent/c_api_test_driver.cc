@@ -19,6 +19,7 @@
 #include "ampscope/testing/files.h"
 #include "ampscope/testing/server_process.h"
 #include "ampscope/v1/telemetry.grpc.pb.h"
+#include "loopback_server.h"
 #include "server_harness.h"
 #include "spool_reader.h"
 
@@ -30,6 +31,7 @@ namespace ampscope::agent {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::LoopbackServer;
 using ampscope::testing::CommandResult;
 using ampscope::testing::TempDir;
 
@@ -47,15 +49,7 @@ void run_c_trainer(const std::vector<std::string>& args, std::string* out = null
 // It acknowledges each report at once.
 class RecordingServer final : public v1::Telemetry::Service {
  public:
-  RecordingServer() {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(this);
-    server_ = builder.BuildAndStart();
-  }
-  ~RecordingServer() override { server_->Shutdown(std::chrono::system_clock::now() + 5s); }
-
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::string address() const { return server_.address(); }
   std::vector<v1::Hello> hellos() const {
     std::lock_guard lock(mu_);
     return hellos_;
@@ -87,11 +81,10 @@ class RecordingServer final : public v1::Telemetry::Service {
   }
 
  private:
-  int port_ = 0;
-  std::unique_ptr<grpc::Server> server_;
   mutable std::mutex mu_;
   std::vector<v1::Hello> hellos_;
   std::vector<v1::StepReport> reports_;
+  LoopbackServer server_{this};  // last: shuts down first
 };
 
 TEST(CApiAbiTest, TheLibraryExportsOnlyTheCApi) {

@@ -19,25 +19,19 @@
 #include "ampscope/testing/files.h"
 #include "ampscope/v1/telemetry.grpc.pb.h"
 #include "fake_step.h"
+#include "loopback_server.h"
 
 namespace ampscope::agent {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::LoopbackServer;
 using Clock = std::chrono::steady_clock;
 using ampscope::testing::TempDir;
 
 class ScriptedServer final : public v1::Telemetry::Service {
  public:
-  ScriptedServer() {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(this);
-    server_ = builder.BuildAndStart();
-  }
-  ~ScriptedServer() override { server_->Shutdown(std::chrono::system_clock::now() + 2s); }
-
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::string address() const { return server_.address(); }
 
   // The report of `step` causes `update`: `delay` after that report arrived, the update goes
   // out, then the report's Ack. Once.
@@ -115,8 +109,6 @@ class ScriptedServer final : public v1::Telemetry::Service {
   }
 
  private:
-  int port_ = 0;
-  std::unique_ptr<grpc::Server> server_;
   mutable std::mutex mu_;
   std::int64_t trigger_step_ = -1;
   v1::PolicyUpdate update_;
@@ -126,6 +118,7 @@ class ScriptedServer final : public v1::Telemetry::Service {
   bool refusing_ = false;
   std::uint64_t acked_ = 0;
   std::vector<v1::StepReport> reports_;
+  LoopbackServer server_{this, std::chrono::seconds(2)};  // last: shuts down first
 };
 
 // A loss scaler that takes every change and remembers it.
