@@ -956,35 +956,37 @@ def plot(out_dir, work, profile, summary, seed):
 
 
 def plot_val_deltas(gnuplot, out_dir, work, summary):
-    """headroom - GradScaler final val loss per seed and scenario, with the mean and its CI."""
+    """headroom - GradScaler final val loss per seed, one panel per scenario (each on its own
+    scale), with the mean and its 95% CI."""
     png = os.path.join(out_dir, "val_loss_delta.png")
-    points, means = os.path.join(work, "val_deltas.dat"), os.path.join(work, "val_means.dat")
-    with open(points, "w") as fp, open(means, "w") as fm:
-        fp.write("# scenario_index delta seed\n")
-        fm.write("# scenario_index mean low high\n")
-        for i, s in enumerate(SCENARIOS):
-            x = summary[s].get("headroom")
-            if x is None:
-                continue
-            deltas = sorted(x["val_loss_deltas"].items())
-            for j, (seed, d) in enumerate(deltas):
-                fp.write(f"{i + 0.06 * (j - (len(deltas) - 1) / 2)} {d!r} {seed}\n")
-            m, ci = x["val_loss_delta_vs_gradscaler"], x["val_loss_delta_ci95"]
-            if m is not None:
-                lo, hi = ci if ci else (m, m)
-                fm.write(f"{i + 0.3} {m!r} {lo!r} {hi!r}\n")
-    labels = ", ".join(f"'{s}' {i}" for i, s in enumerate(SCENARIOS))
     script = [
-        "set terminal pngcairo size 1200,600 font ',10'", f"set output '{png}'",
-        "set title 'final validation loss, headroom - GradScaler, per seed (points) and mean "
-        "with 95% CI (bars)'",
-        f"set xtics ({labels})", f"set xrange [-0.5:{len(SCENARIOS) - 0.5}]",
-        "set ylabel 'val loss difference (nats)'", "set grid", "set key top left",
-        "set xzeroaxis lt -1",
-        f"plot '{points}' using 1:2 with points pt 7 ps 1 lc rgb '#2ca02c' title 'seeds', "
-        f"'{means}' using 1:2:3:4 with yerrorbars pt 5 ps 1.2 lc rgb '#000000' "
-        f"title 'mean, 95% CI'",
+        "set terminal pngcairo size 1500,900 font ',10'", f"set output '{png}'",
+        "set multiplot layout 2,3 title 'final validation loss, headroom - GradScaler: per seed "
+        "(points), mean with 95% CI (bar)'",
+        "set xlabel 'seed'", "set ylabel 'val loss difference (nats)'", "set grid",
+        "set key top left font ',8'", "set xzeroaxis lt -1",
     ]
+    for s in SCENARIOS:
+        x = summary[s].get("headroom")
+        if x is None or not x["val_loss_deltas"]:
+            continue
+        deltas = sorted(x["val_loss_deltas"].items())
+        dat = os.path.join(work, f"val_deltas.{s}.dat")
+        with open(dat, "w") as f:
+            f.write("# seed delta, then: position mean low high\n")
+            for seed, d in deltas:
+                f.write(f"{seed} {d!r}\n")
+            m, ci = x["val_loss_delta_vs_gradscaler"], x["val_loss_delta_ci95"]
+            lo, hi = ci if ci else (m, m)
+            f.write(f"\n\n{len(deltas) + 1} {m!r} {lo!r} {hi!r}\n")
+        tics = ", ".join([f"'{seed}' {seed}" for seed, _ in deltas]
+                         + [f"'mean' {len(deltas) + 1}"])
+        script += [f"set title '{s}'", f"set xrange [0.5:{len(deltas) + 1.5}]",
+                   f"set xtics ({tics})", "set offsets 0, 0, graph 0.05, graph 0.05",
+                   f"plot '{dat}' index 0 using 1:2 with points pt 7 ps 1.2 lc rgb '#2ca02c' "
+                   f"title 'seeds', '{dat}' index 1 using 1:2:3:4 with yerrorbars pt 5 ps 1.2 "
+                   f"lc rgb '#000000' title 'mean, 95% CI'"]
+    script.append("unset multiplot")
     if _gnuplot(gnuplot, script) == 0 and os.path.exists(png):
         return png
     print(f"policy_eval.py: gnuplot failed for {png}", file=sys.stderr)

@@ -44,8 +44,8 @@ TARGETS = ["policy_target_skip_reduction", "policy_target_underflow_reduction",
            "policy_target_val_loss_delta", "policy_target_avoidable_skips_after_first_decision",
            "policy_target_fp32_fallback_skips_after_decision"]
 PLOTS = ["loss_scale.png", "cumulative_skipped.png", "underflow.png", "val_loss_delta.png"]
-COUNTS = ("steps", "steps measured", "skipped", "avoidable", "steps underflow > 1%", "policy updates",
-          "scale changes")
+COUNTS = ("steps", "steps measured", "skipped", "avoidable", "steps underflow > 1%",
+          "policy updates", "scale changes")
 NUMBERS = ("skipped / 10k", "avoidable / 10k", "final train loss", "final val loss", "wall s")
 
 
