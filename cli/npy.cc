@@ -28,6 +28,8 @@ constexpr int kMaxNesting = 32;
 
 // ---- Python literals: the subset ast.literal_eval accepts that np.save can produce ----------
 
+struct PyEntry;
+
 struct PyValue {
   enum class Kind { kString, kInt, kBool, kNone, kTuple, kList, kDict };
   Kind kind = Kind::kNone;
@@ -36,7 +38,14 @@ struct PyValue {
   std::uint64_t magnitude = 0;  // kInt
   bool boolean = false;         // kBool
   std::vector<PyValue> items;   // kTuple, kList
-  std::vector<std::pair<std::string, PyValue>> entries;  // kDict; npy keys are strings
+  std::vector<PyEntry> entries;  // kDict
+};
+
+// A dict entry (npy keys are strings). A struct rather than std::pair, which may not hold the
+// still incomplete PyValue (clang rejects it with libstdc++'s constexpr vector).
+struct PyEntry {
+  std::string key;
+  PyValue value;
 };
 
 PyValue make_value(PyValue::Kind kind) {
@@ -180,7 +189,7 @@ class LiteralParser {
       for (const auto& [k, unused] : v.entries) {
         if (k == key.text) fail("header repeats the key '" + k + "'");
       }
-      v.entries.emplace_back(std::move(key.text), std::move(value));
+      v.entries.push_back({std::move(key.text), std::move(value)});
       if (consume('}')) break;
       expect(',');
     }

@@ -1,5 +1,9 @@
 #include "ampscope/cpu_features.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <cstdlib>
 #include <string>
 
@@ -12,7 +16,13 @@ CpuFeatures detect() {
   __builtin_cpu_init();
   f.avx2 = __builtin_cpu_supports("avx2");
   f.fma = __builtin_cpu_supports("fma");
+#if defined(__clang__) && __clang_major__ < 18
+  // clang before 18 has no "f16c" for __builtin_cpu_supports: CPUID leaf 1, ECX bit 29.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  f.f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+#else
   f.f16c = __builtin_cpu_supports("f16c");
+#endif
   f.bmi2 = __builtin_cpu_supports("bmi2");
   f.avx512f = __builtin_cpu_supports("avx512f");
   f.avx512bw = __builtin_cpu_supports("avx512bw");

@@ -166,8 +166,10 @@ void compare_weight_grads(const std::vector<RankStep>& ranks, std::int64_t step,
     if (std::find(on_ranks.begin(), on_ranks.end(), nullptr) != on_ranks.end()) continue;
     const bool histograms = std::all_of(on_ranks.begin(), on_ranks.end(),
                                         [](const policy::TensorInput* t) { return t->histogram; });
+    // Named, not the binding: lambdas capture structured bindings only from clang 16 on.
+    const policy::TensorInput& first = *on_ranks[0];
     if (!std::all_of(on_ranks.begin(), on_ranks.end(), [&](const policy::TensorInput* t) {
-          return same_values(*t, *on_ranks[0], histograms);
+          return same_values(*t, first, histograms);
         })) {
       names.push_back(name);
     }
