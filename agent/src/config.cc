@@ -53,7 +53,10 @@ bool parse_int(std::string_view text, std::int64_t lo, std::int64_t hi, bool siz
   std::int64_t n = 0;
   const auto r = std::from_chars(v.data(), v.data() + v.size(), n);
   if (r.ec != std::errc() || r.ptr != v.data() + v.size() || v.empty()) return false;
-  if (n > std::numeric_limits<std::int64_t>::max() / factor) return false;
+  if (n > std::numeric_limits<std::int64_t>::max() / factor ||
+      n < std::numeric_limits<std::int64_t>::min() / factor) {
+    return false;
+  }
   n *= factor;
   if (n < lo || n > hi) return false;
   *out = n;

@@ -40,6 +40,17 @@ TEST(AgentConfigTest, BadValuesNameTheKeyAndChangeNothing) {
   EXPECT_EQ(c.sampling.full_every, AgentConfig{}.sampling.full_every);
 }
 
+TEST(AgentConfigTest, ASizeWhoseSuffixOverflowsIsRefused) {
+  // -(2^63 - 1) * 1024 does not fit in 64 bits (it used to wrap to 1024, inside [0, 1T]).
+  AgentConfig c;
+  const std::uint64_t before = c.worker_max_bytes;
+  EXPECT_NE(set_option(c, "worker_max_bytes", "-9223372036854775807K"), "");
+  EXPECT_NE(set_option(c, "worker_max_bytes", "-9007199254740993K"), "");
+  EXPECT_EQ(c.worker_max_bytes, before);
+  EXPECT_EQ(set_option(c, "worker_max_bytes", "2K"), "");
+  EXPECT_EQ(c.worker_max_bytes, 2048u);
+}
+
 TEST(AgentConfigTest, ReadsTheEnvironment) {
   ampscope::testing::TempDir dir;
   const auto token = dir / "token";
