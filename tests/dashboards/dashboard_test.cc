@@ -2,8 +2,10 @@
 // - the dashboard JSON parses, uses a current schema, has the datasource/run/rank variables,
 //   unique panel ids, no overlapping panels, a healthy/unhealthy description on every panel and
 //   the panels docs/metrics.md describes, every query is valid PromQL (promtool);
-// - every alert docs/metrics.md lists exists with a severity and a runbook (as Prometheus
-//   loads them);
+// - every alert docs/metrics.md lists exists with a severity, a runbook and a runbook_url that
+//   names the alert's own section of a docs page in this repository (as Prometheus loads them);
+// - the Alertmanager configuration passes amtool, its commented receiver examples too, and it
+//   routes every alert to the receiver of its severity;
 // - every metric name any panel, variable, annotation or alert rule reads is one a real
 //   ampscope-server exports: the server runs on loopback, is fed a realistic report stream
 //   (every role, NaN, underflow, tensor-core samples, agent counters, policy decisions) and its
@@ -21,6 +23,7 @@
 #include "ampscope/testing/child_process.h"
 #include "ampscope/testing/files.h"
 #include "ampscope/testing/server_process.h"
+#include "alertmanager_process.h"
 #include "prometheus_process.h"
 #include "promql_names.h"
 #include "server_harness.h"
@@ -38,6 +41,8 @@ namespace fs = std::filesystem;
 const fs::path kDashboards = AMPSCOPE_DASHBOARDS_DIR;
 const fs::path kDashboardJson = kDashboards / "grafana" / "ampscope.json";
 const fs::path kAlertRules = kDashboards / "prometheus" / "alerts.yml";
+const fs::path kAlertmanagerConfig = kDashboards / "alertmanager" / "alertmanager.yml";
+const fs::path kRepository = kDashboards.parent_path();
 
 json load_json(const fs::path& path) {
   std::ifstream in(path);
@@ -358,6 +363,41 @@ std::vector<json> evaluated_rules(PrometheusProcess& prometheus) {
   }
 }
 
+// The anchor a Markdown renderer (GitHub's rule) gives a heading: lower case, punctuation other
+// than '-' and '_' dropped, spaces to '-'.
+std::string markdown_anchor(const std::string& heading) {
+  std::string anchor;
+  for (const unsigned char c : heading) {
+    if (std::isalnum(c) || c == '-' || c == '_') {
+      anchor += static_cast<char>(std::tolower(c));
+    } else if (c == ' ') {
+      anchor += '-';
+    }
+  }
+  return anchor;
+}
+
+// The anchors of every heading of a Markdown page, code blocks left out.
+std::set<std::string> markdown_anchors(const std::string& page) {
+  std::set<std::string> anchors;
+  bool in_code = false;
+  for (const std::string& line : lines_of(page)) {
+    if (line.starts_with("```")) in_code = !in_code;
+    const std::size_t level = line.find_first_not_of('#');
+    if (in_code || level == 0 || level == std::string::npos || line[level] != ' ') continue;
+    anchors.insert(markdown_anchor(line.substr(level + 1)));
+  }
+  return anchors;
+}
+
+TEST(MarkdownAnchorTest, FollowsTheRenderersRule) {
+  EXPECT_EQ(markdown_anchor("AmpscopeNonFiniteValues"), "ampscopenonfinitevalues");
+  EXPECT_EQ(markdown_anchor("Prometheus -> Alertmanager, receivers"),
+            "prometheus---alertmanager-receivers");
+  EXPECT_EQ(markdown_anchors("# Title\n```\n# not a heading\n```\n### Runbooks\n#tag\n"),
+            (std::set<std::string>{"title", "runbooks"}));
+}
+
 TEST(AlertRulesTest, EveryListedAlertHasASeverityAndARunbook) {
   TempDir dir;
   PrometheusOptions options;
@@ -383,7 +423,90 @@ TEST(AlertRulesTest, EveryListedAlertHasASeverityAndARunbook) {
       EXPECT_FALSE(a.value(key, "").empty()) << name << " has no " << key;
     }
     EXPECT_GT(a.value("runbook", "").size(), 100u) << name << ": say what it means and what to do";
+    // The runbook link: the section named after the alert in a docs page of this repository.
+    const std::string url = a.value("runbook_url", "");
+    const std::size_t hash = url.find('#');
+    ASSERT_NE(hash, std::string::npos) << name << ": runbook_url '" << url << "' has no section";
+    const fs::path page = kRepository / url.substr(0, hash);
+    const std::string anchor = url.substr(hash + 1);
+    EXPECT_TRUE(url.starts_with("docs/") && fs::is_regular_file(page)) << name << ": " << url;
+    EXPECT_EQ(anchor, markdown_anchor(name)) << name << ": " << url;
+    EXPECT_TRUE(markdown_anchors(read_text(page)).contains(anchor))
+        << name << ": " << page << " has no heading for #" << anchor;
   }
+}
+
+// --- The Alertmanager configuration ---------------------------------------------------------
+
+// The configuration with its commented examples (e-mail, Slack) switched on: every comment
+// line in the body whose text is YAML (a key, a list item, or a continuation indented under
+// one) loses its "# ". Prose comments start with a word that is not a key.
+std::string with_examples_uncommented(const std::string& config) {
+  static const std::regex commented_yaml(R"(^(\s*)# ((- )?[a-z_]+:( .*)?|  .*)$)");
+  std::string out;
+  bool body = false;
+  for (const std::string& line : lines_of(config)) {
+    body = body || (!line.empty() && line[0] != '#');
+    std::smatch m;
+    out += body && std::regex_match(line, m, commented_yaml) ? m.str(1) + m.str(2) : line;
+    out += "\n";
+  }
+  return out;
+}
+
+CommandResult amtool(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {amtool_binary()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_process(argv, 30s);
+}
+
+TEST(AlertmanagerConfigTest, ShippedConfigurationAndItsExamplesPassAmtool) {
+  ASSERT_FALSE(amtool_binary().empty())
+      << "amtool not found: install Debian's prometheus-alertmanager package (./run setup)";
+  const CommandResult shipped = amtool({"check-config", kAlertmanagerConfig.string()});
+  EXPECT_EQ(shipped.code, 0) << shipped.out << shipped.err;
+
+  TempDir dir;
+  const std::string examples = with_examples_uncommented(read_text(kAlertmanagerConfig));
+  for (const char* receiver : {"slack_configs:", "email_configs:", "smtp_smarthost:"}) {
+    EXPECT_NE(examples.find(receiver), std::string::npos) << "no example of " << receiver;
+  }
+  write_text(dir / "alertmanager.yml", examples);
+  const CommandResult uncommented = amtool({"check-config", (dir / "alertmanager.yml").string()});
+  EXPECT_EQ(uncommented.code, 0) << uncommented.out << uncommented.err << examples;
+  EXPECT_NE(uncommented.out.find("3 receivers"), std::string::npos) << uncommented.out;
+}
+
+TEST(AlertmanagerConfigTest, RoutesEveryAlertToTheReceiverOfItsSeverity) {
+  ASSERT_FALSE(amtool_binary().empty())
+      << "amtool not found: install Debian's prometheus-alertmanager package (./run setup)";
+  TempDir dir;
+  PrometheusOptions options;
+  options.rule_files = {kAlertRules};
+  PrometheusProcess prometheus(dir.path(), options);
+  std::vector<json> alerts;
+  for (const json& r : evaluated_rules(prometheus)) {
+    if (r.at("type") == "alerting") alerts.push_back(r);
+  }
+  ASSERT_FALSE(alerts.empty());
+  // The receiver amtool picks for an alert with these labels.
+  const auto route = [](const std::vector<std::string>& labels) {
+    std::vector<std::string> args = {"config", "routes", "test",
+                                      "--config.file=" + kAlertmanagerConfig.string()};
+    args.insert(args.end(), labels.begin(), labels.end());
+    const CommandResult r = amtool(args);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return lines_of(r.out).empty() ? std::string() : lines_of(r.out).front();
+  };
+  for (const json& a : alerts) {
+    const std::string name = a.at("name");
+    const std::string severity = a.at("labels").value("severity", "");
+    EXPECT_EQ(route({"alertname=" + name, "severity=" + severity, "run=r", "rank=0"}),
+              "ampscope-" + severity)
+        << name;
+  }
+  // Somebody else's alerts are not ampscope's business.
+  EXPECT_EQ(route({"alertname=NodeDown", "severity=critical"}), "default");
 }
 
 // --- Every metric name is exported by the real server --------------------------------------

@@ -1,24 +1,31 @@
 // End to end, every piece real: ampscope-server on loopback, Debian's Prometheus with the
-// shipped prometheus.yml (pointed at the server, intervals cut to 1 s) and alert rules, and
-// ampscope-train with the agent attached, an injected NaN and shrunken gradients (FP16 underflow).
+// shipped prometheus.yml (pointed at the server and the Alertmanager, intervals cut to 1 s) and
+// alert rules, Debian's Alertmanager with the shipped alertmanager.yml (its webhooks pointed at
+// a receiver in this process, its waits cut to a second), and ampscope-train with the agent
+// attached, an injected NaN and shrunken gradients (FP16 underflow).
 // Then Prometheus' HTTP API must hold the loss-scale, non-finite and underflow series with the
 // values the run produced (compared with the trainer's --log-json and with the server's own
-// /metrics) and fire the NaN alert. Ports are chosen at run time; every process runs in its own
-// process group and is killed when the test ends, whether it passed, failed or crashed
-// (ampscope/testing/child_process.h).
+// /metrics), and the NaN alert must reach the webhook (critical route, with the run, the rank
+// and the runbook link) and resolve once the run goes on without new non-finite values. Ports
+// are chosen at run time; every process runs in its own process group and is killed when the
+// test ends, whether it passed, failed or crashed (ampscope/testing/child_process.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <thread>
 
 #include "ampscope/testing/child_process.h"
 #include "ampscope/testing/files.h"
 #include "ampscope/testing/server_process.h"
+#include "ampscope/testing/wait_until.h"
+#include "alertmanager_process.h"
 #include "prometheus_process.h"
 #include "server_harness.h"
+#include "webhook_receiver.h"
 
 #ifndef AMPSCOPE_DASHBOARDS_DIR
 #error "AMPSCOPE_DASHBOARDS_DIR must name the source tree's dashboards/ directory"
@@ -66,34 +73,102 @@ int replace_all(std::string& text, const std::string& from, const std::string& t
   return n;
 }
 
+// Replaces every match of `pattern` in `text` with `to`; returns how many.
+int replace_matches(std::string& text, const std::string& pattern, const std::string& to) {
+  const std::regex re(pattern);
+  const auto n = std::distance(std::sregex_iterator(text.begin(), text.end(), re),
+                               std::sregex_iterator());
+  text = std::regex_replace(text, re, to);
+  return static_cast<int>(n);
+}
+
+// In the rule of `alert` only (from its "- alert:" line to the next), replaces every `from`;
+// returns how many, or -1 when the rule is missing.
+int replace_in_rule(std::string& rules, const std::string& alert, const std::string& from,
+                    const std::string& to) {
+  const std::size_t begin = rules.find("- alert: " + alert + "\n");
+  if (begin == std::string::npos) return -1;
+  const std::size_t end = rules.find("- alert: ", begin + 1);
+  std::string rule = rules.substr(begin, end == std::string::npos ? end : end - begin);
+  const int n = replace_all(rule, from, to);
+  rules.replace(begin, end == std::string::npos ? std::string::npos : end - begin, rule);
+  return n;
+}
+
+// The alert of a webhook notification whose labels include all of `labels`; null when none.
+const json* find_alert(const WebhookReceiver::Post& post,
+                       const std::map<std::string, std::string>& labels) {
+  if (!post.body.is_object() || !post.body.contains("alerts")) return nullptr;
+  for (const json& alert : post.body.at("alerts")) {
+    bool all = true;
+    for (const auto& [name, value] : labels) {
+      all = all && alert.at("labels").value(name, "") == value;
+    }
+    if (all) return &alert;
+  }
+  return nullptr;
+}
+
+std::string dump_posts(const WebhookReceiver& receiver) {
+  std::string out;
+  for (const WebhookReceiver::Post& p : receiver.posts()) out += p.path + " " + p.body.dump() + "\n";
+  return out.empty() ? "(no notification)\n" : out;
+}
+
 // The value of one series of the server's own /metrics.
 double server_value(const std::string& metrics_address, const std::string& name,
                     const std::map<std::string, std::string>& labels) {
   return sample_value(parse_samples(scrape(metrics_address)), name, labels);
 }
 
-TEST(AlertingE2ETest, InjectedNanReachesPrometheusAndFiresTheAlert) {
+TEST(AlertingE2ETest, InjectedNanIsNotifiedThroughAlertmanagerAndResolves) {
   TempDir dir;
+  const fs::path shipped = fs::path(AMPSCOPE_DASHBOARDS_DIR);
 
   // 1. The server, on ports it picks.
   ServerProcess server(dir.path(), dir / "store.db");
   const std::string& grpc = server.address();
   const std::string& metrics = server.metrics_address();
 
-  // 2. Prometheus with the shipped configuration and rules: scraping this server, every second,
-  //    rules evaluated every second.
+  // 2. The webhook receiver, and Alertmanager with the shipped configuration: its webhooks
+  //    pointed at the receiver, and a second instead of its production waits before the first
+  //    notification and between updates of a group. Repeats stay an hour away, so what arrives
+  //    is a firing and then a resolved notification; resolve_timeout stays as shipped, so the
+  //    resolution must be Prometheus' (which sends an end time), not a timeout's.
+  WebhookReceiver receiver;
+  const fs::path am_dir = dir / "alertmanager";
+  fs::create_directories(am_dir);
+  std::string am_config = read_text(shipped / "alertmanager" / "alertmanager.yml");
+  ASSERT_EQ(replace_all(am_config, "http://127.0.0.1:5001/", receiver.base_url() + "/"), 2);
+  ASSERT_EQ(replace_matches(am_config, R"(group_wait: \w+)", "group_wait: 1s"), 2);
+  ASSERT_EQ(replace_matches(am_config, R"(group_interval: \w+)", "group_interval: 1s"), 1);
+  ASSERT_EQ(replace_matches(am_config, R"(repeat_interval: \w+)", "repeat_interval: 1h"), 2);
+  AlertmanagerProcess alertmanager(am_dir, am_config);
+
+  // 3. Prometheus with the shipped configuration and rules: scraping this server every second,
+  //    rules evaluated every second, alerts sent to this Alertmanager. The NaN alert looks back
+  //    5 minutes, so it resolves 5 minutes after the last NaN; the test cuts its windows to 15 s
+  //    (15 scrapes) as it cuts the intervals.
   const fs::path prom_dir = dir / "prometheus";
   fs::create_directories(prom_dir);
-  const fs::path shipped = fs::path(AMPSCOPE_DASHBOARDS_DIR) / "prometheus";
-  fs::copy_file(shipped / "alerts.yml", prom_dir / "alerts.yml");
+  std::string rules = read_text(shipped / "prometheus" / "alerts.yml");
+  ASSERT_EQ(replace_in_rule(rules, "AmpscopeNonFiniteValues", "[5m]", "[15s]"), 2);
+  ASSERT_EQ(replace_in_rule(rules, "AmpscopeNonFiniteValues", "offset 5m", "offset 15s"), 1);
+  write_text(prom_dir / "alerts.yml", rules);
   PrometheusOptions options;
-  options.config_yaml = read_text(shipped / "prometheus.yml");
+  options.config_yaml = read_text(shipped / "prometheus" / "prometheus.yml");
   ASSERT_EQ(replace_all(options.config_yaml, "\"127.0.0.1:9464\"", "\"" + metrics + "\""), 1);
+  ASSERT_EQ(replace_all(options.config_yaml, "\"127.0.0.1:9093\"",
+                        "\"" + alertmanager.address() + "\""),
+            1);
   ASSERT_EQ(replace_all(options.config_yaml, "interval: 15s", "interval: 1s"), 2);
   PrometheusProcess prometheus(prom_dir, options);
   ASSERT_TRUE(prometheus.wait_targets_up(20s)) << prometheus.log_tail();
+  ASSERT_TRUE(wait_until(
+      [&] { return prometheus.api("alertmanagers").at("activeAlertmanagers").size() == 1; }, 20s))
+      << prometheus.api("alertmanagers").dump();
 
-  // 3. The trainer with the agent: FP16 mixed precision, gradients shrunk into FP16's underflow
+  // 4. The trainer with the agent: FP16 mixed precision, gradients shrunk into FP16's underflow
   //    range, full statistics every step, and a NaN in an activation at kNanStep. It runs in two
   //    processes (checkpoint, resume): Prometheus scrapes the first part's clean counters before
   //    the NaN happens, as in a long run, and the agent continues its sequence across processes.
@@ -171,7 +246,7 @@ TEST(AlertingE2ETest, InjectedNanReachesPrometheusAndFiresTheAlert) {
   ASSERT_TRUE(steps.at(kNanStep).at("found_inf").get<bool>()) << steps.at(kNanStep).dump();
   const double final_scale = steps.back().at("scale_after").get<double>();
 
-  // 4. Prometheus has scraped the server after the last report.
+  // 5. Prometheus has scraped the server after the last report.
   ASSERT_EQ(wait_scraped(kSteps), kSteps) << prometheus.log_tail();
 
   // Loss scale: the last value is the trainer's, and every value Prometheus saw is one the
@@ -232,26 +307,46 @@ TEST(AlertingE2ETest, InjectedNanReachesPrometheusAndFiresTheAlert) {
   EXPECT_EQ(underflow, server_value(metrics, "ampscope_underflow_values_total", grad_labels));
   EXPECT_EQ(checked, server_value(metrics, "ampscope_checked_values_total", grad_labels));
 
-  // 5. The NaN alert fires, for this run's activation, as critical.
-  bool fired = false;
-  std::string seen;
-  const auto alert_deadline = std::chrono::steady_clock::now() + 20s;
-  while (!fired && std::chrono::steady_clock::now() < alert_deadline) {
-    seen.clear();
-    for (const json& a : prometheus.firing_alerts()) {
-      const json& l = a.at("labels");
-      seen += l.dump() + "\n";
-      fired = fired || (l.value("alertname", "") == "AmpscopeNonFiniteValues" &&
-                        l.value("run", "") == kRun && l.value("role", "") == "activation" &&
-                        l.value("kind", "") == "nan" && l.value("severity", "") == "critical" &&
-                        !a.at("annotations").value("runbook", "").empty());
-    }
-    if (!fired) std::this_thread::sleep_for(250ms);
-  }
-  EXPECT_TRUE(fired) << "firing alerts:\n" << seen << prometheus.log_tail();
+  // 6. The NaN alert reaches the webhook through the critical route, naming the run, the rank,
+  //    the tensor role and the runbook section ...
+  const std::map<std::string, std::string> alert_labels = {
+      {"alertname", "AmpscopeNonFiniteValues"}, {"severity", "critical"}, {"run", kRun},
+      {"rank", "0"}, {"role", "activation"}, {"kind", "nan"}};
+  const auto notified = [&](const std::string& status) {
+    return [&, status](const WebhookReceiver::Post& p) {
+      const json* alert = find_alert(p, alert_labels);
+      return p.path == "/ampscope/critical" && p.body.value("status", "") == status &&
+             alert != nullptr && alert->value("status", "") == status;
+    };
+  };
+  const auto firing = receiver.wait_for(notified("firing"), 60s);
+  ASSERT_TRUE(firing.has_value()) << "notifications:\n" << dump_posts(receiver)
+                                  << "alertmanager:\n" << alertmanager.log_tail()
+                                  << "prometheus:\n" << prometheus.log_tail();
+  EXPECT_EQ(firing->body.value("receiver", ""), "ampscope-critical");
+  const json& fired = *find_alert(*firing, alert_labels);
+  EXPECT_EQ(fired.at("annotations").value("runbook_url", ""),
+            "docs/alerting.md#ampscopenonfinitevalues");
+  EXPECT_NE(fired.at("annotations").value("summary", "").find(std::string("run ") + kRun),
+            std::string::npos)
+      << fired.dump();
+
+  // ... and resolves: the run went on to its last step without another non-finite value, so
+  //    once the window has passed Prometheus sends the alert's end and the receiver hears of it.
+  const auto resolved = receiver.wait_for(notified("resolved"), 60s);
+  ASSERT_TRUE(resolved.has_value()) << "notifications:\n" << dump_posts(receiver)
+                                    << "alertmanager:\n" << alertmanager.log_tail()
+                                    << "prometheus:\n" << prometheus.log_tail();
+  const json& ended = *find_alert(*resolved, alert_labels);
+  EXPECT_EQ(ended.value("fingerprint", ""), fired.value("fingerprint", "")) << ended.dump();
+  EXPECT_EQ(ended.value("startsAt", ""), fired.value("startsAt", "")) << ended.dump();
+  // Resolved by the run's recovery, not by the series going away: the server still exports
+  // the NaN count the alert fired on.
+  EXPECT_EQ(server_value(metrics, "ampscope_nonfinite_values_total", nan_labels), nan_values);
 
   EXPECT_EQ(server.terminate(), 0) << server.log();
   prometheus.stop();
+  alertmanager.stop();
 }
 
 }  // namespace
