@@ -111,7 +111,9 @@ const json* find_alert(const WebhookReceiver::Post& post,
 
 std::string dump_posts(const WebhookReceiver& receiver) {
   std::string out;
-  for (const WebhookReceiver::Post& p : receiver.posts()) out += p.path + " " + p.body.dump() + "\n";
+  for (const WebhookReceiver::Post& p : receiver.posts()) {
+    out += p.path + " " + p.body.dump() + "\n";
+  }
   return out.empty() ? "(no notification)\n" : out;
 }
 

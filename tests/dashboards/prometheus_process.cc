@@ -98,15 +98,6 @@ json PrometheusProcess::query(const std::string& promql) {
   return api("query?query=" + url_encode(promql)).at("result");
 }
 
-std::vector<json> PrometheusProcess::firing_alerts() {
-  std::vector<json> firing;
-  const json data = api("alerts");
-  for (const json& a : data.at("alerts")) {
-    if (a.value("state", "") == "firing") firing.push_back(a);
-  }
-  return firing;
-}
-
 bool PrometheusProcess::wait_targets_up(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {

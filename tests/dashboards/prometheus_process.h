@@ -42,8 +42,6 @@ class PrometheusProcess {
   nlohmann::json api(const std::string& endpoint_and_query);
   // An instant query now: the "result" array of the vector (or scalar) it returns.
   nlohmann::json query(const std::string& promql);
-  // The alerts that are firing now (labels and annotations of each).
-  std::vector<nlohmann::json> firing_alerts();
   // Waits until every scrape target reports health "up"; false at the timeout.
   bool wait_targets_up(std::chrono::milliseconds timeout);
   // Stops it (SIGTERM, then SIGKILL); returns the exit code. Idempotent.
