@@ -17,6 +17,7 @@
 #include "notices.h"
 #include "policy.h"
 #include "recorder.h"
+#include "report_codec.h"
 #include "spool.h"
 
 #ifndef AMPSCOPE_VERSION
@@ -105,13 +106,13 @@ Status Agent::create(const AgentConfig& config, const RunInfo& run,
     }
     auto impl = std::make_unique<Impl>(config, run);
     if (impl->run.host.empty()) impl->run.host = host_name();
+    process_start_unix_ns();  // fixes the fallback of the Hello's process start (no /proc)
     namespace fs = std::filesystem;
-    const fs::path base = config.spool_dir.empty()
-                              ? fs::temp_directory_path() / "ampscope-spool"
-                              : fs::path(config.spool_dir);
+    const fs::path shared_base = fs::temp_directory_path() / "ampscope-spool";
     const fs::path leaf = fs::path(config.run_id) / ("rank-" + std::to_string(config.rank));
     SpoolOptions so;
-    so.dir = (base / leaf).string();
+    so.dir = ((config.spool_dir.empty() ? shared_base : fs::path(config.spool_dir)) / leaf)
+                 .string();
     so.max_bytes = config.spool_max_bytes;
     // Acknowledged space comes back a segment at a time: keep segments a fraction of the cap.
     so.segment_bytes = std::min(config.spool_segment_bytes,
@@ -120,14 +121,31 @@ Status Agent::create(const AgentConfig& config, const RunInfo& run,
     std::vector<std::string> repaired;
     std::unique_ptr<Spool> spool = Spool::open(so, &error, &repaired);
     if (!spool) {
-      // Another process holds it, or it cannot be written: a private directory keeps the run
-      // measured, without the replay across restarts.
+      // Cannot be written (a file in its place, a read-only or full file system), or another
+      // process holds it. First the default location, derived from run and rank only, so the
+      // next process with this configuration meets the same failure and replays what this one
+      // left there; when that fails too, a directory of this process's own (not replayed).
       const std::string first_error = error;
-      so.dir = (fs::temp_directory_path() /
-                ("ampscope-spool-" + std::to_string(::getpid())) / leaf).string();
-      spool = Spool::open(so, &error, &repaired);
-      if (!spool) return {StatusCode::kUnavailable, first_error + "; " + error};
-      impl->notices.raise(first_error + "; using " + so.dir + " for this process only");
+      const std::string shared = (shared_base / leaf).string();
+      const std::string own =
+          (shared_base / config.run_id / ("rank-" + std::to_string(config.rank) + "-pid-" +
+                                          std::to_string(::getpid())))
+              .string();
+      std::string tail;
+      for (const std::string& dir : {shared, own}) {
+        if (dir == so.dir) continue;
+        so.dir = dir;
+        spool = Spool::open(so, &error, &repaired);
+        if (spool) break;
+        tail += "; " + error;
+      }
+      if (!spool) return {StatusCode::kUnavailable, first_error + tail};
+      impl->notices.raise_loud(
+          "spool-fallback",
+          first_error + tail + "; spooling to " + so.dir +
+              (so.dir == shared ? " instead (a later process of this run and rank replays it "
+                                  "from there)"
+                                : " for this process only (a later process does not replay it)"));
     }
     for (const auto& n : repaired) impl->notices.raise(n);
     if (const std::uint64_t pending = spool->pending(); pending > 0) {
@@ -241,7 +259,6 @@ Counters Agent::counters() const noexcept {
   c.policies_applied = m.policy->applied();
   c.policies_refused = m.policy->refused();
   c.refused_calls = m.recorder->refused_calls();
-  c.lockstep_timeouts = m.recorder->lockstep_timeouts();
   c.training_thread_s = m.recorder->training_thread_s();
   try {
     m.delivery->fill(&c);  // the spool's counters are behind its lock

@@ -32,8 +32,17 @@ TransportHooks Delivery::transport_hooks() {
   // this hook is created after that.
   hooks.hello = [this](std::uint64_t resume_from) {
     v1::Hello h;
-    const ScalerSettings scaler =
-        policy_->scaler() != nullptr ? policy_->scaler()->settings() : run_.scaler;
+    ScalerSettings scaler = run_.scaler;
+    if (policy_->scaler() != nullptr) {
+      // The trainer's code, on the sender thread: what it throws must not end the process.
+      try {
+        scaler = policy_->scaler()->settings();
+      } catch (...) {
+        notices_->raise("hello-scaler",
+                        "agent: the scaler's settings() failed; the Hello announces the "
+                        "configuration given at start");
+      }
+    }
     encode_hello(config_, run_, scaler, policy_->capable_layers(), resume_from,
                  policy_->received_seq(), version(), &h);
     return h;
@@ -154,7 +163,7 @@ Status Delivery::stop(Deadline deadline) {
   if (!started_.load(std::memory_order_acquire)) return Status::Ok();
   if (worker_.joinable()) worker_.join();  // drains the queue into the spool
   const Status result = acknowledged_by(spool_->last_seq(), deadline, "");
-  transport_->stop();
+  transport_->stop(deadline);
   return result;
 }
 
@@ -166,6 +175,8 @@ void Delivery::fill(Counters* c) const {
   c->rejected_reports = transport_->rejected();
   c->spool_bytes = spool_->bytes();
   c->reconnects = transport_->reconnects();
+  c->protocol_errors = transport_->protocol_errors();
+  c->lockstep_timeouts = lockstep_timeouts_.load();
   c->connected = transport_->connected();
 }
 
@@ -175,6 +186,8 @@ v1::AgentCounters Delivery::wire_counters() const {
   c.set_dropped_tensors(dropped_tensors_.load());
   c.set_spool_bytes(spool_->bytes());
   c.set_reconnects(transport_->reconnects());
+  c.set_lockstep_timeouts(lockstep_timeouts_.load());
+  c.set_protocol_errors(transport_->protocol_errors());
   return c;
 }
 

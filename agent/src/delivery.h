@@ -64,6 +64,9 @@ class Delivery {
   // step that failed.
   void count_dropped_tensors(std::uint64_t n);
   void count_dropped_reports(std::uint64_t n);
+  // A policy_lockstep wait given up (lockstep.h); carried in every report's AgentCounters.
+  void count_lockstep_timeout() { lockstep_timeouts_.fetch_add(1); }
+  std::uint64_t lockstep_timeouts() const { return lockstep_timeouts_.load(); }
 
   // Waits until everything submitted is spooled and, with a server, acknowledged.
   Status flush(Deadline deadline);
@@ -86,7 +89,7 @@ class Delivery {
   Status stop(Deadline deadline);
 
   // Fills the delivery fields of `c`: reports spooled, acknowledged, dropped and rejected,
-  // dropped tensors, spool bytes, reconnects, connected.
+  // dropped tensors, spool bytes, reconnects, protocol errors, lockstep timeouts, connected.
   void fill(Counters* c) const;
 
  private:
@@ -121,6 +124,7 @@ class Delivery {
   std::atomic<std::uint64_t> spooled_{0};
   std::atomic<std::uint64_t> dropped_reports_{0};
   std::atomic<std::uint64_t> dropped_tensors_{0};
+  std::atomic<std::uint64_t> lockstep_timeouts_{0};
 };
 
 }  // namespace ampscope::agent

@@ -39,7 +39,7 @@ void Lockstep::before_step(std::int64_t step) {
   }
   engaged_ = false;
   behind_seq_ = target;
-  timeouts_.fetch_add(1, std::memory_order_relaxed);
+  delivery_->count_lockstep_timeout();
   notices_->raise("lockstep",
                   "policy: lockstep gave up before step " + std::to_string(step) + " (" + why +
                       "); steps do not wait until the acknowledgements catch up, and decisions "

@@ -10,17 +10,16 @@
 // The wait is bounded. It gives up after policy_lockstep_timeout, or at once when the stream
 // that was open is lost (the server went away); a wait while no stream has been acknowledged
 // yet (the first steps, a server still starting) waits for the timeout. Giving up is counted
-// (timeouts()) and said once as a notice; from then on steps do not wait, until the
+// and said once as a notice; from then on steps do not wait, until the
 // acknowledgements have caught up with what was waited for and a stream is open again. A step
 // whose report was never handed over (dropped, or a re-run after a resume) adds nothing to wait
 // for. Without a server there is nothing to wait for (one notice). Shutdown ends a wait through
 // Delivery::interrupt_waits.
 //
-// Owner: the recorder, which calls before_step under its step lock (one thread at a time);
-// timeouts() from any thread.
+// Owner: the recorder, which calls before_step under its step lock (one thread at a time).
+// Giving up is counted by the pipeline (Delivery::count_lockstep_timeout), which reports it.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 
 #include "ampscope/agent/config.h"
@@ -38,8 +37,6 @@ class Lockstep {
   // Before `step` begins (after the pipeline started). Does nothing unless policy_lockstep.
   void before_step(std::int64_t step);
 
-  std::uint64_t timeouts() const { return timeouts_.load(std::memory_order_relaxed); }
-
  private:
   const AgentConfig& config_;
   Delivery* delivery_;
@@ -48,8 +45,6 @@ class Lockstep {
   // The step lock's.
   bool engaged_ = true;
   std::uint64_t behind_seq_ = 0;  // what the wait that gave up was waiting for
-
-  std::atomic<std::uint64_t> timeouts_{0};
 };
 
 }  // namespace ampscope::agent

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdio>
 #include <deque>
 #include <mutex>
 #include <set>
@@ -30,6 +31,14 @@ class Notices {
   bool raise(std::string text) {
     const std::string key = text;
     return raise(key, std::move(text));
+  }
+  // As raise(key, text), and when it is new also one line on stderr: for what the person
+  // running the training must see before any report reaches a server (an unusable spool
+  // directory, another process streaming as this run and rank).
+  bool raise_loud(const std::string& key, const std::string& text) {
+    if (!raise(key, text)) return false;
+    std::fprintf(stderr, "ampscope agent: %s\n", text.c_str());
+    return true;
   }
   // Moves at most `max` pending notices into *out.
   void take_pending(std::vector<std::string>* out, std::size_t max) {

@@ -179,8 +179,24 @@ void PolicyApplier::receive(const v1::PolicyUpdate& update) {
       if (update.seq() == 0) p.refusal = "seq: missing; ranks can only agree on numbered updates";
       break;
     default: {
-      const ScalerSettings current = scaler_ != nullptr ? scaler_->settings() : ScalerSettings{};
-      p.refusal = validate_update(update, config_.run_id, current, scaler_ != nullptr, overrides_);
+      // The trainer's code, on the reader thread, where nothing else would catch.
+      ScalerSettings current;
+      std::string failed;
+      try {
+        if (scaler_ != nullptr) current = scaler_->settings();
+      } catch (const std::exception& e) {
+        failed = e.what();
+      } catch (...) {
+        failed = "unknown error";
+      }
+      if (failed.empty()) {
+        p.refusal =
+            validate_update(update, config_.run_id, current, scaler_ != nullptr, overrides_);
+      } else {
+        p.refusal = "the scaler's settings() failed: " + failed;
+        notices_->raise("policy:settings", "policy: the scaler's settings() threw while an "
+                                           "update arrived (" + failed + "); the update is refused");
+      }
     }
   }
   pending_.push_back(std::move(p));

@@ -81,7 +81,6 @@ class Recorder {
     return static_cast<double>(training_ns_.load(std::memory_order_relaxed)) * 1e-9;
   }
   std::uint64_t refused_calls() const { return refused_calls_.load(std::memory_order_relaxed); }
-  std::uint64_t lockstep_timeouts() const { return lockstep_.timeouts(); }
 
  private:
   class Call;

@@ -1,6 +1,12 @@
 #include "report_codec.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "ampscope/proto/wire_time.h"
 
 #include "ampscope/proto/stats_codec.h"
 #include "ampscope/proto/vocabulary_codec.h"
@@ -41,7 +47,46 @@ void encode_tensor(const TensorSample& s, v1::TensorStats* t) {
   proto::encode_stats(s.stats, s.level == Level::kFull, t);
 }
 
+// The kernel's account: field 22 of /proc/self/stat (after the parenthesised command name,
+// which may hold spaces) in clock ticks after boot, and btime of /proc/stat. 0 when unreadable.
+std::int64_t start_from_proc() {
+  std::ifstream stat("/proc/self/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return 0;
+  const auto close = line.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(line.substr(close + 1));
+  std::string field;
+  // After the command name come field 3 (state) onwards; start time is field 22.
+  for (int i = 3; i < 22 && fields >> field;) ++i;
+  unsigned long long ticks = 0;
+  if (!(fields >> ticks)) return 0;
+  std::ifstream proc_stat("/proc/stat");
+  long long boot_s = 0;
+  for (std::string key; proc_stat >> key;) {
+    if (key == "btime") {
+      proc_stat >> boot_s;
+      break;
+    }
+    std::getline(proc_stat, key);
+  }
+  const long hz = ::sysconf(_SC_CLK_TCK);
+  if (boot_s <= 0 || hz <= 0) return 0;
+  return boot_s * 1'000'000'000LL +
+         static_cast<std::int64_t>(ticks / static_cast<unsigned long long>(hz)) * 1'000'000'000LL +
+         static_cast<std::int64_t>(ticks % static_cast<unsigned long long>(hz)) *
+             (1'000'000'000LL / hz);
+}
+
 }  // namespace
+
+std::int64_t process_start_unix_ns() {
+  static const std::int64_t start = [] {
+    const std::int64_t from_proc = start_from_proc();
+    return from_proc > 0 ? from_proc : proto::unix_now_ns();
+  }();
+  return start;
+}
 
 void encode_report(const StepRecord& record, const ReportContext& context, v1::StepReport* out) {
   const StepInfo& i = record.info;
@@ -117,6 +162,8 @@ void encode_hello(const AgentConfig& config, const RunInfo& run, const ScalerSet
   out->set_gradients_sharded(config.gradients_sharded);
   out->set_policy_agreement(agreement_to_proto(resolved_agreement(config)));
   out->set_last_policy_seq(last_policy_seq);
+  out->set_pid(static_cast<std::uint64_t>(::getpid()));
+  out->set_process_start_unix_ns(process_start_unix_ns());
 }
 
 }  // namespace ampscope::agent

@@ -23,6 +23,13 @@ struct ReportContext {
 // lowest order that held a non-finite value.
 void encode_report(const StepRecord& record, const ReportContext& context, v1::StepReport* out);
 
+// When this process started, ns since the epoch: /proc/self/stat's start time (clock ticks
+// after boot) plus /proc/stat's btime (whole seconds, so within a second of the truth, and the
+// same for every call in the process). Where those cannot be read: the time of the first call
+// (Agent::create makes it, so the creation of the process's first agent).
+std::int64_t process_start_unix_ns();
+
+// With the identity of this process: Hello.pid (getpid()) and Hello.process_start_unix_ns.
 void encode_hello(const AgentConfig& config, const RunInfo& run, const ScalerSettings& scaler,
                   const std::vector<std::string>& fp32_capable_layers, std::uint64_t resume_from,
                   std::uint64_t last_policy_seq, const std::string& agent_version,

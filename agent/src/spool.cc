@@ -269,6 +269,10 @@ std::uint64_t Spool::append(std::string_view payload, std::int64_t step, std::st
              std::to_string(options_.max_bytes) + " bytes unacknowledged)";
     return 0;
   }
+  if (last_seq_ >= kMaxSeq) {
+    *error = "spool: the seq numbering is exhausted (" + std::to_string(last_seq_) + ")";
+    return 0;
+  }
   const std::uint64_t seq = last_seq_ + 1;
   if (segments_.empty() || (!segments_.back().index.empty() &&
                             segments_.back().size + rec_bytes > options_.segment_bytes)) {
@@ -366,15 +370,25 @@ void Spool::wake() {
   appended_.notify_all();
 }
 
-void Spool::ack(std::uint64_t seq) {
+bool Spool::ack(std::uint64_t seq) {
   std::lock_guard lock(mu_);
-  if (seq <= acked_) return;
+  if (seq > last_seq_) return false;
+  if (seq <= acked_) return true;
   acked_ = seq;
-  // The server has more than this spool knew of (the spool was lost or replaced): number the
-  // next report after what it has, or it would be dropped as a duplicate.
-  last_seq_ = std::max(last_seq_, seq);
   trim_locked();
   persist_ack_locked(false);
+  return true;
+}
+
+bool Spool::adopt(std::uint64_t seq) {
+  std::lock_guard lock(mu_);
+  if (seq <= last_seq_ || acked_ != last_seq_ || seq >= kMaxSeq) return false;
+  // Number the next report after what the server has, or it would be dropped as a duplicate.
+  acked_ = seq;
+  last_seq_ = seq;
+  trim_locked();
+  persist_ack_locked(true);
+  return true;
 }
 
 void Spool::trim_locked() {

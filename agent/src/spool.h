@@ -69,8 +69,18 @@ class Spool {
   bool wait_for(std::uint64_t from, std::chrono::milliseconds timeout);
   void wake();
 
-  // Everything up to seq is acknowledged: deletes the segments that hold nothing newer.
-  void ack(std::uint64_t seq);
+  // Everything up to seq is acknowledged: deletes the segments that hold nothing newer. False,
+  // changing nothing, when seq is beyond last_seq() (an acknowledgement of a report this spool
+  // never numbered).
+  bool ack(std::uint64_t seq);
+  // The server holds more than this spool ever numbered (the spool was lost or replaced): when
+  // seq > last_seq(), nothing here is unacknowledged and seq < kMaxSeq, everything up to seq
+  // counts as acknowledged and the numbering continues at seq + 1. False, changing nothing,
+  // otherwise:
+  // unacknowledged records would be renumbered into what the server already has, and a mark
+  // near 2^64 would let the numbering wrap.
+  bool adopt(std::uint64_t seq);
+  static constexpr std::uint64_t kMaxSeq = std::uint64_t{1} << 63;
 
   std::uint64_t acked() const;
   std::uint64_t last_seq() const;

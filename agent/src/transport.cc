@@ -12,8 +12,16 @@
 namespace ampscope::agent {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 constexpr std::size_t kBatchBytes = 4u << 20;
 constexpr std::chrono::milliseconds kPoll{200};
+// How late a stop is seen while connecting (a peer that accepts TCP and never speaks HTTP/2
+// keeps the channel connecting until connect_timeout).
+constexpr std::chrono::milliseconds kConnectSlice{50};
+// A stream acknowledged and open this long resets the backoff (the lesser of backoff_max and
+// this cap): a server that ends every stream at once, even cleanly, is not called in a loop.
+constexpr std::chrono::milliseconds kHealthyStreamCap{10000};
 
 std::shared_ptr<grpc::Channel> make_channel(const AgentConfig& c) {
   grpc::ChannelArguments args;
@@ -65,13 +73,15 @@ class Transport::Session {
   bool broken = false;                  // the reader saw the end of the stream
   bool acked_once = false;              // the first Ack arrived
   std::uint64_t first_ack = 0;
+  std::string protocol_error;           // why the reader cut the stream
+  std::atomic<std::uint64_t> sent_max{0};  // the highest seq written (or being written)
 };
 
 Transport::Transport(const AgentConfig& config, Spool* spool, Notices* notices,
                      TransportHooks hooks)
     : config_(config), spool_(spool), notices_(notices), hooks_(std::move(hooks)) {}
 
-Transport::~Transport() { stop(); }
+Transport::~Transport() { stop(Clock::now()); }
 
 void Transport::start() {
   if (config_.server.empty()) {
@@ -79,34 +89,57 @@ void Transport::start() {
                     spool_->dir());
     return;
   }
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    run();
+    {
+      std::lock_guard lock(mu_);
+      finished_ = true;
+    }
+    cv_.notify_all();
+  });
 }
 
-bool Transport::wait_acked(std::uint64_t seq, std::chrono::steady_clock::time_point deadline) {
+bool Transport::wait_acked(std::uint64_t seq, Deadline deadline) {
   std::unique_lock lock(mu_);
   while (spool_->acked() < seq) {
     if (stopping_ || config_.server.empty()) return spool_->acked() >= seq;
-    if (cv_.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + kPoll)) ==
+    if (cv_.wait_until(lock, std::min(deadline, Clock::now() + kPoll)) ==
             std::cv_status::timeout &&
-        std::chrono::steady_clock::now() >= deadline) {
+        Clock::now() >= deadline) {
       return spool_->acked() >= seq;
     }
   }
   return true;
 }
 
-void Transport::stop() {
+void Transport::stop(Deadline deadline) {
+  std::lock_guard join(join_mu_);
   {
-    std::lock_guard lock(mu_);
-    if (stopping_ && !thread_.joinable()) return;
-    stopping_ = true;
-    // Everything acknowledged: the session half-closes by itself. Otherwise cut it short; what
-    // is left stays in the spool.
-    if (context_ != nullptr && spool_->acked() < spool_->last_seq()) context_->TryCancel();
+    std::unique_lock lock(mu_);
+    if (!stopping_) {
+      stopping_ = true;
+      stop_deadline_ = deadline;
+      // Everything acknowledged on an open stream: the session half-closes by itself (and
+      // cancels at the deadline). Otherwise cut it short; what is left stays in the spool.
+      if (context_ != nullptr &&
+          !(connected_.load() && spool_->acked() >= spool_->last_seq())) {
+        context_->TryCancel();
+      }
+    }
+    cv_.notify_all();
+    spool_->wake();
+    if (thread_.joinable() && !cv_.wait_until(lock, deadline, [&] { return finished_; })) {
+      // The deadline passed with the stream still open (a server that does not end a
+      // half-closed call): cut it; the sender sees the cancellation at once.
+      if (context_ != nullptr) context_->TryCancel();
+    }
   }
-  cv_.notify_all();
-  spool_->wake();
   if (thread_.joinable()) thread_.join();
+}
+
+bool Transport::stopping() const {
+  std::lock_guard lock(mu_);
+  return stopping_;
 }
 
 bool Transport::sleep_backoff(std::chrono::milliseconds d) {
@@ -115,170 +148,256 @@ bool Transport::sleep_backoff(std::chrono::milliseconds d) {
   return !stopping_;
 }
 
+bool Transport::connect(grpc::Channel& channel) {
+  const auto deadline = Clock::now() + config_.connect_timeout;
+  for (;;) {
+    if (stopping()) return false;
+    const auto now = Clock::now();
+    if (now >= deadline) return false;
+    const auto slice = std::min<Clock::duration>(kConnectSlice, deadline - now);
+    if (channel.WaitForConnected(std::chrono::system_clock::now() + slice)) return true;
+  }
+}
+
+std::string Transport::take_ack(Session& session, std::uint64_t seq) {
+  bool first = false;
+  {
+    std::lock_guard lock(session.mu);
+    first = !session.acked_once;
+  }
+  if (first) {
+    // What the server already has: at most what this agent ever numbered, or, with nothing
+    // unacknowledged, more (the spool was lost); the numbering continues after it.
+    const std::uint64_t last = spool_->last_seq();
+    if (seq <= last ? spool_->ack(seq) : spool_->adopt(seq)) {
+      session.sent_max.store(std::max(session.sent_max.load(), seq));
+      return {};
+    }
+    if (seq >= Spool::kMaxSeq) {
+      return "the first Ack claims seq " + std::to_string(seq) + ", beyond the seq space (2^63)";
+    }
+    return "the first Ack claims seq " + std::to_string(seq) + ", beyond the " +
+           std::to_string(last) + " this agent numbered, with " +
+           std::to_string(spool_->pending()) + " reports still unacknowledged";
+  }
+  const std::uint64_t sent = session.sent_max.load();
+  if (seq > sent) {
+    return "an Ack of seq " + std::to_string(seq) + ", beyond the last report sent on this stream (" +
+           std::to_string(sent) + ")";
+  }
+  spool_->ack(seq);
+  return {};
+}
+
 void Transport::run() {
   std::mt19937_64 rng(std::random_device{}());
   auto backoff = config_.backoff_initial;
-  bool ever_connected = false;
   std::string last_failure;
-  for (;;) {
-    {
-      std::lock_guard lock(mu_);
-      if (stopping_) return;
+  while (!stopping()) {
+    const StreamEnd end = stream_once();
+    if (stopping()) return;
+    if (!end.failure.empty() && end.failure != last_failure) {
+      // One notice per distinct failure, so an outage does not flood the reports.
+      notices_->raise("transport: " + end.failure);
     }
-    bool acknowledged = false;
-    std::string failure;
-    auto channel = make_channel(config_);
-    if (!channel->WaitForConnected(std::chrono::system_clock::now() + config_.connect_timeout)) {
-      failure = "cannot connect to " + config_.server;
-    } else {
-      auto client = v1::Telemetry::NewStub(channel);
-      grpc::ClientContext ctx;
-      if (!config_.token.empty()) ctx.AddMetadata("authorization", "Bearer " + config_.token);
-      {
-        std::lock_guard lock(mu_);
-        if (stopping_) return;
-        context_ = &ctx;
-      }
-      auto stream = client->Attach(&ctx);
-      Session session;
-      std::thread reader([&] {
-        v1::ServerMessage msg;
-        while (stream->Read(&msg)) {
-          if (msg.has_ack()) {
-            spool_->ack(msg.ack().persisted_seq());
-            {
-              std::lock_guard lock(session.mu);
-              if (!session.acked_once) {
-                session.acked_once = true;
-                session.first_ack = msg.ack().persisted_seq();
-              }
-            }
-            session.cv.notify_all();
-            cv_.notify_all();
-          } else if (msg.has_policy()) {
-            if (hooks_.on_policy) hooks_.on_policy(msg.policy());
-          } else if (msg.has_reject()) {
-            rejected_.fetch_add(1);
-            const auto& r = msg.reject();
-            notices_->raise("reject:" + r.reason() + ":" + r.field(),
-                            "server rejected report seq " + std::to_string(r.seq()) + ": " +
-                                r.field() + ": " + r.message());
+    last_failure = end.failure;
+    if (end.healthy) backoff = config_.backoff_initial;
+    std::chrono::milliseconds wait = config_.backoff_max;
+    if (!end.already_exists) {
+      std::uniform_real_distribution<double> jitter(0.5, 1.0);
+      wait = std::chrono::milliseconds(
+          static_cast<std::int64_t>(static_cast<double>(backoff.count()) * jitter(rng)));
+    }
+    if (!sleep_backoff(wait)) return;
+    if (!end.healthy) backoff = std::min(config_.backoff_max, backoff * 2);
+  }
+}
+
+Transport::StreamEnd Transport::stream_once() {
+  StreamEnd end;
+  auto channel = make_channel(config_);
+  if (!connect(*channel)) {
+    if (!stopping()) end.failure = "cannot connect to " + config_.server;
+    return end;
+  }
+  auto client = v1::Telemetry::NewStub(channel);
+  grpc::ClientContext ctx;
+  if (!config_.token.empty()) ctx.AddMetadata("authorization", "Bearer " + config_.token);
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return end;
+    context_ = &ctx;
+  }
+  auto stream = client->Attach(&ctx);
+  Session session;
+  std::thread reader([&] {
+    v1::ServerMessage msg;
+    while (stream->Read(&msg)) {
+      if (msg.has_ack()) {
+        const std::string error = take_ack(session, msg.ack().persisted_seq());
+        if (!error.empty()) {
+          {
+            std::lock_guard lock(session.mu);
+            session.protocol_error = error;
           }
+          ctx.TryCancel();
+          break;
         }
         {
           std::lock_guard lock(session.mu);
-          session.broken = true;
+          if (!session.acked_once) {
+            session.acked_once = true;
+            session.first_ack = msg.ack().persisted_seq();
+          }
         }
         session.cv.notify_all();
-        spool_->wake();
-      });
+        cv_.notify_all();
+      } else if (msg.has_policy()) {
+        // The trainer's code runs in there (its scaler's settings); nothing escapes a thread.
+        try {
+          if (hooks_.on_policy) hooks_.on_policy(msg.policy());
+        } catch (const std::exception& e) {
+          notices_->raise("transport:policy", std::string("policy: an update was lost: ") +
+                                                  e.what());
+        } catch (...) {
+          notices_->raise("transport:policy", "policy: an update was lost");
+        }
+      } else if (msg.has_reject()) {
+        rejected_.fetch_add(1);
+        const auto& r = msg.reject();
+        notices_->raise("reject:" + r.reason() + ":" + r.field(),
+                        "server rejected report seq " + std::to_string(r.seq()) + ": " +
+                            r.field() + ": " + r.message());
+      }
+    }
+    {
+      std::lock_guard lock(session.mu);
+      session.broken = true;
+    }
+    session.cv.notify_all();
+    spool_->wake();
+  });
 
-      v1::AgentMessage hello;
-      *hello.mutable_hello() = hooks_.hello(spool_->acked() + 1);
-      bool ok = stream->Write(hello);
-      // The first Ack says what the server already has for this (run, rank).
-      std::uint64_t cursor = 0;
-      if (ok) {
-        std::unique_lock lock(session.mu);
-        session.cv.wait_for(lock, config_.connect_timeout,
-                            [&] { return session.acked_once || session.broken; });
-        ok = session.acked_once && !session.broken;
-        if (ok) cursor = session.first_ack + 1;
-      }
-      if (ok) {
-        acknowledged = true;
-        if (ever_connected) reconnects_.fetch_add(1);
-        ever_connected = true;
-        backoff = config_.backoff_initial;
-        connected_ = true;
-        ever_connected_ = true;
-        if (hooks_.on_connected) hooks_.on_connected(true);
-      }
-      std::vector<SpoolRecord> batch;
-      while (ok) {
-        bool stopping;
-        {
-          std::lock_guard lock(mu_);
-          stopping = stopping_;
-        }
-        {
-          std::lock_guard lock(session.mu);
-          if (session.broken) break;
-        }
-        if (stopping) break;
-        // Stay within max_in_flight of the acknowledgements.
-        const std::uint64_t acked = spool_->acked();
-        cursor = std::max(cursor, acked + 1);
-        const std::uint64_t in_flight = cursor - 1 - std::min(cursor - 1, acked);
-        if (in_flight >= config_.max_in_flight || !spool_->wait_for(cursor, kPoll)) {
-          if (in_flight >= config_.max_in_flight) {
-            std::unique_lock lock(session.mu);
-            session.cv.wait_for(lock, kPoll);
-          }
-          continue;
-        }
-        batch.clear();
-        std::string error;
-        const std::size_t room = static_cast<std::size_t>(config_.max_in_flight - in_flight);
-        spool_->read(cursor, std::min(config_.max_batch, room), kBatchBytes, &batch, &error);
-        if (!error.empty()) notices_->raise(error);
-        if (batch.empty()) continue;
-        nvtx::Scoped range(nvtx::Range::kAgentSend, config_.nvtx);
-        for (std::size_t i = 0; i < batch.size() && ok; ++i) {
-          v1::AgentMessage m;
-          v1::StepReport* r = m.mutable_report();
-          if (!r->ParseFromString(batch[i].payload)) {
-            // Cannot happen for what the agent wrote (the CRC matched); sent as it is, the
-            // server would reject it, so it is skipped and the gap is counted there.
-            notices_->raise("spool: report seq " + std::to_string(batch[i].seq) +
-                            " does not parse; skipped");
-            continue;
-          }
-          r->set_seq(batch[i].seq);
-          grpc::WriteOptions options;
-          if (i + 1 < batch.size()) options.set_buffer_hint();
-          ok = stream->Write(m, options);
-          if (ok) cursor = batch[i].seq + 1;
-        }
-      }
-      // Half-close when everything is acknowledged (the server then ends the call with OK);
-      // otherwise cancel: what is not acknowledged is replayed by the next stream.
-      if (spool_->acked() >= spool_->last_seq() && acknowledged) {
-        stream->WritesDone();
-        std::unique_lock lock(session.mu);
-        if (!session.cv.wait_for(lock, config_.connect_timeout, [&] { return session.broken; })) {
-          ctx.TryCancel();
-        }
-      } else {
-        ctx.TryCancel();
-      }
-      reader.join();
-      const grpc::Status status = stream->Finish();
-      {
-        std::lock_guard lock(mu_);
-        context_ = nullptr;
-      }
-      if (acknowledged) {
-        connected_ = false;
-        if (hooks_.on_connected) hooks_.on_connected(false);
-      }
-      if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) {
-        failure = "stream to " + config_.server + " ended: " + status_text(status);
-      } else if (!acknowledged) {
-        failure = "no acknowledgement from " + config_.server + " after the Hello";
-      }
-    }
-    if (!failure.empty() && failure != last_failure) {
-      // One notice per distinct failure, so an outage does not flood the reports.
-      notices_->raise("transport: " + failure);
-    }
-    last_failure = failure;
-    std::uniform_real_distribution<double> jitter(0.5, 1.0);
-    const auto wait = std::chrono::milliseconds(
-        static_cast<std::int64_t>(static_cast<double>(backoff.count()) * jitter(rng)));
-    if (!sleep_backoff(acknowledged ? std::chrono::milliseconds(0) : wait)) return;
-    if (!acknowledged) backoff = std::min(config_.backoff_max, backoff * 2);
+  v1::AgentMessage hello;
+  *hello.mutable_hello() = hooks_.hello(spool_->acked() + 1);
+  bool ok = stream->Write(hello);
+  // The first Ack says what the server already has for this (run, rank).
+  std::uint64_t cursor = 0;
+  if (ok) {
+    std::unique_lock lock(session.mu);
+    session.cv.wait_for(lock, config_.connect_timeout,
+                        [&] { return session.acked_once || session.broken; });
+    ok = session.acked_once && !session.broken;
+    if (ok) cursor = session.first_ack + 1;
   }
+  const bool acknowledged = ok;
+  const auto opened = Clock::now();
+  if (acknowledged) {
+    if (ever_connected_.load()) reconnects_.fetch_add(1);
+    connected_ = true;
+    ever_connected_ = true;
+    if (hooks_.on_connected) hooks_.on_connected(true);
+  }
+  std::vector<SpoolRecord> batch;
+  while (ok && !stopping()) {
+    {
+      std::lock_guard lock(session.mu);
+      if (session.broken) break;
+    }
+    // Stay within max_in_flight of the acknowledgements.
+    const std::uint64_t acked = spool_->acked();
+    cursor = std::max(cursor, acked + 1);
+    const std::uint64_t in_flight = cursor - 1 - std::min(cursor - 1, acked);
+    if (in_flight >= config_.max_in_flight || !spool_->wait_for(cursor, kPoll)) {
+      if (in_flight >= config_.max_in_flight) {
+        std::unique_lock lock(session.mu);
+        session.cv.wait_for(lock, kPoll);
+      }
+      continue;
+    }
+    batch.clear();
+    std::string error;
+    const std::size_t room = static_cast<std::size_t>(config_.max_in_flight - in_flight);
+    spool_->read(cursor, std::min(config_.max_batch, room), kBatchBytes, &batch, &error);
+    if (!error.empty()) notices_->raise(error);
+    if (batch.empty()) continue;
+    nvtx::Scoped range(nvtx::Range::kAgentSend, config_.nvtx);
+    for (std::size_t i = 0; i < batch.size() && ok; ++i) {
+      v1::AgentMessage m;
+      v1::StepReport* r = m.mutable_report();
+      if (!r->ParseFromString(batch[i].payload)) {
+        // Cannot happen for what the agent wrote (the CRC matched); sent as it is, the
+        // server would reject it, so it is skipped and the gap is counted there.
+        notices_->raise("spool: report seq " + std::to_string(batch[i].seq) +
+                        " does not parse; skipped");
+        continue;
+      }
+      r->set_seq(batch[i].seq);
+      // Before the write: the server may acknowledge it before Write returns.
+      session.sent_max.store(std::max(session.sent_max.load(), batch[i].seq));
+      grpc::WriteOptions options;
+      if (i + 1 < batch.size()) options.set_buffer_hint();
+      ok = stream->Write(m, options);
+      if (ok) cursor = batch[i].seq + 1;
+    }
+  }
+  // Half-close when everything is acknowledged (the server then ends the call with OK), and
+  // wait for that until the stop's deadline; otherwise cancel: what is not acknowledged is
+  // replayed by the next stream.
+  if (spool_->acked() >= spool_->last_seq() && acknowledged) {
+    stream->WritesDone();
+    Deadline until = Clock::now() + config_.connect_timeout;
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_) until = std::min(until, stop_deadline_);
+    }
+    std::unique_lock lock(session.mu);
+    if (!session.cv.wait_until(lock, until, [&] { return session.broken; })) ctx.TryCancel();
+  } else {
+    // A stream the server ended keeps its status (ALREADY_EXISTS must not read as CANCELLED).
+    std::lock_guard lock(session.mu);
+    if (!session.broken) ctx.TryCancel();
+  }
+  reader.join();
+  const grpc::Status status = stream->Finish();
+  {
+    std::lock_guard lock(mu_);
+    context_ = nullptr;
+  }
+  if (acknowledged) {
+    connected_ = false;
+    if (hooks_.on_connected) hooks_.on_connected(false);
+  }
+  const auto lived = Clock::now() - opened;
+  const std::string protocol_error = [&] {
+    std::lock_guard lock(session.mu);
+    return session.protocol_error;
+  }();
+  if (!protocol_error.empty()) {
+    protocol_errors_.fetch_add(1);
+    notices_->raise("transport:protocol",
+                    "transport: protocol error from " + config_.server + ": " + protocol_error +
+                        "; the spool is kept, the stream is cut and retried with backoff "
+                        "(counted in protocol_errors)");
+    end.failure = "protocol error: " + protocol_error;
+    return end;
+  }
+  end.healthy = acknowledged && lived >= std::min<Clock::duration>(config_.backoff_max,
+                                                                   kHealthyStreamCap);
+  if (status.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+    end.already_exists = true;
+    notices_->raise_loud("transport:already-exists",
+                         "the server refuses this agent: " + status.error_message() +
+                             "; training goes on, reports stay in the spool (up to "
+                             "spool_max_bytes, then dropped and counted), asking again every "
+                             "backoff_max_ms");
+    end.failure = "stream to " + config_.server + " ended: " + status_text(status);
+  } else if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) {
+    end.failure = "stream to " + config_.server + " ended: " + status_text(status);
+  } else if (!acknowledged && !stopping()) {
+    end.failure = "no acknowledgement from " + config_.server + " after the Hello";
+  }
+  return end;
 }
 
 }  // namespace ampscope::agent

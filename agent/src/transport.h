@@ -4,12 +4,25 @@
 //   connect (fresh channel, bounded by connect_timeout) -> Hello(resume_from_seq) -> first Ack
 //   (what the server already has) -> reports from the spool in seq order, after that Ack,
 //   written in batches of max_batch with gRPC's buffer hint and at most max_in_flight ahead of
-//   the acknowledgements -> on any failure: cancel, wait backoff with jitter (doubling from
-//   backoff_initial up to backoff_max, reset after a stream that was acknowledged), repeat.
+//   the acknowledgements -> on any end of the stream, clean or not: cancel, wait the backoff
+//   with jitter, repeat. The backoff doubles from backoff_initial up to backoff_max after every
+//   stream that ended early, and goes back to backoff_initial only after a stream that was
+//   acknowledged and stayed open for kHealthyStream (backoff_max, at most 10 s); a server that
+//   says another process streams as this run and rank (ALREADY_EXISTS) is asked again every
+//   backoff_max.
 // A reader thread per stream takes Acks (which trim the spool), PolicyUpdates (handed to the
 // policy hook) and Rejects (counted; the report is settled and leaves the spool with the next
-// Ack). Keepalive: pings every keepalive_time (>= 10 s, the server's minimum), also without
-// calls. The reports are stored without their seq; the record's seq is set as it is sent.
+// Ack). An Ack is believed only for what it can cover: the first one of a stream for what this
+// agent ever numbered (or, with nothing unacknowledged, any seq below Spool::kMaxSeq: the
+// server kept more than the spool did), the later ones for what this stream carried. Anything
+// else is a protocol error: the spool stays as it is, the stream is cut, counted
+// (protocol_errors()) and noticed once, and the next one waits its backoff. Keepalive: pings
+// every keepalive_time (>= 10 s, the server's minimum), also without calls. The reports are
+// stored without their seq; the record's seq is set as it is sent.
+//
+// Stopping is bounded by the deadline given to stop(): connecting is waited for in slices that
+// see the stop, a stream with reports still unacknowledged is cancelled at once, and a
+// half-closed one the server does not end is cancelled at the deadline.
 //
 // Thread safety: all public members are thread-safe.
 #pragma once
@@ -30,6 +43,7 @@
 #include "spool.h"
 
 namespace grpc {
+class Channel;
 class ClientContext;
 }
 
@@ -45,15 +59,18 @@ struct TransportHooks {
 class Transport {
  public:
   Transport(const AgentConfig& config, Spool* spool, Notices* notices, TransportHooks hooks);
-  ~Transport();  // stop(0) if needed
+  ~Transport();  // stop(now) if needed
+
+  using Deadline = std::chrono::steady_clock::time_point;
 
   void start();
   // Waits until the server acknowledged every seq <= `seq`, or the deadline. Returns whether it
   // did.
   bool wait_acked(std::uint64_t seq, std::chrono::steady_clock::time_point deadline);
   // Ends the stream (half-close when everything is acknowledged, else cancel) and joins the
-  // threads. Call wait_acked first for a graceful end.
-  void stop();
+  // threads, cancelling whatever is still open at `deadline`. Call wait_acked first for a
+  // graceful end. Later calls return at once.
+  void stop(Deadline deadline);
 
   bool connected() const { return connected_.load(); }
   // A stream had been acknowledged and none is now: the server went away (or is being
@@ -61,10 +78,24 @@ class Transport {
   bool lost() const { return ever_connected_.load() && !connected_.load(); }
   std::uint64_t reconnects() const { return reconnects_.load(); }
   std::uint64_t rejected() const { return rejected_.load(); }
+  // Streams cut because the server broke the protocol (an Ack of a report never sent).
+  std::uint64_t protocol_errors() const { return protocol_errors_.load(); }
 
  private:
   class Session;
   void run();
+  // One stream, from connecting to its end; returns why it ended ("" when it ended because of
+  // stop()).
+  struct StreamEnd {
+    std::string failure;         // one line; empty when stopping or cancelled by the agent
+    bool healthy = false;        // acknowledged and open for kHealthyStream
+    bool already_exists = false;  // the server has another process as this run and rank
+  };
+  StreamEnd stream_once();
+  bool connect(grpc::Channel& channel);  // false on timeout or stop
+  bool stopping() const;
+  // Empty when the Ack may be believed (and was applied to the spool), else why not.
+  std::string take_ack(Session& session, std::uint64_t seq);
   bool sleep_backoff(std::chrono::milliseconds d);  // false when stopping
 
   const AgentConfig& config_;
@@ -72,14 +103,18 @@ class Transport {
   Notices* notices_;
   TransportHooks hooks_;
   std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;  // stop requests, acks
+  std::mutex join_mu_;  // one stop() joins
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // stop requests, acks, the sender's end
   bool stopping_ = false;       // guarded by mu_
+  Deadline stop_deadline_{};    // guarded by mu_; set with stopping_
+  bool finished_ = false;       // guarded by mu_: run() returned
   grpc::ClientContext* context_ = nullptr;  // of the open stream, guarded by mu_
   std::atomic<bool> connected_{false};
   std::atomic<bool> ever_connected_{false};
   std::atomic<std::uint64_t> reconnects_{0};
   std::atomic<std::uint64_t> rejected_{0};
+  std::atomic<std::uint64_t> protocol_errors_{0};
 };
 
 }  // namespace ampscope::agent

@@ -1,5 +1,7 @@
 #include "attach_reactor.h"
 
+#include <grpcpp/impl/codegen/proto_utils.h>
+
 #include "ampscope/proto/wire_time.h"
 #include "log.h"
 
@@ -31,18 +33,33 @@ void AttachReactor::OnReadDone(bool ok) {
     std::lock_guard lock(mu_);
     reading_ = false;
     if (!ok) {
-      reads_done_ = true;  // the agent half-closed, or the call broke (OnCancel says which)
+      // Raw reads fail only when the agent half-closed or the call broke (OnCancel says which).
+      reads_done_ = true;
     } else if (!end_status_) {
-      handle_message(a);
+      handle_message();
     }
     plan(a);
   }
   act(a);
 }
 
-void AttachReactor::handle_message(Actions& a) {
-  (void)a;
-  switch (in_.kind_case()) {
+std::string AttachReactor::position() const {
+  if (phase_ == Phase::kAwaitHello) return "before the Hello";
+  if (identity_.previous_seq == 0) return "after the Hello";
+  return "after seq " + std::to_string(identity_.previous_seq);
+}
+
+void AttachReactor::handle_message() {
+  v1::AgentMessage in;
+  if (!grpc::SerializationTraits<v1::AgentMessage>::Deserialize(&in_, &in).ok()) {
+    // A soft end: what came before is still committed and acknowledged, then the agent learns
+    // that this message was not taken (a half-close would have read as "all settled").
+    end(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                     "undecodable message " + position() +
+                         " (not an ampscope.v1.AgentMessage, or a string that is not UTF-8)"));
+    return;
+  }
+  switch (in.kind_case()) {
     case v1::AgentMessage::kHello: {
       if (phase_ != Phase::kAwaitHello) {
         deps_.metrics->rejected("identity");
@@ -50,12 +67,12 @@ void AttachReactor::handle_message(Actions& a) {
                          "hello: a stream carries one Hello, this is the second"));
         return;
       }
-      if (std::optional<Violation> v = validate_hello(in_.hello())) {
+      if (std::optional<Violation> v = validate_hello(in.hello())) {
         deps_.metrics->rejected(v->reason);
         end(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, v->message));
         return;
       }
-      handle_hello(in_.hello());
+      handle_hello(in.hello());
       return;
     }
     case v1::AgentMessage::kReport: {
@@ -65,7 +82,7 @@ void AttachReactor::handle_message(Actions& a) {
                          "hello: the first message of a stream must be a Hello"));
         return;
       }
-      handle_report(std::unique_ptr<v1::StepReport>(in_.release_report()));
+      handle_report(std::unique_ptr<v1::StepReport>(in.release_report()));
       return;
     }
     case v1::AgentMessage::KIND_NOT_SET:
@@ -80,7 +97,25 @@ void AttachReactor::handle_hello(const v1::Hello& hello) {
   phase_ = Phase::kStreaming;
   // Listed before the Hello reaches the ingest thread, so that deleting the run after that
   // Hello always finds (and ends) this stream.
-  deps_.streams->add(identity_.run_id, identity_.rank, self_);
+  const AgentProcess process = AgentProcess::of(hello);
+  if (std::optional<AgentProcess> holder =
+          deps_.streams->claim(identity_.run_id, identity_.rank, process, self_)) {
+    // Two processes numbering their reports alike would be merged by seq, half of them
+    // dropped as duplicates: the second one is refused, and the run keeps a note of it.
+    deps_.metrics->rejected("identity");
+    end(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                     "rank " + std::to_string(identity_.rank) + " of run '" + identity_.run_id +
+                         "' is streaming from " + holder->describe() + "; this agent (" +
+                         process.describe() + ") is another process"));
+    IngestItem note;
+    note.kind = IngestItem::Kind::kRefusal;
+    note.run_id = identity_.run_id;
+    note.rank = identity_.rank;
+    note.notice = "refused a second agent (" + process.describe() + ") while " +
+                  holder->describe() + " was streaming";
+    deps_.ingest->submit(std::move(note));
+    return;
+  }
   registered_ = true;
   IngestItem item;
   item.kind = IngestItem::Kind::kHello;
@@ -101,9 +136,11 @@ void AttachReactor::handle_report(std::unique_ptr<v1::StepReport> report) {
     enqueue(std::move(m));
     IngestItem item;
     item.kind = IngestItem::Kind::kReject;
-    item.seq = report->seq();
+    // A seq the store cannot keep settles nothing (seq 0): no Ack may ever name it.
+    const bool settles = report->seq() <= limits::kMaxSeq;
+    item.seq = settles ? report->seq() : 0;
     item.violation = std::move(*v);
-    if (report->seq() > identity_.previous_seq) identity_.previous_seq = report->seq();
+    if (settles && report->seq() > identity_.previous_seq) identity_.previous_seq = report->seq();
     submit(std::move(item));
     return;
   }
@@ -135,10 +172,8 @@ void AttachReactor::enqueue(v1::ServerMessage message) {
 }
 
 void AttachReactor::enqueue_ack(std::uint64_t seq) {
-  // The front message may be in flight (writing_) and must not change; a queued Ack behind it
-  // is simply advanced.
-  const std::size_t in_flight = writing_ ? 1 : 0;
-  if (writes_.size() > in_flight && writes_.back().has_ack()) {
+  // An Ack queued last (behind every message that must precede it) is simply advanced.
+  if (!writes_.empty() && writes_.back().has_ack()) {
     v1::Ack* ack = writes_.back().mutable_ack();
     if (seq > ack->persisted_seq()) ack->set_persisted_seq(seq);
     return;
@@ -153,15 +188,19 @@ void AttachReactor::end(grpc::Status status, bool hard) {
   if (hard) {
     hard_end_ = true;
     // Whatever is not on the wire yet is dropped; the agent replays from its spool.
-    while (writes_.size() > (writing_ ? 1u : 0u)) writes_.pop_back();
+    writes_.clear();
   }
 }
 
 void AttachReactor::plan(Actions& a) {
   if (finished_) return;
   if (!writing_ && !writes_.empty() && !hard_end_) {
+    bool own_buffer = false;
+    out_.Clear();  // the serializer writes only into an empty buffer
+    grpc::SerializationTraits<v1::ServerMessage>::Serialize(writes_.front(), &out_, &own_buffer);
+    writes_.pop_front();
     writing_ = true;
-    a.write = &writes_.front();
+    a.write = true;
   }
   if (!end_status_) {
     if (in_flight_ == 0 && reads_done_) end_status_ = grpc::Status::OK;
@@ -170,7 +209,8 @@ void AttachReactor::plan(Actions& a) {
                                  "server shutting down; everything received is acknowledged");
     }
   }
-  if (!end_status_ && !reading_ && !reads_done_ && !draining_ && in_flight_ < deps_.max_in_flight) {
+  if (!end_status_ && !reading_ && !reads_done_ && !draining_ && in_flight_ < deps_.max_in_flight &&
+      writes_.size() < deps_.max_pending_writes) {
     reading_ = true;
     a.read = true;
   }
@@ -179,12 +219,16 @@ void AttachReactor::plan(Actions& a) {
   // the agent before the stream ends. A hard end (cancelled, store failure) does not wait.
   if (end_status_ && !writing_ && (hard_end_ || (writes_.empty() && in_flight_ == 0))) {
     finished_ = true;
+    // Off the table as soon as its end is decided: the same rank may claim a new stream once the
+    // agent has this status.
+    if (registered_) deps_.streams->remove(identity_.run_id, this);
+    registered_ = false;
     a.finish = *end_status_;
   }
 }
 
 void AttachReactor::act(const Actions& a) {
-  if (a.write != nullptr) StartWrite(a.write);
+  if (a.write) StartWrite(&out_);
   if (a.read) StartRead(&in_);
   if (a.finish) Finish(*a.finish);
 }
@@ -194,7 +238,6 @@ void AttachReactor::OnWriteDone(bool ok) {
   {
     std::lock_guard lock(mu_);
     writing_ = false;
-    if (!writes_.empty()) writes_.pop_front();
     if (!ok) end(grpc::Status(grpc::StatusCode::CANCELLED, "write to the agent failed"), true);
     plan(a);
   }
@@ -224,13 +267,20 @@ void AttachReactor::OnDone() {
   // until its queued items are settled.
 }
 
-void AttachReactor::on_settled(std::uint64_t persisted_seq, int items) {
+void AttachReactor::on_settled(std::uint64_t persisted_seq, int items,
+                               const std::vector<v1::PolicyUpdate>& policies) {
   Actions a;
   {
     std::lock_guard lock(mu_);
     if (done_) return;
     in_flight_ -= std::min<std::size_t>(in_flight_, static_cast<std::size_t>(items));
     hello_settled_ = true;
+    // Queued before the Ack, and before plan() can decide that the stream is over.
+    for (const v1::PolicyUpdate& p : policies) {
+      v1::ServerMessage m;
+      *m.mutable_policy() = p;
+      enqueue(std::move(m));
+    }
     enqueue_ack(persisted_seq);
     plan(a);
   }
@@ -241,9 +291,10 @@ void AttachReactor::on_policy(const v1::PolicyUpdate& update) {
   Actions a;
   {
     std::lock_guard lock(mu_);
-    // Before the first Ack the stream's Hello is not committed; the current policy follows
-    // that Ack.
-    if (done_ || !hello_settled_ || end_status_) return;
+    // Before its Hello is settled the stream gets the policy in force with that Hello's Ack,
+    // this decision included. A stream ending softly still writes what is decided until it
+    // finishes; a hard end drops it (enqueue).
+    if (done_ || finished_ || !hello_settled_) return;
     v1::ServerMessage m;
     *m.mutable_policy() = update;
     enqueue(std::move(m));

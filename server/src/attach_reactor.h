@@ -1,16 +1,20 @@
 // One Attach stream (Telemetry.Attach): the callback-API reactor of one agent.
 //
-// Reads: Hello first, then StepReports; each is validated here (on the gRPC thread) and handed
-// to the ingest thread. At most `max_in_flight` items wait for their commit; beyond that the
-// reactor stops reading until acknowledgements come back, which pushes back on the agent
-// through gRPC flow control.
+// Reads: raw messages, parsed here, so that a message that does not decode (garbage, a string
+// that is not UTF-8) is told apart from the agent's half-close: it ends the stream with
+// INVALID_ARGUMENT once what came before it is settled and acknowledged. Hello first, then
+// StepReports; each is validated here (on the gRPC thread) and handed to the ingest thread. The
+// reactor stops reading while `max_in_flight` items wait for their commit, or while
+// `max_pending_writes` messages wait to be written (an agent that does not read its Rejects);
+// gRPC flow control then pushes back on the agent.
 // Writes: Acks, Rejects and PolicyUpdates go through a queue; the next write starts in
 // OnWriteDone (back-pressure), and an Ack still queued is updated in place rather than queued
-// again.
-// End: OK once the agent half-closed and everything it sent is settled; UNAVAILABLE after a
-// drain (shutdown); INVALID_ARGUMENT for a bad Hello; INTERNAL when the store fails; ABORTED
-// when its run is deleted (after the Acks already queued); CANCELLED when a read or write
-// fails.
+// again. The decisions a commit's reports caused are queued before that commit's Ack.
+// End: OK once the agent half-closed and everything it sent is settled, acknowledged and every
+// decision it caused written; UNAVAILABLE after a drain (shutdown); INVALID_ARGUMENT for a bad
+// Hello or an undecodable message; ALREADY_EXISTS when another process streams for the same
+// (run, rank); INTERNAL when the store fails; ABORTED when its run is deleted (after the Acks
+// already queued); CANCELLED when a read or write fails.
 //
 // Lifetime: owned by itself (self_) until OnDone, and by whoever holds it as a StreamSink; late
 // calls after OnDone are ignored. Thread safety: every member is guarded by mu_; gRPC
@@ -24,6 +28,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "ampscope/v1/telemetry.pb.h"
 #include "ingest.h"
@@ -33,7 +39,7 @@
 
 namespace ampscope::server {
 
-class AttachReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerMessage>,
+class AttachReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
                             public StreamSink {
  public:
   struct Deps {
@@ -41,7 +47,10 @@ class AttachReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1:
     StreamTable* streams;
     Metrics* metrics;
     std::size_t max_in_flight;
+    // Messages waiting to be written beyond which the stream is not read (docs/server.md).
+    std::size_t max_pending_writes = kMaxPendingWrites;
   };
+  static constexpr std::size_t kMaxPendingWrites = 256;
   // Starts reading, or finishes at once with `refusal` when it is not OK (authentication,
   // shutdown).
   static AttachReactor* start(const Deps& deps, const grpc::Status& refusal,
@@ -57,7 +66,8 @@ class AttachReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1:
   void OnDone() override;
 
   // StreamSink
-  void on_settled(std::uint64_t persisted_seq, int items) override;
+  void on_settled(std::uint64_t persisted_seq, int items,
+                  const std::vector<v1::PolicyUpdate>& policies) override;
   void on_policy(const v1::PolicyUpdate& update) override;
   void on_store_failure(const std::string& message) override;
   void on_run_deleted(const std::string& message) override;
@@ -68,10 +78,11 @@ class AttachReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1:
   // gRPC operations decided under the lock and started after it is released.
   struct Actions {
     bool read = false;
-    const v1::ServerMessage* write = nullptr;
+    bool write = false;  // out_
     std::optional<grpc::Status> finish;
   };
-  void handle_message(Actions& a);
+  void handle_message();
+  std::string position() const;  // "after seq 12", for messages about the stream
   void handle_hello(const v1::Hello& hello);
   void handle_report(std::unique_ptr<v1::StepReport> report);
   void submit(IngestItem item);
@@ -86,7 +97,8 @@ class AttachReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1:
   std::shared_ptr<AttachReactor> self_;
 
   std::mutex mu_;
-  v1::AgentMessage in_;
+  grpc::ByteBuffer in_;
+  grpc::ByteBuffer out_;  // the message being written
   Phase phase_ = Phase::kAwaitHello;
   StreamIdentity identity_;
   bool hello_settled_ = false;
@@ -95,7 +107,7 @@ class AttachReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1:
   bool reading_ = false;
   bool reads_done_ = false;
   bool draining_ = false;
-  std::deque<v1::ServerMessage> writes_;
+  std::deque<v1::ServerMessage> writes_;  // not started yet
   bool writing_ = false;
   std::optional<grpc::Status> end_status_;
   bool hard_end_ = false;

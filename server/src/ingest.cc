@@ -248,6 +248,13 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
   std::string delta_key;
 
   for (IngestItem& item : items) {
+    if (item.kind == IngestItem::Kind::kRefusal) {
+      // Noted only for a run that is still known (and so stored).
+      if (runs_.find(item.run_id) != nullptr) {
+        store_.add_agent_notice(item.run_id, item.rank, item.notice);
+      }
+      continue;
+    }
     if (batch.orphans.contains(item.sink.get())) continue;
     // A Hello (re)creates its run; anything else belongs to the run its stream's Hello made.
     RunState* known =
@@ -340,6 +347,8 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
       }
       case IngestItem::Kind::kDelete:
         break;  // taken alone by run()
+      case IngestItem::Kind::kRefusal:
+        break;  // above
     }
   }
 
@@ -416,8 +425,11 @@ void Ingest::publish(Batch& batch, std::int64_t now_ns) {
   for (const Batch::Gap& g : batch.gaps) metrics_.seq_gap(*g.run, g.rank, g.missing);
   for (int i = 0; i < batch.policy_errors; ++i) metrics_.policy_error();
 
-  // Decisions first: an agent that sees Ack(n) has seen every decision the reports up to n
-  // caused.
+  // An agent that sees Ack(n) has seen every decision its reports up to n caused: a stream
+  // settled in this batch gets the batch's decisions of its run with its Ack, before it (a
+  // stream whose Hello settled gets the policy in force instead, which folds them in); the
+  // run's other streams get them now.
+  std::map<RunState*, std::vector<v1::PolicyUpdate>> decided;
   for (const auto& [run, u] : batch.decisions) {
     policy_.set_current(*run, u);
     metrics_.policy_decision(
@@ -427,16 +439,28 @@ void Ingest::publish(Batch& batch, std::int64_t now_ns) {
         static_cast<std::size_t>(u.fp32_tensors_size()));
     log_info("policy: run '", u.run_id(), "' decision ", u.policy_id(), " from step ",
              u.effective_from_step(), ": ", u.reason());
-    for (const std::shared_ptr<StreamSink>& s : streams_.of_run(u.run_id())) s->on_policy(u);
+    decided[run].push_back(u);
   }
+  const std::vector<v1::PolicyUpdate> none;
   for (auto& [ptr, result] : batch.sinks) {
-    result.sink->on_settled(result.run->last_seq[result.rank], result.items);
+    std::vector<v1::PolicyUpdate> fold;
+    const std::vector<v1::PolicyUpdate>* before_ack = &none;
     if (result.hello) {
       // An agent that holds every decision up to the fold's seq needs nothing resent.
       std::optional<v1::PolicyUpdate> current = policy_.current(*result.run);
       if (current && (current->seq() == 0 || result.last_policy_seq < current->seq())) {
-        result.sink->on_policy(*current);
+        fold.push_back(std::move(*current));
       }
+      before_ack = &fold;
+    } else if (auto it = decided.find(result.run); it != decided.end()) {
+      before_ack = &it->second;
+    }
+    result.sink->on_settled(result.run->last_seq[result.rank], result.items, *before_ack);
+  }
+  for (const auto& [run, updates] : decided) {
+    for (const std::shared_ptr<StreamSink>& s : streams_.of_run(run->id)) {
+      if (batch.sinks.contains(s.get())) continue;
+      for (const v1::PolicyUpdate& u : updates) s->on_policy(u);
     }
   }
   const auto now = std::chrono::steady_clock::now();
@@ -465,7 +489,7 @@ void Ingest::fail(std::vector<IngestItem>& items, Batch& batch, const std::strin
   auto settle = [&](IngestItem& item) {
     if (item.kind == IngestItem::Kind::kDelete) {
       deletions.push_back(std::move(item));
-    } else {
+    } else if (item.sink) {
       sinks.emplace(item.sink.get(), item.sink);
     }
   };

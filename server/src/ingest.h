@@ -12,6 +12,10 @@
 // transaction of their own, then the registry forgets it and its open streams end (ABORTED),
 // their queued items dropped; a later Hello of the run starts it afresh.
 //
+// Order on each stream: the decisions its reports caused are handed to it with the Ack of those
+// reports, before it (StreamSink::on_settled); a stream whose Hello settles gets the policy in
+// force the same way; the other streams of the run get each decision as it is decided.
+//
 // Thread safety: submit() from any thread; everything else runs on the ingest thread or before
 // start() / after stop().
 #pragma once
@@ -56,9 +60,10 @@ struct DeleteOutcome {
 };
 
 struct IngestItem {
-  enum class Kind { kHello, kReport, kReject, kDelete };
+  // kRefusal: a second agent process refused for the rank (a notice of the run, no stream).
+  enum class Kind { kHello, kReport, kReject, kDelete, kRefusal };
   Kind kind = Kind::kReport;
-  std::shared_ptr<StreamSink> sink;
+  std::shared_ptr<StreamSink> sink;  // null for kDelete and kRefusal
   std::string run_id;
   std::uint32_t rank = 0;
   std::uint64_t seq = 0;
@@ -66,6 +71,7 @@ struct IngestItem {
   std::unique_ptr<v1::StepReport> report;  // kReport
   std::string payload;                     // kReport: the report serialised
   Violation violation;                     // kReject
+  std::string notice;                      // kRefusal
   std::function<void(const DeleteOutcome&)> deleted;  // kDelete: called on the ingest thread
   std::int64_t received_ns = 0;
   std::chrono::steady_clock::time_point received{};

@@ -4,10 +4,32 @@
 
 namespace ampscope::server {
 
-void StreamTable::add(const std::string& run_id, std::uint32_t rank,
-                      std::shared_ptr<StreamSink> sink) {
+AgentProcess AgentProcess::of(const v1::Hello& hello) {
+  return AgentProcess{hello.host(), hello.pid(), hello.process_start_unix_ns()};
+}
+
+bool AgentProcess::same_process(const AgentProcess& other) const {
+  if (host != other.host) return false;
+  if (pid != 0 && other.pid != 0 && pid != other.pid) return false;
+  return start_unix_ns == 0 || other.start_unix_ns == 0 || start_unix_ns == other.start_unix_ns;
+}
+
+std::string AgentProcess::describe() const {
+  std::string out = "host " + (host.empty() ? std::string("?") : host) + " pid ";
+  out += pid == 0 ? std::string("?") : std::to_string(pid);
+  return out;
+}
+
+std::optional<AgentProcess> StreamTable::claim(const std::string& run_id, std::uint32_t rank,
+                                               const AgentProcess& process,
+                                               std::shared_ptr<StreamSink> sink) {
   std::lock_guard lock(mu_);
-  by_run_[run_id].push_back(Entry{rank, std::move(sink)});
+  std::vector<Entry>& entries = by_run_[run_id];
+  for (const Entry& e : entries) {
+    if (e.rank == rank && !e.process.same_process(process)) return e.process;
+  }
+  entries.push_back(Entry{rank, process, std::move(sink)});
+  return std::nullopt;
 }
 
 void StreamTable::remove(const std::string& run_id, const StreamSink* sink) {

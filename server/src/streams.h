@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -23,10 +24,14 @@ class StreamSink {
  public:
   virtual ~StreamSink() = default;
   // After a commit: `items` of this stream's submitted items are settled, and every report of
-  // the agent with seq <= persisted_seq is stored, a duplicate or rejected.
-  virtual void on_settled(std::uint64_t persisted_seq, int items) = 0;
-  // A policy update for the stream's run (the current one right after the Hello, then each new
-  // one as it is decided).
+  // the agent with seq <= persisted_seq is stored, a duplicate or rejected. `policies` (the
+  // decisions those reports caused, or the policy in force after the stream's Hello) are
+  // written before Ack(persisted_seq), and before the stream ends.
+  virtual void on_settled(std::uint64_t persisted_seq, int items,
+                          const std::vector<v1::PolicyUpdate>& policies) = 0;
+  // A policy update for the stream's run that none of its own reports caused (another rank's
+  // report, a step merged at its deadline). Ignored until the stream's Hello is settled: the
+  // policy in force sent then includes it.
   virtual void on_policy(const v1::PolicyUpdate& update) = 0;
   // The store failed; nothing of the stream's unsettled items was stored.
   virtual void on_store_failure(const std::string& message) = 0;
@@ -37,9 +42,26 @@ class StreamSink {
   virtual void drain() = 0;
 };
 
+// The agent process behind a stream (Hello.host, pid, process_start_unix_ns). Two agents are
+// the same process unless their hosts differ, or both name a pid (a start) and these differ;
+// 0 is unknown and matches anything.
+struct AgentProcess {
+  std::string host;
+  std::uint64_t pid = 0;
+  std::int64_t start_unix_ns = 0;
+
+  static AgentProcess of(const v1::Hello& hello);
+  bool same_process(const AgentProcess& other) const;
+  std::string describe() const;  // "host h1 pid 412"
+};
+
 class StreamTable {
  public:
-  void add(const std::string& run_id, std::uint32_t rank, std::shared_ptr<StreamSink> sink);
+  // Lists `sink` as a stream of (run_id, rank) from `process`, unless a stream of another
+  // process holds that rank: then nothing is listed and that process is returned. The same
+  // process reconnecting is listed next to its older stream, which goes when it ends.
+  std::optional<AgentProcess> claim(const std::string& run_id, std::uint32_t rank,
+                                    const AgentProcess& process, std::shared_ptr<StreamSink> sink);
   void remove(const std::string& run_id, const StreamSink* sink);
   std::vector<std::shared_ptr<StreamSink>> of_run(const std::string& run_id) const;
   std::vector<std::shared_ptr<StreamSink>> all() const;
@@ -50,6 +72,7 @@ class StreamTable {
  private:
   struct Entry {
     std::uint32_t rank;
+    AgentProcess process;
     std::shared_ptr<StreamSink> sink;
   };
   mutable std::mutex mu_;

@@ -5,7 +5,7 @@ namespace ampscope::server {
 TelemetryService::TelemetryService(AttachReactor::Deps deps, const Authenticator& auth)
     : deps_(deps), auth_(auth) {}
 
-grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerMessage>* TelemetryService::Attach(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* TelemetryService::Attach(
     grpc::CallbackServerContext* context) {
   grpc::Status refusal = auth_.check(*context);
   if (!refusal.ok()) deps_.metrics->auth_failure();

@@ -1,5 +1,7 @@
 // Telemetry.Attach: authenticates the call and hands it to a new AttachReactor. Keeps the live
-// reactors so that a graceful shutdown can drain every one of them.
+// reactors so that a graceful shutdown can drain every one of them. The method is registered
+// raw (ByteBuffer): the reactor parses each message itself, so that one that does not decode is
+// not mistaken for the agent's half-close.
 //
 // Thread safety: internally synchronised.
 #pragma once
@@ -14,11 +16,12 @@
 
 namespace ampscope::server {
 
-class TelemetryService final : public v1::Telemetry::CallbackService {
+class TelemetryService final
+    : public v1::Telemetry::WithRawCallbackMethod_Attach<v1::Telemetry::Service> {
  public:
   TelemetryService(AttachReactor::Deps deps, const Authenticator& auth);
 
-  grpc::ServerBidiReactor<v1::AgentMessage, v1::ServerMessage>* Attach(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Attach(
       grpc::CallbackServerContext* context) override;
 
   // Refuses new streams and drains the open ones (each ends once what it sent is settled).

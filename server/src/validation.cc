@@ -25,6 +25,36 @@ std::string indexed(const std::string& field, int i) {
   return field + "[" + std::to_string(i) + "]";
 }
 
+// Length of the UTF-8 sequence starting at s[i], or 0 when it is not a valid one (overlong
+// forms, surrogates and code points above U+10FFFF are invalid).
+std::size_t utf8_sequence(std::string_view s, std::size_t i) {
+  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = byte(i);
+  if (c < 0x80) return 1;
+  std::size_t n = 0;
+  unsigned char lo = 0x80;
+  unsigned char hi = 0xbf;
+  if (c >= 0xc2 && c <= 0xdf) {
+    n = 2;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    n = 3;
+    if (c == 0xe0) lo = 0xa0;
+    if (c == 0xed) hi = 0x9f;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    n = 4;
+    if (c == 0xf0) lo = 0x90;
+    if (c == 0xf4) hi = 0x8f;
+  } else {
+    return 0;
+  }
+  if (i + n > s.size()) return 0;
+  if (byte(i + 1) < lo || byte(i + 1) > hi) return 0;
+  for (std::size_t k = 2; k < n; ++k) {
+    if (byte(i + k) < 0x80 || byte(i + k) > 0xbf) return 0;
+  }
+  return n;
+}
+
 bool printable_ascii(std::string_view s) {
   for (unsigned char c : s) {
     if (c < 0x20 || c > 0x7e) return false;
@@ -117,7 +147,7 @@ Result check_scaler(const v1::ScalerConfig& s, const std::string& field) {
 
 Result check_identity(const v1::StepReport& r, const StreamIdentity& stream) {
   if (r.run_id() != stream.run_id) {
-    return violation("report.run_id", "identity", "'", r.run_id(),
+    return violation("report.run_id", "identity", "'", quote(r.run_id()),
                      "' differs from the stream's Hello '", stream.run_id, "'");
   }
   if (r.rank() != stream.rank) {
@@ -129,6 +159,9 @@ Result check_identity(const v1::StepReport& r, const StreamIdentity& stream) {
 
 Result check_seq(std::uint64_t seq, const StreamIdentity& stream) {
   if (seq == 0) return violation("report.seq", "seq_order", "must be >= 1");
+  if (seq > limits::kMaxSeq) {
+    return violation("report.seq", "range", "must be <= 2^63-1 (", limits::kMaxSeq, "), got ", seq);
+  }
   if (seq <= stream.previous_seq) {
     return violation("report.seq", "seq_order", seq, " is not above the previous seq ",
                      stream.previous_seq, " of this stream");
@@ -137,7 +170,9 @@ Result check_seq(std::uint64_t seq, const StreamIdentity& stream) {
 }
 
 Result check_step_scalars(const v1::StepReport& r) {
-  if (r.step() < 0) return violation("report.step", "range", "must be >= 0, got ", r.step());
+  if (r.step() < 0 || r.step() > limits::kMaxStep) {
+    return violation("report.step", "range", "must be in [0, 2^62-1], got ", r.step());
+  }
   if (auto v = check_positive(r.loss_scale(), "report.loss_scale")) return v;
   if (auto v = check_positive(r.scale_after(), "report.scale_after")) return v;
   if (!std::isfinite(r.grad_norm()) && !r.found_inf()) {
@@ -328,7 +363,49 @@ Result check_targets(const v1::TensorStats& t, const std::string& field) {
   return std::nullopt;
 }
 
+Result check_process(const v1::Hello& h) {
+  if (h.pid() > limits::kMaxPid) {
+    return violation("hello.pid", "range", "must be <= 2^31-1 (", limits::kMaxPid, "), got ",
+                     h.pid());
+  }
+  if (h.process_start_unix_ns() < 0) {
+    return violation("hello.process_start_unix_ns", "range", "must be >= 0, got ",
+                     h.process_start_unix_ns());
+  }
+  return std::nullopt;
+}
+
+Result check_hello_seqs(const v1::Hello& h) {
+  if (h.resume_from_seq() > limits::kMaxSeq) {
+    return violation("hello.resume_from_seq", "range", "must be <= 2^63-1, got ",
+                     h.resume_from_seq());
+  }
+  if (h.last_policy_seq() > limits::kMaxSeq) {
+    return violation("hello.last_policy_seq", "range", "must be <= 2^63-1, got ",
+                     h.last_policy_seq());
+  }
+  return std::nullopt;
+}
+
 }  // namespace
+
+std::string quote(std::string_view text) {
+  std::string out;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const std::size_t n = utf8_sequence(text, i);
+    if (out.size() + std::max<std::size_t>(n, 1) > limits::kQuoteMaxBytes) break;
+    if (n == 0) {
+      out.push_back('?');
+      ++i;
+    } else {
+      out.append(text.substr(i, n));
+      i += n;
+    }
+  }
+  if (i < text.size()) out += "...(truncated, " + std::to_string(text.size()) + " bytes)";
+  return out;
+}
 
 std::optional<Violation> check_run_id(std::string_view run_id, std::string_view field) {
   const std::string f(field);
@@ -373,6 +450,16 @@ std::optional<Violation> validate_hello(const v1::Hello& h) {
   if (auto v = check_string(h.agent_version(), "hello.agent_version", limits::kShortStringMaxBytes,
                             false)) {
     return v;
+  }
+  if (auto v = check_hello_seqs(h)) return v;
+  if (auto v = check_process(h)) return v;
+  if (!v1::PolicyAgreement_IsValid(h.policy_agreement())) {
+    return violation("hello.policy_agreement", "enum", "unknown value ",
+                     static_cast<int>(h.policy_agreement()));
+  }
+  if (h.data_parallel_size() > h.world_size()) {
+    return violation("hello.data_parallel_size", "range", "must be in [0, world_size ",
+                     h.world_size(), "], got ", h.data_parallel_size());
   }
   return check_string_list(h.fp32_capable_layers(), "hello.fp32_capable_layers",
                            limits::kMaxLayerNames, limits::kNameMaxBytes);

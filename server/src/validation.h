@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -34,6 +35,16 @@ inline constexpr int kHistogramMinExponent = -149;
 inline constexpr int kHistogramMaxExponent = 127;
 inline constexpr int kMaxHistogramBins = kHistogramMaxExponent - kHistogramMinExponent + 1;
 inline constexpr int kMaxScaleLog2 = 256;
+// Sequence numbers the store keeps as signed 64-bit integers: a seq above this one would not
+// read back as itself after a restart.
+inline constexpr std::uint64_t kMaxSeq = std::numeric_limits<std::int64_t>::max();
+// Steps below 2^62 leave room for effective_from_step = step + lead_steps (at most 10^6)
+// without overflowing int64.
+inline constexpr std::int64_t kMaxStep = (std::int64_t{1} << 62) - 1;
+// A pid_t is a signed 32-bit integer on every platform an agent runs on.
+inline constexpr std::uint64_t kMaxPid = std::numeric_limits<std::int32_t>::max();
+// Client text quoted in a Reject or status message (and stored with a rejection), in bytes.
+inline constexpr std::size_t kQuoteMaxBytes = 256;
 }  // namespace limits
 
 struct Violation {
@@ -72,6 +83,11 @@ struct StreamIdentity {
 std::optional<Violation> validate_hello(const v1::Hello& hello);
 std::optional<Violation> validate_report(const v1::StepReport& report,
                                          const StreamIdentity& stream);
+
+// Client text as a message may quote it: valid UTF-8 (an invalid byte becomes '?'), at most
+// limits::kQuoteMaxBytes bytes cut on a character boundary, and then marked
+// "...(truncated, N bytes)".
+std::string quote(std::string_view text);
 
 // Individual rules, exposed for the unit tests.
 std::optional<Violation> check_run_id(std::string_view run_id, std::string_view field);

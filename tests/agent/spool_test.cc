@@ -115,13 +115,50 @@ TEST(SpoolTest, EmptiedSpoolKeepsNumberingAfterTheLastRecord) {
   EXPECT_EQ(s->append(payload(6), 6, &error), 6u);
 }
 
-TEST(SpoolTest, AnAckBeyondTheSpoolMovesTheNumbering) {
+TEST(SpoolTest, AnEmptySpoolAdoptsWhatTheServerHasAndNumbersAfterIt) {
   // The server has more than this spool (it was lost): continue after what the server has.
   TempDir dir;
+  {
+    auto s = open_spool(dir);
+    EXPECT_TRUE(s->adopt(41));
+    std::string error;
+    EXPECT_EQ(s->append(payload(1), 0, &error), 42u);
+  }
   auto s = open_spool(dir);
-  s->ack(41);
+  EXPECT_EQ(s->acked(), 41u) << "the adopted mark survives a restart";
+}
+
+TEST(SpoolTest, AnAckBeyondEverySeqNumberedIsRefusedAndChangesNothing) {
+  TempDir dir;
+  auto s = open_spool(dir);
   std::string error;
-  EXPECT_EQ(s->append(payload(1), 0, &error), 42u);
+  for (int i = 1; i <= 3; ++i) s->append(payload(i), i, &error);
+  for (std::uint64_t absurd : {std::uint64_t{4}, std::uint64_t{1'000'000'000}, ~std::uint64_t{0}}) {
+    EXPECT_FALSE(s->ack(absurd)) << absurd;
+  }
+  EXPECT_EQ(s->acked(), 0u);
+  EXPECT_EQ(s->pending(), 3u);
+  EXPECT_EQ(read_all(*s).size(), 3u);
+  EXPECT_EQ(s->append(payload(4), 4, &error), 4u);
+  EXPECT_TRUE(s->ack(2));
+  EXPECT_EQ(s->acked(), 2u);
+}
+
+TEST(SpoolTest, AdoptIsRefusedWithRecordsUnacknowledgedOrWhereTheSeqWouldWrap) {
+  TempDir dir;
+  auto s = open_spool(dir);
+  std::string error;
+  s->append(payload(1), 1, &error);
+  EXPECT_FALSE(s->adopt(1000)) << "the unacknowledged record would be renumbered into the past";
+  EXPECT_FALSE(s->adopt(1)) << "not beyond the spool: an ordinary ack";
+  EXPECT_TRUE(s->ack(1));
+  EXPECT_FALSE(s->adopt(Spool::kMaxSeq));
+  EXPECT_FALSE(s->adopt(~std::uint64_t{0}));
+  EXPECT_EQ(s->last_seq(), 1u);
+  EXPECT_TRUE(s->adopt(Spool::kMaxSeq - 1));
+  EXPECT_EQ(s->append(payload(2), 2, &error), Spool::kMaxSeq) << error;
+  EXPECT_EQ(s->append(payload(3), 3, &error), 0u) << "the numbering ends instead of wrapping";
+  EXPECT_NE(error.find("exhausted"), std::string::npos) << error;
 }
 
 TEST(SpoolTest, TornTailIsCutAndReported) {

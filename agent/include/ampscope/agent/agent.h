@@ -100,6 +100,8 @@ struct Counters {
   std::uint64_t rejected_reports = 0;  // refused by the server's validation
   std::uint64_t spool_bytes = 0;       // in the spool now
   std::uint64_t reconnects = 0;        // streams opened after the first
+  std::uint64_t protocol_errors = 0;   // streams cut because the server broke the protocol
+                                       // (an Ack of a report never sent; docs/agent.md)
   std::uint64_t policies_applied = 0;
   std::uint64_t policies_refused = 0;
   std::uint64_t refused_calls = 0;     // step calls refused by the threading contract (re-entry)
