@@ -379,8 +379,7 @@ Transport::StreamEnd Transport::stream_once() {
                     "transport: protocol error from " + config_.server + ": " + protocol_error +
                         "; the spool is kept, the stream is cut and retried with backoff "
                         "(counted in protocol_errors)");
-    end.failure = "protocol error: " + protocol_error;
-    return end;
+    return end;  // noticed once above, whatever the next one says
   }
   end.healthy = acknowledged && lived >= std::min<Clock::duration>(config_.backoff_max,
                                                                    kHealthyStreamCap);
@@ -391,7 +390,6 @@ Transport::StreamEnd Transport::stream_once() {
                              "; training goes on, reports stay in the spool (up to "
                              "spool_max_bytes, then dropped and counted), asking again every "
                              "backoff_max_ms");
-    end.failure = "stream to " + config_.server + " ended: " + status_text(status);
   } else if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) {
     end.failure = "stream to " + config_.server + " ended: " + status_text(status);
   } else if (!acknowledged && !stopping()) {

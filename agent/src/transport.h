@@ -7,7 +7,7 @@
 //   the acknowledgements -> on any end of the stream, clean or not: cancel, wait the backoff
 //   with jitter, repeat. The backoff doubles from backoff_initial up to backoff_max after every
 //   stream that ended early, and goes back to backoff_initial only after a stream that was
-//   acknowledged and stayed open for kHealthyStream (backoff_max, at most 10 s); a server that
+//   acknowledged and stayed open for backoff_max (at most 10 s); a server that
 //   says another process streams as this run and rank (ALREADY_EXISTS) is asked again every
 //   backoff_max.
 // A reader thread per stream takes Acks (which trim the spool), PolicyUpdates (handed to the
@@ -87,8 +87,10 @@ class Transport {
   // One stream, from connecting to its end; returns why it ended ("" when it ended because of
   // stop()).
   struct StreamEnd {
-    std::string failure;         // one line; empty when stopping or cancelled by the agent
-    bool healthy = false;        // acknowledged and open for kHealthyStream
+    // One line for a notice per distinct failure; empty when stopping, cancelled by the agent,
+    // or noticed already (a protocol error, ALREADY_EXISTS: once, whatever the details).
+    std::string failure;
+    bool healthy = false;        // acknowledged and open for backoff_max (at most 10 s)
     bool already_exists = false;  // the server has another process as this run and rank
   };
   StreamEnd stream_once();

@@ -43,7 +43,7 @@ struct TrainerRun {
 inline ServerOptions trainer_server(const std::filesystem::path& dir,
                                     std::vector<std::string> flags = {}, int port = 0) {
   flags.insert(flags.end(), {"--log-level", "warn"});
-  return {.dir = dir, .flags = std::move(flags), .port = port};
+  return {.dir = dir, .db = {}, .flags = std::move(flags), .port = port};
 }
 
 // Lines of a JSON-lines file (the trainer's --log-json); 0 when it does not exist.
