@@ -4,6 +4,7 @@
 #include <cmath>
 #include <exception>
 #include <sstream>
+#include <string_view>
 
 #include "spool.h"
 
@@ -18,6 +19,28 @@ bool power_of_two(double v) {
   if (!std::isfinite(v) || v <= 0.0) return false;
   int e = 0;
   return std::frexp(v, &e) == 0.5;
+}
+
+// An outcome goes back to the server in a report, whose rules (server/src/validation.h) take a
+// PolicyOutcome's policy_id as 1..64 printable ASCII bytes and its reason as at most 512: one
+// that breaks them gets the whole report rejected. The update's own text (its ids, run id,
+// tensor names) and the trainer's exception text are therefore cut and made printable where they
+// enter a reason or an outcome.
+constexpr std::size_t kOutcomeIdMaxBytes = 64;
+constexpr std::size_t kOutcomeReasonMaxBytes = 512;
+constexpr std::size_t kQuotedMaxBytes = 128;
+
+std::string printable(std::string_view text, std::size_t max_bytes) {
+  std::string out(text.substr(0, max_bytes));
+  for (char& c : out) {
+    if (c < 0x20 || c > 0x7e) c = '?';
+  }
+  return out;
+}
+
+// An update without an id still gets its outcome (refused), under a placeholder id.
+std::string outcome_id(std::string_view policy_id) {
+  return policy_id.empty() ? "(none)" : printable(policy_id, kOutcomeIdMaxBytes);
 }
 
 std::string num(double v) {
@@ -62,13 +85,14 @@ std::string fp32_layers_of(const v1::PolicyUpdate& u, const PrecisionOverrides& 
   layers->clear();
   for (int i = 0; i < u.fp32_tensors_size(); ++i) {
     const std::string& name = u.fp32_tensors(i);
-    const std::string where = "fp32_tensors[" + std::to_string(i) + "]: '" + name + "'";
+    const std::string where =
+        "fp32_tensors[" + std::to_string(i) + "]: '" + printable(name, kQuotedMaxBytes) + "'";
     std::string layer;
     // The trainer's code, on the reader thread too, where nothing else would catch.
     try {
       layer = overrides.layer_of(name);
     } catch (const std::exception& e) {
-      return where + ": mapping it to a layer failed: " + e.what();
+      return where + ": mapping it to a layer failed: " + printable(e.what(), kQuotedMaxBytes);
     } catch (...) {
       return where + ": mapping it to a layer failed";
     }
@@ -86,7 +110,8 @@ std::string validate_update(const v1::PolicyUpdate& u, const std::string& run_id
                             std::vector<std::string>* fp32_layers) {
   if (u.policy_id().empty()) return "policy_id: must not be empty";
   if (!u.run_id().empty() && u.run_id() != run_id) {
-    return "run_id: '" + u.run_id() + "' is not this run ('" + run_id + "')";
+    return "run_id: '" + printable(u.run_id(), kQuotedMaxBytes) + "' is not this run ('" + run_id +
+           "')";
   }
   if (u.effective_from_step() < 0) {
     return "effective_from_step: must be >= 0, got " + std::to_string(u.effective_from_step());
@@ -194,8 +219,8 @@ void PolicyApplier::receive(const v1::PolicyUpdate& update) {
             validate_update(update, config_.run_id, current, scaler_ != nullptr, overrides_);
       } else {
         p.refusal = "the scaler's settings() failed: " + failed;
-        notices_->raise("policy:settings", "policy: the scaler's settings() threw while an "
-                                           "update arrived (" + failed + "); the update is refused");
+        notices_->raise("policy:settings", "policy: the scaler's settings() threw while an update "
+                                           "arrived (" + failed + "); the update is refused");
       }
     }
   }
@@ -309,8 +334,8 @@ void PolicyApplier::begin_step(std::int64_t step, std::vector<PolicyOutcome>* ou
 void PolicyApplier::refuse(const Pending& p, std::string reason,
                            std::vector<PolicyOutcome>* out) {
   PolicyOutcome o;
-  o.policy_id = p.update.policy_id();
-  o.reason = std::move(reason);
+  o.policy_id = outcome_id(p.update.policy_id());
+  o.reason = printable(reason, kOutcomeReasonMaxBytes);
   refused_.fetch_add(1);
   out->push_back(std::move(o));
 }
@@ -318,7 +343,7 @@ void PolicyApplier::refuse(const Pending& p, std::string reason,
 void PolicyApplier::apply(const v1::PolicyUpdate& u, std::int64_t step,
                           std::vector<PolicyOutcome>* out) {
   PolicyOutcome o;
-  o.policy_id = u.policy_id();
+  o.policy_id = outcome_id(u.policy_id());
   // Re-checked against the state now: the scale may have moved since the update arrived.
   std::vector<std::string> layers;
   std::string err = validate_update(u, config_.run_id,
@@ -334,7 +359,7 @@ void PolicyApplier::apply(const v1::PolicyUpdate& u, std::int64_t step,
     applied_.fetch_add(1);
     if (changes_config(u)) scaler_changed_.store(true);
   } else {
-    o.reason = err;
+    o.reason = printable(err, kOutcomeReasonMaxBytes);
     refused_.fetch_add(1);
   }
   out->push_back(std::move(o));

@@ -253,6 +253,41 @@ TEST_F(PolicyApplierTest, RefusesOnArrivalAndReportsAtTheNextStep) {
   EXPECT_EQ(applier.refused(), 1u);
 }
 
+// What the server sent comes back in a report, which the server rejects whole when an outcome
+// breaks its rules (policy_id 1..64 printable bytes, reason at most 512 printable bytes).
+TEST_F(PolicyApplierTest, OutcomesKeepToTheReportsRulesWhateverTheUpdateHeld) {
+  auto other_run = update("4", 10);
+  other_run.set_run_id("other\nrun");
+  auto long_id = update(std::string(1000, '7'), 10);
+  long_id.set_loss_scale(3000);
+  auto no_id = update("", 10);
+  auto bad_tensor = fp32_update("5", 10, {"h0\x01\x7f"});
+  bad_tensor.set_fp32_tensors(0, std::string(2000, 'x') + "\n");
+  for (const auto& u : {other_run, long_id, no_id, bad_tensor}) applier.receive(u);
+  std::vector<PolicyOutcome> out;
+  applier.begin_step(10, &out);
+  ASSERT_EQ(out.size(), 4u);
+  const auto printable = [](const std::string& s) {
+    return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c <= 0x7e; });
+  };
+  for (const PolicyOutcome& o : out) {
+    EXPECT_FALSE(o.applied);
+    EXPECT_FALSE(o.policy_id.empty());
+    EXPECT_LE(o.policy_id.size(), 64u);
+    EXPECT_LE(o.reason.size(), 512u);
+    EXPECT_TRUE(printable(o.policy_id) && printable(o.reason)) << o.policy_id << ": " << o.reason;
+  }
+  const auto has = [&](const std::string& id, const std::string& reason_start) {
+    return std::any_of(out.begin(), out.end(), [&](const PolicyOutcome& o) {
+      return o.policy_id == id && o.reason.starts_with(reason_start);
+    });
+  };
+  EXPECT_TRUE(has("4", "run_id: 'other?run' is not this run ('run')"));
+  EXPECT_TRUE(has(std::string(64, '7'), "loss_scale: must be a finite power of two"));
+  EXPECT_TRUE(has("(none)", "policy_id: must not be empty"));
+  EXPECT_TRUE(has("5", "fp32_tensors[0]: '" + std::string(128, 'x') + "'"));
+}
+
 TEST_F(PolicyApplierTest, RefusesAnUpdateWhoseStepHasPassed) {
   std::vector<PolicyOutcome> out;
   applier.begin_step(20, &out);
