@@ -7,8 +7,6 @@
 //     with the field;
 //   - a message that passes re-serialises to a message that is equal and passes again;
 //   - a report passes only with the stream's identity and a seq above the previous one.
-#include <google/protobuf/util/message_differencer.h>
-
 #include <algorithm>
 #include <optional>
 
@@ -36,7 +34,8 @@ Message reparsed(const Message& m) {
   FUZZ_CHECK(m.SerializeToString(&bytes), "a valid message does not serialise");
   Message again;
   FUZZ_CHECK(again.ParseFromString(bytes), "a valid message does not parse back");
-  FUZZ_CHECK(google::protobuf::util::MessageDifferencer::Equals(m, again), m.ShortDebugString());
+  // Compared serialised: a NaN loss or grad_norm is valid, and equal to nothing field by field.
+  FUZZ_CHECK(again.SerializeAsString() == bytes, m.ShortDebugString());
   return again;
 }
 
