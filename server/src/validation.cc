@@ -395,7 +395,8 @@ std::string quote(std::string_view text) {
   while (i < text.size()) {
     const std::size_t n = utf8_sequence(text, i);
     if (out.size() + std::max<std::size_t>(n, 1) > limits::kQuoteMaxBytes) break;
-    if (n == 0) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (n == 0 || (n == 1 && (c < 0x20 || c == 0x7f))) {
       out.push_back('?');
       ++i;
     } else {
@@ -453,10 +454,6 @@ std::optional<Violation> validate_hello(const v1::Hello& h) {
   }
   if (auto v = check_hello_seqs(h)) return v;
   if (auto v = check_process(h)) return v;
-  if (!v1::PolicyAgreement_IsValid(h.policy_agreement())) {
-    return violation("hello.policy_agreement", "enum", "unknown value ",
-                     static_cast<int>(h.policy_agreement()));
-  }
   if (h.data_parallel_size() > h.world_size()) {
     return violation("hello.data_parallel_size", "range", "must be in [0, world_size ",
                      h.world_size(), "], got ", h.data_parallel_size());
