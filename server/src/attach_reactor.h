@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "ampscope/v1/telemetry.pb.h"
+#include "auth.h"
 #include "ingest.h"
 #include "metrics.h"
 #include "streams.h"
@@ -47,6 +48,8 @@ class AttachReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     StreamTable* streams;
     Metrics* metrics;
     std::size_t max_in_flight;
+    // Who opened the stream (TelemetryService); its run-id prefix is checked at the Hello.
+    Principal principal{};
     // Messages waiting to be written beyond which the stream is not read (docs/server.md).
     std::size_t max_pending_writes = kMaxPendingWrites;
   };

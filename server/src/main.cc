@@ -17,7 +17,6 @@
 #include <thread>
 
 #include "ampscope/server/server.h"
-#include "auth.h"
 #include "flags.h"
 #include "log.h"
 
@@ -27,7 +26,6 @@ using ampscope::server::ServerOptions;
 
 struct Flags {
   ServerOptions options;
-  std::string token_file;
   std::string policy = "observe";
   std::string sync = "full";
   std::string retention_max_age;
@@ -58,11 +56,15 @@ void add_flags(CLI::App& app, Flags& f) {
       ->capture_default_str();
   app.add_option("--db", o.db_path, "SQLite store file (created when missing)")
       ->capture_default_str();
-  app.add_option("--auth-token-file", f.token_file,
-                 "File whose first line is the token every RPC must present as "
-                 "'authorization: Bearer <token>'");
+  app.add_option("--auth-token-file", o.auth_token_file,
+                 "Tokens with roles, one 'ROLE TOKEN [RUN_ID_PREFIX]' per line (roles agent, "
+                 "reader, admin; a lone bare token is an admin token); calls present theirs as "
+                 "'authorization: Bearer <token>', /metrics as the basic-auth password");
   app.add_option("--tls-cert", o.tls_cert_file, "PEM certificate chain; with --tls-key: TLS");
   app.add_option("--tls-key", o.tls_key_file, "PEM private key of --tls-cert");
+  app.add_option("--tls-client-ca", o.tls_client_ca_file,
+                 "PEM CA certificate(s): require client certificates signed by them (mutual "
+                 "TLS; needs --tls-cert)");
   app.add_option("--sync", f.sync,
                  "full: each commit survives power loss; normal: survives a server crash")
       ->check(CLI::IsMember({"full", "normal"}))
@@ -158,7 +160,6 @@ void finish_options(Flags& f) {
   st.min_scale = f.static_min_scale;
   st.max_scale = f.static_max_scale;
   o.sync_full = f.sync == "full";
-  if (!f.token_file.empty()) o.auth_token = ampscope::server::read_token_file(f.token_file);
   if (!f.retention_max_age.empty()) {
     o.retention_max_age = std::chrono::duration_cast<std::chrono::seconds>(
         parse_duration(f.retention_max_age, "--retention-max-age"));

@@ -10,13 +10,22 @@ grpc::Status not_found(const std::string& run_id) {
   return grpc::Status(grpc::StatusCode::NOT_FOUND, "run '" + run_id + "' is not known");
 }
 
-// Runs `body` unless authentication fails, mapping store errors to INTERNAL, and finishes.
+// The caller's token must be a reader's or an admin's (every RPC but DeleteRun reads).
+grpc::Status authorize(grpc::CallbackServerContext* context, const Authenticator& auth,
+                       Metrics& metrics, std::string_view rpc, AccessRole needed) {
+  Principal who;
+  grpc::Status status = auth.authorize(*context, rpc, needed, &who);
+  if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) metrics.auth_failure();
+  return status;
+}
+
+// Runs `body` unless a reader may not make the call, mapping store errors to INTERNAL, and
+// finishes.
 template <typename Body>
 grpc::ServerUnaryReactor* respond(grpc::CallbackServerContext* context, const Authenticator& auth,
-                                  Metrics& metrics, Body&& body) {
+                                  Metrics& metrics, std::string_view rpc, Body&& body) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  grpc::Status status = auth.check(*context);
-  if (!status.ok()) metrics.auth_failure();
+  grpc::Status status = authorize(context, auth, metrics, rpc, AccessRole::kReader);
   if (status.ok()) {
     try {
       status = body();
@@ -32,6 +41,30 @@ grpc::ServerUnaryReactor* respond(grpc::CallbackServerContext* context, const Au
 grpc::Status check_run_id_arg(const std::string& run_id) {
   if (std::optional<Violation> v = check_run_id(run_id, "run_id")) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, v->message);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status invalid(const std::string& message) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
+}
+
+// after_report_id belongs to REPORT_ORDER_ARRIVAL and page_token to REPORT_ORDER_STEP: with the
+// other order either would be ignored, and a client would take unfiltered answers for filtered
+// ones.
+grpc::Status check_order_fields(const v1::GetReportsRequest& q) {
+  const bool arrival = q.order() == v1::REPORT_ORDER_ARRIVAL;
+  if (!arrival && q.after_report_id() != 0) {
+    return invalid("after_report_id: only with order REPORT_ORDER_ARRIVAL (page with page_token)");
+  }
+  if (q.page_token().empty()) return grpc::Status::OK;
+  if (arrival) {
+    return invalid("page_token: only with order REPORT_ORDER_STEP (continue with after_report_id)");
+  }
+  if (!parse_page_token(q.page_token())) {
+    return invalid(
+        "page_token: not a token this server issued; pass a response's "
+        "next_page_token unchanged");
   }
   return grpc::Status::OK;
 }
@@ -56,7 +89,7 @@ void QueryService::add_live_facts(v1::RunSummary* summary) const {
 grpc::ServerUnaryReactor* QueryService::ListRuns(grpc::CallbackServerContext* context,
                                                  const v1::ListRunsRequest* request,
                                                  v1::ListRunsResponse* response) {
-  return respond(context, auth_, metrics_, [&] {
+  return respond(context, auth_, metrics_, "ListRuns", [&] {
     for (v1::RunSummary& s : store_.list_runs(request->limit())) {
       add_live_facts(&s);
       *response->add_runs() = std::move(s);
@@ -68,7 +101,7 @@ grpc::ServerUnaryReactor* QueryService::ListRuns(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* QueryService::GetRun(grpc::CallbackServerContext* context,
                                                const v1::GetRunRequest* request,
                                                v1::GetRunResponse* response) {
-  return respond(context, auth_, metrics_, [&] {
+  return respond(context, auth_, metrics_, "GetRun", [&] {
     if (grpc::Status s = check_run_id_arg(request->run_id()); !s.ok()) return s;
     std::optional<v1::GetRunResponse> run = store_.get_run(request->run_id(), request->limit());
     if (!run) return not_found(request->run_id());
@@ -85,7 +118,7 @@ grpc::ServerUnaryReactor* QueryService::GetRun(grpc::CallbackServerContext* cont
 grpc::ServerUnaryReactor* QueryService::GetReports(grpc::CallbackServerContext* context,
                                                    const v1::GetReportsRequest* request,
                                                    v1::GetReportsResponse* response) {
-  return respond(context, auth_, metrics_, [&] {
+  return respond(context, auth_, metrics_, "GetReports", [&] {
     if (grpc::Status s = check_run_id_arg(request->run_id()); !s.ok()) return s;
     if (request->from_step() < 0) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "from_step: must be >= 0");
@@ -98,6 +131,7 @@ grpc::ServerUnaryReactor* QueryService::GetReports(grpc::CallbackServerContext* 
     if (!v1::ReportOrder_IsValid(request->order())) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "order: unknown value");
     }
+    if (grpc::Status s = check_order_fields(*request); !s.ok()) return s;
     std::optional<v1::GetReportsResponse> reports = store_.get_reports(*request);
     if (!reports) return not_found(request->run_id());
     *response = std::move(*reports);
@@ -108,7 +142,7 @@ grpc::ServerUnaryReactor* QueryService::GetReports(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* QueryService::GetPolicy(grpc::CallbackServerContext* context,
                                                   const v1::GetPolicyRequest* request,
                                                   v1::GetPolicyResponse* response) {
-  return respond(context, auth_, metrics_, [&] {
+  return respond(context, auth_, metrics_, "GetPolicy", [&] {
     if (grpc::Status s = check_run_id_arg(request->run_id()); !s.ok()) return s;
     std::optional<v1::GetPolicyResponse> policy = store_.get_policy(request->run_id());
     if (!policy) return not_found(request->run_id());
@@ -121,8 +155,7 @@ grpc::ServerUnaryReactor* QueryService::DeleteRun(grpc::CallbackServerContext* c
                                                   const v1::DeleteRunRequest* request,
                                                   v1::DeleteRunResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  grpc::Status status = auth_.check(*context);
-  if (!status.ok()) metrics_.auth_failure();
+  grpc::Status status = authorize(context, auth_, metrics_, "DeleteRun", AccessRole::kAdmin);
   if (status.ok()) status = check_run_id_arg(request->run_id());
   if (!status.ok()) {
     reactor->Finish(status);

@@ -70,7 +70,7 @@ struct Server::Impl {
   bool store_failed = false;
   std::thread failure_thread;
 
-  explicit Impl(ServerOptions o) : options(std::move(o)), auth(options.auth_token) {}
+  Impl(ServerOptions o, Authenticator a) : options(std::move(o)), auth(std::move(a)) {}
 };
 
 std::unique_ptr<Server> Server::create(ServerOptions options) {
@@ -80,9 +80,14 @@ std::unique_ptr<Server> Server::create(ServerOptions options) {
   if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
     throw Error("--tls-cert and --tls-key go together: give both or neither");
   }
+  if (!options.tls_client_ca_file.empty() && options.tls_cert_file.empty()) {
+    throw Error("--tls-client-ca needs --tls-cert and --tls-key: mutual TLS is TLS first");
+  }
   if (options.max_in_flight_per_stream == 0) throw Error("--max-in-flight: must be >= 1");
   if (options.metrics_max_runs == 0) throw Error("--metrics-max-runs: must be >= 1");
-  auto impl = std::make_unique<Impl>(std::move(options));
+  Authenticator auth(options.auth_token_file.empty() ? std::vector<TokenGrant>()
+                                                     : read_token_file(options.auth_token_file));
+  auto impl = std::make_unique<Impl>(std::move(options), std::move(auth));
   const ServerOptions& o = impl->options;
   impl->metrics = std::make_unique<Metrics>(o.version);
   impl->runs = std::make_unique<RunRegistry>(
@@ -140,6 +145,10 @@ BoundAddresses Server::start() {
     grpc::SslServerCredentialsOptions ssl;
     ssl.pem_key_cert_pairs.push_back(
         {read_file(o.tls_key_file, "--tls-key"), read_file(o.tls_cert_file, "--tls-cert")});
+    if (!o.tls_client_ca_file.empty()) {
+      ssl.pem_root_certs = read_file(o.tls_client_ca_file, "--tls-client-ca");
+      ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    }
     creds = grpc::SslServerCredentials(ssl);
   } else {
     creds = grpc::InsecureServerCredentials();
@@ -181,6 +190,15 @@ BoundAddresses Server::start() {
       throw Error("--metrics-listen '" + o.metrics_listen + "': cannot bind: " + e.what());
     }
     s.exposer->RegisterCollectable(s.metrics->registry());
+    if (s.auth.enabled()) {
+      // HTTP basic auth, the one scheme prometheus-cpp's exposer checks: the password is a
+      // reader or admin token, the user name is not checked.
+      s.exposer->RegisterAuth(
+          [&auth = s.auth](const std::string&, const std::string& password) {
+            return auth.allows_metrics(password);
+          },
+          "ampscope");
+    }
     const std::vector<int> ports = s.exposer->GetListeningPorts();
     bound.metrics = with_port(o.metrics_listen, ports.empty() ? 0 : ports.front());
   }
@@ -188,8 +206,11 @@ BoundAddresses Server::start() {
     std::lock_guard lock(s.mu);
     s.started = true;
   }
-  log_info("serving: grpc ", bound.grpc, (o.tls_cert_file.empty() ? " (plaintext)" : " (TLS)"),
-           s.auth.enabled() ? ", bearer token required" : "",
+  const char* transport = o.tls_cert_file.empty()        ? " (plaintext)"
+                          : o.tls_client_ca_file.empty() ? " (TLS)"
+                                                         : " (mutual TLS)";
+  log_info("serving: grpc ", bound.grpc, transport,
+           s.auth.enabled() ? ", tokens required" : ", no tokens: every call allowed",
            bound.metrics.empty() ? "" : ", metrics http://" + bound.metrics + "/metrics",
            ", store ", o.db_path, ", policy ", s.policy->mode_name());
   return bound;

@@ -17,6 +17,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -179,6 +180,17 @@ class Checkpointer {
   std::thread thread_;
 };
 
+// GetReportsResponse.next_page_token of REPORT_ORDER_STEP: "<step>:<rank>" of the last report
+// returned, both decimal. parse_page_token gives nullopt for any text this server does not
+// issue (a negative step, a rank beyond uint32, anything else), which the Query service refuses
+// with INVALID_ARGUMENT.
+struct ReportPosition {
+  std::int64_t step = 0;
+  std::uint32_t rank = 0;
+};
+std::string make_page_token(const ReportPosition& last);
+std::optional<ReportPosition> parse_page_token(std::string_view token);
+
 // Queries, from any thread (serialised on one read connection).
 class StoreReader {
  public:
@@ -188,6 +200,7 @@ class StoreReader {
   std::vector<v1::RunSummary> list_runs(std::uint32_t limit);
   // nullopt when the run is unknown.
   std::optional<v1::GetRunResponse> get_run(const std::string& run_id, std::uint32_t limit);
+  // The request as the Query service checked it (a page_token parse_page_token accepts).
   std::optional<v1::GetReportsResponse> get_reports(const v1::GetReportsRequest& request);
   std::optional<v1::GetPolicyResponse> get_policy(const std::string& run_id);
 

@@ -2,6 +2,7 @@
 // state and never block the ingest thread), serialised by a mutex.
 #include <algorithm>
 #include <charconv>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -41,18 +42,26 @@ std::string describe_skip(const v1::SkippedStep& s) {
   return why;
 }
 
-// page_token for REPORT_ORDER_STEP: "<step>:<rank>" of the last report returned.
-bool parse_page_token(const std::string& token, std::int64_t* step, std::int64_t* rank) {
-  const auto colon = token.find(':');
-  if (colon == std::string::npos) return false;
-  const char* b = token.data();
-  const auto r1 = std::from_chars(b, b + colon, *step);
-  const auto r2 = std::from_chars(b + colon + 1, b + token.size(), *rank);
-  return r1.ec == std::errc() && r1.ptr == b + colon && r2.ec == std::errc() &&
-         r2.ptr == b + token.size();
+}  // namespace
+
+std::string make_page_token(const ReportPosition& last) {
+  return std::to_string(last.step) + ":" + std::to_string(last.rank);
 }
 
-}  // namespace
+std::optional<ReportPosition> parse_page_token(std::string_view token) {
+  const auto colon = token.find(':');
+  if (colon == std::string_view::npos) return std::nullopt;
+  const char* b = token.data();
+  const char* e = b + token.size();
+  ReportPosition p;
+  const auto r1 = std::from_chars(b, b + colon, p.step);
+  const auto r2 = std::from_chars(b + colon + 1, e, p.rank);
+  if (r1.ec != std::errc() || r1.ptr != b + colon || p.step < 0 || r2.ec != std::errc() ||
+      r2.ptr != e) {
+    return std::nullopt;
+  }
+  return p;
+}
 
 StoreReader::StoreReader(const std::string& path)
     : conn_(std::make_unique<Connection>(path, /*create=*/false, /*read_only=*/true)) {}
@@ -358,12 +367,18 @@ std::optional<v1::GetReportsResponse> StoreReader::get_reports(const v1::GetRepo
   s.bind(1, *run).bind(2, q.from_step());
   if (q.to_step() > 0) s.bind(3, q.to_step());
   if (q.has_rank()) s.bind(4, std::int64_t{q.rank()});
-  if (arrival) s.bind(5, static_cast<std::int64_t>(q.after_report_id()));
+  if (arrival) {
+    // Report ids are SQLite rowids, at most 2^63-1: nothing comes after a larger one (bound as
+    // int64 it would be negative and select every report).
+    if (q.after_report_id() > std::uint64_t{std::numeric_limits<std::int64_t>::max()}) {
+      return v1::GetReportsResponse();
+    }
+    s.bind(5, static_cast<std::int64_t>(q.after_report_id()));
+  }
   if (!arrival && !q.page_token().empty()) {
-    std::int64_t step = 0;
-    std::int64_t rank = 0;
-    if (!parse_page_token(q.page_token(), &step, &rank)) return v1::GetReportsResponse();
-    s.bind(6, step).bind(7, rank);
+    const std::optional<ReportPosition> after = parse_page_token(q.page_token());
+    if (!after) return v1::GetReportsResponse();  // refused by the Query service before
+    s.bind(6, after->step).bind(7, std::int64_t{after->rank});
   }
   s.bind(8, limit + (q.latest() ? 0 : 1));
 
@@ -387,7 +402,7 @@ std::optional<v1::GetReportsResponse> StoreReader::get_reports(const v1::GetRepo
   if (q.latest()) {
     std::reverse(out.mutable_reports()->begin(), out.mutable_reports()->end());
   } else if (more && !arrival) {
-    out.set_next_page_token(std::to_string(last_step) + ":" + std::to_string(last_rank));
+    out.set_next_page_token(make_page_token({last_step, static_cast<std::uint32_t>(last_rank)}));
   }
   return out;
 }

@@ -1,9 +1,14 @@
 // Authentication and transport security of the real server: with a token file every RPC needs
 // "authorization: Bearer <token>" (UNAUTHENTICATED otherwise); with a certificate and key the
-// server speaks TLS, here with certificates made by the openssl command at test time.
+// server speaks TLS, and with --tls-client-ca it requires client certificates signed by that CA
+// (mutual TLS), here with certificates made by the openssl command at test time.
 #include <gtest/gtest.h>
 
 #include "server_harness.h"
+
+#ifndef AMPSCOPE_CLI_BINARY
+#error "AMPSCOPE_CLI_BINARY must name the ampscope executable"
+#endif
 
 namespace ampscope::testing {
 namespace {
@@ -26,8 +31,8 @@ TEST(ServerSecurityTest, EveryRpcNeedsTheBearerToken) {
                        {"--auth-token-file", (dir / "token").string()});
   auto channel = make_channel(server.address());
   const ClientOptions none;
-  const ClientOptions wrong{"s3cret-token-for-tesTs", "", ""};
-  const ClientOptions right{kToken, "", ""};
+  const ClientOptions wrong = with_token("s3cret-token-for-tesTs");
+  const ClientOptions right = with_token(kToken);
 
   EXPECT_EQ(list_runs(channel, none).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(list_runs(channel, wrong).error_code(), grpc::StatusCode::UNAUTHENTICATED);
@@ -46,7 +51,9 @@ TEST(ServerSecurityTest, EveryRpcNeedsTheBearerToken) {
   EXPECT_TRUE(agent.wait_ack(1).has_value());
   EXPECT_TRUE(agent.finish().ok());
 
-  const std::vector<Sample> metrics = parse_samples(scrape(server.metrics_address()));
+  // /metrics takes the token as the basic-auth password.
+  const std::vector<Sample> metrics =
+      parse_samples(scrape("prometheus:" + std::string(kToken) + "@" + server.metrics_address()));
   // Two refused queries and two refused streams.
   EXPECT_EQ(sample_value(metrics, "ampscope_auth_failures_total"), 4.0);
 }
@@ -56,7 +63,7 @@ TEST(ServerSecurityTest, DeleteRunNeedsTheBearerToken) {
   write_text(dir / "token", std::string(kToken) + "\n");
   ServerProcess server(dir.path(), dir / "store.db",
                        {"--auth-token-file", (dir / "token").string()});
-  const ClientOptions right{kToken, "", ""};
+  const ClientOptions right = with_token(kToken);
   {
     AgentStream agent(make_channel(server.address()), right);
     ASSERT_TRUE(agent.send_hello(make_hello("run-keep")));
@@ -64,7 +71,7 @@ TEST(ServerSecurityTest, DeleteRunNeedsTheBearerToken) {
     ASSERT_TRUE(agent.wait_ack(1).has_value());
     EXPECT_TRUE(agent.finish().ok());
   }
-  for (const ClientOptions& bad : {ClientOptions{}, ClientOptions{"wrong", "", ""}}) {
+  for (const ClientOptions& bad : {ClientOptions{}, with_token("wrong")}) {
     EXPECT_EQ(delete_run(server.address(), "run-keep", bad).error_code(),
               grpc::StatusCode::UNAUTHENTICATED);
   }
@@ -74,10 +81,12 @@ TEST(ServerSecurityTest, DeleteRunNeedsTheBearerToken) {
   EXPECT_EQ(deleted.deleted_reports(), 1u);
 }
 
-// Certificates for "localhost" and 127.0.0.1 signed by a throwaway CA.
+// A throwaway CA (ca.pem), a server certificate for "localhost" and 127.0.0.1 (server.pem,
+// server.key) and a client certificate (client.pem, client.key), both signed by the CA.
 bool make_certificates(const TempDir& dir, std::string* log) {
   const std::string d = dir.path().string();
   write_text(dir / "san.cnf", "subjectAltName=DNS:localhost,IP:127.0.0.1\n");
+  write_text(dir / "client.cnf", "extendedKeyUsage=clientAuth\n");
   const std::vector<std::vector<std::string>> steps = {
       {"openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
        "-nodes", "-keyout", d + "/ca.key", "-out", d + "/ca.pem", "-days", "1", "-subj",
@@ -87,6 +96,11 @@ bool make_certificates(const TempDir& dir, std::string* log) {
       {"openssl", "x509", "-req", "-in", d + "/server.csr", "-CA", d + "/ca.pem", "-CAkey",
        d + "/ca.key", "-CAcreateserial", "-out", d + "/server.pem", "-days", "1", "-extfile",
        d + "/san.cnf"},
+      {"openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+       "-keyout", d + "/client.key", "-out", d + "/client.csr", "-subj", "/CN=ampscope-cli"},
+      {"openssl", "x509", "-req", "-in", d + "/client.csr", "-CA", d + "/ca.pem", "-CAkey",
+       d + "/ca.key", "-CAcreateserial", "-out", d + "/client.pem", "-days", "1", "-extfile",
+       d + "/client.cnf"},
   };
   for (const auto& argv : steps) {
     std::vector<std::string> full = {"/usr/bin/env"};
@@ -125,6 +139,109 @@ TEST(ServerSecurityTest, TlsWithCertificatesMadeByOpenssl) {
   other_ca.tls_ca = read_text(other / "ca.pem");
   EXPECT_EQ(list_runs(make_channel("localhost:" + port, other_ca), other_ca).error_code(),
             grpc::StatusCode::UNAVAILABLE);
+}
+
+// A client of the CA of `dir`, presenting the client certificate of `cert_dir` (none when empty).
+ClientOptions tls_client(const TempDir& dir, const TempDir* cert_dir) {
+  ClientOptions o;
+  o.tls_ca = read_text(dir / "ca.pem");
+  if (cert_dir != nullptr) {
+    o.tls_cert = read_text(*cert_dir / "client.pem");
+    o.tls_key = read_text(*cert_dir / "client.key");
+  }
+  return o;
+}
+
+TEST(ServerSecurityTest, MutualTlsNeedsAClientCertificateOfItsCa) {
+  TempDir dir;
+  TempDir other;
+  std::string log;
+  ASSERT_TRUE(make_certificates(dir, &log)) << "openssl failed:\n" << log;
+  ASSERT_TRUE(make_certificates(other, &log)) << "openssl failed:\n" << log;
+  ServerProcess server(
+      dir.path(), dir / "store.db",
+      {"--tls-cert", (dir / "server.pem").string(), "--tls-key", (dir / "server.key").string(),
+       "--tls-client-ca", (dir / "ca.pem").string()});
+  const std::string address =
+      "localhost:" + server.address().substr(server.address().rfind(':') + 1);
+
+  const ClientOptions good = tls_client(dir, &dir);
+  auto secure = make_channel(address, good);
+  EXPECT_TRUE(list_runs(secure, good).ok());
+  {
+    AgentStream agent(secure, good);
+    ASSERT_TRUE(agent.send_hello(make_hello("run-mtls")));
+    ASSERT_TRUE(agent.send(make_report("run-mtls", 0, 1, 0, 1)));
+    EXPECT_TRUE(agent.wait_ack(1).has_value());
+    EXPECT_TRUE(agent.finish().ok());
+  }
+  // No client certificate, one from another CA, or no TLS at all: the handshake fails.
+  const ClientOptions no_cert = tls_client(dir, nullptr);
+  EXPECT_EQ(list_runs(make_channel(address, no_cert), no_cert).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  const ClientOptions foreign = tls_client(dir, &other);
+  EXPECT_EQ(list_runs(make_channel(address, foreign), foreign).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  {
+    AgentStream agent(make_channel(address, foreign), foreign);
+    agent.send_hello(make_hello("run-foreign"));
+    EXPECT_EQ(agent.wait_end().error_code(), grpc::StatusCode::UNAVAILABLE);
+  }
+  EXPECT_EQ(list_runs(make_channel(address), {}).error_code(), grpc::StatusCode::UNAVAILABLE);
+  // Only the run of the client with a good certificate was stored.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+  v1::ListRunsResponse listed;
+  ASSERT_TRUE(v1::Query::NewStub(secure)->ListRuns(&ctx, v1::ListRunsRequest(), &listed).ok());
+  ASSERT_EQ(listed.runs_size(), 1);
+  EXPECT_EQ(listed.runs(0).run_id(), "run-mtls");
+}
+
+TEST(ServerSecurityTest, CliPresentsItsClientCertificate) {
+  TempDir dir;
+  TempDir other;
+  std::string log;
+  ASSERT_TRUE(make_certificates(dir, &log)) << "openssl failed:\n" << log;
+  ASSERT_TRUE(make_certificates(other, &log)) << "openssl failed:\n" << log;
+  ServerProcess server(
+      dir.path(), dir / "store.db",
+      {"--tls-cert", (dir / "server.pem").string(), "--tls-key", (dir / "server.key").string(),
+       "--tls-client-ca", (dir / "ca.pem").string()});
+  const std::string address =
+      "localhost:" + server.address().substr(server.address().rfind(':') + 1);
+  auto runs = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = {
+        AMPSCOPE_CLI_BINARY,      "runs", "--json", "--server", address, "--tls-ca",
+        (dir / "ca.pem").string()};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return run_process(argv, 30s);
+  };
+  const CommandResult ok = runs(
+      {"--tls-cert", (dir / "client.pem").string(), "--tls-key", (dir / "client.key").string()});
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("\"runs\""), std::string::npos) << ok.out;
+
+  const CommandResult without = runs({});
+  EXPECT_EQ(without.code, 1);
+  EXPECT_NE(without.err.find("cannot reach ampscope-server"), std::string::npos) << without.err;
+  const CommandResult foreign = runs({"--tls-cert", (other / "client.pem").string(), "--tls-key",
+                                      (other / "client.key").string()});
+  EXPECT_EQ(foreign.code, 1) << foreign.err;
+  const CommandResult half = runs({"--tls-cert", (dir / "client.pem").string()});
+  EXPECT_EQ(half.code, 2);
+  EXPECT_NE(half.err.find("--tls-cert and --tls-key go together"), std::string::npos) << half.err;
+}
+
+TEST(ServerSecurityTest, ClientCaWithoutTlsIsABadCommandLine) {
+  TempDir dir;
+  write_text(dir / "ca.pem", "not used\n");
+  std::string out;
+  const int code = run_to_completion(
+      {AMPSCOPE_SERVER_BINARY, "--tls-client-ca", (dir / "ca.pem").string(), "--listen",
+       "127.0.0.1:0", "--metrics-listen", "", "--db", (dir / "store.db").string()},
+      &out);
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("--tls-client-ca needs --tls-cert and --tls-key"), std::string::npos) << out;
 }
 
 TEST(ServerSecurityTest, ListensOnLoopbackByDefault) {

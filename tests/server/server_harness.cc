@@ -37,6 +37,8 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& address,
   if (!options.tls_ca.empty()) {
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = options.tls_ca;
+    ssl.pem_cert_chain = options.tls_cert;
+    ssl.pem_private_key = options.tls_key;
     creds = grpc::SslCredentials(ssl);
   } else {
     creds = grpc::InsecureChannelCredentials();

@@ -33,7 +33,16 @@ struct ClientOptions {
   std::string token;              // sent as "authorization: Bearer <token>" when set
   std::string tls_ca;             // PEM root certificate: TLS when set
   std::string tls_host_override;  // SNI / certificate name to expect
+  std::string tls_cert;           // PEM client certificate chain, for mutual TLS
+  std::string tls_key;            // PEM private key of tls_cert
 };
+
+// Plaintext, sending `token`.
+inline ClientOptions with_token(std::string token) {
+  ClientOptions o;
+  o.token = std::move(token);
+  return o;
+}
 
 std::shared_ptr<grpc::Channel> make_channel(const std::string& address,
                                             const ClientOptions& options = {});

@@ -1,11 +1,10 @@
-// Small pieces of the server: token comparison and token files, duration and size flags, the
-// conversions between the wire and the policy engine, and the one digest of a report.
+// Small pieces of the server: duration and size flags, the conversions between the wire and the
+// policy engine, and the one digest of a report.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <numeric>
 
-#include "auth.h"
 #include "flags.h"
 #include "policy_host.h"
 #include "report_digest.h"
@@ -13,23 +12,6 @@
 
 namespace ampscope::server {
 namespace {
-
-TEST(ServerAuthTest, ConstantTimeEqualComparesWholeStrings) {
-  EXPECT_TRUE(constant_time_equal("secret-token", "secret-token"));
-  EXPECT_FALSE(constant_time_equal("secret-token", "secret-tokeN"));
-  EXPECT_FALSE(constant_time_equal("Secret-token", "secret-token"));
-  EXPECT_FALSE(constant_time_equal("secret", "secret-token"));
-  EXPECT_TRUE(constant_time_equal("", ""));
-}
-
-TEST(ServerAuthTest, TokenFileFirstLineTrimmed) {
-  testing::TempDir dir;
-  testing::write_text(dir / "token", "  abc123 \nsecond line\n");
-  EXPECT_EQ(read_token_file((dir / "token").string()), "abc123");
-  testing::write_text(dir / "empty", "\n");
-  EXPECT_THROW(read_token_file((dir / "empty").string()), Error);
-  EXPECT_THROW(read_token_file((dir / "missing").string()), Error);
-}
 
 TEST(ServerFlagsTest, DurationsWithUnits) {
   EXPECT_EQ(parse_duration("30d", "--x").count(), 30LL * 86400 * 1000);

@@ -27,9 +27,14 @@ struct ServerOptions {
   std::string listen = "127.0.0.1:50051";         // gRPC; port 0: any free port
   std::string metrics_listen = "127.0.0.1:9464";  // Prometheus /metrics; empty: off
   std::string db_path = "ampscope.db";            // SQLite file (created when missing)
-  std::string auth_token;                         // empty: no authentication
-  std::string tls_cert_file;                      // both set: TLS; both empty: plaintext
+  // Tokens with roles (agent, reader, admin), one "ROLE TOKEN [RUN_ID_PREFIX]" per line; a
+  // file holding only a bare token holds one admin token. Empty: no authentication.
+  std::string auth_token_file;
+  std::string tls_cert_file;  // both set: TLS; both empty: plaintext
   std::string tls_key_file;
+  // With TLS: the PEM CA certificates that client certificates must be signed by (mutual TLS);
+  // a client without one is refused at the handshake. Empty: no client certificate asked for.
+  std::string tls_client_ca_file;
   bool sync_full = true;                       // fsync every group commit
   std::size_t max_message_bytes = 16u << 20;   // per gRPC message
   std::size_t max_in_flight_per_stream = 256;  // reports awaiting commit per stream
