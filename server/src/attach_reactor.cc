@@ -215,7 +215,7 @@ void AttachReactor::plan(Actions& a) {
     }
   }
   if (!end_status_ && !reading_ && !reads_done_ && !draining_ && in_flight_ < deps_.max_in_flight &&
-      (true || writes_.size() < deps_.max_pending_writes)) {
+      writes_.size() < deps_.max_pending_writes) {
     reading_ = true;
     a.read = true;
   }
