@@ -84,7 +84,8 @@ std::optional<Violation> validate_hello(const v1::Hello& hello);
 std::optional<Violation> validate_report(const v1::StepReport& report,
                                          const StreamIdentity& stream);
 
-// Client text as a message may quote it: valid UTF-8 (an invalid byte becomes '?'), at most
+// Client text as a message may quote it: valid UTF-8 without control characters (an invalid
+// byte or a control character becomes '?', so that a message stays one line), at most
 // limits::kQuoteMaxBytes bytes cut on a character boundary, and then marked
 // "...(truncated, N bytes)".
 std::string quote(std::string_view text);

@@ -40,6 +40,16 @@ TEST(ServerValidationTest, ValidMessagesPass) {
   EXPECT_FALSE(validate_report(valid(), stream_of()).has_value());
 }
 
+TEST(ServerValidationTest, QuotedClientTextKeepsAMessageOnOneLine) {
+  EXPECT_EQ(quote("a\nb\tc\x7f" "d \xc3\xa9\xff"), "a?b?c?d \xc3\xa9?");
+  auto r = valid();
+  r.set_run_id("seed\rrun\nx");
+  const auto v = validate_report(r, stream_of());
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->message.find_first_of("\r\n"), std::string::npos) << v->message;
+  EXPECT_NE(v->message.find("'seed?run?x'"), std::string::npos) << v->message;
+}
+
 TEST(ServerValidationTest, RunIdLengthAndCharacters) {
   expect_violation(check_run_id("", "hello.run_id"), "hello.run_id", "run_id");
   expect_violation(check_run_id(std::string(129, 'a'), "hello.run_id"), "hello.run_id", "run_id");
