@@ -117,6 +117,12 @@ bool Spool::scan(std::string* error, std::vector<std::string>* notices) {
     std::ifstream in(dir / "acked");
     unsigned long long v = 0;
     if (in >> v) acked_ = v;
+    if (acked_ >= kMaxSeq) {
+      // Believed from a server by an older agent: numbering after it would wrap.
+      notices->push_back("spool: the acknowledged mark " + std::to_string(acked_) +
+                         " is beyond the seq space (2^63); ignored");
+      acked_ = 0;
+    }
     persisted_ack_ = acked_;
   }
   {

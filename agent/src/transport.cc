@@ -182,8 +182,8 @@ std::string Transport::take_ack(Session& session, std::uint64_t seq) {
   }
   const std::uint64_t sent = session.sent_max.load();
   if (seq > sent) {
-    return "an Ack of seq " + std::to_string(seq) + ", beyond the last report sent on this stream (" +
-           std::to_string(sent) + ")";
+    return "an Ack of seq " + std::to_string(seq) +
+           ", beyond the last report sent on this stream (" + std::to_string(sent) + ")";
   }
   spool_->ack(seq);
   return {};

@@ -134,7 +134,7 @@ std::int64_t ms(Clock::duration d) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
 }
 
-// ---- Acks for what was never sent ------------------------------------------------------------
+// ---- Acks for what was never sent ---------------------------------------------------------------
 
 class AbsurdAckTest : public ::testing::TestWithParam<std::uint64_t> {};
 
@@ -217,7 +217,7 @@ TEST(FaultsTest, AFirstAckBeyondAnEmptySpoolIsAdoptedAndNumberingContinuesAfterI
   EXPECT_EQ(agent->counters().protocol_errors, 0u);
 }
 
-// ---- Streams that end at once, reconnects ----------------------------------------------------
+// ---- Streams that end at once, reconnects -------------------------------------------------------
 
 TEST(FaultsTest, AServerThatEndsEveryStreamCleanlyIsCalledWithBackoffNotInALoop) {
   TempDir dir;
@@ -272,7 +272,7 @@ TEST(FaultsTest, AlreadyExistsIsPrintedOnceTrainingGoesOnAndItRetriesAtBackoffMa
   EXPECT_LT(loop.slowest(), kCallBound);
 }
 
-// ---- Bounded shutdown ------------------------------------------------------------------------
+// ---- Bounded shutdown ---------------------------------------------------------------------------
 
 TEST(FaultsTest, ShutdownIsBoundedWhenTheServerHoldsAFinishedCallOpen) {
   TempDir dir;
@@ -363,7 +363,7 @@ TEST(FaultsTest, AStalledServerBlocksNeitherTrainingNorShutdown) {
   EXPECT_EQ(spooled.back().seq(), 300u) << "everything not acknowledged stays in the spool";
 }
 
-// ---- Absurd PolicyUpdates ----------------------------------------------------------------------
+// ---- Absurd PolicyUpdates -----------------------------------------------------------------------
 
 // A scaler that takes every change it is given (the agent must validate them).
 class TrustingScaler final : public ScalerControl {
@@ -544,12 +544,12 @@ TEST(FaultsTest, LockstepTimeoutsTravelInTheReports) {
   ASSERT_TRUE(wait_until([&] { return server.reports().size() >= 5; }, 10s));
   EXPECT_EQ(server.reports().back().agent().lockstep_timeouts(), 1u);
   ASSERT_FALSE(server.hellos().empty());
-  const v1::Hello& hello = server.hellos().front();
+  const v1::Hello hello = server.hellos().front();
   EXPECT_EQ(hello.pid(), static_cast<std::uint64_t>(::getpid()));
   EXPECT_GT(hello.process_start_unix_ns(), 0);
 }
 
-// ---- The spool's file system ----------------------------------------------------------------------
+// ---- The spool's file system --------------------------------------------------------------------
 
 // TMPDIR set for the test's duration (the fallback spool lives under it).
 class ScopedTmpdir {

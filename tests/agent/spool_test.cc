@@ -161,6 +161,23 @@ TEST(SpoolTest, AdoptIsRefusedWithRecordsUnacknowledgedOrWhereTheSeqWouldWrap) {
   EXPECT_NE(error.find("exhausted"), std::string::npos) << error;
 }
 
+TEST(SpoolTest, AnAcknowledgedMarkBeyondTheSeqSpaceIsIgnoredOnOpen) {
+  TempDir dir;
+  fs::create_directories(dir / "spool");
+  {
+    std::ofstream out(dir / "spool" / "acked");
+    out << "18446744073709551615\n";
+  }
+  std::vector<std::string> notices;
+  auto s = open_spool(dir, 1 << 20, 4096, &notices);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->acked(), 0u);
+  std::string error;
+  EXPECT_EQ(s->append(payload(1), 1, &error), 1u) << error;
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_NE(notices[0].find("beyond the seq space"), std::string::npos) << notices[0];
+}
+
 TEST(SpoolTest, TornTailIsCutAndReported) {
   TempDir dir;
   {
