@@ -250,6 +250,13 @@ void Delivery::process(StepRecord& record) {
   }
   dropped_tensors_.fetch_add(record.dropped_tensors);
 
+  if (record.outcomes.size() > kMaxOutcomesPerReport) {
+    notices_->raise("outcomes-cut", "policy: step " + std::to_string(record.info.step) + " had " +
+                                        std::to_string(record.outcomes.size()) +
+                                        " policy outcomes; a report carries the first " +
+                                        std::to_string(kMaxOutcomesPerReport) +
+                                        " (all are counted in policies_applied/refused)");
+  }
   ReportContext ctx;
   ctx.config = &config_;
   ctx.time_unix_ns = proto::unix_now_ns();

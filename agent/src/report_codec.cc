@@ -123,7 +123,8 @@ void encode_report(const StepRecord& record, const ReportContext& context, v1::S
     f->set_order(static_cast<std::uint32_t>(std::max(0, first->order)));
     f->set_micro_step(static_cast<std::uint32_t>(std::max(0, first->micro_step)));
   }
-  for (const auto& o : record.outcomes) {
+  for (std::size_t i = 0; i < record.outcomes.size() && i < kMaxOutcomesPerReport; ++i) {
+    const PolicyOutcome& o = record.outcomes[i];
     auto* p = out->add_policy_outcomes();
     p->set_policy_id(o.policy_id);
     p->set_applied(o.applied);

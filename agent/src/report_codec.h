@@ -19,8 +19,12 @@ struct ReportContext {
   std::vector<std::string> notices;
 };
 
+// The policy outcomes the server accepts in one report (a report with more is rejected whole).
+constexpr std::size_t kMaxOutcomesPerReport = 64;
+
 // Fills `out` from a measured record. The first offender is the measured sample with the
-// lowest order that held a non-finite value.
+// lowest order that held a non-finite value. Of the outcomes, the first kMaxOutcomesPerReport
+// go out (the caller notices the rest).
 void encode_report(const StepRecord& record, const ReportContext& context, v1::StepReport* out);
 
 // When this process started, ns since the epoch: /proc/self/stat's start time (clock ticks

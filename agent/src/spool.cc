@@ -275,7 +275,7 @@ std::uint64_t Spool::append(std::string_view payload, std::int64_t step, std::st
              std::to_string(options_.max_bytes) + " bytes unacknowledged)";
     return 0;
   }
-  if (last_seq_ >= kMaxSeq) {
+  if (last_seq_ >= kMaxSeq - 1) {
     *error = "spool: the seq numbering is exhausted (" + std::to_string(last_seq_) + ")";
     return 0;
   }

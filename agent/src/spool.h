@@ -80,6 +80,8 @@ class Spool {
   // unacknowledged records would be renumbered into what the server already has, and a mark
   // near 2^64 would let the numbering wrap.
   bool adopt(std::uint64_t seq);
+  // Seqs stay below this (the server refuses seqs above 2^63 - 1, its store's signed 64 bits):
+  // append() refuses to number a record kMaxSeq.
   static constexpr std::uint64_t kMaxSeq = std::uint64_t{1} << 63;
 
   std::uint64_t acked() const;

@@ -507,6 +507,33 @@ TEST(FaultsTest, AbsurdPolicyUpdatesAreRefusedAndTrainingGoesOn) {
   EXPECT_EQ(server.hellos().size(), 1u) << "a bad update is refused, not a reason to reconnect";
 }
 
+TEST(FaultsTest, AFloodOfUpdatesKeepsEveryReportWithinTheServersLimits) {
+  // 100 refusals due at one step: a report with more than 64 outcomes is rejected whole by the
+  // server, and the step with it.
+  TempDir dir;
+  HostileServer::Behaviour b;
+  for (int i = 0; i < 100; ++i) {
+    auto u = update("flood-" + std::to_string(i), 3);
+    u.set_loss_scale(std::nan(""));
+    b.updates.push_back(u);
+  }
+  HostileServer server(b);
+  auto agent = testing::make_agent(fault_config(dir, "flood", server.address()));
+  TrustingScaler scaler;
+  ASSERT_TRUE(agent->attach_scaler(&scaler).ok());
+  agent->begin_step(0);
+  ASSERT_TRUE(wait_until([&] { return agent->counters().connected; }, 10s));
+  agent->end_step(StepInfo{});
+  std::this_thread::sleep_for(300ms);  // every update has arrived before step 1
+  Loop loop(*agent);
+  loop.steps(3);
+  ASSERT_TRUE(wait_until([&] { return server.reports().size() >= 3; }, 10s));
+  for (const auto& r : server.reports()) EXPECT_LE(r.policy_outcomes_size(), 64) << r.step();
+  EXPECT_EQ(agent->counters().policies_refused, 100u);
+  EXPECT_TRUE(has_notice(*agent, "policy outcomes; a report carries the first 64"))
+      << all_notices(*agent);
+}
+
 TEST(FaultsTest, AScalerThatThrowsWhenAnUpdateArrivesDoesNotEndTheProcess) {
   TempDir dir;
   HostileServer::Behaviour b;

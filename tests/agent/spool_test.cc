@@ -155,8 +155,8 @@ TEST(SpoolTest, AdoptIsRefusedWithRecordsUnacknowledgedOrWhereTheSeqWouldWrap) {
   EXPECT_FALSE(s->adopt(Spool::kMaxSeq));
   EXPECT_FALSE(s->adopt(~std::uint64_t{0}));
   EXPECT_EQ(s->last_seq(), 1u);
-  EXPECT_TRUE(s->adopt(Spool::kMaxSeq - 1));
-  EXPECT_EQ(s->append(payload(2), 2, &error), Spool::kMaxSeq) << error;
+  EXPECT_TRUE(s->adopt(Spool::kMaxSeq - 2));
+  EXPECT_EQ(s->append(payload(2), 2, &error), Spool::kMaxSeq - 1) << error;
   EXPECT_EQ(s->append(payload(3), 3, &error), 0u) << "the numbering ends instead of wrapping";
   EXPECT_NE(error.find("exhausted"), std::string::npos) << error;
 }
