@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <map>
 
@@ -116,6 +117,19 @@ std::function<bool(AgentConfig&, std::string_view)> text(std::string AgentConfig
   };
 }
 
+// A PEM file read whole into `field`; setting one turns TLS on.
+std::function<bool(AgentConfig&, std::string_view)> pem_file(std::string AgentConfig::*field) {
+  return [=](AgentConfig& c, std::string_view v) {
+    std::ifstream in{std::string(trim(v)), std::ios::binary};
+    if (!in) return false;
+    std::string pem{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    if (in.bad() || pem.find("-----BEGIN ") == std::string::npos) return false;
+    c.*field = std::move(pem);
+    c.tls = true;
+    return true;
+  };
+}
+
 constexpr std::int64_t kDay = 86400000;
 
 const std::vector<Option>& options() {
@@ -156,6 +170,11 @@ const std::vector<Option>& options() {
          c.token = trim(line);
          return !c.token.empty();
        }},
+      {"tls", "a boolean",
+       [](AgentConfig& c, std::string_view v) { return parse_bool(v, &c.tls); }},
+      {"tls_ca_file", "a readable PEM file", pem_file(&AgentConfig::tls_ca_pem)},
+      {"tls_cert_file", "a readable PEM file", pem_file(&AgentConfig::tls_cert_pem)},
+      {"tls_key_file", "a readable PEM file", pem_file(&AgentConfig::tls_key_pem)},
       {"spool_dir", "a directory", text(&AgentConfig::spool_dir)},
       {"spool_max_bytes", "a size in [64K, 1T]",
        integer(&AgentConfig::spool_max_bytes, 1 << 16, std::int64_t{1} << 40, true)},
@@ -296,6 +315,9 @@ std::string validate(const AgentConfig& c) {
   }
   if (!c.server.empty() && c.server.find(':') == std::string::npos) {
     return "server: expected host:port, got '" + c.server + "'";
+  }
+  if (c.tls_cert_pem.empty() != c.tls_key_pem.empty()) {
+    return "tls_cert_file and tls_key_file go together: give both or neither";
   }
   if (c.keepalive_time < std::chrono::milliseconds(10000)) {
     return "keepalive_time_ms: the server accepts pings every 10000 ms or slower";

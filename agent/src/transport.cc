@@ -37,7 +37,12 @@ std::shared_ptr<grpc::Channel> make_channel(const AgentConfig& c) {
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, static_cast<int>(c.backoff_initial.count()));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(c.backoff_max.count()));
   args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 16 << 20);
-  return grpc::CreateCustomChannel(c.server, grpc::InsecureChannelCredentials(), args);
+  if (!c.tls) return grpc::CreateCustomChannel(c.server, grpc::InsecureChannelCredentials(), args);
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = c.tls_ca_pem;
+  ssl.pem_cert_chain = c.tls_cert_pem;
+  ssl.pem_private_key = c.tls_key_pem;
+  return grpc::CreateCustomChannel(c.server, grpc::SslCredentials(ssl), args);
 }
 
 std::string status_text(const grpc::Status& s) {

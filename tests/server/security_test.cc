@@ -9,6 +9,9 @@
 #ifndef AMPSCOPE_CLI_BINARY
 #error "AMPSCOPE_CLI_BINARY must name the ampscope executable"
 #endif
+#ifndef AMPSCOPE_TRAIN_BINARY
+#error "AMPSCOPE_TRAIN_BINARY must name the ampscope-train executable"
+#endif
 
 namespace ampscope::testing {
 namespace {
@@ -230,6 +233,73 @@ TEST(ServerSecurityTest, CliPresentsItsClientCertificate) {
   const CommandResult half = runs({"--tls-cert", (dir / "client.pem").string()});
   EXPECT_EQ(half.code, 2);
   EXPECT_NE(half.err.find("--tls-cert and --tls-key go together"), std::string::npos) << half.err;
+}
+
+// The agent over mutual TLS (its tls_* options), in a real ampscope-train run: with its client
+// certificate every step is stored; with the certificate of another CA the handshake fails,
+// training still finishes, and nothing reaches the store.
+TEST(ServerSecurityTest, AgentStreamsOverMutualTls) {
+  TempDir dir;
+  TempDir other;
+  std::string log;
+  ASSERT_TRUE(make_certificates(dir, &log)) << "openssl failed:\n" << log;
+  ASSERT_TRUE(make_certificates(other, &log)) << "openssl failed:\n" << log;
+  ServerProcess server(
+      dir.path(), dir / "store.db",
+      {"--tls-cert", (dir / "server.pem").string(), "--tls-key", (dir / "server.key").string(),
+       "--tls-client-ca", (dir / "ca.pem").string()});
+  const std::string address =
+      "localhost:" + server.address().substr(server.address().rfind(':') + 1);
+  constexpr int kSteps = 6;
+  auto train = [&](const std::string& run_id, const TempDir& cert_dir) {
+    return run_process(
+        {AMPSCOPE_TRAIN_BINARY, "--steps", std::to_string(kSteps), "--context", "8", "--width",
+         "8", "--heads", "1", "--layers", "1", "--batch", "2", "--threads", "1", "--eval-every",
+         "0", "--quiet", "--server", address, "--run-id", run_id, "--spool-dir",
+         (cert_dir / ("spool-" + run_id)).string(), "--agent",
+         "tls_ca_file=" + (dir / "ca.pem").string(), "--agent",
+         "tls_cert_file=" + (cert_dir / "client.pem").string(), "--agent",
+         "tls_key_file=" + (cert_dir / "client.key").string(), "--agent", "flush_timeout_ms=1500",
+         "--agent", "connect_timeout_ms=500"},
+        60s);
+  };
+  const CommandResult good = train("agent-mtls", dir);
+  ASSERT_EQ(good.code, 0) << good.err;
+  const CommandResult foreign = train("agent-foreign", other);
+  EXPECT_EQ(foreign.code, 0) << foreign.err;
+
+  const ClientOptions client = tls_client(dir, &dir);
+  grpc::ClientContext ctx;
+  add_auth(&ctx, client);
+  ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+  v1::ListRunsResponse listed;
+  ASSERT_TRUE(v1::Query::NewStub(make_channel(address, client))
+                  ->ListRuns(&ctx, v1::ListRunsRequest(), &listed)
+                  .ok());
+  ASSERT_EQ(listed.runs_size(), 1);
+  EXPECT_EQ(listed.runs(0).run_id(), "agent-mtls");
+  EXPECT_EQ(listed.runs(0).last_step(), kSteps - 1);
+}
+
+// Half a client identity is a configuration error the agent names; the run refuses to start.
+TEST(ServerSecurityTest, AgentCertificateWithoutKeyIsRefused) {
+  TempDir dir;
+  std::string log;
+  ASSERT_TRUE(make_certificates(dir, &log)) << "openssl failed:\n" << log;
+  const CommandResult half =
+      run_process({AMPSCOPE_TRAIN_BINARY, "--steps", "1", "--quiet", "--server",
+                   "localhost:1", "--run-id", "half", "--agent",
+                   "tls_cert_file=" + (dir / "client.pem").string()},
+                  30s);
+  EXPECT_NE(half.code, 0);
+  EXPECT_NE(half.err.find("tls_cert_file and tls_key_file go together"), std::string::npos)
+      << half.err;
+  const CommandResult not_pem = run_process(
+      {AMPSCOPE_TRAIN_BINARY, "--steps", "1", "--quiet", "--server", "localhost:1", "--run-id",
+       "notpem", "--agent", "tls_ca_file=" + (dir / "san.cnf").string()},
+      30s);
+  EXPECT_NE(not_pem.code, 0);
+  EXPECT_NE(not_pem.err.find("tls_ca_file"), std::string::npos) << not_pem.err;
 }
 
 TEST(ServerSecurityTest, ClientCaWithoutTlsIsABadCommandLine) {

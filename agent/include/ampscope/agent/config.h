@@ -99,6 +99,13 @@ struct AgentConfig {
   bool policy_lockstep = false;
   std::chrono::milliseconds policy_lockstep_timeout{10000};
   std::string token;  // sent as "authorization: Bearer <token>"; empty: none
+  // TLS to the server (docs/security.md). On when `tls` is set or a tls_*_file option is
+  // given: the server's certificate is checked against tls_ca_pem (empty: the system's CAs);
+  // for mutual TLS this agent presents tls_cert_pem with its key tls_key_pem (both or neither).
+  bool tls = false;
+  std::string tls_ca_pem;
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
 
   // Durable transport.
   std::string spool_dir;                           // empty: <temp>/ampscope-spool
@@ -127,6 +134,7 @@ struct AgentConfig {
 
 // Sets one option from text. Keys (values):
 //   server, run_id, token, spool_dir (strings); token_file (reads the first line);
+//   tls (bool); tls_ca_file, tls_cert_file, tls_key_file (read whole, PEM; each turns TLS on);
 //   rank, world_size, data_parallel_size, spool_max_bytes, spool_segment_bytes, queue_steps, max_batch,
 //   max_in_flight, worker_max_bytes (integers; sizes take K/M/G suffixes);
 //   backoff_initial_ms, backoff_max_ms, connect_timeout_ms, keepalive_time_ms,
