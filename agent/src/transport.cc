@@ -208,7 +208,7 @@ void Transport::run() {
     last_failure = end.failure;
     if (end.healthy) backoff = config_.backoff_initial;
     std::chrono::milliseconds wait = config_.backoff_max;
-    if (!end.already_exists) {
+    if (!end.refused) {
       std::uniform_real_distribution<double> jitter(0.5, 1.0);
       wait = std::chrono::milliseconds(
           static_cast<std::int64_t>(static_cast<double>(backoff.count()) * jitter(rng)));
@@ -388,10 +388,12 @@ Transport::StreamEnd Transport::stream_once() {
   }
   end.healthy = acknowledged && lived >= std::min<Clock::duration>(config_.backoff_max,
                                                                    kHealthyStreamCap);
-  if (status.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
-    end.already_exists = true;
-    notices_->raise_loud("transport:already-exists",
-                         "the server refuses this agent: " + status.error_message() +
+  if (const auto code = status.error_code(); code == grpc::StatusCode::ALREADY_EXISTS ||
+                                              code == grpc::StatusCode::UNAUTHENTICATED ||
+                                              code == grpc::StatusCode::PERMISSION_DENIED) {
+    end.refused = true;
+    notices_->raise_loud("transport:refused:" + std::to_string(static_cast<int>(code)),
+                         "the server refuses this agent: " + status_text(status) +
                              "; training goes on, reports stay in the spool (up to "
                              "spool_max_bytes, then dropped and counted), asking again every "
                              "backoff_max_ms");

@@ -88,10 +88,12 @@ class Transport {
   // stop()).
   struct StreamEnd {
     // One line for a notice per distinct failure; empty when stopping, cancelled by the agent,
-    // or noticed already (a protocol error, ALREADY_EXISTS: once, whatever the details).
+    // or noticed already (a protocol error, a refusal: once, whatever the details).
     std::string failure;
-    bool healthy = false;        // acknowledged and open for backoff_max (at most 10 s)
-    bool already_exists = false;  // the server has another process as this run and rank
+    bool healthy = false;  // acknowledged and open for backoff_max (at most 10 s)
+    // The server refused this agent (ALREADY_EXISTS: another process streams this run and
+    // rank; UNAUTHENTICATED, PERMISSION_DENIED: its token): asking again soon cannot help.
+    bool refused = false;
   };
   StreamEnd stream_once();
   bool connect(grpc::Channel& channel);  // false on timeout or stop

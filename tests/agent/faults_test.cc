@@ -240,10 +240,19 @@ TEST(FaultsTest, AServerThatEndsEveryStreamCleanlyIsCalledWithBackoffNotInALoop)
   EXPECT_LT(t, c.flush_timeout + kShutdownSlack) << ms(t) << " ms";
 }
 
-TEST(FaultsTest, AlreadyExistsIsPrintedOnceTrainingGoesOnAndItRetriesAtBackoffMax) {
+// A refusal (another process streams this run and rank, or the token is wrong or lacks the
+// role): printed once, training goes on, and the agent asks again every backoff_max_ms.
+class RefusalTest : public ::testing::TestWithParam<grpc::StatusCode> {};
+
+INSTANTIATE_TEST_SUITE_P(FaultsTest, RefusalTest,
+                         ::testing::Values(grpc::StatusCode::ALREADY_EXISTS,
+                                           grpc::StatusCode::UNAUTHENTICATED,
+                                           grpc::StatusCode::PERMISSION_DENIED));
+
+TEST_P(RefusalTest, IsPrintedOnceTrainingGoesOnAndItRetriesAtBackoffMax) {
   TempDir dir;
   HostileServer::Behaviour b;
-  b.refuse = grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+  b.refuse = grpc::Status(GetParam(),
                           "run already-exists rank 0 is streamed by host other-host pid 4242");
   HostileServer server(b);
   AgentConfig c = fault_config(dir, "already-exists", server.address());
