@@ -117,13 +117,29 @@ std::function<bool(AgentConfig&, std::string_view)> text(std::string AgentConfig
   };
 }
 
+// The files options name (tokens, certificates) are small: reading stops here, so that a path
+// like /dev/zero fails instead of growing memory without end.
+constexpr std::size_t kMaxOptionFileBytes = 1 << 20;
+
+// The whole of a regular-sized file; false when it cannot be read or exceeds the bound.
+bool read_option_file(std::string_view path, std::string* out) {
+  std::ifstream in{std::string(trim(path)), std::ios::binary};
+  if (!in) return false;
+  std::string text(kMaxOptionFileBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad() || static_cast<std::size_t>(in.gcount()) > kMaxOptionFileBytes) return false;
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  *out = std::move(text);
+  return true;
+}
+
 // A PEM file read whole into `field`; setting one turns TLS on.
 std::function<bool(AgentConfig&, std::string_view)> pem_file(std::string AgentConfig::*field) {
   return [=](AgentConfig& c, std::string_view v) {
-    std::ifstream in{std::string(trim(v)), std::ios::binary};
-    if (!in) return false;
-    std::string pem{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    if (in.bad() || pem.find("-----BEGIN ") == std::string::npos) return false;
+    std::string pem;
+    if (!read_option_file(v, &pem) || pem.find("-----BEGIN ") == std::string::npos) {
+      return false;
+    }
     c.*field = std::move(pem);
     c.tls = true;
     return true;
@@ -162,19 +178,18 @@ const std::vector<Option>& options() {
       {"policy_lockstep_timeout_ms", "milliseconds in [1, 86400000]",
        millis(&AgentConfig::policy_lockstep_timeout, 1, kDay)},
       {"token", "a token", text(&AgentConfig::token)},
-      {"token_file", "a readable file whose first line is the token",
+      {"token_file", "a readable file (at most 1 MiB) whose first line is the token",
        [](AgentConfig& c, std::string_view v) {
-         std::ifstream in{std::string(trim(v))};
-         std::string line;
-         if (!in || !std::getline(in, line)) return false;
-         c.token = trim(line);
+         std::string text;
+         if (!read_option_file(v, &text)) return false;
+         c.token = trim(std::string_view(text).substr(0, text.find('\n')));
          return !c.token.empty();
        }},
       {"tls", "a boolean",
        [](AgentConfig& c, std::string_view v) { return parse_bool(v, &c.tls); }},
-      {"tls_ca_file", "a readable PEM file", pem_file(&AgentConfig::tls_ca_pem)},
-      {"tls_cert_file", "a readable PEM file", pem_file(&AgentConfig::tls_cert_pem)},
-      {"tls_key_file", "a readable PEM file", pem_file(&AgentConfig::tls_key_pem)},
+      {"tls_ca_file", "a readable PEM file (at most 1 MiB)", pem_file(&AgentConfig::tls_ca_pem)},
+      {"tls_cert_file", "a readable PEM file (at most 1 MiB)", pem_file(&AgentConfig::tls_cert_pem)},
+      {"tls_key_file", "a readable PEM file (at most 1 MiB)", pem_file(&AgentConfig::tls_key_pem)},
       {"spool_dir", "a directory", text(&AgentConfig::spool_dir)},
       {"spool_max_bytes", "a size in [64K, 1T]",
        integer(&AgentConfig::spool_max_bytes, 1 << 16, std::int64_t{1} << 40, true)},

@@ -121,5 +121,37 @@ TEST(AgentConfigTest, ValidateNamesTheField) {
   EXPECT_NE(validate(c).find("server"), std::string::npos);
 }
 
+// Token and certificate files: read whole (up to 1 MiB), PEM checked, TLS turned on; a path
+// like /dev/zero or a file that is not PEM is refused and changes nothing.
+TEST(AgentConfigTest, TokenAndTlsFiles) {
+  testing::TempDir dir;
+  testing::write_text(dir / "token", "  tok-123  \nsecond line\n");
+  testing::write_text(dir / "ca.pem",
+                      "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n");
+  testing::write_text(dir / "plain.txt", "not a certificate\n");
+  AgentConfig c;
+  EXPECT_EQ(set_option(c, "token_file", (dir / "token").string()), "");
+  EXPECT_EQ(c.token, "tok-123");
+  EXPECT_FALSE(c.tls);
+  EXPECT_EQ(set_option(c, "tls_ca_file", (dir / "ca.pem").string()), "");
+  EXPECT_TRUE(c.tls);
+  EXPECT_NE(c.tls_ca_pem.find("MIIB"), std::string::npos);
+
+  AgentConfig d;
+  EXPECT_NE(set_option(d, "tls_ca_file", (dir / "plain.txt").string()).find("tls_ca_file"),
+            std::string::npos);
+  EXPECT_NE(set_option(d, "tls_cert_file", "/dev/zero"), "");
+  EXPECT_NE(set_option(d, "token_file", "/dev/zero"), "");
+  EXPECT_NE(set_option(d, "tls_key_file", (dir / "missing.pem").string()), "");
+  EXPECT_FALSE(d.tls);
+  EXPECT_TRUE(d.token.empty());
+
+  d.run_id = "ok";
+  EXPECT_EQ(set_option(d, "tls_cert_file", (dir / "ca.pem").string()), "");
+  EXPECT_NE(validate(d).find("tls_cert_file and tls_key_file go together"), std::string::npos);
+  EXPECT_EQ(set_option(d, "tls_key_file", (dir / "ca.pem").string()), "");
+  EXPECT_EQ(validate(d), "");
+}
+
 }  // namespace
 }  // namespace ampscope::agent
