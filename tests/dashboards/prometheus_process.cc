@@ -31,6 +31,28 @@ json make_config(const PrometheusOptions& o) {
 
 }  // namespace
 
+std::unique_ptr<ChildProcess> start_when_ready(
+    const std::string& name, const std::filesystem::path& dir,
+    const std::function<std::vector<std::string>(const std::string& address)>& argv,
+    std::string* address) {
+  std::string failures;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    *address = "127.0.0.1:" + std::to_string(free_loopback_port());
+    const std::filesystem::path log = dir / (name + "-" + std::to_string(attempt) + ".log");
+    auto process = std::make_unique<ChildProcess>(argv(*address), log);
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (process->running() && std::chrono::steady_clock::now() < deadline) {
+      std::string body;
+      if (http_get("http://" + *address + "/-/ready", &body, 1s) == 200) return process;
+      std::this_thread::sleep_for(50ms);
+    }
+    failures += "attempt " + std::to_string(attempt + 1) + " on " + *address + ":\n" +
+                process->log_tail() + "\n";
+    process->stop(2s);
+  }
+  throw std::runtime_error(name + " did not become ready:\n" + failures);
+}
+
 std::string prometheus_binary() { return find_in_path("prometheus"); }
 std::string promtool_binary() { return find_in_path("promtool"); }
 
@@ -47,29 +69,15 @@ PrometheusProcess::PrometheusProcess(const std::filesystem::path& dir,
     out << (options.config_yaml.empty() ? make_config(options).dump(2) : options.config_yaml)
         << "\n";
   }
-  // The port is free when chosen but may be taken before Prometheus binds it: try again then.
-  std::string failures;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    address_ = "127.0.0.1:" + std::to_string(free_loopback_port());
-    const std::filesystem::path log = dir / ("prometheus-" + std::to_string(attempt) + ".log");
-    process_ = std::make_unique<ChildProcess>(
-        std::vector<std::string>{binary, "--config.file=" + config.string(),
-                                 "--storage.tsdb.path=" + (dir / "tsdb").string(),
-                                 "--storage.tsdb.retention.time=1h",
-                                 "--web.listen-address=" + address_, "--log.level=info"},
-        log);
-    const auto deadline = std::chrono::steady_clock::now() + 30s;
-    while (process_->running() && std::chrono::steady_clock::now() < deadline) {
-      std::string body;
-      if (http_get("http://" + address_ + "/-/ready", &body, 1s) == 200) return;
-      std::this_thread::sleep_for(50ms);
-    }
-    failures += "attempt " + std::to_string(attempt + 1) + " on " + address_ + ":\n" +
-                process_->log_tail() + "\n";
-    process_->stop(2s);
-  }
-  process_.reset();
-  throw std::runtime_error("prometheus did not become ready:\n" + failures);
+  process_ = start_when_ready(
+      "prometheus", dir,
+      [&](const std::string& address) {
+        return std::vector<std::string>{binary, "--config.file=" + config.string(),
+                                        "--storage.tsdb.path=" + (dir / "tsdb").string(),
+                                        "--storage.tsdb.retention.time=1h",
+                                        "--web.listen-address=" + address, "--log.level=info"};
+      },
+      &address_);
 }
 
 PrometheusProcess::~PrometheusProcess() { stop(); }

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -27,6 +28,15 @@ struct PrometheusOptions {
 // The prometheus executable from PATH; empty when it is not installed.
 std::string prometheus_binary();
 std::string promtool_binary();
+
+// Starts a server of the Prometheus family (they share the /-/ready endpoint): `argv(address)`
+// is its command line listening on `address`, a free loopback port; its log goes to
+// dir/<name>-<attempt>.log. A port free when chosen may be taken before the server binds it,
+// so it tries 3 ports; throws std::runtime_error with their logs when none became ready in 30 s.
+std::unique_ptr<ChildProcess> start_when_ready(
+    const std::string& name, const std::filesystem::path& dir,
+    const std::function<std::vector<std::string>(const std::string& address)>& argv,
+    std::string* address);
 
 class PrometheusProcess {
  public:
