@@ -1,7 +1,8 @@
 // Target: the agent's option parser (agent/src/config.cc, set_option), which the environment
 // (AMPSCOPE_<KEY>) and ampscope-train's flags share.
 // Input: text, one "key=value" per line (a line without '=' is a key with an empty value),
-// applied in order to a default AgentConfig. token_file is skipped: it names a file to read.
+// applied in order to a default AgentConfig. The keys that name a file to read (token_file,
+// tls_ca_file, tls_cert_file, tls_key_file) are skipped.
 // Properties:
 //   - a refused option leaves the configuration unchanged and says why in one line that names
 //     the key;
@@ -38,12 +39,19 @@ std::string roles_text(const std::vector<TensorRole>& roles) {
 }
 
 std::string flag(bool b) { return b ? "true" : "false"; }
+
+// Keys whose value names a file to read: not fuzzed, and not written back (the configuration
+// holds the file's content).
+bool names_a_file(std::string_view key) {
+  return key == "token_file" || key == "tls_ca_file" || key == "tls_cert_file" ||
+         key == "tls_key_file";
+}
 template <typename Rep, typename Period>
 std::string ms(std::chrono::duration<Rep, Period> d) {
   return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
 }
 
-// The configuration as options, one per key set_option knows (token_file aside).
+// The configuration as options, one per key set_option knows (those naming files aside).
 Options as_options(const AgentConfig& c) {
   const auto& s = c.sampling;
   return {
@@ -58,6 +66,7 @@ Options as_options(const AgentConfig& c) {
       {"policy_lockstep", flag(c.policy_lockstep)},
       {"policy_lockstep_timeout_ms", ms(c.policy_lockstep_timeout)},
       {"token", c.token},
+      {"tls", flag(c.tls)},
       {"spool_dir", c.spool_dir},
       {"spool_max_bytes", std::to_string(c.spool_max_bytes)},
       {"spool_segment_bytes", std::to_string(c.spool_segment_bytes)},
@@ -112,7 +121,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static const bool keys_covered = [] {
     std::vector<std::string> listed;
     for (std::string_view k : agent::option_keys()) {
-      if (k != "token_file") listed.emplace_back(k);
+      if (!names_a_file(k)) listed.emplace_back(k);
     }
     std::vector<std::string> written;
     for (const auto& [k, v] : as_options(agent::AgentConfig{})) written.push_back(k);
@@ -136,7 +145,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::replace(normal.begin(), normal.end(), '-', '_');
     std::transform(normal.begin(), normal.end(), normal.begin(),
                    [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-    if (normal == "token_file") continue;
+    if (names_a_file(normal)) continue;
 
     const agent::AgentConfig before = config;
     const std::string err = agent::set_option(config, key, value);
