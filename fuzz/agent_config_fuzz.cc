@@ -108,7 +108,9 @@ bool same(const AgentConfig& a, const AgentConfig& b) { return as_options(a) == 
 
 // The text set_option trims from strings it stores (std::isspace in the C locale).
 bool trimmed(const std::string& s) {
-  const auto space = [](char ch) { return std::string_view(" \t\n\v\f\r").find(ch) != std::string_view::npos; };
+  const auto space = [](char ch) {
+    return std::string_view(" \t\n\v\f\r").find(ch) != std::string_view::npos;
+  };
   return s.empty() || (!space(s.front()) && !space(s.back()));
 }
 
