@@ -26,6 +26,24 @@ constexpr int kMaxNesting = 32;
 
 [[noreturn]] void fail(const std::string& message) { throw NpyError(message); }
 
+// Header text quoted in an error: printable ASCII as is, every other byte as \xNN, at most 64
+// bytes of it, so that a message stays one readable line whatever the file held.
+std::string shown(std::string_view text) {
+  constexpr std::size_t kMax = 64;
+  std::string out;
+  for (std::size_t i = 0; i < std::min(text.size(), kMax); ++i) {
+    const auto b = static_cast<unsigned char>(text[i]);
+    if (b >= 0x20 && b < 0x7f) {
+      out += static_cast<char>(b);
+    } else {
+      constexpr char kHex[] = "0123456789abcdef";
+      out += {'\\', 'x', kHex[b >> 4], kHex[b & 15]};
+    }
+  }
+  if (text.size() > kMax) out += "...";
+  return out;
+}
+
 // ---- Python literals: the subset ast.literal_eval accepts that np.save can produce ----------
 
 struct PyEntry;
@@ -98,7 +116,7 @@ class LiteralParser {
     if (c == '[') return parse_list(depth);
     if (c == '{') return parse_dict(depth);
     if (is_word_char(c)) return parse_word();
-    syntax_error(std::string("unexpected character '") + c + "'");
+    syntax_error("unexpected character '" + shown(std::string_view(&c, 1)) + "'");
   }
 
   PyValue parse_string() {
@@ -146,7 +164,7 @@ class LiteralParser {
     }
     if (word == "None") return make_value(PyValue::Kind::kNone);
     pos_ = start;
-    syntax_error("unexpected name '" + std::string(word) + "'");
+    syntax_error("unexpected name '" + shown(word) + "'");
   }
 
   // Python: "()" is an empty tuple, "(x)" is just x, "(x,)" and "(x, y)" are tuples.
@@ -187,7 +205,7 @@ class LiteralParser {
       expect(':');
       PyValue value = parse_value(depth + 1);
       for (const auto& [k, unused] : v.entries) {
-        if (k == key.text) fail("header repeats the key '" + k + "'");
+        if (k == key.text) fail("header repeats the key '" + shown(k) + "'");
       }
       v.entries.push_back({std::move(key.text), std::move(value)});
       if (consume('}')) break;
@@ -256,7 +274,8 @@ void reject_unknown_keys(const PyValue& dict) {
   // NumPy rejects other keys too: a file with them was not written by np.save.
   for (const auto& [k, unused] : dict.entries) {
     if (k != "descr" && k != "fortran_order" && k != "shape") {
-      fail("header has an unexpected key '" + k + "' (expected descr, fortran_order, shape)");
+      fail("header has an unexpected key '" + shown(k) +
+           "' (expected descr, fortran_order, shape)");
     }
   }
 }
@@ -419,7 +438,7 @@ Dtype parse_descr(const std::string& descr) {
   const std::string plain =
       " (expected a plain bool, integer, float, complex or void type like '<f4')";
   auto unsupported = [&](const std::string& why) -> NpyError {
-    return NpyError("unsupported dtype '" + descr + "'" + why);
+    return NpyError("unsupported dtype '" + shown(descr) + "'" + why);
   };
   std::string_view s = descr;
   Dtype d;

@@ -332,5 +332,25 @@ TEST_F(NpyFileTest, MoveKeepsTheMapping) {
   EXPECT_EQ(*static_cast<const float*>(b.data()), 5.0f);
 }
 
+// Header text quoted in an error is shown printable and cut, so the message stays one line: a
+// key holding a carriage return (the escape \r in the header's Python literal) once split it.
+TEST(NpyHeaderTest, QuotedHeaderTextKeepsTheMessageOnOneLine) {
+  const std::string repeated = parse_error(with_dict(
+      "{'descr': '<f4', 'a\\r': 1, 'a\\r': 2, 'fortran_order': False, 'shape': (1,)}",
+      Bytes(4)));
+  EXPECT_EQ(repeated, "header repeats the key 'a\\x0d'");
+  const std::string unexpected = parse_error(with_dict(
+      "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x\\n" + std::string(100, 'y') +
+          "': 0}",
+      Bytes(4)));
+  EXPECT_EQ(unexpected.find('\n'), std::string::npos) << unexpected;
+  EXPECT_NE(unexpected.find("x\\x0a" + std::string(62, 'y') + "..."), std::string::npos)
+      << unexpected;
+  const std::string dtype = parse_error(
+      with_dict("{'descr': '<\x01" "f4', 'fortran_order': False, 'shape': (1,)}", Bytes(4)));
+  EXPECT_EQ(dtype.find('\x01'), std::string::npos) << dtype;
+  EXPECT_NE(dtype.find("unsupported dtype '<\\x01f4'"), std::string::npos) << dtype;
+}
+
 }  // namespace
 }  // namespace ampscope::npy
