@@ -148,7 +148,7 @@ Result check_scaler(const v1::ScalerConfig& s, const std::string& field) {
 Result check_identity(const v1::StepReport& r, const StreamIdentity& stream) {
   if (r.run_id() != stream.run_id) {
     return violation("report.run_id", "identity", "'", quote(r.run_id()),
-                     "' differs from the stream's Hello '", stream.run_id, "'");
+                     "' differs from the stream's Hello '", quote(stream.run_id), "'");
   }
   if (r.rank() != stream.rank) {
     return violation("report.rank", "identity", r.rank(), " differs from the stream's Hello ",

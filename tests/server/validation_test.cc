@@ -48,6 +48,10 @@ TEST(ServerValidationTest, QuotedClientTextKeepsAMessageOnOneLine) {
   ASSERT_TRUE(v.has_value());
   EXPECT_EQ(v->message.find_first_of("\r\n"), std::string::npos) << v->message;
   EXPECT_NE(v->message.find("'seed?run?x'"), std::string::npos) << v->message;
+  // The stream's side is quoted too, whatever identity the caller hands in.
+  const auto w = validate_report(valid(), stream_of("seed\rrun"));
+  ASSERT_TRUE(w.has_value());
+  EXPECT_EQ(w->message.find_first_of("\r\n"), std::string::npos) << w->message;
 }
 
 TEST(ServerValidationTest, RunIdLengthAndCharacters) {
