@@ -155,18 +155,39 @@ ClientOptions tls_client(const TempDir& dir, const TempDir* cert_dir) {
   return o;
 }
 
-TEST(ServerSecurityTest, MutualTlsNeedsAClientCertificateOfItsCa) {
+// Certificates of two CAs (dir: the server's and its clients', other: a foreign one) and a
+// server that requires client certificates of dir's CA, at the name its certificate carries.
+struct MutualTls {
   TempDir dir;
   TempDir other;
+  std::unique_ptr<ServerProcess> server;
+  std::string address;
+};
+
+std::unique_ptr<MutualTls> start_mutual_tls() {
+  auto m = std::make_unique<MutualTls>();
   std::string log;
-  ASSERT_TRUE(make_certificates(dir, &log)) << "openssl failed:\n" << log;
-  ASSERT_TRUE(make_certificates(other, &log)) << "openssl failed:\n" << log;
-  ServerProcess server(
-      dir.path(), dir / "store.db",
-      {"--tls-cert", (dir / "server.pem").string(), "--tls-key", (dir / "server.key").string(),
-       "--tls-client-ca", (dir / "ca.pem").string()});
-  const std::string address =
-      "localhost:" + server.address().substr(server.address().rfind(':') + 1);
+  if (!make_certificates(m->dir, &log) || !make_certificates(m->other, &log)) {
+    ADD_FAILURE() << "openssl failed:\n" << log;
+    return nullptr;
+  }
+  const TempDir& d = m->dir;
+  m->server = std::make_unique<ServerProcess>(
+      d.path(), d / "store.db",
+      std::vector<std::string>{"--tls-cert", (d / "server.pem").string(), "--tls-key",
+                               (d / "server.key").string(), "--tls-client-ca",
+                               (d / "ca.pem").string()});
+  const std::string& bound = m->server->address();
+  m->address = "localhost:" + bound.substr(bound.rfind(':') + 1);
+  return m;
+}
+
+TEST(ServerSecurityTest, MutualTlsNeedsAClientCertificateOfItsCa) {
+  const auto tls = start_mutual_tls();
+  ASSERT_NE(tls, nullptr);
+  const TempDir& dir = tls->dir;
+  const TempDir& other = tls->other;
+  const std::string& address = tls->address;
 
   const ClientOptions good = tls_client(dir, &dir);
   auto secure = make_channel(address, good);
@@ -201,17 +222,11 @@ TEST(ServerSecurityTest, MutualTlsNeedsAClientCertificateOfItsCa) {
 }
 
 TEST(ServerSecurityTest, CliPresentsItsClientCertificate) {
-  TempDir dir;
-  TempDir other;
-  std::string log;
-  ASSERT_TRUE(make_certificates(dir, &log)) << "openssl failed:\n" << log;
-  ASSERT_TRUE(make_certificates(other, &log)) << "openssl failed:\n" << log;
-  ServerProcess server(
-      dir.path(), dir / "store.db",
-      {"--tls-cert", (dir / "server.pem").string(), "--tls-key", (dir / "server.key").string(),
-       "--tls-client-ca", (dir / "ca.pem").string()});
-  const std::string address =
-      "localhost:" + server.address().substr(server.address().rfind(':') + 1);
+  const auto tls = start_mutual_tls();
+  ASSERT_NE(tls, nullptr);
+  const TempDir& dir = tls->dir;
+  const TempDir& other = tls->other;
+  const std::string& address = tls->address;
   auto runs = [&](std::vector<std::string> extra) {
     std::vector<std::string> argv = {
         AMPSCOPE_CLI_BINARY,      "runs", "--json", "--server", address, "--tls-ca",
@@ -239,17 +254,11 @@ TEST(ServerSecurityTest, CliPresentsItsClientCertificate) {
 // certificate every step is stored; with the certificate of another CA the handshake fails,
 // training still finishes, and nothing reaches the store.
 TEST(ServerSecurityTest, AgentStreamsOverMutualTls) {
-  TempDir dir;
-  TempDir other;
-  std::string log;
-  ASSERT_TRUE(make_certificates(dir, &log)) << "openssl failed:\n" << log;
-  ASSERT_TRUE(make_certificates(other, &log)) << "openssl failed:\n" << log;
-  ServerProcess server(
-      dir.path(), dir / "store.db",
-      {"--tls-cert", (dir / "server.pem").string(), "--tls-key", (dir / "server.key").string(),
-       "--tls-client-ca", (dir / "ca.pem").string()});
-  const std::string address =
-      "localhost:" + server.address().substr(server.address().rfind(':') + 1);
+  const auto tls = start_mutual_tls();
+  ASSERT_NE(tls, nullptr);
+  const TempDir& dir = tls->dir;
+  const TempDir& other = tls->other;
+  const std::string& address = tls->address;
   constexpr int kSteps = 6;
   auto train = [&](const std::string& run_id, const TempDir& cert_dir) {
     return run_process(
