@@ -38,7 +38,7 @@ std::string printable(std::string_view text, std::size_t max_bytes) {
   return out;
 }
 
-// An update without an id still gets its outcome (refused), under a placeholder id.
+// An update without an id still gets its outcome (refused), under the id "(none)".
 std::string outcome_id(std::string_view policy_id) {
   return policy_id.empty() ? "(none)" : printable(policy_id, kOutcomeIdMaxBytes);
 }

@@ -7,9 +7,9 @@
 //   the acknowledgements -> on any end of the stream, clean or not: cancel, wait the backoff
 //   with jitter, repeat. The backoff doubles from backoff_initial up to backoff_max after every
 //   stream that ended early, and goes back to backoff_initial only after a stream that was
-//   acknowledged and stayed open for backoff_max (at most 10 s); a server that
-//   says another process streams as this run and rank (ALREADY_EXISTS) is asked again every
-//   backoff_max.
+//   acknowledged and stayed open for backoff_max (at most 10 s); a server that refuses this
+//   agent (ALREADY_EXISTS: another process streams as this run and rank; UNAUTHENTICATED or
+//   PERMISSION_DENIED: its token) is asked again every backoff_max.
 // A reader thread per stream takes Acks (which trim the spool), PolicyUpdates (handed to the
 // policy hook) and Rejects (counted; the report is settled and leaves the spool with the next
 // Ack). An Ack is believed only for what it can cover: the first one of a stream for what this

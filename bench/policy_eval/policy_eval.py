@@ -33,10 +33,10 @@ gradient is counted once). A skip is avoidable when no overflow was injected at 
 
 Writes DIR/runs.json (every figure of every run, the per-scenario summaries, the derived
 figures), DIR/table.md (summary first, then the goals, then per-seed rows), DIR/*.png
-(gnuplot), the per-step series DIR/work/series/*.dat and, with --fragment, the flat results
-keys for bench/merge_results.py. Exit status 1 when a run did not complete (every run is still
-tried), 2 on a setup problem (binaries, corpus). Only the standard library: it runs under
-Debian 12's /usr/bin/python3.
+(gnuplot), the per-step series (*.dat in the series folder of DIR's work folder) and, with
+--fragment, the flat results keys for bench/merge_results.py. Exit status 1 when a run did not
+complete (every run is still tried), 2 on a setup problem (binaries, corpus). Only the standard
+library: it runs under Debian 12's /usr/bin/python3.
 """
 
 import argparse
