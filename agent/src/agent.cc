@@ -127,10 +127,7 @@ Status Agent::create(const AgentConfig& config, const RunInfo& run,
       // left there; when that fails too, a directory of this process's own (not replayed).
       const std::string first_error = error;
       const std::string shared = (shared_base / leaf).string();
-      const std::string own =
-          (shared_base / config.run_id / ("rank-" + std::to_string(config.rank) + "-pid-" +
-                                          std::to_string(::getpid())))
-              .string();
+      const std::string own = shared + "-pid-" + std::to_string(::getpid());
       std::string tail;
       for (const std::string& dir : {shared, own}) {
         if (dir == so.dir) continue;

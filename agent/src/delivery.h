@@ -66,7 +66,6 @@ class Delivery {
   void count_dropped_reports(std::uint64_t n);
   // A policy_lockstep wait given up (lockstep.h); carried in every report's AgentCounters.
   void count_lockstep_timeout() { lockstep_timeouts_.fetch_add(1); }
-  std::uint64_t lockstep_timeouts() const { return lockstep_timeouts_.load(); }
 
   // Waits until everything submitted is spooled and, with a server, acknowledged.
   Status flush(Deadline deadline);
