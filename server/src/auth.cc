@@ -22,17 +22,19 @@ std::optional<AccessRole> parse_role(std::string_view word) {
   return std::nullopt;
 }
 
-// "an agent token", "a reader token", "an admin token"
-std::string token_of(AccessRole role) {
+// "an agent", "a reader", "an admin"
+std::string with_article(AccessRole role) {
   return std::string(role == AccessRole::kReader ? "a " : "an ") +
-         std::string(access_role_name(role)) + " token";
+         std::string(access_role_name(role));
 }
+
+// "an agent token", "a reader token", "an admin token"
+std::string token_of(AccessRole role) { return with_article(role) + " token"; }
 
 // "an admin token", "a reader or admin token": who may make a call that needs `role`.
 std::string tokens_allowed(AccessRole role) {
   if (role == AccessRole::kAdmin) return token_of(role);
-  return std::string(role == AccessRole::kReader ? "a " : "an ") +
-         std::string(access_role_name(role)) + " or admin token";
+  return with_article(role) + " or admin token";
 }
 
 std::vector<std::string_view> words_of(std::string_view line) {
