@@ -1,7 +1,8 @@
 // Branch-free loops over bit patterns that GCC vectorises (this file is built with -O3, see
-// agent/CMakeLists.txt), cloned for AVX-512BW, AVX2 and the x86-64 baseline and dispatched by
-// the loader (target_clones), so the baseline build stays x86-64 and fast machines use their
-// width. Each element is classified by its magnitude bits m = bits & ~sign:
+// agent/CMakeLists.txt). The loops are written once and compiled three times, for the x86-64
+// baseline, AVX2 and AVX-512, in functions carrying the project's target attributes; the level
+// is chosen with active_simd_level() (cpu_features.h), so AMPSCOPE_SIMD caps this pass like
+// every other kernel. Each element is classified by its magnitude bits m = bits & ~sign:
 //   m == 0            zero            m == inf_bits     +-Inf (by the sign bit)
 //   m >  inf_bits     NaN             else              finite; max_abs = decode(max m)
 // Counters have the width of the element inside blocks of 2^15 elements, so they never wrap.
@@ -12,6 +13,7 @@
 #include <type_traits>
 
 #include "ampscope/convert.h"
+#include "ampscope/cpu_features.h"
 
 namespace ampscope::agent {
 namespace {
@@ -23,25 +25,17 @@ struct BlockCounts {
   std::uint32_t max_bits = 0;
 };
 
-// Not under ThreadSanitizer: the loader runs the clones' resolver before the TSan runtime is set
-// up, and its instrumented code crashes the process at start.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
-#define AMPSCOPE_COUNTS_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
-#else
-#define AMPSCOPE_COUNTS_CLONES
-#endif
-
 // Counters have the element's width (the vectoriser wants one lane type), which bounds a block
 // to kBlock < 2^16 elements. Conditions become all-ones masks that are subtracted (or and-ed):
 // GCC 12 vectorises that form, not a select or a bool added to a counter.
 template <typename Word>
-inline Word mask(bool b) {
+AMPSCOPE_ALWAYS_INLINE Word mask(bool b) {
   return static_cast<Word>(-static_cast<Word>(b));
 }
 
 // The exact classification of every element.
 template <typename Word, Word kSign, Word kInf>
-inline void count_block_exact(const Word* p, std::size_t n, BlockCounts& c) {
+AMPSCOPE_ALWAYS_INLINE void count_block_exact(const Word* p, std::size_t n, BlockCounts& c) {
   using Signed = std::make_signed_t<Word>;
   Word zeros = 0, nan = 0, inf = 0, neg_inf = 0, max_m = 0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -66,7 +60,7 @@ inline void count_block_exact(const Word* p, std::size_t n, BlockCounts& c) {
 // about half the work of the exact pass; only a block that holds a NaN or an Inf (rare, and
 // then the step is escalated anyway) is classified again exactly.
 template <typename Word, Word kSign, Word kInf>
-inline void count_block(const Word* p, std::size_t n, BlockCounts& c) {
+AMPSCOPE_ALWAYS_INLINE void count_block(const Word* p, std::size_t n, BlockCounts& c) {
   using Signed = std::make_signed_t<Word>;
   Word zeros = 0, special = 0, max_m = 0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -83,8 +77,8 @@ inline void count_block(const Word* p, std::size_t n, BlockCounts& c) {
   c.max_bits = std::max<std::uint32_t>(c.max_bits, max_m);
 }
 
-AMPSCOPE_COUNTS_CLONES
-void count16(const std::uint16_t* p, std::size_t n, std::uint16_t inf_bits, BlockCounts& c) {
+AMPSCOPE_ALWAYS_INLINE void count16_body(const std::uint16_t* p, std::size_t n,
+                                         std::uint16_t inf_bits, BlockCounts& c) {
   for (std::size_t i = 0; i < n; i += kBlock) {
     const std::size_t len = std::min(kBlock, n - i);
     if (inf_bits == 0x7c00) {
@@ -95,11 +89,50 @@ void count16(const std::uint16_t* p, std::size_t n, std::uint16_t inf_bits, Bloc
   }
 }
 
-AMPSCOPE_COUNTS_CLONES
-void count32(const std::uint32_t* p, std::size_t n, BlockCounts& c) {
+AMPSCOPE_ALWAYS_INLINE void count32_body(const std::uint32_t* p, std::size_t n, BlockCounts& c) {
   for (std::size_t i = 0; i < n; i += kBlock) {
     count_block<std::uint32_t, 0x80000000u, 0x7f800000u>(p + i, std::min(kBlock, n - i), c);
   }
+}
+
+// One pair of entry points per level: the same loops, vectorised for that level.
+struct CountKernels {
+  void (*count16)(const std::uint16_t*, std::size_t, std::uint16_t, BlockCounts&);
+  void (*count32)(const std::uint32_t*, std::size_t, BlockCounts&);
+};
+
+void count16_scalar(const std::uint16_t* p, std::size_t n, std::uint16_t inf, BlockCounts& c) {
+  count16_body(p, n, inf, c);
+}
+void count32_scalar(const std::uint32_t* p, std::size_t n, BlockCounts& c) {
+  count32_body(p, n, c);
+}
+AMPSCOPE_TARGET_AVX2 void count16_avx2(const std::uint16_t* p, std::size_t n, std::uint16_t inf,
+                                       BlockCounts& c) {
+  count16_body(p, n, inf, c);
+}
+AMPSCOPE_TARGET_AVX2 void count32_avx2(const std::uint32_t* p, std::size_t n, BlockCounts& c) {
+  count32_body(p, n, c);
+}
+AMPSCOPE_TARGET_AVX512 void count16_avx512(const std::uint16_t* p, std::size_t n,
+                                           std::uint16_t inf, BlockCounts& c) {
+  count16_body(p, n, inf, c);
+}
+AMPSCOPE_TARGET_AVX512 void count32_avx512(const std::uint32_t* p, std::size_t n,
+                                           BlockCounts& c) {
+  count32_body(p, n, c);
+}
+
+CountKernels kernels_for(SimdLevel level) {
+  switch (clamp_simd_level(level)) {
+    case SimdLevel::kAvx512:
+      return {count16_avx512, count32_avx512};
+    case SimdLevel::kAvx2:
+      return {count16_avx2, count32_avx2};
+    case SimdLevel::kScalar:
+      break;
+  }
+  return {count16_scalar, count32_scalar};
 }
 
 // Reads an unaligned buffer through aligned words: the kernels accept any alignment, and so
@@ -112,22 +145,28 @@ bool aligned(const void* data) {
 }  // namespace
 
 bool count_nonfinite(const void* data, std::size_t n, Format dtype, TensorStats* out) {
+  return count_nonfinite(data, n, dtype, active_simd_level(), out);
+}
+
+bool count_nonfinite(const void* data, std::size_t n, Format dtype, SimdLevel level,
+                     TensorStats* out) {
   *out = TensorStats{};
   if (!is_stats_storage_format(dtype)) return false;
   out->numel = n;
   if (n == 0) return true;
+  const CountKernels k = kernels_for(level);
   BlockCounts c;
   double max_abs = 0.0;
   if (dtype == Format::kFP32) {
     if (aligned<std::uint32_t>(data)) {
-      count32(static_cast<const std::uint32_t*>(data), n, c);
+      k.count32(static_cast<const std::uint32_t*>(data), n, c);
     } else {
       std::uint32_t w[256];
       const auto* bytes = static_cast<const unsigned char*>(data);
       for (std::size_t i = 0; i < n; i += 256) {
         const std::size_t len = std::min<std::size_t>(256, n - i);
         std::memcpy(w, bytes + i * 4, len * 4);
-        count32(w, len, c);
+        k.count32(w, len, c);
       }
     }
     float f;
@@ -136,14 +175,14 @@ bool count_nonfinite(const void* data, std::size_t n, Format dtype, TensorStats*
   } else {
     const std::uint16_t inf_bits = dtype == Format::kFP16 ? 0x7c00 : 0x7f80;
     if (aligned<std::uint16_t>(data)) {
-      count16(static_cast<const std::uint16_t*>(data), n, inf_bits, c);
+      k.count16(static_cast<const std::uint16_t*>(data), n, inf_bits, c);
     } else {
       std::uint16_t w[512];
       const auto* bytes = static_cast<const unsigned char*>(data);
       for (std::size_t i = 0; i < n; i += 512) {
         const std::size_t len = std::min<std::size_t>(512, n - i);
         std::memcpy(w, bytes + i * 2, len * 2);
-        count16(w, len, inf_bits, c);
+        k.count16(w, len, inf_bits, c);
       }
     }
     max_abs = static_cast<double>(decode(static_cast<std::uint16_t>(c.max_bits), dtype));

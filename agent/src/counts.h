@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ampscope/cpu_features.h"
 #include "ampscope/formats.h"
 #include "ampscope/tensor_stats.h"
 
@@ -18,5 +19,10 @@ namespace ampscope::agent {
 // dtype must be FP32, FP16 or BF16 (is_stats_storage_format); anything else counts nothing
 // and returns false.
 bool count_nonfinite(const void* data, std::size_t n, Format dtype, TensorStats* out);
+
+// The same at an explicit SIMD level (clamped to what the CPU has); the call above uses
+// active_simd_level(). The results do not depend on the level.
+bool count_nonfinite(const void* data, std::size_t n, Format dtype, SimdLevel level,
+                     TensorStats* out);
 
 }  // namespace ampscope::agent

@@ -1,6 +1,7 @@
 // Private pieces shared by the bulk conversion paths (convert_bulk.cc, convert_avx2.cc,
-// convert_avx512.cc): the target attributes, the per-format codes the lane-wise algorithms
-// need (derived from formats.h, never written by hand) and the entry points of each level.
+// convert_avx512.cc): the per-format codes the lane-wise algorithms need (derived from
+// formats.h, never written by hand) and the entry points of each level. The target attributes
+// are the project's one set (cpu_features.h).
 #pragma once
 
 #include <xmmintrin.h>
@@ -10,16 +11,6 @@
 
 #include "ampscope/convert.h"
 #include "ampscope/formats.h"
-
-// Every function holding vector code, and every helper it calls, carries one of these; the
-// files themselves are compiled for the x86-64 baseline (see cpu_features.h for why).
-#define AMPSCOPE_TARGET_AVX2 __attribute__((target("avx2,fma,f16c,bmi2")))
-#define AMPSCOPE_TARGET_AVX512 \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi2")))
-#define AMPSCOPE_INLINE_AVX2 __attribute__((target("avx2,fma,f16c,bmi2"), always_inline)) inline
-#define AMPSCOPE_INLINE_AVX512                                                    \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi2"), \
-                 always_inline)) inline
 
 namespace ampscope::detail {
 

@@ -6,14 +6,12 @@
 
 #include "stats_internal.h"
 
-#define AMPSCOPE_AVX2_FN __attribute__((target("avx2,fma,f16c,bmi2,popcnt")))
-
 namespace ampscope::detail {
 namespace {
 
 constexpr std::size_t kLanes = 8;
 
-AMPSCOPE_AVX2_FN inline __m256i load_fp32_bits(const char* p, Format dtype) {
+AMPSCOPE_TARGET_AVX2 inline __m256i load_fp32_bits(const char* p, Format dtype) {
   switch (dtype) {
     case Format::kFP32:
       return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -26,18 +24,18 @@ AMPSCOPE_AVX2_FN inline __m256i load_fp32_bits(const char* p, Format dtype) {
   }
 }
 
-AMPSCOPE_AVX2_FN inline unsigned mask_of(__m256i m) {
+AMPSCOPE_TARGET_AVX2 inline unsigned mask_of(__m256i m) {
   return static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(m)));
 }
 
-AMPSCOPE_AVX2_FN void fix_up_rare(__m256i bits, unsigned nonfinite, unsigned subnormal,
+AMPSCOPE_TARGET_AVX2 void fix_up_rare(__m256i bits, unsigned nonfinite, unsigned subnormal,
                                   StatsAccumulator& acc) {
   alignas(64) std::uint32_t lanes[kLanes];
   _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), bits);
   fix_up_rare_lanes(lanes, nonfinite, subnormal, acc);
 }
 
-AMPSCOPE_AVX2_FN void run(const char* data, std::size_t n, Format dtype,
+AMPSCOPE_TARGET_AVX2 void run(const char* data, std::size_t n, Format dtype,
                           std::span<const TargetThresholds> th, StatsAccumulator& acc) {
   const std::size_t elem = static_cast<std::size_t>(storage_bytes(dtype));
   const __m256i abs_mask = _mm256_set1_epi32(static_cast<int>(kAbsMask));

@@ -21,16 +21,13 @@
 
 #include "stats_internal.h"
 
-#define AMPSCOPE_AVX512_FN \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi2,popcnt")))
-
 namespace ampscope::detail {
 namespace {
 
 constexpr std::size_t kLanes = 16;
 
 template <Format kDtype>
-AMPSCOPE_AVX512_FN inline __m512i load_fp32_bits(const char* p) {
+AMPSCOPE_TARGET_AVX512 inline __m512i load_fp32_bits(const char* p) {
   if constexpr (kDtype == Format::kFP32) {
     return _mm512_loadu_si512(p);
   } else if constexpr (kDtype == Format::kBF16) {
@@ -42,7 +39,7 @@ AMPSCOPE_AVX512_FN inline __m512i load_fp32_bits(const char* p) {
   }
 }
 
-AMPSCOPE_AVX512_FN void fix_up_rare(__m512i bits, __mmask16 nonfinite, __mmask16 subnormal,
+AMPSCOPE_TARGET_AVX512 void fix_up_rare(__m512i bits, __mmask16 nonfinite, __mmask16 subnormal,
                                     StatsAccumulator& acc) {
   alignas(64) std::uint32_t lanes[kLanes];
   _mm512_store_si512(lanes, bits);
@@ -55,7 +52,7 @@ AMPSCOPE_AVX512_FN void fix_up_rare(__m512i bits, __mmask16 nonfinite, __mmask16
 // byte counters (a byte lane sees at most kChunk / 64 = 32 hits). That avoids the scalar
 // increments' store-to-load-forwarding chains when neighbours share a bin. Wide chunks
 // (adversarial data) fall back to the scalar tables.
-AMPSCOPE_AVX512_FN void histogram_chunk(std::uint8_t* ebuf, std::size_t nb, ByteHistogram& tables) {
+AMPSCOPE_TARGET_AVX512 void histogram_chunk(std::uint8_t* ebuf, std::size_t nb, ByteHistogram& tables) {
   constexpr int kMaxCompareBins = 24;
   const std::size_t padded = (nb + 63) & ~std::size_t{63};
   std::memset(ebuf + nb, 0, padded - nb);  // byte 0 (zero/subnormal) is never folded
@@ -97,7 +94,7 @@ AMPSCOPE_AVX512_FN void histogram_chunk(std::uint8_t* ebuf, std::size_t nb, Byte
 // a masked subtract per range instead of mask -> popcount -> memory add. NT and the storage type
 // are template parameters so the target loop unrolls into registers and the loop has no switch.
 template <int NT, Format kDtype>
-AMPSCOPE_AVX512_FN void run(const char* data, std::size_t n, std::span<const TargetThresholds> th,
+AMPSCOPE_TARGET_AVX512 void run(const char* data, std::size_t n, std::span<const TargetThresholds> th,
                             StatsAccumulator& acc) {
   constexpr Format dtype = kDtype;
   constexpr std::size_t elem = static_cast<std::size_t>(storage_bytes(kDtype));

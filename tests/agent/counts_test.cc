@@ -117,6 +117,34 @@ TEST(CountsTest, RareNonFiniteValuesInLongFiniteTensors) {
   }
 }
 
+TEST(CountsTest, EverySimdLevelTheCpuHasMatchesTheScalarPath) {
+  // The pass is compiled once per level (cpu_features.h); each level the CPU has must give the
+  // scalar path's counts on adversarial data, aligned and not, with a tail that is no multiple
+  // of any vector width.
+  const int max_level = static_cast<int>(max_supported_simd_level());
+  for (Format dtype : {Format::kFP32, Format::kFP16, Format::kBF16}) {
+    const std::size_t n = 70001;
+    auto values = make_values(dtype, n, 29);
+    for (const std::size_t offset : {std::size_t{0}, std::size_t{1}}) {
+      if (offset == 1) {
+        std::memmove(values.data() + 1, values.data(),
+                     n * static_cast<std::size_t>(storage_bytes(dtype)));
+      }
+      TensorStats scalar;
+      ASSERT_TRUE(count_nonfinite(values.data() + offset, n, dtype, SimdLevel::kScalar, &scalar));
+      expect_same(scalar, compute_stats_reference(values.data() + offset, n, dtype));
+      for (int level = 1; level <= max_level; ++level) {
+        SCOPED_TRACE(std::string(format_name(dtype)) + " at " +
+                     std::string(simd_level_name(static_cast<SimdLevel>(level))));
+        TensorStats got;
+        ASSERT_TRUE(count_nonfinite(values.data() + offset, n, dtype,
+                                    static_cast<SimdLevel>(level), &got));
+        expect_same(got, scalar);
+      }
+    }
+  }
+}
+
 TEST(CountsTest, EveryFp16PatternOnce) {
   // All 65,536 patterns: exactly 2 zeros, 2 infinities, 2046 NaNs, max 65504.
   std::vector<std::uint16_t> all(65536);
