@@ -354,6 +354,47 @@ TEST(TensorStatsTest, RejectsBadInput) {
   EXPECT_THROW(compute_stats(nullptr, 4, Format::kFP32), Error);
 }
 
+// The fused unscale: the same stored results as the elementwise conversions and the same
+// statistics as compute_stats_reference() on them, at every level, on one thread and several.
+TEST(ScaleAndComputeStatsTest, EqualsScaleThenComputeStats) {
+  std::mt19937 rng(41);
+  std::vector<float> values = adversarial_values(rng);
+  const std::vector<float> more = gradient_like(20011, 1e-2, rng);
+  values.insert(values.end(), more.begin(), more.end());
+  const float factors[] = {1.0f, 0x1p-16f, 0x1p+20f, 0x1p-140f, 3.0f, 1e-3f, 1e30f, -0.75f, 0.0f};
+  for (Format dtype : {Format::kFP32, Format::kFP16, Format::kBF16}) {
+    const Tensor input = make_tensor(values, dtype, 1);
+    const std::size_t elem = static_cast<std::size_t>(storage_bytes(dtype));
+    for (const float factor : factors) {
+      std::vector<float> scaled(input.n);
+      convert_to_fp32(input.data(), scaled.data(), input.n, dtype, SimdLevel::kScalar);
+      for (float& x : scaled) x *= factor;
+      Tensor want_tensor = input;
+      convert_from_fp32(scaled.data(), want_tensor.bytes.data() + 1, input.n, dtype,
+                        OverflowMode::kNonSaturating, SimdLevel::kScalar);
+      const TensorStats want =
+          compute_stats_reference(want_tensor.data(), input.n, dtype, kTargets);
+      for (SimdLevel level : supported_levels()) {
+        for (const int threads : {1, 3}) {
+          SCOPED_TRACE(std::string(simd_level_name(level)) + " " +
+                       std::string(format_name(dtype)) + " factor=" + std::to_string(factor) +
+                       " threads=" + std::to_string(threads));
+          Tensor t = input;
+          StatsOptions o;
+          o.simd = level;
+          o.max_threads = threads;
+          o.parallel_threshold = 1;
+          const TensorStats got = scale_and_compute_stats(t.bytes.data() + 1, t.n, dtype, factor,
+                                                          kTargets, o);
+          EXPECT_EQ(0, std::memcmp(t.bytes.data() + 1, want_tensor.bytes.data() + 1,
+                                   input.n * elem));
+          expect_same_stats(got, want);
+        }
+      }
+    }
+  }
+}
+
 TEST(TargetSpecTest, Parses) {
   std::string err;
   EXPECT_EQ(parse_target("fp16@16", &err), (TargetSpec{Format::kFP16, 16}));

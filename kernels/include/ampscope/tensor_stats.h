@@ -116,6 +116,18 @@ TensorStats compute_stats(const void* data, std::size_t n, Format dtype,
                           std::span<const TargetSpec> targets = {},
                           const StatsOptions& options = {});
 
+// Multiplies the n elements of `data` (dtype storage: FP32, FP16 or BF16) by `factor` in place,
+// in FP32 arithmetic with the product rounded (nearest even) to dtype, and returns the
+// statistics of the stored results, in one pass over memory. This is the fused form of a
+// trainer's gradient unscale (factor = 1 / loss scale) followed by compute_stats(): the same
+// results as doing both, bit for bit, with one read and one write of the data. The arithmetic
+// runs under the IEEE default (no flush-to-zero, whatever the caller's MXCSR). NaN inputs stay
+// NaN; products that overflow dtype become Inf. Same preconditions and threading as
+// compute_stats().
+TensorStats scale_and_compute_stats(void* data, std::size_t n, Format dtype, float factor,
+                                    std::span<const TargetSpec> targets = {},
+                                    const StatsOptions& options = {});
+
 // The scalar reference: one element at a time, written from the definition.
 TensorStats compute_stats_reference(const void* data, std::size_t n, Format dtype,
                                     std::span<const TargetSpec> targets = {});
