@@ -4,8 +4,8 @@
 #include <cmath>
 
 #include "ampscope/check.h"
+#include "ampscope/thread_pool.h"
 #include "stats_internal.h"
-#include "thread_pool.h"
 
 namespace ampscope {
 namespace detail {

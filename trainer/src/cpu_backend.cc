@@ -9,11 +9,12 @@
 // Speed (bench/trainer_bench.py measures it against PyTorch):
 //   - The loops outside the matmuls are vector kernels (cpu_vector_kernels.h) of the SIMD level
 //     ampscope::active_simd_level() picks (AMPSCOPE_SIMD caps it).
-//   - They run on the OpenBLAS thread count (worker_pool.h): the calling thread and the workers
-//     claim fixed-size chunks, rows or heads. Task boundaries and the order in which partial
-//     sums are combined depend only on the shapes, so results do not depend on the thread
-//     count or on which thread ran what (resumed runs stay bit-exact), and a worker the OS is
-//     slow to schedule costs nothing: the caller takes its tasks.
+//   - They run on the OpenBLAS thread count, on the process's one pool (ampscope/thread_pool.h):
+//     the calling thread and the pool's workers claim fixed-size chunks, rows or heads. Task
+//     boundaries and the order in which partial sums are combined depend only on the shapes,
+//     so results do not depend on the thread count or on which thread ran what (resumed runs
+//     stay bit-exact), and a worker the OS is slow to schedule costs nothing: the caller takes
+//     its tasks.
 //   - A 16-bit output computed in its own format is rounded once, by the store; an FP32
 //     output computed in FP32 is written in place.
 #include <cblas.h>
@@ -32,15 +33,14 @@
 #include "ampscope/check.h"
 #include "ampscope/convert.h"
 #include "ampscope/cpu_features.h"
+#include "ampscope/thread_pool.h"
 #include "ampscope/trainer/backend.h"
 #include "cpu_vector_kernels.h"
-#include "worker_pool.h"
 
 namespace ampscope::trainer {
 namespace {
 
 using detail::Kernels;
-using detail::WorkerPool;
 namespace vk = detail::vk;
 
 class CpuBuffer final : public Buffer {
@@ -109,13 +109,28 @@ class ScratchPool {
   std::vector<std::vector<float>> free_;
 };
 
+// The back end's share of the process's pool: parallel work on at most its thread count.
+// run(count, fn) calls fn(task, slot) with slot < threads() (ampscope::parallel_for).
+class Workers {
+ public:
+  explicit Workers(int threads) : threads_(threads) {}
+  int threads() const { return threads_; }
+  template <class Fn>
+  void run(std::size_t count, const Fn& fn) const {
+    parallel_for(count, threads_, fn);
+  }
+
+ private:
+  int threads_;
+};
+
 // Elements per parallel task of the elementwise passes (64 KiB of FP32): large enough to
 // amortise a task, small enough to keep a task's arrays in L2 and both cores busy.
 constexpr std::size_t kChunk = 16384;
 
 // fn(begin, end) over [0, n) in kChunk pieces on the workers.
 template <class Fn>
-void for_chunks(WorkerPool& workers, std::size_t n, const Fn& fn) {
+void for_chunks(const Workers& workers, std::size_t n, const Fn& fn) {
   const std::size_t tasks = (n + kChunk - 1) / kChunk;
   workers.run(tasks, [&](std::size_t t, int) { fn(t * kChunk, std::min(n, (t + 1) * kChunk)); });
 }
@@ -133,7 +148,7 @@ std::byte* at(void* base, std::size_t index, Format dtype) {
 // What an operation works with: scratch memory, the workers and the vector kernels.
 struct Exec {
   ScratchPool& scratch;
-  WorkerPool& workers;
+  const Workers& workers;
   const Kernels& k;
 };
 
@@ -751,7 +766,7 @@ class CpuBackend final : public Backend {
 
   CpuStream stream_;
   ScratchPool pool_;
-  WorkerPool workers_;
+  Workers workers_;
   Kernels kernels_;
   Exec ex_;
 };
