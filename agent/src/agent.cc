@@ -185,6 +185,16 @@ Status Agent::observe(const TensorView& tensor) noexcept {
                         [&] { return impl_->recorder->observe(tensor); });
 }
 
+Status Agent::observe_stats(const TensorView& meta, const TensorStats& stats) noexcept {
+  return guarded_status(impl_->notices, "observe_stats",
+                        [&] { return impl_->recorder->observe_stats(meta, stats); });
+}
+
+std::optional<TargetSpec> Agent::stats_target(const TensorView& meta) noexcept {
+  return guarded(impl_->notices, "stats_target", std::optional<TargetSpec>{},
+                 [&] { return impl_->recorder->stats_target(meta); });
+}
+
 Status Agent::mark_phase(StepPhase phase) noexcept {
   return guarded_status(impl_->notices, "mark_phase",
                         [&] { return impl_->recorder->mark_phase(phase); });

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <span>
+#include <string>
 
 #include "delivery.h"
 #include "measure.h"
@@ -18,6 +19,72 @@ std::uint64_t numel_of(std::span<const std::int64_t> shape) {
   std::uint64_t n = 1;
   for (auto d : shape) n *= static_cast<std::uint64_t>(std::max<std::int64_t>(0, d));
   return n;
+}
+
+// The loss scale a tensor's values carry (1 when it says none that is usable).
+double sample_scale(const TensorView& t) {
+  return t.scale > 0.0 && std::isfinite(t.scale) ? t.scale : 1.0;
+}
+
+// The step's loss scale after `t`: the tensors that carry it (before unscaling) raise it.
+double scale_with(const TensorView& t, double step_scale) {
+  if (is_loss_scaled(t.role) && t.phase != TensorPhase::kAfterUnscale && t.scale > step_scale) {
+    return t.scale;
+  }
+  return step_scale;
+}
+
+// Why statistics handed to observe_stats() cannot be the statistics of `t`, or empty.
+std::string check_provided_stats(const TensorView& t, const TensorStats& s) {
+  const std::uint64_t numel = numel_of(t.shape);
+  if (s.numel != numel) {
+    return "numel " + std::to_string(s.numel) + " but the shape holds " + std::to_string(numel);
+  }
+  const std::uint64_t counted[] = {s.zeros, s.nan, s.pos_inf, s.neg_inf};
+  std::uint64_t sum = 0;
+  for (std::uint64_t c : counted) {
+    if (c > numel - sum) return "zero and non-finite counts add up to more than numel";
+    sum += c;
+  }
+  const std::uint64_t finite_nonzero = numel - sum;
+  const BinadeHistogram& h = s.histogram;
+  if (!h.empty() && (h.min_exponent < kHistogramMinExponent ||
+                     h.max_exponent() > kHistogramMaxExponent)) {
+    return "histogram bins outside [" + std::to_string(kHistogramMinExponent) + ", " +
+           std::to_string(kHistogramMaxExponent) + "]";
+  }
+  std::uint64_t binned = 0;
+  bool too_many = false;
+  for (std::uint64_t c : h.counts) {
+    too_many = too_many || c > finite_nonzero - binned;
+    if (!too_many) binned += c;
+  }
+  if (too_many || binned != finite_nonzero) {
+    return "the histogram does not hold the " + std::to_string(finite_nonzero) +
+           " finite nonzero values";
+  }
+  const bool values = finite_nonzero > 0;
+  const auto magnitude = [](double x) { return std::isfinite(x) && x >= 0.0; };
+  if (!magnitude(s.max_abs) || !magnitude(s.min_abs_nonzero) || !std::isfinite(s.sum) ||
+      !magnitude(s.sum_sq) || (values && (s.min_abs_nonzero == 0.0 ||
+                                          s.min_abs_nonzero > s.max_abs)) ||
+      (!values && (s.max_abs != 0.0 || s.min_abs_nonzero != 0.0))) {
+    return "extrema or sums that no finite values have";
+  }
+  // The histogram's end bins are those of the extrema (floor(log2) is exact for FP32 values).
+  if (values && (h.counts.front() == 0 || h.counts.back() == 0 ||
+                 std::ilogb(s.min_abs_nonzero) != h.min_exponent ||
+                 std::ilogb(s.max_abs) != h.max_exponent())) {
+    return "a histogram from " + std::to_string(h.min_exponent) + " to " +
+           std::to_string(h.max_exponent()) + " that does not match min_abs_nonzero and max_abs";
+  }
+  for (const TargetCounts& c : s.targets) {
+    if (c.overflow > finite_nonzero || c.underflow > finite_nonzero - c.overflow ||
+        c.subnormal > finite_nonzero - c.overflow - c.underflow) {
+      return "target " + to_string(c.target) + " counts more values than are finite and nonzero";
+    }
+  }
+  return {};
 }
 
 }  // namespace
@@ -141,36 +208,8 @@ Status Recorder::observe(const TensorView& t) {
   if (closed_) return {StatusCode::kFailedPrecondition, "observe after shutdown"};
   if (!in_step_ || !observing_) return Status::Ok();
   try {
-    nvtx_phase_to(t.phase);
-    nvtx::Scoped range(nvtx::Range::kAgentObserve, config_.nvtx);
-    // The step's loss scale, from the tensors that carry it (before unscaling).
-    if (is_loss_scaled(t.role) && t.phase != TensorPhase::kAfterUnscale && t.scale > step_scale_) {
-      step_scale_ = t.scale;
-    }
-    if (t.device == Device::kCuda) saw_device_tensor_ = true;
-    const Level level = sampler_.level(t.role, t.phase);
-    if (level == Level::kSkip) return Status::Ok();
-    if (++sampled_this_step_ > config_.sampling.max_tensors_per_step) {
-      current_.dropped_tensors += 1;
-      return Status::Ok();
-    }
     TensorSample s;
-    s.name.assign(t.name);
-    s.role = t.role;
-    s.phase = t.phase;
-    s.dtype = t.dtype;
-    s.shape.assign(t.shape.begin(), t.shape.end());
-    s.numel = numel_of(t.shape);
-    s.scale = t.scale > 0.0 && std::isfinite(t.scale) ? t.scale : 1.0;
-    s.micro_step = t.micro_step;
-    s.order = t.order;
-    s.level = level;
-    s.target = target_for(run_.compute_format, t.role, s.scale, step_scale_);
-    s.held = t.held;
-    if (!is_stats_storage_format(t.dtype)) {
-      drop_sample("unsupported dtype " + std::string(format_name(t.dtype)));
-      return Status::Ok();
-    }
+    if (!start_sample(t, s)) return Status::Ok();
     if (s.numel > 0 && t.data == nullptr) {
       drop_sample("tensor '" + s.name + "' has no data");
       return Status::Ok();
@@ -181,6 +220,111 @@ Status Recorder::observe(const TensorView& t) {
     current_.dropped_tensors += 1;
     throw;
   }
+}
+
+Status Recorder::observe_stats(const TensorView& t, const TensorStats& stats) {
+  Call call(*this, true);
+  if (call.reentered()) return refuse_reentry("observe_stats");
+  if (closed_) return {StatusCode::kFailedPrecondition, "observe_stats after shutdown"};
+  if (std::string why = check_provided_stats(t, stats); !why.empty()) {
+    why = "observe_stats: tensor '" + std::string(t.name) + "': " + why;
+    notices_->raise("observe_stats-invalid", "agent: " + why + "; not recorded");
+    if (in_step_ && observing_) current_.dropped_tensors += 1;
+    return {StatusCode::kInvalidArgument, std::move(why)};
+  }
+  if (!in_step_ || !observing_) return Status::Ok();
+  try {
+    TensorSample s;
+    // Not measured at this step's level: dropped here, as observe() drops it.
+    if (!start_sample(t, s)) return Status::Ok();
+    if (adopt_stats(t, stats, s)) current_.samples.push_back(std::move(s));
+    return Status::Ok();
+  } catch (...) {
+    current_.dropped_tensors += 1;
+    throw;
+  }
+}
+
+std::optional<TargetSpec> Recorder::stats_target(const TensorView& t) {
+  Call call(*this, true);
+  if (call.reentered() || closed_ || !in_step_ || !observing_) return std::nullopt;
+  if (sampler_.level(t.role, t.phase) == Level::kSkip) return std::nullopt;
+  return target_for(run_.compute_format, t.role, sample_scale(t), scale_with(t, step_scale_));
+}
+
+// The sample of `t` as this point of the step wants it (name, level, target...), with the
+// step's bookkeeping done (NVTX phase, step scale, budget). False when `t` is not measured:
+// its level is kSkip, the step's budget is spent or its dtype cannot be measured (the last
+// two counted as drops).
+bool Recorder::start_sample(const TensorView& t, TensorSample& s) {
+  nvtx_phase_to(t.phase);
+  nvtx::Scoped range(nvtx::Range::kAgentObserve, config_.nvtx);
+  step_scale_ = scale_with(t, step_scale_);
+  if (t.device == Device::kCuda) saw_device_tensor_ = true;
+  const Level level = sampler_.level(t.role, t.phase);
+  if (level == Level::kSkip) return false;
+  if (++sampled_this_step_ > config_.sampling.max_tensors_per_step) {
+    current_.dropped_tensors += 1;
+    return false;
+  }
+  s.name.assign(t.name);
+  s.role = t.role;
+  s.phase = t.phase;
+  s.dtype = t.dtype;
+  s.shape.assign(t.shape.begin(), t.shape.end());
+  s.numel = numel_of(t.shape);
+  s.scale = sample_scale(t);
+  s.micro_step = t.micro_step;
+  s.order = t.order;
+  s.level = level;
+  s.target = target_for(run_.compute_format, t.role, s.scale, step_scale_);
+  s.held = t.held;
+  if (!is_stats_storage_format(t.dtype)) {
+    drop_sample("unsupported dtype " + std::string(format_name(t.dtype)));
+    return false;
+  }
+  return true;
+}
+
+// Takes the caller's statistics of `t` as the sample's measurement: what measure_into() would
+// have computed from the data. False when the sample was dropped (counted).
+bool Recorder::adopt_stats(const TensorView& t, const TensorStats& stats, TensorSample& s) {
+  const auto counted = std::find_if(stats.targets.begin(), stats.targets.end(),
+                                    [&](const TargetCounts& c) { return c.target == *s.target; });
+  if (counted == stats.targets.end() && s.level == Level::kFull) {
+    const std::string missing = "observe_stats: '" + s.name + "' counted no " +
+                                to_string(*s.target);
+    if (t.device == Device::kCpu && t.data != nullptr) {
+      notices_->raise("observe_stats-target", "agent: " + missing + "; measured from its data");
+      return measure_into(t, s);
+    }
+    notices_->raise("observe_stats-target", "agent: " + missing + "; reported without counts "
+                                            "for that target");
+  }
+  s.stats.numel = stats.numel;
+  s.stats.zeros = stats.zeros;
+  s.stats.nan = stats.nan;
+  s.stats.pos_inf = stats.pos_inf;
+  s.stats.neg_inf = stats.neg_inf;
+  s.stats.max_abs = stats.max_abs;
+  const bool nonfinite = stats.nonfinite() > 0;
+  // A counted tensor that holds a non-finite value is measured in full (measure_into).
+  if (s.level == Level::kCounts && nonfinite && config_.sampling.full_on_nonfinite) {
+    s.level = Level::kFull;
+  }
+  if (s.level == Level::kFull) {
+    s.stats.min_abs_nonzero = stats.min_abs_nonzero;
+    s.stats.sum = stats.sum;
+    s.stats.sum_sq = stats.sum_sq;
+    s.stats.histogram = stats.histogram;
+    if (counted != stats.targets.end()) s.stats.targets.assign(1, *counted);
+  }
+  s.measured = true;
+  if (nonfinite) {
+    nonfinite_this_step_ = true;
+    sampler_.saw_nonfinite();
+  }
+  return true;
 }
 
 // Measures `t` into `s` (counts, full statistics, a copy for the worker or a device launch).

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -57,6 +58,9 @@ class Recorder {
   // close() they do nothing: begin_step returns false, the others kFailedPrecondition.
   bool begin_step(std::int64_t step);
   Status observe(const TensorView& tensor);
+  // Agent::observe_stats and Agent::stats_target (agent.h).
+  Status observe_stats(const TensorView& meta, const TensorStats& stats);
+  std::optional<TargetSpec> stats_target(const TensorView& meta);
   Status mark_phase(StepPhase phase);
   Status end_step(const StepInfo& info);
   // What observe() of a tensor of `role` in `phase` would measure at this point of the step:
@@ -86,6 +90,8 @@ class Recorder {
   class Call;
 
   Status attach_before_start(const char* what) const;
+  bool start_sample(const TensorView& t, TensorSample& s);
+  bool adopt_stats(const TensorView& t, const TensorStats& stats, TensorSample& s);
   bool measure_into(const TensorView& t, TensorSample& s);
   bool measure_here(const void* data, TensorSample& s, bool upgrade_on_nonfinite,
                     bool* nonfinite = nullptr);

@@ -56,12 +56,14 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ampscope/agent/config.h"
 #include "ampscope/agent/interfaces.h"
 #include "ampscope/formats.h"
+#include "ampscope/tensor_stats.h"
 
 namespace ampscope::agent {
 
@@ -139,6 +141,28 @@ class Agent {
   bool begin_step(std::int64_t step) noexcept;
   // Between begin_step and end_step, in execution order (TensorView::order says it exactly).
   Status observe(const TensorView& tensor) noexcept;
+  // Fused statistics: a tensor whose full statistics the caller computed already, in a pass
+  // that reads the data anyway (a fused unscale; the CPU's scale_and_compute_stats, the CUDA
+  // multi-tensor unscale). Recorded exactly as observe(meta) would record meta's data: the same
+  // level (a counts-level sample keeps the counts; a non-finite value escalates as it does
+  // there), the same report. The data is not read or copied; meta.data may be null.
+  // Contract: `stats` are compute_stats()'s of the values as stored (meta.dtype), counting the
+  // target stats_target(meta) names (other targets are ignored). Stats that lack that target
+  // are measured again from meta.data when it is a host pointer, and otherwise reported
+  // without target counts (a notice says so once). Checked before anything is recorded:
+  // numel equal to the product of meta.shape, counts that add up, a histogram within
+  // [kHistogramMinExponent, kHistogramMaxExponent] holding every finite nonzero value, finite
+  // extrema and sums; bad stats are kInvalidArgument with a notice, and nothing is recorded.
+  // Outside a step, or when nothing would measure meta this step, the stats are accepted and
+  // dropped (cheap: no copy).
+  Status observe_stats(const TensorView& meta, const TensorStats& stats) noexcept;
+  // The target a full measurement of `meta` counts at this point of the step (the run's
+  // compute format at the scale the values would be cast with), or nullopt when observe(meta)
+  // would not measure it at all (then there is nothing to compute). wanted() tells counts
+  // from full statistics; a counts-level tensor gets the target too, since a non-finite value
+  // makes it a full one. A step call, serialised like the others. Ask it just before computing
+  // the statistics: it depends on the loss-scaled tensors shown before it in the step.
+  std::optional<TargetSpec> stats_target(const TensorView& meta) noexcept;
   // An optional phase marker for the NVTX timeline (on the thread of begin_step).
   Status mark_phase(StepPhase phase) noexcept;
   // After the step (the optimizer update or its skip).
