@@ -91,6 +91,9 @@ Options as_options(const AgentConfig& c) {
       {"sample_full_roles", roles_text(s.full_roles)},
       {"sample_max_tensors", std::to_string(s.max_tensors_per_step)},
       {"cupti_every", std::to_string(s.cupti_every)},
+      {"flight_recorder_steps", std::to_string(c.flight_recorder_steps)},
+      {"flight_recorder_bytes", std::to_string(c.flight_recorder_bytes)},
+      {"flight_recorder_roles", roles_text(c.flight_recorder_roles)},
   };
 }
 

@@ -147,6 +147,10 @@ std::function<bool(AgentConfig&, std::string_view)> pem_file(std::string AgentCo
 }
 
 constexpr std::int64_t kDay = 86400000;
+// The history one report carries stays well inside the server's limits (1024 steps; the
+// default --max-message-bytes of 16M).
+constexpr std::int64_t kMaxFlightRecorderSteps = 1024;
+constexpr std::int64_t kMaxFlightRecorderBytes = 8 << 20;
 
 const std::vector<Option>& options() {
   static const std::vector<Option> kOptions = {
@@ -257,6 +261,14 @@ const std::vector<Option>& options() {
          if (!parse_int(v, 0, 4096, false, &n)) return false;
          c.sampling.max_tensors_per_step = static_cast<int>(n);
          return true;
+       }},
+      {"flight_recorder_steps", "an integer in [0, 1024] (0: off)",
+       integer(&AgentConfig::flight_recorder_steps, 0, kMaxFlightRecorderSteps)},
+      {"flight_recorder_bytes", "a size in [0, 8M]",
+       integer(&AgentConfig::flight_recorder_bytes, 0, kMaxFlightRecorderBytes, true)},
+      {"flight_recorder_roles", "comma-separated roles, all or none",
+       [](AgentConfig& c, std::string_view v) {
+         return parse_roles(v, &c.flight_recorder_roles);
        }},
       {"cupti_every", "an integer >= 0 (0: off)",
        [](AgentConfig& c, std::string_view v) {

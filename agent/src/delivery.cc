@@ -19,7 +19,8 @@ Delivery::Delivery(const AgentConfig& config, const RunInfo& run, std::unique_pt
       policy_(policy),
       notices_(notices),
       spool_(std::move(spool)),
-      transport_(std::make_unique<Transport>(config_, spool_.get(), notices_, transport_hooks())) {
+      transport_(std::make_unique<Transport>(config_, spool_.get(), notices_, transport_hooks())),
+      flight_(config_.flight_recorder_steps, config_.flight_recorder_bytes) {
   for (TensorRole role : config_.sampling.full_roles) full_role_[static_cast<int>(role)] = true;
 }
 
@@ -230,6 +231,7 @@ void Delivery::process(StepRecord& record) {
     if (s.gpu) {
       if (s.gpu->collect(&s.stats, &error)) {
         s.measured = true;
+        s.full = true;
         const bool nonfinite = s.stats.nonfinite() > 0;
         escalated = escalated || (escalate && nonfinite);
         if (escalated && (nonfinite || full_role_[static_cast<int>(s.role)])) {
@@ -238,8 +240,8 @@ void Delivery::process(StepRecord& record) {
       }
       s.gpu.reset();
     } else {
-      // A full-level sample copied by the recorder in worker mode.
-      const MeasureResult r = measure_host(s.copy.data(), s, false, /*max_threads=*/1);
+      // A full-level (or recorded) sample copied by the recorder in worker mode.
+      const MeasureResult r = measure_host(s.copy.data(), s, escalate, /*max_threads=*/1);
       if (!r.ok) error = r.error;
       std::vector<unsigned char>().swap(s.copy);
     }
@@ -257,8 +259,11 @@ void Delivery::process(StepRecord& record) {
                                         std::to_string(kMaxOutcomesPerReport) +
                                         " (all are counted in policies_applied/refused)");
   }
+  FlightHistory history;
+  flight_.on_step(record, &history);
   ReportContext ctx;
   ctx.config = &config_;
+  ctx.history = &history;
   ctx.time_unix_ns = proto::unix_now_ns();
   ctx.counters = wire_counters();
   notices_->take_pending(&ctx.notices, Notices::kMaxPerReport);

@@ -31,6 +31,7 @@
 
 #include "ampscope/agent/agent.h"
 #include "ampscope/v1/telemetry.pb.h"
+#include "flight_recorder.h"
 #include "notices.h"
 #include "record.h"
 #include "spool.h"
@@ -105,6 +106,7 @@ class Delivery {
   const std::unique_ptr<Spool> spool_;
   const std::unique_ptr<Transport> transport_;
   std::array<bool, kNumTensorRoles> full_role_{};
+  FlightRecorder flight_;  // the worker thread's
 
   std::mutex lifecycle_mu_;
   std::atomic<bool> started_{false};  // written under lifecycle_mu_

@@ -24,7 +24,7 @@ MeasureResult measure_host(const void* data, TensorSample& s, bool upgrade_on_no
                            int max_threads) {
   MeasureResult r;
   try {
-    if (s.level == Level::kCounts) {
+    if (s.level == Level::kCounts && !s.record_full) {
       if (!count_nonfinite(data, s.numel, s.dtype, &s.stats)) {
         r.error = "unsupported dtype " + std::string(format_name(s.dtype));
         return r;
@@ -32,13 +32,15 @@ MeasureResult measure_host(const void* data, TensorSample& s, bool upgrade_on_no
       r.nonfinite = s.stats.nonfinite() > 0;
       if (r.nonfinite && upgrade_on_nonfinite) s.level = Level::kFull;
     }
-    if (s.level == Level::kFull) {
+    if (s.level == Level::kFull || s.record_full) {
       StatsOptions options;
       options.max_threads = max_threads;
       std::span<const TargetSpec> targets;
       if (s.target) targets = std::span<const TargetSpec>(&*s.target, 1);
       s.stats = compute_stats(data, s.numel, s.dtype, targets, options);
+      s.full = true;
       r.nonfinite = s.stats.nonfinite() > 0;
+      if (r.nonfinite && upgrade_on_nonfinite) s.level = Level::kFull;
     }
     s.measured = true;
     r.ok = true;

@@ -14,9 +14,9 @@ struct MeasureResult {
   std::string error;  // when !ok: one line
 };
 
-// Measures n = s.numel elements of s.dtype at `data` at s.level. With upgrade_on_nonfinite, a
-// counts-level sample that holds a non-finite value is measured again in full (its level
-// becomes kFull). `max_threads` as StatsOptions::max_threads. Never throws.
+// Measures n = s.numel elements of s.dtype at `data` at s.level, in full when s.record_full
+// (s.full says so). With upgrade_on_nonfinite, a sample below kFull that holds a non-finite
+// value is measured in full and reported so (its level becomes kFull). `max_threads` as StatsOptions::max_threads. Never throws.
 MeasureResult measure_host(const void* data, TensorSample& s, bool upgrade_on_nonfinite,
                            int max_threads);
 

@@ -27,10 +27,14 @@ struct TensorSample {
   double scale = 1.0;
   int micro_step = 0;
   int order = 0;
-  Level level = Level::kCounts;
-  std::optional<TargetSpec> target;  // for kFull
+  Level level = Level::kCounts;      // what the report carries (kSkip: nothing)
+  // Measured in full whatever `level` says, for the flight recorder (flight_recorder.h); its
+  // target is set as for kFull.
+  bool record_full = false;
+  std::optional<TargetSpec> target;  // for kFull and record_full
   std::optional<Format> held;        // TensorView::held
   bool measured = false;             // stats below are final
+  bool full = false;                 // ... and hold full statistics (whatever `level` says)
   TensorStats stats;
   // Pending work (exactly one set while !measured).
   std::vector<unsigned char> copy;   // worker mode: the tensor's bytes

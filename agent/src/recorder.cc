@@ -126,7 +126,8 @@ Recorder::Recorder(const AgentConfig& config, const RunInfo& run, Notices* notic
       delivery_(delivery),
       resume_skip_through_(resume_skip_through),
       lockstep_(config, delivery, notices),
-      sampler_(config.sampling) {}
+      sampler_(config.sampling, config.flight_recorder_steps > 0 ? config.flight_recorder_roles
+                                                                 : std::vector<TensorRole>{}) {}
 
 Recorder::~Recorder() = default;
 
@@ -236,7 +237,7 @@ Status Recorder::observe_stats(const TensorView& t, const TensorStats& stats) {
   try {
     TensorSample s;
     // Not measured at this step's level: dropped here, as observe() drops it.
-    if (!start_sample(t, s)) return Status::Ok();
+    if (!start_sample(t, s, /*stats_given=*/true)) return Status::Ok();
     if (adopt_stats(t, stats, s)) current_.samples.push_back(std::move(s));
     return Status::Ok();
   } catch (...) {
@@ -256,13 +257,17 @@ std::optional<TargetSpec> Recorder::stats_target(const TensorView& t) {
 // step's bookkeeping done (NVTX phase, step scale, budget). False when `t` is not measured:
 // its level is kSkip, the step's budget is spent or its dtype cannot be measured (the last
 // two counted as drops).
-bool Recorder::start_sample(const TensorView& t, TensorSample& s) {
+bool Recorder::start_sample(const TensorView& t, TensorSample& s, bool stats_given) {
   nvtx_phase_to(t.phase);
   nvtx::Scoped range(nvtx::Range::kAgentObserve, config_.nvtx);
   step_scale_ = scale_with(t, step_scale_);
   if (t.device == Device::kCuda) saw_device_tensor_ = true;
   const Level level = sampler_.level(t.role, t.phase);
-  if (level == Level::kSkip) return false;
+  // The flight recorder keeps statistics handed over in full at any level, and has its roles
+  // measured in full.
+  const bool record =
+      config_.flight_recorder_steps > 0 && (stats_given || sampler_.records(t.role, t.phase));
+  if (level == Level::kSkip && !record) return false;
   if (++sampled_this_step_ > config_.sampling.max_tensors_per_step) {
     current_.dropped_tensors += 1;
     return false;
@@ -277,6 +282,7 @@ bool Recorder::start_sample(const TensorView& t, TensorSample& s) {
   s.micro_step = t.micro_step;
   s.order = t.order;
   s.level = level;
+  s.record_full = record && level != Level::kFull;
   s.target = target_for(run_.compute_format, t.role, s.scale, step_scale_);
   s.held = t.held;
   if (!is_stats_storage_format(t.dtype)) {
@@ -312,7 +318,8 @@ bool Recorder::adopt_stats(const TensorView& t, const TensorStats& stats, Tensor
   if (s.level == Level::kCounts && nonfinite && config_.sampling.full_on_nonfinite) {
     s.level = Level::kFull;
   }
-  if (s.level == Level::kFull) {
+  if (s.level == Level::kFull || s.record_full) {
+    s.full = true;
     s.stats.min_abs_nonzero = stats.min_abs_nonzero;
     s.stats.sum = stats.sum;
     s.stats.sum_sq = stats.sum_sq;
@@ -354,7 +361,7 @@ bool Recorder::measure_into(const TensorView& t, TensorSample& s) {
   // and escalates the rest of the step.
   const bool defer_full = config_.stats_thread == StatsThread::kWorker;
   const bool escalate = config_.sampling.full_on_nonfinite;
-  if (s.level == Level::kCounts) {
+  if (s.level == Level::kCounts && !s.record_full) {
     bool nonfinite = false;
     if (!measure_here(t.data, s, !defer_full && escalate, &nonfinite)) return false;
     if (nonfinite && defer_full && escalate) {
@@ -362,8 +369,8 @@ bool Recorder::measure_into(const TensorView& t, TensorSample& s) {
       s.measured = false;
     }
   }
-  if (s.level == Level::kFull && !s.measured) {
-    return defer_full ? copy_for_worker(t.data, s) : measure_here(t.data, s, false);
+  if ((s.level == Level::kFull || s.record_full) && !s.measured) {
+    return defer_full ? copy_for_worker(t.data, s) : measure_here(t.data, s, escalate);
   }
   return true;
 }
@@ -388,7 +395,7 @@ bool Recorder::measure_here(const void* data, TensorSample& s, bool upgrade_on_n
 int Recorder::wanted(TensorRole role, TensorPhase phase) {
   Call call(*this, true);
   if (call.reentered() || closed_ || !in_step_ || !observing_) return 0;
-  return static_cast<int>(sampler_.level(role, phase));
+  return static_cast<int>(sampler_.measured(role, phase));
 }
 
 Status Recorder::mark_phase(StepPhase phase) {

@@ -90,7 +90,7 @@ class Recorder {
   class Call;
 
   Status attach_before_start(const char* what) const;
-  bool start_sample(const TensorView& t, TensorSample& s);
+  bool start_sample(const TensorView& t, TensorSample& s, bool stats_given = false);
   bool adopt_stats(const TensorView& t, const TensorStats& stats, TensorSample& s);
   bool measure_into(const TensorView& t, TensorSample& s);
   bool measure_here(const void* data, TensorSample& s, bool upgrade_on_nonfinite,

@@ -33,6 +33,19 @@ v1::PolicyAgreement agreement_to_proto(PolicyAgreementMode m) {
   return v1::POLICY_AGREEMENT_UNSPECIFIED;
 }
 
+v1::FlightEvent flight_event_to_proto(FlightEvent e) {
+  switch (e) {
+    case FlightEvent::kNonfinite:
+      return v1::FLIGHT_EVENT_NONFINITE;
+    case FlightEvent::kSkipped:
+      return v1::FLIGHT_EVENT_SKIPPED;
+    case FlightEvent::kUnderflow:
+      return v1::FLIGHT_EVENT_UNDERFLOW;
+    case FlightEvent::kNone:
+      break;
+  }
+  return v1::FLIGHT_EVENT_UNSPECIFIED;
+}
 
 void encode_tensor(const TensorSample& s, v1::TensorStats* t) {
   t->set_name(s.name);
@@ -112,7 +125,7 @@ void encode_report(const StepRecord& record, const ReportContext& context, v1::S
   const TensorSample* first = nullptr;
   for (const auto& s : record.samples) {
     if (!s.measured) continue;
-    encode_tensor(s, out->add_tensors());
+    if (s.level != Level::kSkip) encode_tensor(s, out->add_tensors());
     if (s.stats.nonfinite() > 0 && (first == nullptr || s.order < first->order)) first = &s;
   }
   if (first != nullptr) {
@@ -133,6 +146,15 @@ void encode_report(const StepRecord& record, const ReportContext& context, v1::S
   out->set_policy_seq(record.policy_seq);
   *out->mutable_agent() = context.counters;
   for (const auto& n : context.notices) out->add_notices(n);
+  if (context.history != nullptr && !context.history->steps.empty()) {
+    out->set_flight_event(flight_event_to_proto(context.history->event));
+    for (const RecordedStep& step : context.history->steps) {
+      v1::HistoryStep* h = out->add_history();
+      h->set_step(step.step);
+      h->set_loss_scale(step.loss_scale);
+      for (const TensorSample& s : step.samples) encode_tensor(s, h->add_tensors());
+    }
+  }
 }
 
 void encode_hello(const AgentConfig& config, const RunInfo& run, const ScalerSettings& scaler,

@@ -8,6 +8,7 @@
 
 #include "ampscope/agent/agent.h"
 #include "ampscope/v1/telemetry.pb.h"
+#include "flight_recorder.h"
 #include "record.h"
 
 namespace ampscope::agent {
@@ -17,14 +18,16 @@ struct ReportContext {
   std::int64_t time_unix_ns = 0;
   v1::AgentCounters counters;
   std::vector<std::string> notices;
+  const FlightHistory* history = nullptr;  // the flight recorder's, for an event step
 };
 
 // The policy outcomes the server accepts in one report (a report with more is rejected whole).
 constexpr std::size_t kMaxOutcomesPerReport = 64;
 
-// Fills `out` from a measured record. The first offender is the measured sample with the
-// lowest order that held a non-finite value. Of the outcomes, the first kMaxOutcomesPerReport
-// go out (the caller notices the rest).
+// Fills `out` from a measured record. Samples at Level::kSkip (measured for the flight recorder
+// only) are left out. The first offender is the measured sample with the lowest order that
+// held a non-finite value. Of the outcomes, the first kMaxOutcomesPerReport go out (the caller
+// notices the rest). A history with steps goes out as StepReport.history and flight_event.
 void encode_report(const StepRecord& record, const ReportContext& context, v1::StepReport* out);
 
 // When this process started, ns since the epoch: /proc/self/stat's start time (clock ticks

@@ -2,10 +2,12 @@
 
 namespace ampscope::agent {
 
-Sampler::Sampler(const SamplingConfig& config) : config_(config) {
+Sampler::Sampler(const SamplingConfig& config, const std::vector<TensorRole>& recorded_roles)
+    : config_(config) {
   for (TensorRole r : config_.count_roles) count_role_[static_cast<int>(r)] = true;
   for (TensorRole r : config_.full_roles) full_role_[static_cast<int>(r)] = true;
-  counts_any_ = config_.counts && !config_.count_roles.empty();
+  for (TensorRole r : recorded_roles) record_role_[static_cast<int>(r)] = true;
+  counts_any_ = (config_.counts && !config_.count_roles.empty()) || !recorded_roles.empty();
 }
 
 bool Sampler::begin_step(std::int64_t step) {
@@ -14,6 +16,11 @@ bool Sampler::begin_step(std::int64_t step) {
   full_step_ = follow_up_ || (config_.full_every > 0 && step % config_.full_every == 0);
   follow_up_ = false;
   return full_step_ || counts_any_;
+}
+
+bool Sampler::records(TensorRole role, TensorPhase phase) const {
+  const bool repeat = role == TensorRole::kWeightGrad && phase == TensorPhase::kAfterUnscale;
+  return record_role_[static_cast<int>(role)] && !repeat;
 }
 
 Level Sampler::level(TensorRole role, TensorPhase phase) const {

@@ -4,12 +4,15 @@
 // step (every full_every steps, and the step after a step that held a non-finite value or
 // changed the loss scale) samples full_roles at the full level. Within a step, the first
 // non-finite value escalates: that tensor and every later one of the step are measured full
-// (the values of earlier tensors are gone by then; they keep their counts).
+// (the values of earlier tensors are gone by then; they keep their counts). The flight
+// recorder's roles (AgentConfig::flight_recorder_roles, when the recorder is on) are measured
+// in full on every step whatever the level, and reported at the level.
 // Thread safety: none; the recorder's, used under its step lock.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <vector>
 
 #include "ampscope/agent/config.h"
 #include "ampscope/agent/interfaces.h"
@@ -20,7 +23,8 @@ enum class Level : std::uint8_t { kSkip = 0, kCounts = 1, kFull = 2 };
 
 class Sampler {
  public:
-  explicit Sampler(const SamplingConfig& config);
+  // `recorded_roles`: the flight recorder's roles (empty when the recorder is off).
+  explicit Sampler(const SamplingConfig& config, const std::vector<TensorRole>& recorded_roles = {});
 
   // Starts `step`; false when nothing at all is measured this step.
   bool begin_step(std::int64_t step);
@@ -28,6 +32,13 @@ class Sampler {
   // gradients after unscaling are the backward-phase ones divided by the scale: they are
   // measured on full steps only.
   Level level(TensorRole role, TensorPhase phase = TensorPhase::kUnknown) const;
+  // Whether the flight recorder wants the tensor in full whatever its level. Weight gradients
+  // after unscaling are left out, as for counts: they repeat the backward-phase ones.
+  bool records(TensorRole role, TensorPhase phase = TensorPhase::kUnknown) const;
+  // What is measured: level(), or kFull where records().
+  Level measured(TensorRole role, TensorPhase phase = TensorPhase::kUnknown) const {
+    return records(role, phase) ? Level::kFull : level(role, phase);
+  }
   // A measured tensor held a non-finite value: escalate the rest of the step (when enabled).
   void saw_nonfinite();
   // The step ended; `nonfinite` says whether any tensor or the scaler saw one, `scale_changed`
@@ -41,6 +52,7 @@ class Sampler {
   SamplingConfig config_;
   std::array<bool, kNumTensorRoles> count_role_{};
   std::array<bool, kNumTensorRoles> full_role_{};
+  std::array<bool, kNumTensorRoles> record_role_{};
   bool counts_any_ = false;
   std::int64_t step_ = -1;
   bool full_step_ = false;

@@ -127,6 +127,16 @@ struct AgentConfig {
 
   // Measurement.
   SamplingConfig sampling;
+  // The flight recorder (docs/agent.md, "Flight recorder"): the full statistics of the last
+  // flight_recorder_steps steps (0: off) that their reports did not carry in full, kept in
+  // memory up to flight_recorder_bytes and sent once, with the report of a step that held a
+  // non-finite value, was skipped, or whose underflow rose above the alert threshold. It keeps
+  // what a step measured in full anyway (device tensors, statistics handed over by
+  // observe_stats); the roles in flight_recorder_roles are measured in full on every step for it
+  // (a cost: one more read of those tensors) and reported as the sampling says.
+  std::size_t flight_recorder_steps = 16;
+  std::uint64_t flight_recorder_bytes = 4ull << 20;
+  std::vector<TensorRole> flight_recorder_roles;
   StatsThread stats_thread = StatsThread::kCaller;
   std::uint64_t worker_max_bytes = 256ull << 20;
   bool nvtx = true;
@@ -145,7 +155,9 @@ struct AgentConfig {
 //   stats_thread (caller|worker); nvtx (bool);
 //   sample_counts, sample_full_on_nonfinite, sample_full_on_scale_change (bool: 1/0,
 //   true/false, on/off, yes/no); sample_full_every, sample_max_tensors, cupti_every (integers);
-//   sample_count_roles, sample_full_roles (comma-separated roles, or "all", or "none").
+//   sample_count_roles, sample_full_roles (comma-separated roles, or "all", or "none");
+//   flight_recorder_steps (integer in [0, 1024]), flight_recorder_bytes (size in [0, 8M]),
+//   flight_recorder_roles (roles, as sample_full_roles).
 // Keys may use '-' for '_'. Returns an empty string on success, otherwise one line naming the
 // key and the problem; the config is unchanged on failure.
 std::string set_option(AgentConfig& config, std::string_view key, std::string_view value);
