@@ -1,10 +1,14 @@
-// compute_stats: validation, run-time kernel dispatch and the split of large tensors over the
-// bounded pool; predict_from_histogram: the binade-resolution what-if analysis.
+// compute_stats and scale_and_compute_stats: validation, run-time kernel dispatch and the split
+// of large tensors over the project's pool; predict_from_histogram: the binade-resolution
+// what-if analysis.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "ampscope/check.h"
+#include "ampscope/convert.h"
 #include "ampscope/thread_pool.h"
+#include "convert_internal.h"
 #include "stats_internal.h"
 
 namespace ampscope {
@@ -14,6 +18,26 @@ void stats_kernel_scalar(const void* data, std::size_t n, Format dtype,
                          std::span<const TargetThresholds> th, StatsAccumulator& acc) {
   acc.numel += n;
   for (std::size_t i = 0; i < n; ++i) accumulate_one(acc, widen_to_fp32_bits(data, i, dtype), th);
+}
+
+void scale_stats_kernel_scalar(void* data, std::size_t n, Format dtype, float factor,
+                               std::span<const TargetThresholds> th, StatsAccumulator& acc) {
+  const ScopedDefaultMxcsr ieee;
+  auto* bytes = static_cast<unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (dtype == Format::kFP32) {
+      float x;
+      std::memcpy(&x, bytes + 4 * i, 4);
+      x *= factor;
+      std::memcpy(bytes + 4 * i, &x, 4);
+    } else {
+      std::uint16_t h;
+      std::memcpy(&h, bytes + 2 * i, 2);
+      h = static_cast<std::uint16_t>(encode(decode(h, dtype) * factor, dtype));
+      std::memcpy(bytes + 2 * i, &h, 2);
+    }
+  }
+  stats_kernel_scalar(data, n, dtype, th, acc);
 }
 
 void finish_scalar(const void* data, std::size_t n, std::size_t full, Format dtype,
@@ -53,35 +77,74 @@ constexpr std::size_t kMinPart = 1024;
 }  // namespace
 }  // namespace detail
 
-TensorStats compute_stats(const void* data, std::size_t n, Format dtype,
-                          std::span<const TargetSpec> targets, const StatsOptions& options) {
-  using namespace detail;
+namespace {
+
+void check_input(const void* data, std::size_t n, Format dtype) {
   AMPSCOPE_CHECK(is_stats_storage_format(dtype), "statistics read fp32, fp16 or bf16 storage, ",
                  "not ", format_name(dtype));
   AMPSCOPE_CHECK(n == 0 || data != nullptr, "null data pointer for ", n, " elements");
-  const std::vector<TargetThresholds> th = compute_thresholds(targets);
-  const SimdLevel level = options.simd.value_or(active_simd_level());
+}
+
+// Runs part_kernel(begin, count, acc) over [0, n): on the calling thread, or in one contiguous
+// part per worker (the pattern kernel keeps a table per thread and folds it once per part, so
+// fewer, larger parts are cheaper than many small ones). The parts' exact accumulators merge
+// without rounding, so the result does not depend on the split.
+template <typename PartKernel>
+TensorStats run_parts(std::size_t n, std::span<const TargetSpec> targets,
+                      const StatsOptions& options, const PartKernel& part_kernel) {
+  using namespace detail;
   const int max_threads = options.max_threads > 0 ? options.max_threads : pool_size();
   const bool parallel = n >= options.parallel_threshold && max_threads > 1 && n >= 2 * kMinPart;
   if (!parallel) {
     StatsAccumulator acc(targets.size());
-    select_kernel(level, dtype, n, options)(data, n, dtype, th, acc);
+    part_kernel(std::size_t{0}, n, n, acc);
     return acc.finish(targets);
   }
-  // One contiguous part per worker: the pattern kernel keeps a table per thread and folds it
-  // once per part, so fewer, larger parts are cheaper than many small ones.
-  const std::size_t parts = std::min<std::size_t>(static_cast<std::size_t>(max_threads), n / kMinPart);
+  const std::size_t parts =
+      std::min<std::size_t>(static_cast<std::size_t>(max_threads), n / kMinPart);
   const std::size_t part_len = (n + parts - 1) / parts;
-  const Kernel kernel = select_kernel(level, dtype, part_len, options);
   std::vector<StatsAccumulator> accs(parts, StatsAccumulator(targets.size()));
-  const std::size_t elem = static_cast<std::size_t>(storage_bytes(dtype));
   parallel_for(parts, static_cast<int>(parts), [&](std::size_t p) {
     const std::size_t begin = p * part_len;
     const std::size_t count = begin < n ? std::min(part_len, n - begin) : 0;
-    kernel(static_cast<const char*>(data) + begin * elem, count, dtype, th, accs[p]);
+    part_kernel(begin, count, part_len, accs[p]);
   });
   for (std::size_t p = 1; p < parts; ++p) accs[0].merge(accs[p]);
   return accs[0].finish(targets);
+}
+
+}  // namespace
+
+TensorStats compute_stats(const void* data, std::size_t n, Format dtype,
+                          std::span<const TargetSpec> targets, const StatsOptions& options) {
+  using namespace detail;
+  check_input(data, n, dtype);
+  const std::vector<TargetThresholds> th = compute_thresholds(targets);
+  const SimdLevel level = options.simd.value_or(active_simd_level());
+  const std::size_t elem = static_cast<std::size_t>(storage_bytes(dtype));
+  return run_parts(n, targets, options,
+                   [&](std::size_t begin, std::size_t count, std::size_t part_len,
+                       StatsAccumulator& acc) {
+                     select_kernel(level, dtype, part_len, options)(
+                         static_cast<const char*>(data) + begin * elem, count, dtype, th, acc);
+                   });
+}
+
+TensorStats scale_and_compute_stats(void* data, std::size_t n, Format dtype, float factor,
+                                    std::span<const TargetSpec> targets,
+                                    const StatsOptions& options) {
+  using namespace detail;
+  check_input(data, n, dtype);
+  const std::vector<TargetThresholds> th = compute_thresholds(targets);
+  const SimdLevel level = clamp_simd_level(options.simd.value_or(active_simd_level()));
+  const auto kernel =
+      level == SimdLevel::kScalar ? scale_stats_kernel_scalar : scale_stats_kernel_avx2;
+  const std::size_t elem = static_cast<std::size_t>(storage_bytes(dtype));
+  return run_parts(n, targets, options,
+                   [&](std::size_t begin, std::size_t count, std::size_t, StatsAccumulator& acc) {
+                     kernel(static_cast<char*>(data) + begin * elem, count, dtype, factor, th,
+                            acc);
+                   });
 }
 
 WhatIf predict_from_histogram(const BinadeHistogram& histogram, Format format, int scale_log2,

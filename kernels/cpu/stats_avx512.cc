@@ -2,7 +2,9 @@
 // exact). Design:
 //   - The common case, finite normal values, is branch-free: masks from integer compares on
 //     |x| bits give zeros, extrema, the target ranges (one compare per threshold, popcount of the
-//     mask) and the FP64 sums (lanes widened to double, FMA for the squares).
+//     mask) and the FP64 sums (lanes widened to double, FMA for the squares). The sums are kept
+//     per chunk: a chunk whose exponent range passes chunk_sum_is_exact adds its FP64 sums into
+//     the exact accumulators once; a wider one adds its normal values one by one.
 //   - The binade histogram is the expensive part. For a normal FP32 value the binade is its
 //     biased exponent byte minus 127, so the kernel narrows each lane's exponent to a byte into a
 //     small buffer and histograms the buffer with scalar increments into four interleaved tables
@@ -49,10 +51,13 @@ AMPSCOPE_TARGET_AVX512 void fix_up_rare(__m512i bits, __mmask16 nonfinite, __mma
 // Histogram of one chunk's exponent bytes (nb a multiple of 16, at most kChunk). Values within a
 // chunk usually span few binades, so the bins from the lowest to the highest byte present are
 // counted with byte compares: per bin and 64 bytes one compare and one masked subtract into
-// byte counters (a byte lane sees at most kChunk / 64 = 32 hits). That avoids the scalar
+// byte counters (a byte lane sees at most kChunk / 64 = 8 hits). That avoids the scalar
 // increments' store-to-load-forwarding chains when neighbours share a bin. Wide chunks
 // (adversarial data) fall back to the scalar tables.
-AMPSCOPE_TARGET_AVX512 void histogram_chunk(std::uint8_t* ebuf, std::size_t nb, ByteHistogram& tables) {
+// Returns the range [lo, hi] of the bytes present other than 0 and 255 (lo > hi: none), which
+// is the biased exponent range of the chunk's finite normal values.
+AMPSCOPE_TARGET_AVX512 void histogram_chunk(std::uint8_t* ebuf, std::size_t nb, ByteHistogram& tables,
+                                            int& range_lo, int& range_hi) {
   constexpr int kMaxCompareBins = 24;
   const std::size_t padded = (nb + 63) & ~std::size_t{63};
   std::memset(ebuf + nb, 0, padded - nb);  // byte 0 (zero/subnormal) is never folded
@@ -72,6 +77,8 @@ AMPSCOPE_TARGET_AVX512 void histogram_chunk(std::uint8_t* ebuf, std::size_t nb, 
     lo = lo_b[l] + 1 < lo ? lo_b[l] + 1 : lo;
     hi = hi_b[l] - 1 > hi ? hi_b[l] - 1 : hi;
   }
+  range_lo = lo;
+  range_hi = hi;
   if (lo > hi) return;  // only zeros, subnormals and non-finite values
   if (hi - lo >= kMaxCompareBins) {
     tables.add(ebuf, nb);
@@ -104,9 +111,6 @@ AMPSCOPE_TARGET_AVX512 void run(const char* data, std::size_t n, std::span<const
   const __m512i minus_one = _mm512_set1_epi32(-1);
   __m512i max_abs = _mm512_setzero_si512();
   __m512i min_abs = minus_one;
-  __m512d sum[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
-  __m512d sum_sq[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
-
   __m512i ovf_lo[NT > 0 ? NT : 1], ufl_hi[NT > 0 ? NT : 1], sub_hi[NT > 0 ? NT : 1];
   for (int t = 0; t < NT; ++t) {
     ovf_lo[t] = _mm512_set1_epi32(static_cast<int>(th[t].ovf_lo));
@@ -122,6 +126,8 @@ AMPSCOPE_TARGET_AVX512 void run(const char* data, std::size_t n, std::span<const
 
   for (std::size_t chunk = 0; chunk < full; chunk += kChunk) {
     const std::size_t chunk_end = chunk + kChunk < full ? chunk + kChunk : full;
+    __m512d sum[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
+    __m512d sum_sq[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
     // Per-lane counters for this chunk: zeros, then (overflow, underflow, <= sub_hi) per target.
     __m512i zeros = _mm512_setzero_si512();
     __m512i cnt[NT > 0 ? NT : 1][3];
@@ -170,7 +176,16 @@ AMPSCOPE_TARGET_AVX512 void run(const char* data, std::size_t n, std::span<const
       acc.target_counts[static_cast<std::size_t>(t)][1] += u;
       acc.target_counts[static_cast<std::size_t>(t)][2] += le - u;  // ufl_hi < a <= sub_hi
     }
-    histogram_chunk(ebuf, nb, bytes_hist);
+    int lo = 1, hi = 0;
+    histogram_chunk(ebuf, nb, bytes_hist, lo, hi);
+    if (lo <= hi) {
+      if (chunk_sum_is_exact(dtype, lo, hi, nb)) {
+        acc.sum.add(_mm512_reduce_add_pd(_mm512_add_pd(sum[0], sum[1])));
+        acc.sum_sq.add(_mm512_reduce_add_pd(_mm512_add_pd(sum_sq[0], sum_sq[1])));
+      } else {
+        add_normal_values_exactly(data + chunk * elem, nb, dtype, acc);
+      }
+    }
     since_fold += nb;
     if (since_fold >= kFoldEvery) {
       bytes_hist.fold_into(acc);
@@ -186,8 +201,6 @@ AMPSCOPE_TARGET_AVX512 void run(const char* data, std::size_t n, std::span<const
     acc.max_abs_bits = mx[l] > acc.max_abs_bits ? mx[l] : acc.max_abs_bits;
     acc.min_abs_bits = mn[l] < acc.min_abs_bits ? mn[l] : acc.min_abs_bits;
   }
-  acc.sum += _mm512_reduce_add_pd(_mm512_add_pd(sum[0], sum[1]));
-  acc.sum_sq += _mm512_reduce_add_pd(_mm512_add_pd(sum_sq[0], sum_sq[1]));
   finish_scalar(data, n, full, dtype, th, NT, acc);
 }
 

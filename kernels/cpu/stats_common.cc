@@ -180,6 +180,67 @@ std::vector<TargetThresholds> compute_thresholds(std::span<const TargetSpec> tar
   return out;
 }
 
+void ExactSum::normalise() {
+  // Carries move up; every limb but the top one ends in [0, 2^32), the top one holds the sign.
+  for (int i = 0; i + 1 < kLimbs; ++i) {
+    const std::int64_t carry = limbs_[i] >> 32;  // arithmetic shift: floor division
+    limbs_[i] -= carry * (std::int64_t{1} << 32);
+    limbs_[i + 1] += carry;
+  }
+  pending_ = 0;
+}
+
+void ExactSum::merge(const ExactSum& o) {
+  ExactSum other = o;
+  other.normalise();
+  normalise();
+  for (int i = 0; i < kLimbs; ++i) limbs_[i] += other.limbs_[i];
+  pending_ = 1;
+}
+
+double ExactSum::round() const {
+  ExactSum n = *this;
+  n.normalise();
+  // Magnitude digits in [0, 2^32), least significant first, and the sign.
+  std::array<std::uint64_t, kLimbs> digit{};
+  const bool negative = n.limbs_[kLimbs - 1] < 0;
+  if (negative) {  // two's complement over the digits: invert and add one
+    std::uint64_t carry = 1;
+    for (int i = 0; i < kLimbs; ++i) {
+      const std::uint64_t inv = ~static_cast<std::uint64_t>(n.limbs_[i]) & 0xFFFFFFFFu;
+      const std::uint64_t v = inv + carry;
+      digit[static_cast<std::size_t>(i)] = v & 0xFFFFFFFFu;
+      carry = v >> 32;
+    }
+  } else {
+    for (int i = 0; i < kLimbs; ++i) {
+      digit[static_cast<std::size_t>(i)] = static_cast<std::uint64_t>(n.limbs_[i]);
+    }
+  }
+  int top = kLimbs - 1;
+  while (top >= 0 && digit[static_cast<std::size_t>(top)] == 0) --top;
+  if (top < 0) return 0.0;
+  // The top three digits (96 bits, the leading one nonzero) and a sticky bit for the rest.
+  auto at = [&](int i) { return i < 0 ? std::uint64_t{0} : digit[static_cast<std::size_t>(i)]; };
+  const unsigned __int128 head = (static_cast<unsigned __int128>(at(top)) << 64) |
+                                 (static_cast<unsigned __int128>(at(top - 1)) << 32) | at(top - 2);
+  bool sticky = false;
+  for (int i = top - 3; i >= 0; --i) sticky |= digit[static_cast<std::size_t>(i)] != 0;
+  const int bits = 128 - (static_cast<std::uint64_t>(head >> 64) != 0
+                              ? __builtin_clzll(static_cast<std::uint64_t>(head >> 64))
+                              : 64 + __builtin_clzll(static_cast<std::uint64_t>(head)));
+  const int drop = bits - 53;  // >= 12: the leading digit is nonzero, so bits >= 65
+  auto mantissa = static_cast<std::uint64_t>(head >> drop);
+  const unsigned __int128 rest = head & ((static_cast<unsigned __int128>(1) << drop) - 1);
+  const unsigned __int128 half = static_cast<unsigned __int128>(1) << (drop - 1);
+  if (rest > half || (rest == half && (sticky || (mantissa & 1)))) ++mantissa;
+  // A carry out of 53 bits (2^53) is still exact as a double; ldexp scales it exactly (the
+  // result is a normal double: |sum| >= 2^-350 when nonzero).
+  const double magnitude =
+      std::ldexp(static_cast<double>(mantissa), drop + 32 * (top - 2) + kLsbExponent);
+  return negative ? -magnitude : magnitude;
+}
+
 void StatsAccumulator::merge(const StatsAccumulator& o) {
   numel += o.numel;
   zeros += o.zeros;
@@ -188,8 +249,8 @@ void StatsAccumulator::merge(const StatsAccumulator& o) {
   neg_inf += o.neg_inf;
   max_abs_bits = std::max(max_abs_bits, o.max_abs_bits);
   min_abs_bits = std::min(min_abs_bits, o.min_abs_bits);
-  sum += o.sum;
-  sum_sq += o.sum_sq;
+  sum.merge(o.sum);
+  sum_sq.merge(o.sum_sq);
   for (std::size_t i = 0; i < hist.size(); ++i) hist[i] += o.hist[i];
   for (std::size_t i = 0; i < target_counts.size(); ++i) {
     for (int k = 0; k < 3; ++k) target_counts[i][k] += o.target_counts[i][k];
@@ -205,8 +266,8 @@ TensorStats StatsAccumulator::finish(std::span<const TargetSpec> targets) const 
   s.neg_inf = neg_inf;
   s.max_abs = fp32_abs_bits_to_double(max_abs_bits);
   s.min_abs_nonzero = min_abs_bits == 0xFFFFFFFFu ? 0.0 : fp32_abs_bits_to_double(min_abs_bits);
-  s.sum = sum;
-  s.sum_sq = sum_sq;
+  s.sum = sum.round();
+  s.sum_sq = sum_sq.round();
   s.histogram = BinadeHistogram::from_dense(hist);
   s.targets.reserve(targets.size());
   for (std::size_t i = 0; i < targets.size(); ++i) {

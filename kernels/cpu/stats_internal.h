@@ -60,6 +60,58 @@ inline double fp32_abs_bits_to_double(std::uint32_t abs_bits) {
   return d;
 }
 
+// An exact sum of doubles: a fixed-point number with its least significant bit at 2^-352 in
+// 23 limbs of 32 bits, each held in an int64 so that additions need no carry propagation (the
+// limbs are normalised every 2^30 additions and before a merge). Every double the statistics
+// add lies in [2^-350, 2^330): a finite FP32 value, its exact FP64 square, or a chunk's FP64
+// sum of such values (see the kernels), so add() never loses a bit, and round() gives the
+// exactly rounded (nearest even) double of the whole sum. add() costs a dozen integer
+// operations, so the vector kernels call it once per chunk, not per element.
+class ExactSum {
+ public:
+  static constexpr int kLimbs = 23;
+  static constexpr int kLsbExponent = -352;
+
+  void add(double d) {
+    std::uint64_t u;
+    std::memcpy(&u, &d, 8);
+    const int biased = static_cast<int>((u >> 52) & 0x7FF);
+    if (biased == 0) return;  // zero (no double below 2^-1022 is ever added)
+    const std::uint64_t mantissa = (u & ((std::uint64_t{1} << 52) - 1)) | (std::uint64_t{1} << 52);
+    const int shift = biased - 1075 - kLsbExponent;  // d = mantissa * 2^(shift + kLsbExponent)
+    const unsigned __int128 v = static_cast<unsigned __int128>(mantissa) << (shift % 32);
+    const int k = shift / 32;
+    const auto lo = static_cast<std::int64_t>(static_cast<std::uint64_t>(v) & 0xFFFFFFFFu);
+    const auto mid = static_cast<std::int64_t>(static_cast<std::uint64_t>(v >> 32) & 0xFFFFFFFFu);
+    const auto hi = static_cast<std::int64_t>(static_cast<std::uint64_t>(v >> 64));
+    if (u >> 63) {
+      limbs_[k] -= lo;
+      limbs_[k + 1] -= mid;
+      limbs_[k + 2] -= hi;
+    } else {
+      limbs_[k] += lo;
+      limbs_[k + 1] += mid;
+      limbs_[k + 2] += hi;
+    }
+    if (++pending_ == kNormaliseEvery) normalise();
+  }
+  // a * b exactly (the FMA residual is the product's rounding error).
+  void add_product(double a, double b) {
+    const double p = a * b;
+    add(p);
+    add(__builtin_fma(a, b, -p));
+  }
+  void merge(const ExactSum& o);
+  // The exactly rounded sum (ties to even).
+  double round() const;
+
+ private:
+  static constexpr int kNormaliseEvery = 1 << 30;
+  void normalise();
+  std::array<std::int64_t, kLimbs> limbs_{};
+  int pending_ = 0;
+};
+
 struct StatsAccumulator {
   std::uint64_t numel = 0;
   std::uint64_t zeros = 0;
@@ -68,8 +120,8 @@ struct StatsAccumulator {
   std::uint64_t neg_inf = 0;
   std::uint32_t max_abs_bits = 0;
   std::uint32_t min_abs_bits = 0xFFFFFFFFu;  // over finite nonzero; sentinel when none
-  double sum = 0.0;
-  double sum_sq = 0.0;
+  ExactSum sum;
+  ExactSum sum_sq;
   std::array<std::uint64_t, kHistogramBins> hist{};
   std::vector<std::array<std::uint64_t, 3>> target_counts;  // overflow, underflow, subnormal
 
@@ -99,8 +151,8 @@ inline void accumulate_one(StatsAccumulator& acc, std::uint32_t bits,
   acc.max_abs_bits = a > acc.max_abs_bits ? a : acc.max_abs_bits;
   acc.min_abs_bits = a < acc.min_abs_bits ? a : acc.min_abs_bits;
   const double m = fp32_abs_bits_to_double(a);
-  acc.sum += (bits >> 31) ? -m : m;
-  acc.sum_sq += m * m;
+  acc.sum.add((bits >> 31) ? -m : m);
+  acc.sum_sq.add(m * m);
   ++acc.hist[binade_of_bits(a) - kHistogramMinExponent];
   for (std::size_t i = 0; i < th.size(); ++i) {
     acc.target_counts[i][0] += a >= th[i].ovf_lo;
@@ -145,7 +197,9 @@ inline std::uint32_t widen_to_fp32_bits(const void* data, std::size_t i, Format 
 
 // Shared by the vector kernels ------------------------------------------------------------
 
-inline constexpr std::size_t kChunk = 2048;  // elements per exponent-byte buffer
+// Elements per chunk: the vector kernels keep a chunk's |x| bits and exponent bytes in L1 and
+// add its FP64 sums into the exact accumulators once (see chunk_sum_is_exact).
+inline constexpr std::size_t kChunk = 512;
 inline constexpr std::size_t kFoldEvery = std::size_t{1} << 24;  // uint32 tables cannot overflow
 inline constexpr std::size_t kMaxVecTargets = 4;  // counted in registers; more go the scalar way
 
@@ -195,8 +249,36 @@ inline void fix_up_rare_lanes(const std::uint32_t* lanes, unsigned nonfinite, un
     const std::uint32_t a = u & kAbsMask;
     ++acc.hist[static_cast<std::size_t>(binade_of_bits(a) - kHistogramMinExponent)];
     const double v = fp32_abs_bits_to_double(a);
-    acc.sum += (u >> 31) ? -v : v;
-    acc.sum_sq += v * v;
+    acc.sum.add((u >> 31) ? -v : v);
+    acc.sum_sq.add(v * v);
+  }
+}
+
+// Whether FP64 lane sums of up to `count` finite normal values of `dtype`, all with biased FP32
+// exponents (after widening) in [lo, hi], are exact, in every lane and in any order of adding
+// the lanes. Such values are multiples of 2^(lo - 127 - m) (m: the dtype's fraction bits) and
+// below 2^(hi - 126), so every partial sum of up to count of them is a multiple of that quantum
+// below count * 2^(hi - 126): exact when count * 2^(hi - lo + m + 1) <= 2^53. FP16 values are
+// all multiples of 2^-24 below 2^16, so up to 2^13 of them always sum exactly.
+inline bool chunk_sum_is_exact(Format dtype, int lo, int hi, std::size_t count) {
+  const int log2_count = count <= 1 ? 0 : 64 - std::countl_zero(count - 1);
+  if (dtype == Format::kFP16) return log2_count <= 13;
+  const int fraction_bits = dtype == Format::kBF16 ? 7 : 23;
+  return (hi - lo) + fraction_bits + 1 + log2_count <= 53;
+}
+
+// The slow, exact way for a chunk whose range is too wide for chunk_sum_is_exact: every finite
+// normal element of [0, count) (as FP32 after widening) goes into the exact sums one by one.
+// Zeros, subnormals and non-finite values are left out (the fix-ups handle the subnormals).
+inline void add_normal_values_exactly(const void* data, std::size_t count, Format dtype,
+                                      StatsAccumulator& acc) {
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::uint32_t bits = widen_to_fp32_bits(data, i, dtype);
+    const std::uint32_t a = bits & kAbsMask;
+    if (a < kMinNormalBits || a >= kInfBits) continue;
+    const double m = fp32_abs_bits_to_double(a);
+    acc.sum.add((bits >> 31) ? -m : m);
+    acc.sum_sq.add(m * m);
   }
 }
 
@@ -213,6 +295,12 @@ void stats_kernel_avx2(const void* data, std::size_t n, Format dtype,
                        std::span<const TargetThresholds> th, StatsAccumulator& acc);
 void stats_kernel_avx512(const void* data, std::size_t n, Format dtype,
                          std::span<const TargetThresholds> th, StatsAccumulator& acc);
+// The fused kernels of scale_and_compute_stats(): data[i] = round(data[i] * factor) in dtype,
+// then the statistics of the stored values. AVX-512 CPUs use the AVX2 one.
+void scale_stats_kernel_scalar(void* data, std::size_t n, Format dtype, float factor,
+                               std::span<const TargetThresholds> th, StatsAccumulator& acc);
+void scale_stats_kernel_avx2(void* data, std::size_t n, Format dtype, float factor,
+                             std::span<const TargetThresholds> th, StatsAccumulator& acc);
 // FP16/BF16 only: histogram of the raw 16-bit patterns, folded once per call.
 void stats_kernel_pattern16(const void* data, std::size_t n, Format dtype,
                             std::span<const TargetThresholds> th, StatsAccumulator& acc);

@@ -2,9 +2,9 @@
 //
 // A 16-bit tensor has only 65,536 possible values, so the count of each bit pattern is a
 // sufficient statistic for everything TensorStats holds: zeros, NaN, +-Inf, extrema, the binade
-// histogram and the target counts are sums over pattern ranges, and the FP64 sums are
+// histogram and the target counts are sums over pattern ranges, and the sums are
 // sum(count * value), each product exact (a 16-bit value has at most 11 significant bits and a
-// count fewer than 2^32). The per-element work is one table increment, which is several times
+// count fewer than 2^32) and added into the exact accumulators. The per-element work is one table increment, which is several times
 // cheaper than classifying, widening and comparing every element; the per-call cost is one walk
 // over the 65,536 counts, so compute_stats uses this kernel only for large tensors.
 //
@@ -80,10 +80,12 @@ void fold_patterns(PatternTables& tables, Format dtype, std::span<const TargetTh
     }
     acc.max_abs_bits = a > acc.max_abs_bits ? a : acc.max_abs_bits;
     acc.min_abs_bits = a < acc.min_abs_bits ? a : acc.min_abs_bits;
+    // c < 2^32 and a 16-bit value has at most 11 significant bits: c * m is exact, and
+    // (c * m) * m goes in exactly as a product.
     const double m = fp32_abs_bits_to_double(a);
     const double cm = static_cast<double>(c) * m;
-    acc.sum += (bits >> 31) ? -cm : cm;
-    acc.sum_sq += cm * m;
+    acc.sum.add((bits >> 31) ? -cm : cm);
+    acc.sum_sq.add_product(cm, m);
     acc.hist[static_cast<std::size_t>(binade_of_bits(a) - kHistogramMinExponent)] += c;
     for (std::size_t i = 0; i < th.size(); ++i) {
       if (a >= th[i].ovf_lo) acc.target_counts[i][0] += c;

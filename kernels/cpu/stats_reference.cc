@@ -1,6 +1,7 @@
 // The scalar reference for tensor statistics: one element at a time, every quantity computed
 // from its definition in FP64 (frexp for the binade, the exact predicates for the targets), so
-// the fast kernels' bit tricks are checked against something that does not share them.
+// the fast kernels' bit tricks are checked against something that does not share them. The sums
+// are exact (every value and its FP64 square go into an exact accumulator) and rounded once.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -39,6 +40,7 @@ TensorStats compute_stats_reference(const void* data, std::size_t n, Format dtyp
   for (const TargetSpec& t : targets) s.targets.push_back(TargetCounts{t, 0, 0, 0});
   std::array<std::uint64_t, kHistogramBins> dense{};
   double min_abs = std::numeric_limits<double>::infinity();
+  detail::ExactSum sum, sum_sq;
   for (std::size_t i = 0; i < n; ++i) {
     const float x = load_value(data, i, dtype);
     if (std::isnan(x)) {
@@ -56,8 +58,8 @@ TensorStats compute_stats_reference(const void* data, std::size_t n, Format dtyp
     const double v = std::fabs(static_cast<double>(x));
     s.max_abs = std::max(s.max_abs, v);
     min_abs = std::min(min_abs, v);
-    s.sum += static_cast<double>(x);
-    s.sum_sq += v * v;
+    sum.add(static_cast<double>(x));
+    sum_sq.add(v * v);  // exact: a float has 24 significant bits
     int e = 0;
     std::frexp(v, &e);
     ++dense[static_cast<std::size_t>(e - 1 - kHistogramMinExponent)];
@@ -68,6 +70,8 @@ TensorStats compute_stats_reference(const void* data, std::size_t n, Format dtyp
     }
   }
   s.min_abs_nonzero = std::isinf(min_abs) ? 0.0 : min_abs;
+  s.sum = sum.round();
+  s.sum_sq = sum_sq.round();
   s.histogram = BinadeHistogram::from_dense(dense);
   return s;
 }

@@ -2,7 +2,10 @@
 //
 // One pass over a tensor stored as FP32, FP16 or BF16 yields TensorStats:
 //   - numel, zeros, nan, pos_inf, neg_inf
-//   - max_abs and min_abs_nonzero over finite values, sum and sum_sq over finite values in FP64
+//   - max_abs and min_abs_nonzero over finite values; sum and sum_sq over finite values: sum is
+//     the exactly rounded (nearest even) sum however much it cancels, sum_sq is within a few
+//     units in the last place (each chunk of 512 values is summed in FP64, the chunks exactly),
+//     at every SIMD level and thread count
 //   - the binade histogram: for each finite nonzero x, bin e = floor(log2|x|), e in [-149, 127]
 //   - exact overflow/underflow/subnormal counts for each (target format, scale 2^k) pair: what
 //     happens to x * 2^k when it is rounded (to nearest even) into the target format.
@@ -82,8 +85,8 @@ struct TensorStats {
   std::uint64_t neg_inf = 0;
   double max_abs = 0.0;          // largest finite |x|; 0 when there is none
   double min_abs_nonzero = 0.0;  // smallest finite nonzero |x|; 0 when there is none
-  double sum = 0.0;              // FP64 sum of finite values
-  double sum_sq = 0.0;           // FP64 sum of squares of finite values
+  double sum = 0.0;              // sum of finite values, exactly rounded
+  double sum_sq = 0.0;           // sum of squares of finite values, within a few ulps
   BinadeHistogram histogram;
   std::vector<TargetCounts> targets;
 
@@ -92,7 +95,9 @@ struct TensorStats {
 };
 
 // Combines statistics of two disjoint parts of one tensor (or of two tensors). Both must carry
-// the same target list (in the same order).
+// the same target list (in the same order). Counts, extrema and histograms combine exactly; the
+// sums are added in FP64 (one more rounding; compute_stats itself merges its threads' parts
+// exactly).
 void merge_into(TensorStats& into, const TensorStats& from);
 
 struct StatsOptions {
