@@ -128,6 +128,12 @@ v1::GetRunResponse QueryClient::get_run(const v1::GetRunRequest& request) {
   return call<v1::GetRunRequest, v1::GetRunResponse>(request, &v1::Query::Stub::GetRun, "GetRun");
 }
 
+v1::GetStepHistoryResponse QueryClient::get_step_history(
+    const v1::GetStepHistoryRequest& request) {
+  return call<v1::GetStepHistoryRequest, v1::GetStepHistoryResponse>(
+      request, &v1::Query::Stub::GetStepHistory, "GetStepHistory");
+}
+
 v1::GetReportsResponse QueryClient::get_reports(const v1::GetReportsRequest& request) {
   return call<v1::GetReportsRequest, v1::GetReportsResponse>(request, &v1::Query::Stub::GetReports,
                                                              "GetReports");

@@ -44,6 +44,7 @@ class QueryClient {
   v1::GetReportsResponse get_reports(const v1::GetReportsRequest& request);
   v1::GetPolicyResponse get_policy(const v1::GetPolicyRequest& request);
   v1::DeleteRunResponse delete_run(const v1::DeleteRunRequest& request);
+  v1::GetStepHistoryResponse get_step_history(const v1::GetStepHistoryRequest& request);
 
  private:
   void prepare(grpc::ClientContext* context) const;

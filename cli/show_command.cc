@@ -4,10 +4,12 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "query_client.h"
+#include "step_history.h"
 
 namespace ampscope::cli {
 namespace {
@@ -18,6 +20,8 @@ struct ShowArgs {
   ServerArgs server;
   std::string run_id;
   unsigned limit = 10;
+  std::optional<std::int64_t> step;  // --step: that step and what led to it
+  unsigned steps_back = 16;
 };
 
 std::string percent(double ratio) {
@@ -316,8 +320,27 @@ void add_show_command(CLI::App& app) {
   add_server_options(cmd, args->server);
   cmd->add_option("--limit", args->limit, "Entries per list (skipped steps, tensors, ...)")
       ->capture_default_str();
+  cmd->add_option("--step", args->step,
+                  "Show this step: what happened, and each offending tensor's binade histogram "
+                  "over the steps before it (the flight recorder's history)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--steps-back", args->steps_back, "With --step: how many steps before it")
+      ->capture_default_str();
   cmd->callback([args] {
     QueryClient client(args->server);
+    if (args->step) {
+      v1::GetStepHistoryRequest request;
+      request.set_run_id(args->run_id);
+      request.set_step(*args->step);
+      request.set_steps(args->steps_back);
+      const v1::GetStepHistoryResponse history = client.get_step_history(request);
+      if (args->server.json) {
+        print_step_json(std::cout, args->run_id, *args->step, history);
+      } else {
+        print_step_text(std::cout, args->run_id, *args->step, history);
+      }
+      return;
+    }
     v1::GetRunRequest request;
     request.set_run_id(args->run_id);
     request.set_limit(args->limit);

@@ -1,6 +1,7 @@
 // `ampscope show RUN`: what the server saw of one run — steps, skipped steps and why, first
 // offenders, the loss-scale timeline, the worst tensors by underflow and by overflow, and the
-// policy decisions with the agents' answers.
+// policy decisions with the agents' answers. With --step S: that step and what led to it
+// (step_history.h).
 #pragma once
 
 #include <CLI/CLI.hpp>

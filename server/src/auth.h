@@ -3,7 +3,8 @@
 //
 //   agent   streams reports (Telemetry.Attach): for any run, or only for runs whose id starts
 //           with the token's run-id prefix
-//   reader  the Query service's read RPCs (ListRuns, GetRun, GetReports, GetPolicy) and /metrics
+//   reader  the Query service's read RPCs (ListRuns, GetRun, GetReports, GetPolicy,
+//           GetStepHistory) and /metrics
 //   admin   everything: also DeleteRun, and streaming for any run
 //
 // Without tokens nothing is checked and every caller acts as an admin. A gRPC call carries its

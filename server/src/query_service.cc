@@ -151,6 +151,20 @@ grpc::ServerUnaryReactor* QueryService::GetPolicy(grpc::CallbackServerContext* c
   });
 }
 
+grpc::ServerUnaryReactor* QueryService::GetStepHistory(grpc::CallbackServerContext* context,
+                                                       const v1::GetStepHistoryRequest* request,
+                                                       v1::GetStepHistoryResponse* response) {
+  return respond(context, auth_, metrics_, "GetStepHistory", [&] {
+    if (grpc::Status s = check_run_id_arg(request->run_id()); !s.ok()) return s;
+    if (request->step() < 0) return invalid("step: must be >= 0");
+    if (request->tensors_size() > 64) return invalid("tensors: at most 64 names");
+    std::optional<v1::GetStepHistoryResponse> history = store_.get_step_history(*request);
+    if (!history) return not_found(request->run_id());
+    *response = std::move(*history);
+    return grpc::Status::OK;
+  });
+}
+
 grpc::ServerUnaryReactor* QueryService::DeleteRun(grpc::CallbackServerContext* context,
                                                   const v1::DeleteRunRequest* request,
                                                   v1::DeleteRunResponse* response) {

@@ -1,4 +1,5 @@
-// The Query service: unary ListRuns, GetRun, GetReports and GetPolicy over the store, plus the
+// The Query service: unary ListRuns, GetRun, GetReports, GetPolicy and GetStepHistory over the
+// store, plus the
 // live facts only the running server knows (connected agents, duplicates since start), and
 // DeleteRun, which the ingest thread carries out (the store's only writer) and answers.
 //
@@ -33,6 +34,9 @@ class QueryService final : public v1::Query::CallbackService {
   grpc::ServerUnaryReactor* GetPolicy(grpc::CallbackServerContext* context,
                                       const v1::GetPolicyRequest* request,
                                       v1::GetPolicyResponse* response) override;
+  grpc::ServerUnaryReactor* GetStepHistory(grpc::CallbackServerContext* context,
+                                           const v1::GetStepHistoryRequest* request,
+                                           v1::GetStepHistoryResponse* response) override;
   grpc::ServerUnaryReactor* DeleteRun(grpc::CallbackServerContext* context,
                                       const v1::DeleteRunRequest* request,
                                       v1::DeleteRunResponse* response) override;

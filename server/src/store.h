@@ -1,5 +1,6 @@
 // The embedded store (SQLite, WAL): runs, agents, reports (the raw StepReport plus the columns
-// queries need), per-tensor totals, policy decisions with their reasons and the agents'
+// queries need; the flight recorder's history a report carries in rows of its own), per-tensor
+// totals, policy decisions with their reasons and the agents'
 // outcomes, the policy engines' saved state, and rejections. Schema versioned through
 // PRAGMA user_version with forward-only migrations (store_schema.cc).
 //
@@ -28,7 +29,7 @@
 
 namespace ampscope::server {
 
-inline constexpr int kSchemaVersion = 2;
+inline constexpr int kSchemaVersion = 3;
 
 struct StoreOptions {
   std::string path;
@@ -119,7 +120,8 @@ class StoreWriter {
   void set_agent_progress(const std::string& run_id, std::uint32_t rank, std::uint64_t last_seq,
                           std::int64_t now_ns, const v1::AgentCounters* counters);
   void add_agent_notice(const std::string& run_id, std::uint32_t rank, const std::string& text);
-  // Returns the report id.
+  // Returns the report id. The stored payload leaves StepReport.history out: its tensors go
+  // into tensor_history, tied to the report.
   std::int64_t insert_report(const v1::StepReport& report, const std::string& payload,
                              std::int64_t received_ns);
   void add_tensor_totals(const TensorTotals& delta);
@@ -155,6 +157,7 @@ class StoreWriter {
  private:
   std::int64_t run_key(const std::string& run_id);  // cached; throws for an unknown run
   std::int64_t delete_run_rows(std::int64_t run);   // returns the reports deleted
+  void insert_history(std::int64_t run, std::int64_t report, const v1::StepReport& r);
   struct Statements;
   std::unique_ptr<Connection> conn_;
   std::unique_ptr<Statements> st_;
@@ -203,6 +206,9 @@ class StoreReader {
   // The request as the Query service checked it (a page_token parse_page_token accepts).
   std::optional<v1::GetReportsResponse> get_reports(const v1::GetReportsRequest& request);
   std::optional<v1::GetPolicyResponse> get_policy(const std::string& run_id);
+  // The request as the Query service checked it (step >= 0, tensors within bounds).
+  std::optional<v1::GetStepHistoryResponse> get_step_history(
+      const v1::GetStepHistoryRequest& request);
 
  private:
   void fill_summary(std::int64_t run, v1::RunSummary* summary);

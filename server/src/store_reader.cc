@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 
+#include "ampscope/proto/flight_event.h"
 #include "policy_merge.h"
 #include "store.h"
 
@@ -41,6 +42,38 @@ std::string describe_skip(const v1::SkippedStep& s) {
   }
   return why;
 }
+
+// Why a tensor offended in its step (proto::offended), one line; empty when it did not.
+std::string describe_offence(const v1::TensorStats& t) {
+  if (proto::nonfinite(t) > 0) {
+    return "nan " + std::to_string(t.nan()) + ", +inf " + std::to_string(t.pos_inf()) +
+           ", -inf " + std::to_string(t.neg_inf());
+  }
+  if (!proto::offended(t)) return {};
+  std::string format = v1::Format_Name(t.targets(0).format());
+  if (format.rfind("FORMAT_", 0) == 0) format = format.substr(7);
+  std::transform(format.begin(), format.end(), format.begin(), ::tolower);
+  std::ostringstream os;
+  os.precision(3);
+  os << "underflow " << proto::underflow_ratio(t) * 100 << "% in " << format;
+  return os.str();
+}
+
+// A followed tensor: (rank, name, role, phase), the series GetStepHistory matches on.
+struct SeriesKey {
+  std::uint32_t rank = 0;
+  std::string name;
+  int role = 0;
+  int phase = 0;
+  auto operator<=>(const SeriesKey&) const = default;
+};
+
+SeriesKey key_of(std::uint32_t rank, const v1::TensorStats& t) {
+  return {rank, t.name(), static_cast<int>(t.role()), static_cast<int>(t.phase())};
+}
+
+constexpr int kMaxStepTensors = 64;
+constexpr int kMaxHistorySamples = 65536;
 
 }  // namespace
 
@@ -429,6 +462,100 @@ std::optional<v1::GetPolicyResponse> StoreReader::get_policy(const std::string& 
     }
   }
   if (!any) out.clear_current();
+  return out;
+}
+
+std::optional<v1::GetStepHistoryResponse> StoreReader::get_step_history(
+    const v1::GetStepHistoryRequest& q) {
+  std::lock_guard lock(mu_);
+  const std::optional<std::int64_t> run = run_key(q.run_id());
+  if (!run) return std::nullopt;
+  const std::int64_t back = clamp_limit(q.steps(), 16, 1024);
+  const std::int64_t from = std::max<std::int64_t>(0, q.step() - back);
+  const std::set<std::string> asked(q.tensors().begin(), q.tensors().end());
+
+  v1::GetStepHistoryResponse out;
+  std::vector<SeriesKey> followed;  // same order as out.tensors
+  std::set<std::uint32_t> ranks;
+  Statement at = conn_->prepare(
+      "SELECT payload, rank FROM reports WHERE run = ?1 AND step = ?2 ORDER BY rank, id");
+  at.bind(1, *run).bind(2, q.step());
+  while (at.step()) {
+    v1::StepReport r;
+    if (!parse_blob(at.column_blob(0), &r)) continue;
+    const auto rank = static_cast<std::uint32_t>(at.column_int(1));
+    for (const v1::TensorStats& t : r.tensors()) {
+      std::string why = describe_offence(t);
+      if (asked.empty() ? why.empty() : !asked.contains(t.name())) continue;
+      const SeriesKey key = key_of(rank, t);
+      if (out.tensors_size() == kMaxStepTensors ||
+          std::find(followed.begin(), followed.end(), key) != followed.end()) {
+        continue;
+      }
+      v1::StepTensor* st = out.add_tensors();
+      st->set_rank(rank);
+      *st->mutable_stats() = t;
+      st->set_why(std::move(why));
+      followed.push_back(key);
+      ranks.insert(rank);
+    }
+    r.clear_tensors();
+    r.clear_history();
+    *out.add_reports() = std::move(r);
+  }
+  if (followed.empty() || q.step() == 0) return out;
+
+  // Every full sample of a followed series in [from, step): the history rows, and the full
+  // samples of the reports themselves.
+  std::map<SeriesKey, std::vector<v1::HistorySample>> samples;
+  for (const SeriesKey& k : followed) samples[k];
+  Statement h = conn_->prepare(
+      "SELECT step, stats FROM tensor_history WHERE run = ?1 AND name = ?2 AND step >= ?3 AND "
+      "step < ?4 AND rank = ?5 AND role = ?6 AND phase = ?7 ORDER BY step");
+  for (const SeriesKey& k : followed) {
+    h.bind(1, *run).bind(2, k.name).bind(3, from).bind(4, q.step());
+    h.bind(5, std::int64_t{k.rank}).bind(6, std::int64_t{k.role}).bind(7, std::int64_t{k.phase});
+    while (h.step()) {
+      v1::HistorySample sample;
+      sample.set_step(h.column_int(0));
+      sample.set_rank(k.rank);
+      sample.set_from_flight_recorder(true);
+      if (parse_blob(h.column_blob(1), sample.mutable_stats())) {
+        samples[k].push_back(std::move(sample));
+      }
+    }
+    h.reset();
+  }
+  Statement before = conn_->prepare(
+      "SELECT payload, rank, step FROM reports WHERE run = ?1 AND step >= ?2 AND step < ?3 "
+      "ORDER BY step, rank, id");
+  before.bind(1, *run).bind(2, from).bind(3, q.step());
+  while (before.step()) {
+    const auto rank = static_cast<std::uint32_t>(before.column_int(1));
+    if (!ranks.contains(rank)) continue;
+    v1::StepReport r;
+    if (!parse_blob(before.column_blob(0), &r)) continue;
+    for (const v1::TensorStats& t : r.tensors()) {
+      if (t.level() != v1::STATS_LEVEL_FULL) continue;
+      const auto it = samples.find(key_of(rank, t));
+      if (it == samples.end()) continue;
+      v1::HistorySample& sample = it->second.emplace_back();
+      sample.set_step(before.column_int(2));
+      sample.set_rank(rank);
+      *sample.mutable_stats() = t;
+    }
+  }
+  for (const SeriesKey& k : followed) {
+    std::vector<v1::HistorySample>& list = samples[k];
+    std::stable_sort(list.begin(), list.end(), [](const auto& a, const auto& b) {
+      return std::make_pair(a.step(), a.stats().micro_step()) <
+             std::make_pair(b.step(), b.stats().micro_step());
+    });
+    for (v1::HistorySample& sample : list) {
+      if (out.history_size() == kMaxHistorySamples) return out;
+      *out.add_history() = std::move(sample);
+    }
+  }
   return out;
 }
 

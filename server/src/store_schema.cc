@@ -159,7 +159,29 @@ CREATE TABLE rank_divergences (
 ) WITHOUT ROWID;
 )sql";
 
-constexpr std::array<const char*, kSchemaVersion> kMigrations = {kMigration1, kMigration2};
+// Version 2 -> 3: the flight recorder's history (StepReport.history), one row per tensor of a
+// past step, kept with the report that carried it (whose stored payload leaves the history
+// out): the row goes when that report goes (delete_run, retention).
+constexpr const char* kMigration3 = R"sql(
+CREATE TABLE tensor_history (
+  report          INTEGER NOT NULL,             -- reports.id of the report that carried it
+  run             INTEGER NOT NULL,
+  rank            INTEGER NOT NULL,
+  step            INTEGER NOT NULL,             -- the past step
+  name            TEXT NOT NULL,
+  role            INTEGER NOT NULL,
+  phase           INTEGER NOT NULL,
+  stats           BLOB NOT NULL                 -- ampscope.v1.TensorStats, level FULL
+);
+CREATE INDEX tensor_history_by_tensor ON tensor_history (run, name, step);
+CREATE INDEX tensor_history_by_report ON tensor_history (report);
+CREATE TRIGGER reports_take_history AFTER DELETE ON reports BEGIN
+  DELETE FROM tensor_history WHERE report = OLD.id;
+END;
+)sql";
+
+constexpr std::array<const char*, kSchemaVersion> kMigrations = {kMigration1, kMigration2,
+                                                                 kMigration3};
 
 }  // namespace
 

@@ -76,7 +76,10 @@ struct StoreWriter::Statements {
         delete_merged(c.prepare("DELETE FROM merged_steps WHERE run = ?1")),
         delete_divergences(c.prepare("DELETE FROM rank_divergences WHERE run = ?1")),
         delete_rejections(c.prepare("DELETE FROM rejections WHERE run = ?1")),
-        delete_run(c.prepare("DELETE FROM runs WHERE id = ?1")) {}
+        delete_run(c.prepare("DELETE FROM runs WHERE id = ?1")),
+        insert_history(c.prepare(
+            "INSERT INTO tensor_history (report, run, rank, step, name, role, phase, stats) "
+            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)")) {}
 
   Statement upsert_run, run_id_of, touch_run, upsert_agent, agent_progress, agent_notice,
       insert_report, add_tensor, insert_rejection, insert_decision, set_decision_update,
@@ -85,6 +88,7 @@ struct StoreWriter::Statements {
   Statement delete_reports, delete_applications, delete_agents, delete_notices, delete_tensors,
       delete_policy_state, delete_decisions, delete_merged, delete_divergences, delete_rejections,
       delete_run;
+  Statement insert_history;
 };
 
 StoreWriter::StoreWriter(const StoreOptions& options)
@@ -313,8 +317,15 @@ void StoreWriter::add_agent_notice(const std::string& run_id, std::uint32_t rank
   st_->agent_notice.bind(1, run_key(run_id)).bind(2, std::int64_t{rank}).bind(3, text).run();
 }
 
-std::int64_t StoreWriter::insert_report(const v1::StepReport& r, const std::string& payload,
+std::int64_t StoreWriter::insert_report(const v1::StepReport& r, const std::string& received,
                                         std::int64_t received_ns) {
+  std::string without_history;
+  if (r.history_size() > 0) {
+    v1::StepReport copy(r);
+    copy.clear_history();
+    without_history = copy.SerializeAsString();
+  }
+  const std::string& payload = r.history_size() > 0 ? without_history : received;
   Statement& s = st_->insert_report;
   s.bind(1, run_key(r.run_id()))
       .bind(2, std::int64_t{r.rank()})
@@ -340,7 +351,28 @@ std::int64_t StoreWriter::insert_report(const v1::StepReport& r, const std::stri
       .bind(14, r.step_time_s());
   s.run();
   // INSERT OR IGNORE: 0 changes means the unique (run, rank, seq) already held it.
-  return conn_->changes() > 0 ? conn_->last_insert_rowid() : 0;
+  if (conn_->changes() == 0) return 0;
+  const std::int64_t id = conn_->last_insert_rowid();
+  if (r.history_size() > 0) insert_history(run_key(r.run_id()), id, r);
+  return id;
+}
+
+void StoreWriter::insert_history(std::int64_t run, std::int64_t report, const v1::StepReport& r) {
+  Statement& s = st_->insert_history;
+  for (const v1::HistoryStep& h : r.history()) {
+    for (const v1::TensorStats& t : h.tensors()) {
+      const std::string blob = t.SerializeAsString();
+      s.bind(1, report)
+          .bind(2, run)
+          .bind(3, std::int64_t{r.rank()})
+          .bind(4, h.step())
+          .bind(5, t.name())
+          .bind(6, std::int64_t{t.role()})
+          .bind(7, std::int64_t{t.phase()})
+          .bind_blob(8, blob.data(), blob.size())
+          .run();
+    }
+  }
 }
 
 void StoreWriter::add_tensor_totals(const TensorTotals& d) {

@@ -387,6 +387,46 @@ Result check_hello_seqs(const v1::Hello& h) {
   return std::nullopt;
 }
 
+// StepReport.history: past steps in increasing order below the report's step, each tensor at
+// the full level and valid as report.tensors are; flight_event set exactly with a history.
+Result check_history(const v1::StepReport& r) {
+  if (!v1::FlightEvent_IsValid(r.flight_event())) {
+    return violation("report.flight_event", "enum", "unknown value ",
+                     static_cast<int>(r.flight_event()));
+  }
+  if ((r.flight_event() != v1::FLIGHT_EVENT_UNSPECIFIED) != (r.history_size() > 0)) {
+    return violation("report.flight_event", "history",
+                     "must be set exactly when report.history is present");
+  }
+  if (auto v = check_count(r.history_size(), "report.history", limits::kMaxHistorySteps)) {
+    return v;
+  }
+  int tensors = 0;
+  for (int i = 0; i < r.history_size(); ++i) {
+    const v1::HistoryStep& h = r.history(i);
+    const std::string field = indexed("report.history", i);
+    const std::int64_t floor = i == 0 ? 0 : r.history(i - 1).step() + 1;
+    if (h.step() < floor || h.step() >= r.step()) {
+      return violation(field + ".step", "range", "must be in [", floor, ", ", r.step(),
+                       ") (increasing, below the report's step), got ", h.step());
+    }
+    if (auto v = check_positive(h.loss_scale(), field + ".loss_scale")) return v;
+    tensors += h.tensors_size();
+    if (tensors > limits::kMaxHistoryTensors) {
+      return violation(field + ".tensors", "too_many", "the history holds more than ",
+                       limits::kMaxHistoryTensors, " tensors");
+    }
+    for (int k = 0; k < h.tensors_size(); ++k) {
+      const std::string tf = indexed(field + ".tensors", k);
+      if (h.tensors(k).level() != v1::STATS_LEVEL_FULL) {
+        return violation(tf + ".level", "history", "must be STATS_LEVEL_FULL");
+      }
+      if (auto v = check_tensor_stats(h.tensors(k), tf)) return v;
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::string quote(std::string_view text) {
@@ -478,8 +518,11 @@ std::optional<Violation> validate_report(const v1::StepReport& r, const StreamId
     return v;
   }
   if (auto v = check_policy_outcomes(r)) return v;
-  return check_string_list(r.notices(), "report.notices", limits::kMaxNotices,
-                           limits::kNoticeMaxBytes);
+  if (auto v = check_string_list(r.notices(), "report.notices", limits::kMaxNotices,
+                                 limits::kNoticeMaxBytes)) {
+    return v;
+  }
+  return check_history(r);
 }
 
 }  // namespace ampscope::server

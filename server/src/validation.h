@@ -31,6 +31,10 @@ inline constexpr int kMaxShapeDims = 8;
 inline constexpr int kMaxTargets = 16;
 inline constexpr int kMaxNotices = 16;
 inline constexpr int kMaxPolicyOutcomes = 64;
+// StepReport.history: steps and tensors over all of them (the agent's flight recorder stays
+// within both).
+inline constexpr int kMaxHistorySteps = 1024;
+inline constexpr int kMaxHistoryTensors = 65536;
 inline constexpr int kHistogramMinExponent = -149;
 inline constexpr int kHistogramMaxExponent = 127;
 inline constexpr int kMaxHistogramBins = kHistogramMaxExponent - kHistogramMinExponent + 1;
@@ -54,7 +58,7 @@ struct Violation {
 };
 
 // The closed set of reasons, in the order they are exported.
-inline constexpr std::array<std::string_view, 16> kRejectReasons = {
+inline constexpr std::array<std::string_view, 17> kRejectReasons = {
     "missing_hello",        // first message of a stream is not a Hello
     "identity",             // run_id / rank of a report differ from the stream's Hello
     "run_id",               // run id length or characters
@@ -71,6 +75,8 @@ inline constexpr std::array<std::string_view, 16> kRejectReasons = {
     "histogram_range",      // exponent range outside [-149, 127] or too many bins
     "histogram_total",      // histogram counts do not sum to the finite nonzero elements
     "target_counts",        // target counts above the finite nonzero elements
+    "history",              // flight_event without history (or history without it), or a
+                            // history tensor below level FULL
 };
 
 // Per-stream facts a report is checked against.

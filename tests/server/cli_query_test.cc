@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "server_harness.h"
@@ -228,6 +229,70 @@ TEST(CliAuthTest, TokenFileIsSentAndRefusalsAreExplained) {
                    (dir / "wrong").string()});
   EXPECT_EQ(refused.code, 1);
   EXPECT_NE(refused.err.find("refused the credentials"), std::string::npos) << refused.err;
+}
+
+// `show RUN --step S`: what happened at S and, for the tensor that offended there, one line
+// per earlier step with full statistics (the flight recorder's history the agent sent with S).
+TEST_F(CliQueryTest, ShowStepPrintsTheOffendersHistogramOverTheStepsBefore) {
+  AgentStream flight(make_channel(server_->address()));
+  ASSERT_TRUE(flight.send_hello(make_hello("run-flight")));
+  for (std::int64_t step = 0; step < 5; ++step) {
+    ASSERT_TRUE(flight.send(make_report("run-flight", 0, step + 1, step, 0)));
+  }
+  v1::StepReport event = make_report("run-flight", 0, 6, 5, 0);
+  event.set_found_inf(true);
+  event.set_skipped(true);
+  event.set_grad_norm(std::numeric_limits<double>::quiet_NaN());
+  event.set_scale_after(32768);
+  *event.add_tensors() =
+      crafted_tensor("h0.mlp.fc.weight", v1::TENSOR_ROLE_WEIGHT_GRAD, -10, {5, 6}, 65536.0, 2);
+  event.mutable_first_offender()->set_tensor("h0.mlp.fc.weight");
+  event.mutable_first_offender()->set_role(v1::TENSOR_ROLE_WEIGHT_GRAD);
+  event.set_flight_event(v1::FLIGHT_EVENT_NONFINITE);
+  for (std::int64_t step = 1; step < 5; ++step) {
+    v1::HistoryStep* h = event.add_history();
+    h->set_step(step);
+    h->set_loss_scale(65536.0);
+    // The values drift up one binade a step.
+    *h->add_tensors() = synthetic_tensor("h0.mlp.fc.weight", v1::TENSOR_ROLE_WEIGHT_GRAD,
+                                         -20 + static_cast<int>(step), -14 + static_cast<int>(step),
+                                         65536.0, 256, static_cast<std::uint32_t>(step));
+  }
+  ASSERT_TRUE(flight.send(event));
+  ASSERT_TRUE(flight.wait_ack(6).has_value());
+
+  const CommandResult text = cli({"show", "run-flight", "--step", "5"});
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find("run run-flight, step 5"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("found_inf, skipped"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("h0.mlp.fc.weight  (weight_grad"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("nan 2, +inf 0, -inf 0"), std::string::npos) << text.out;
+  std::size_t recorder_lines = 0;
+  for (std::size_t at = text.out.find("recorder\n"); at != std::string::npos;
+       at = text.out.find("recorder\n", at + 1)) {
+    ++recorder_lines;
+  }
+  EXPECT_EQ(recorder_lines, 4u) << text.out;
+  EXPECT_NE(text.out.find("\n  5 <-"), std::string::npos) << text.out;
+
+  const CommandResult j = cli({"show", "run-flight", "--step", "5", "--json"});
+  ASSERT_EQ(j.code, 0) << j.err;
+  const json parsed = json::parse(j.out);
+  ASSERT_EQ(parsed.at("tensors").size(), 1u);
+  const json& history = parsed["tensors"][0].at("history");
+  ASSERT_EQ(history.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(history[i].at("step"), i + 1);
+    EXPECT_EQ(history[i].at("from_flight_recorder"), true);
+  }
+  EXPECT_LT(history[0].at("min_exponent").get<int>(), history[3].at("min_exponent").get<int>());
+  EXPECT_EQ(parsed["reports"][0].at("flight_event"), "non-finite");
+
+  // Without --step, show is what it was.
+  const CommandResult run = cli({"show", "run-flight"});
+  ASSERT_EQ(run.code, 0) << run.err;
+  EXPECT_EQ(run.out.find("recorder"), std::string::npos) << run.out;
+  EXPECT_TRUE(flight.finish().ok());
 }
 
 }  // namespace

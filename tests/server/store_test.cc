@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "server_harness.h"
 
@@ -217,6 +218,98 @@ TEST_F(ServerStoreTest, RetentionNamesTheRunsItDeletedAndSparesThoseToKeep) {
   const std::vector<v1::RunSummary> runs = reader.list_runs(0);
   ASSERT_EQ(runs.size(), 1u);
   EXPECT_EQ(runs[0].run_id(), "connected");
+}
+
+// The flight recorder's history: stored in rows of its own (the report's payload leaves it
+// out), returned by get_step_history for the tensors that offended at the step together with
+// the full samples of earlier reports, and gone with its report.
+TEST_F(ServerStoreTest, HistoryIsStoredWithItsReportAndReturnedForTheOffenders) {
+  using testing::crafted_tensor;
+  using testing::synthetic_tensor;
+  const auto weight = [](int lo, std::uint32_t seed) {
+    return synthetic_tensor("h0.mlp.fc.weight", v1::TENSOR_ROLE_WEIGHT_GRAD, lo, lo + 6, 1024.0,
+                            256, seed);
+  };
+  StoreWriter w(StoreOptions{path(), true});
+  w.begin();
+  w.upsert_run(make_hello("run-h"), kSecond);
+  for (std::int64_t step = 0; step < 8; ++step) {
+    v1::StepReport r = make_report("run-h", 0, static_cast<std::uint64_t>(step + 1), step, 0);
+    if (step == 2) *r.add_tensors() = weight(-20, 2);  // a full step of the sampling
+    w.insert_report(r, r.SerializeAsString(), kSecond);
+  }
+  v1::StepReport event = make_report("run-h", 0, 9, 8, 0);
+  event.set_found_inf(true);
+  event.set_grad_norm(std::numeric_limits<double>::quiet_NaN());
+  *event.add_tensors() = crafted_tensor("h0.mlp.fc.weight", v1::TENSOR_ROLE_WEIGHT_GRAD, -10,
+                                        {5, 6}, 1024.0, /*nan=*/2);
+  *event.add_tensors() = weight(-20, 9);  // another tensor of the step, which did not offend
+  event.mutable_tensors(1)->set_name("h1.mlp.fc.weight");
+  event.set_flight_event(v1::FLIGHT_EVENT_NONFINITE);
+  for (std::int64_t step : {5, 6, 7}) {
+    v1::HistoryStep* h = event.add_history();
+    h->set_step(step);
+    h->set_loss_scale(1024.0);
+    *h->add_tensors() = weight(-19 + static_cast<int>(step), static_cast<std::uint32_t>(step));
+  }
+  const std::int64_t id = w.insert_report(event, event.SerializeAsString(), kSecond);
+  w.commit();
+  ASSERT_GT(id, 0);
+
+  StoreReader reader(path());
+  v1::GetStepHistoryRequest q;
+  q.set_run_id("run-h");
+  q.set_step(8);
+  const std::optional<v1::GetStepHistoryResponse> h = reader.get_step_history(q);
+  ASSERT_TRUE(h.has_value());
+  ASSERT_EQ(h->reports_size(), 1);
+  EXPECT_EQ(h->reports(0).flight_event(), v1::FLIGHT_EVENT_NONFINITE);
+  EXPECT_EQ(h->reports(0).tensors_size(), 0);
+  EXPECT_EQ(h->reports(0).history_size(), 0);
+  ASSERT_EQ(h->tensors_size(), 1);
+  EXPECT_EQ(h->tensors(0).stats().name(), "h0.mlp.fc.weight");
+  EXPECT_EQ(h->tensors(0).why(), "nan 2, +inf 0, -inf 0");
+  ASSERT_EQ(h->history_size(), 4);
+  const std::vector<std::pair<std::int64_t, bool>> expected = {
+      {2, false}, {5, true}, {6, true}, {7, true}};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(h->history(i).step(), expected[i].first) << i;
+    EXPECT_EQ(h->history(i).from_flight_recorder(), expected[i].second) << i;
+    EXPECT_EQ(h->history(i).stats().level(), v1::STATS_LEVEL_FULL);
+  }
+  EXPECT_EQ(h->history(3).stats().histogram().min_exponent(),
+            event.history(2).tensors(0).histogram().min_exponent());
+  // steps = 2 looks back two steps only.
+  q.set_steps(2);
+  EXPECT_EQ(reader.get_step_history(q)->history_size(), 2);
+  // A tensor asked for by name, whether it offended or not.
+  q.set_steps(0);
+  q.add_tensors("h1.mlp.fc.weight");
+  const auto asked = reader.get_step_history(q);
+  ASSERT_EQ(asked->tensors_size(), 1);
+  EXPECT_EQ(asked->tensors(0).why(), "");
+  EXPECT_FALSE(reader.get_step_history([] {
+                 v1::GetStepHistoryRequest u;
+                 u.set_run_id("no-such-run");
+                 return u;
+               }())
+                   .has_value());
+
+  // The stored payload leaves the history out; its rows go with the run.
+  v1::GetReportsRequest all;
+  all.set_run_id("run-h");
+  all.set_from_step(8);
+  all.set_include_tensors(true);
+  const auto stored = reader.get_reports(all);
+  ASSERT_EQ(stored->reports_size(), 1);
+  EXPECT_EQ(stored->reports(0).report().history_size(), 0);
+  EXPECT_EQ(stored->reports(0).report().tensors_size(), 2);
+  Connection c(path(), false, true);
+  EXPECT_EQ(c.query_int("SELECT count(*) FROM tensor_history"), 3);
+  w.begin();
+  w.delete_run("run-h");
+  w.commit();
+  EXPECT_EQ(c.query_int("SELECT count(*) FROM tensor_history"), 0);
 }
 
 }  // namespace

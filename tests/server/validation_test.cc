@@ -268,5 +268,47 @@ TEST(ServerValidationTest, NoticesAndOutcomesBounded) {
                    "string");
 }
 
+// StepReport.history: past steps below the report's step in increasing order, full tensors
+// only, and flight_event set exactly with it.
+TEST(ServerValidationTest, HistoryStepsOrderedBelowTheStepWithFullTensorsAndAnEvent) {
+  v1::StepReport base = make_report("run-v", 0, 1, 10, 2);
+  ASSERT_EQ(base.tensors(0).level(), v1::STATS_LEVEL_FULL);
+  base.set_flight_event(v1::FLIGHT_EVENT_NONFINITE);
+  for (std::int64_t step : {6, 8, 9}) {
+    v1::HistoryStep* h = base.add_history();
+    h->set_step(step);
+    h->set_loss_scale(65536.0);
+    *h->add_tensors() = base.tensors(0);
+  }
+  EXPECT_FALSE(validate_report(base, stream_of()).has_value());
+
+  v1::StepReport r = base;
+  r.clear_flight_event();
+  expect_violation(validate_report(r, stream_of()), "report.flight_event", "history");
+  r = base;
+  r.clear_history();
+  expect_violation(validate_report(r, stream_of()), "report.flight_event", "history");
+  r = base;
+  r.set_flight_event(static_cast<v1::FlightEvent>(99));
+  expect_violation(validate_report(r, stream_of()), "report.flight_event", "enum");
+  r = base;
+  r.mutable_history(2)->set_step(10);  // not below the report's step
+  expect_violation(validate_report(r, stream_of()), "report.history[2].step", "range");
+  r = base;
+  r.mutable_history(1)->set_step(6);  // not increasing
+  expect_violation(validate_report(r, stream_of()), "report.history[1].step", "range");
+  r = base;
+  r.mutable_history(0)->set_loss_scale(0.0);
+  expect_violation(validate_report(r, stream_of()), "report.history[0].loss_scale", "range");
+  r = base;
+  r.mutable_history(1)->mutable_tensors(0)->set_level(v1::STATS_LEVEL_COUNTS);
+  expect_violation(validate_report(r, stream_of()), "report.history[1].tensors[0].level",
+                   "history");
+  r = base;
+  r.mutable_history(1)->mutable_tensors(0)->set_name("");
+  expect_violation(validate_report(r, stream_of()), "report.history[1].tensors[0].name",
+                   "string");
+}
+
 }  // namespace
 }  // namespace ampscope::server
