@@ -47,7 +47,7 @@ std::uint64_t FlightRecorder::footprint(const TensorSample& s) {
          s.stats.targets.size() * sizeof(TargetCounts);
 }
 
-void FlightRecorder::on_step(StepRecord& record, FlightHistory* history) {
+void FlightRecorder::on_step(const StepRecord& record, FlightHistory* history) {
   history->event = FlightEvent::kNone;
   history->steps.clear();
   if (max_steps_ == 0) return;
@@ -55,9 +55,6 @@ void FlightRecorder::on_step(StepRecord& record, FlightHistory* history) {
   if (event == FlightEvent::kNone) {
     keep(record);
     return;
-  }
-  for (TensorSample& s : record.samples) {
-    if (holds_full(s)) s.level = Level::kFull;
   }
   history->event = event;
   history->steps.reserve(ring_.size());

@@ -5,9 +5,10 @@
 // Each measured step passes through on_step() in step order. A step is an event when a tensor
 // held a non-finite value (or the scaler found one), when its update was skipped, or when the
 // underflowing share of a role's values rose above proto::kUnderflowEventRatio (the previous
-// measured step of that role was at or below it). An event step's samples measured in full are
-// reported in full, and the steps kept so far go out with its report, once: they leave the
-// recorder, so the next event sends only what was kept after this one. Otherwise the step's
+// measured step of that role was at or below it). The steps kept so far go out with the event
+// step's report, once: they leave the recorder, so the next event sends only what was kept
+// after this one. (The event step's own report stays as the sampling made it: its non-finite
+// tensors are full by the sampling's escalation.) Otherwise the step's
 // samples that hold full statistics and are reported at less (device tensors, statistics handed
 // over by observe_stats, the roles of flight_recorder_roles) are kept, oldest evicted first.
 //
@@ -50,10 +51,10 @@ class FlightRecorder {
   // max_steps 0: the recorder is off (no event is looked for, nothing kept).
   FlightRecorder(std::size_t max_steps, std::uint64_t max_bytes);
 
-  // A measured step, in step order. On an event: raises its fully measured samples to kFull and
-  // moves the steps kept so far into *history (event set; steps empty when none were kept).
-  // Otherwise keeps the step's full samples reported at less; *history is left empty.
-  void on_step(StepRecord& record, FlightHistory* history);
+  // A measured step, in step order. On an event: moves the steps kept so far into *history
+  // (event set; steps empty when none were kept). Otherwise keeps the step's full samples
+  // reported at less; *history is left empty. The record itself is not changed.
+  void on_step(const StepRecord& record, FlightHistory* history);
 
   static std::uint64_t footprint(const TensorSample& s);
 

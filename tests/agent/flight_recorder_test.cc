@@ -94,8 +94,8 @@ TEST(FlightRecorderTest, ANonFiniteStepTakesTheLastKStepsOnceAndNothingBefore) {
     EXPECT_EQ(s.samples[0].level, Level::kFull);
     EXPECT_EQ(s.loss_scale, 1024.0);
   }
-  // The event step's own full statistics go out in full with its report.
-  EXPECT_EQ(event.samples[0].level, Level::kFull);
+  // The event step's report stays as the sampling made it.
+  EXPECT_EQ(event.samples[0].level, Level::kCounts);
   EXPECT_EQ(recorder.steps(), 0u);
   EXPECT_EQ(recorder.bytes(), 0u);
 
