@@ -106,10 +106,6 @@ void print_tensor(std::ostream& out, const v1::StepTensor& t, std::int64_t step,
   };
   for (const v1::HistorySample* s : past) widen(s->stats().histogram());
   if (at.level() == v1::STATS_LEVEL_FULL) widen(at.histogram());
-  if (past.empty()) {
-    out << "  no full statistics of the steps before " << step
-        << " (the flight recorder was off or kept none of this tensor)\n";
-  }
   if (lo > hi) lo = hi = 0;
   out << "  binade histogram between the bars: one character per binade of log2|x| from " << lo
       << " to " << hi << "\n";
@@ -174,7 +170,23 @@ void print_step_text(std::ostream& out, const std::string& run_id, std::int64_t 
   if (h.tensors().empty() && !h.reports().empty()) {
     out << "  no tensor offended at this step (non-finite, or underflow above 5%)\n";
   }
-  for (const v1::StepTensor& t : h.tensors()) print_tensor(out, t, step, h);
+  // Tensors with history in full; the others one line each, after them.
+  std::vector<const v1::StepTensor*> without;
+  for (const v1::StepTensor& t : h.tensors()) {
+    if (samples_of(t, h).empty()) {
+      without.push_back(&t);
+    } else {
+      print_tensor(out, t, step, h);
+    }
+  }
+  if (without.empty()) return;
+  out << "\nwithout full statistics of the steps before " << step << " (" << without.size()
+      << "):\n";
+  for (const v1::StepTensor* t : without) {
+    out << "  " << t->stats().name() << "  (" << role_name(t->stats().role()) << ", "
+        << phase_text(t->stats().phase()) << ", rank " << t->rank() << ")"
+        << (t->why().empty() ? "" : ": " + t->why()) << "\n";
+  }
 }
 
 void print_step_json(std::ostream& out, const std::string& run_id, std::int64_t step,

@@ -475,7 +475,9 @@ std::optional<v1::GetStepHistoryResponse> StoreReader::get_step_history(
   const std::set<std::string> asked(q.tensors().begin(), q.tensors().end());
 
   v1::GetStepHistoryResponse out;
-  std::vector<SeriesKey> followed;  // same order as out.tensors
+  // Every candidate first; the answer keeps those with history before those without.
+  std::vector<v1::StepTensor> candidates;
+  std::vector<SeriesKey> followed;  // same order as candidates
   std::set<std::uint32_t> ranks;
   Statement at = conn_->prepare(
       "SELECT payload, rank FROM reports WHERE run = ?1 AND step = ?2 ORDER BY rank, id");
@@ -488,14 +490,11 @@ std::optional<v1::GetStepHistoryResponse> StoreReader::get_step_history(
       std::string why = describe_offence(t);
       if (asked.empty() ? why.empty() : !asked.contains(t.name())) continue;
       const SeriesKey key = key_of(rank, t);
-      if (out.tensors_size() == kMaxStepTensors ||
-          std::find(followed.begin(), followed.end(), key) != followed.end()) {
-        continue;
-      }
-      v1::StepTensor* st = out.add_tensors();
-      st->set_rank(rank);
-      *st->mutable_stats() = t;
-      st->set_why(std::move(why));
+      if (std::find(followed.begin(), followed.end(), key) != followed.end()) continue;
+      v1::StepTensor& st = candidates.emplace_back();
+      st.set_rank(rank);
+      *st.mutable_stats() = t;
+      st.set_why(std::move(why));
       followed.push_back(key);
       ranks.insert(rank);
     }
@@ -503,7 +502,6 @@ std::optional<v1::GetStepHistoryResponse> StoreReader::get_step_history(
     r.clear_history();
     *out.add_reports() = std::move(r);
   }
-  if (followed.empty() || q.step() == 0) return out;
 
   // Every full sample of a followed series in [from, step): the history rows, and the full
   // samples of the reports themselves.
@@ -530,7 +528,7 @@ std::optional<v1::GetStepHistoryResponse> StoreReader::get_step_history(
       "SELECT payload, rank, step FROM reports WHERE run = ?1 AND step >= ?2 AND step < ?3 "
       "ORDER BY step, rank, id");
   before.bind(1, *run).bind(2, from).bind(3, q.step());
-  while (before.step()) {
+  while (!followed.empty() && before.step()) {
     const auto rank = static_cast<std::uint32_t>(before.column_int(1));
     if (!ranks.contains(rank)) continue;
     v1::StepReport r;
@@ -545,14 +543,22 @@ std::optional<v1::GetStepHistoryResponse> StoreReader::get_step_history(
       *sample.mutable_stats() = t;
     }
   }
-  for (const SeriesKey& k : followed) {
-    std::vector<v1::HistorySample>& list = samples[k];
+
+  // The tensors with history first (each group in the step's order), at most kMaxStepTensors.
+  std::vector<std::size_t> order(candidates.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_partition(order.begin(), order.end(),
+                        [&](std::size_t i) { return !samples[followed[i]].empty(); });
+  if (order.size() > static_cast<std::size_t>(kMaxStepTensors)) order.resize(kMaxStepTensors);
+  for (std::size_t i : order) {
+    *out.add_tensors() = std::move(candidates[i]);
+    std::vector<v1::HistorySample>& list = samples[followed[i]];
     std::stable_sort(list.begin(), list.end(), [](const auto& a, const auto& b) {
       return std::make_pair(a.step(), a.stats().micro_step()) <
              std::make_pair(b.step(), b.stats().micro_step());
     });
     for (v1::HistorySample& sample : list) {
-      if (out.history_size() == kMaxHistorySamples) return out;
+      if (out.history_size() == kMaxHistorySamples) break;
       *out.add_history() = std::move(sample);
     }
   }
