@@ -139,10 +139,10 @@ void parallel_run(std::size_t count, int max_threads, TaskFn call, const void* f
   job->call = call;
   job->fn = fn;
   job->count = count;
-  const int threads =
-      t_in_task ? 1
-                : static_cast<int>(std::min<std::size_t>(
-                      count, static_cast<std::size_t>(std::max(1, std::min(max_threads, pool_size())))));
+  // Nested calls run inline: their thread is already one of the outer call's.
+  const std::size_t allowed =
+      t_in_task ? 1 : static_cast<std::size_t>(std::max(1, std::min(max_threads, pool_size())));
+  const int threads = static_cast<int>(std::min(count, allowed));
   if (threads > 1) pool().submit(job, threads - 1);
   job->drain(0);
   std::unique_lock lock(job->mu);

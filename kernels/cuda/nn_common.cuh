@@ -1,5 +1,6 @@
-// Private helpers of the trainer kernels (nn_*.cu): precondition checks, stream-ordered scratch,
-// grid-stride indexing and deterministic warp and block reductions.
+// Private helpers of the trainer kernels (trainer/layers/<layer>/<layer>.cu): precondition
+// checks, stream-ordered scratch, grid-stride indexing and deterministic warp and block
+// reductions.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -21,6 +22,8 @@ using ::ampscope::cuda::detail::NvtxRange;
 inline constexpr int kWarpSize = 32;
 inline constexpr unsigned kFullWarp = 0xFFFFFFFFu;
 inline constexpr int kElementwiseBlocksPerSm = 8;
+// Kernels that give each row a warp run kWarpsPerBlock rows per block.
+inline constexpr int kWarpsPerBlock = kThreadsPerBlock / kWarpSize;
 
 inline bool is_trainer_format(Format f) {
   return f == Format::kFP32 || f == Format::kFP16 || f == Format::kBF16;
@@ -46,6 +49,11 @@ inline void check_compute(Format compute, const char* what) {
 }
 
 inline void check_launch() { AMPSCOPE_CHECK_CUDA(cudaGetLastError()); }
+
+// Throws when `rows` blocks (one per row) would not fit a grid's x dimension.
+inline void check_grid_rows(std::int64_t rows, const char* what) {
+  AMPSCOPE_CHECK(rows <= (std::int64_t{1} << 31) - 1, what, ": ", rows, " rows exceed the grid");
+}
 
 inline int elementwise_blocks(std::int64_t n) {
   return grid_blocks(static_cast<std::size_t>(n), kElementwiseBlocksPerSm);

@@ -1,5 +1,6 @@
 // Element functions of the trainer kernels: loading and storing FP32/FP16/BF16 elements,
-// rounding to a compute format, the precision contract's commit step, GELU and AdamW.
+// rounding to a compute format, the precision contract's commit step and AdamW (a layer's own
+// element functions live with the layer, e.g. trainer/layers/gelu/gelu_element.cuh).
 // __host__ __device__ so that the host-model test (tests/trainer/cuda/nn_host_model*) runs them
 // against the CPU back end on a machine without a GPU; on the device they compile to the same expressions (the library is built with
 // --fmad=false, so no product is fused into an add behind the reference's back).
@@ -83,28 +84,6 @@ __host__ __device__ inline void commit(void* base, Format f, std::int64_t i, flo
                                        Format compute, bool accumulate) {
   const float rounded = round_to_format(value, compute);
   store(base, f, i, accumulate ? load(base, f, i) + rounded : rounded);
-}
-
-inline constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
-
-// tanh through one expf, exactly as the CPU back end computes it (its fast_tanh).
-__host__ __device__ inline float gelu_tanh(float u) {
-  const float e = expf(2.0f * ((40.0f < u) ? 40.0f : u));
-  return 1.0f - 2.0f / (e + 1.0f);
-}
-
-__host__ __device__ inline float gelu_forward_element(float v) {
-  const float cube = 0.044715f * v * v * v;
-  return 0.5f * v * (1.0f + gelu_tanh(kGeluScale * (v + cube)));
-}
-
-__host__ __device__ inline float gelu_backward_element(float v, float dout) {
-  const float cube = 0.044715f * v * v * v;
-  const float t = gelu_tanh(kGeluScale * (v + cube));
-  const float sech2 = 1.0f - t * t;
-  const float grad =
-      0.5f * (1.0f + t) + 0.5f * v * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * v * v);
-  return grad * dout;
 }
 
 // The per-step constants of AdamW, computed once on the host as the CPU back end does.

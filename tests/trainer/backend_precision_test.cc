@@ -10,6 +10,7 @@
 
 #include "ampscope/convert.h"
 #include "ampscope/trainer/backend.h"
+#include "layers/matmul/matmul.h"
 
 namespace ampscope::trainer {
 namespace {
@@ -29,15 +30,13 @@ TEST_P(BackendPrecisionTest, MatmulRoundsInputsAndOutputToTheComputeFormat) {
   std::vector<std::uint16_t> out(N * OC);
   be_->matmul_forward(Tensor(out.data(), f, {N, OC}), Tensor(x.data(), Format::kFP32, {N, C}),
                       Tensor(w.data(), Format::kFP32, {OC, C}), Tensor{}, f);
-  for (std::int64_t i = 0; i < N; ++i) {
-    for (std::int64_t j = 0; j < OC; ++j) {
-      double acc = 0.0;
-      for (std::int64_t k = 0; k < C; ++k) {
-        acc += static_cast<double>(round_to(x[i * C + k], f)) * round_to(w[j * C + k], f);
-      }
-      const float expected = round_to(static_cast<float>(acc), f);
-      EXPECT_EQ(decode(out[i * OC + j], f), expected) << i << "," << j;
-    }
+  // The layer's reference on the rounded inputs, its FP32 result rounded once more.
+  std::vector<float> xr(x.size()), wr(w.size()), expected(N * OC);
+  for (std::size_t i = 0; i < x.size(); ++i) xr[i] = round_to(x[i], f);
+  for (std::size_t i = 0; i < w.size(); ++i) wr[i] = round_to(w[i], f);
+  layers::matmul_forward_reference(expected.data(), xr.data(), wr.data(), nullptr, N, C, OC);
+  for (std::int64_t i = 0; i < N * OC; ++i) {
+    EXPECT_EQ(decode(out[i], f), round_to(expected[i], f)) << i;
   }
 }
 

@@ -12,17 +12,12 @@
 
 #include "ampscope/trainer/backend.h"
 #include "ampscope/trainer/model.h"
-#include "ampscope/trainer/rng.h"
+#include "random_tensor.h"
 
 namespace ampscope::trainer {
 namespace {
 
-std::vector<float> randn(std::size_t n, std::uint64_t seed, double stddev = 1.0) {
-  Rng rng(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) x = static_cast<float>(rng.normal() * stddev);
-  return v;
-}
+using testing::randn;
 
 Tensor view(std::vector<float>& v, std::initializer_list<std::int64_t> shape) {
   return Tensor(v.data(), Format::kFP32, shape);

@@ -7,8 +7,9 @@
 // Working copies come from a pool so steady-state steps do not allocate.
 //
 // Speed (bench/trainer_bench.py measures it against PyTorch):
-//   - The loops outside the matmuls are vector kernels (cpu_vector_kernels.h) of the SIMD level
-//     ampscope::active_simd_level() picks (AMPSCOPE_SIMD caps it).
+//   - Each layer's arithmetic is its tuned CPU version in trainer/layers/<layer>/ (vector
+//     kernels of the SIMD level ampscope::active_simd_level() picks, AMPSCOPE_SIMD capping it);
+//     this file reads the inputs, hands the layer FP32 arrays and stores the results.
 //   - They run on the OpenBLAS thread count, on the process's one pool (ampscope/thread_pool.h):
 //     the calling thread and the pool's workers claim fixed-size chunks, rows or heads. Task
 //     boundaries and the order in which partial sums are combined depend only on the shapes,
@@ -33,15 +34,28 @@
 #include "ampscope/check.h"
 #include "ampscope/convert.h"
 #include "ampscope/cpu_features.h"
-#include "ampscope/thread_pool.h"
 #include "ampscope/trainer/backend.h"
-#include "cpu_vector_kernels.h"
+#include "layers/attention/attention.h"
+#include "layers/cpu_exec.h"
+#include "layers/cross_entropy/cross_entropy.h"
+#include "layers/elementwise/elementwise.h"
+#include "layers/embedding/embedding.h"
+#include "layers/gelu/gelu.h"
+#include "layers/layernorm/layernorm.h"
+#include "layers/matmul/matmul.h"
 
 namespace ampscope::trainer {
 namespace {
 
-using detail::Kernels;
-namespace vk = detail::vk;
+using layers::for_chunks;
+using layers::kChunk;
+using layers::ScratchPool;
+using layers::Workers;
+using Kernels = layers::ElementwiseKernels;
+// The optimizer's spelling of its scalars.
+namespace vk {
+using layers::AdamWScalars;
+}
 
 class CpuBuffer final : public Buffer {
  public:
@@ -67,79 +81,6 @@ class CpuStream final : public Stream {
   void synchronize() override {}
   void* native_handle() const override { return nullptr; }
 };
-
-// Reusable FP32 working buffers; a handle returns its vector to the pool when it goes away.
-// Used from the calling thread only: parallel tasks get their scratch before they start.
-class ScratchPool {
- public:
-  class Handle {
-   public:
-    Handle(ScratchPool* pool, std::vector<float> v) : pool_(pool), v_(std::move(v)) {}
-    Handle(Handle&& o) noexcept : pool_(o.pool_), v_(std::move(o.v_)) { o.pool_ = nullptr; }
-    Handle& operator=(Handle&&) = delete;
-    ~Handle() {
-      if (pool_ != nullptr) pool_->free_.push_back(std::move(v_));
-    }
-    float* data() { return v_.data(); }
-
-   private:
-    ScratchPool* pool_;
-    std::vector<float> v_;
-  };
-
-  Handle get(std::size_t n) {
-    // Best fit among the free vectors, else a new one.
-    std::size_t best = free_.size();
-    for (std::size_t i = 0; i < free_.size(); ++i) {
-      if (free_[i].size() >= n && (best == free_.size() || free_[i].size() < free_[best].size())) {
-        best = i;
-      }
-    }
-    std::vector<float> v;
-    if (best < free_.size()) {
-      v = std::move(free_[best]);
-      free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
-    } else {
-      v.resize(std::max<std::size_t>(n, 1));
-    }
-    return Handle(this, std::move(v));
-  }
-
- private:
-  std::vector<std::vector<float>> free_;
-};
-
-// The back end's share of the process's pool: parallel work on at most its thread count.
-// run(count, fn) calls fn(task, slot) with slot < threads() (ampscope::parallel_for).
-class Workers {
- public:
-  explicit Workers(int threads) : threads_(threads) {}
-  int threads() const { return threads_; }
-  template <class Fn>
-  void run(std::size_t count, const Fn& fn) const {
-    parallel_for(count, threads_, fn);
-  }
-
- private:
-  int threads_;
-};
-
-// Elements per parallel task of the elementwise passes (64 KiB of FP32): large enough to
-// amortise a task, small enough to keep a task's arrays in L2 and both cores busy.
-constexpr std::size_t kChunk = 16384;
-
-// fn(begin, end) over [0, n) in kChunk pieces on the workers.
-template <class Fn>
-void for_chunks(const Workers& workers, std::size_t n, const Fn& fn) {
-  const std::size_t tasks = (n + kChunk - 1) / kChunk;
-  workers.run(tasks, [&](std::size_t t, int) { fn(t * kChunk, std::min(n, (t + 1) * kChunk)); });
-}
-
-// Rows per task for row-wise work on rows of `width` elements.
-std::size_t rows_per_task(std::int64_t width) {
-  return std::max<std::size_t>(1,
-                               kChunk / static_cast<std::size_t>(std::max<std::int64_t>(width, 1)));
-}
 
 std::byte* at(void* base, std::size_t index, Format dtype) {
   return static_cast<std::byte*>(base) + index * static_cast<std::size_t>(storage_bytes(dtype));
@@ -258,6 +199,8 @@ class Out {
   std::unique_ptr<ScratchPool::Handle> scratch_;
 };
 
+std::size_t size(std::int64_t n) { return static_cast<std::size_t>(n); }
+
 void check_same_numel(const Tensor& a, const Tensor& b, const char* what) {
   AMPSCOPE_CHECK(a.numel() == b.numel(), what, ": expected ", a.numel(), " elements, found ",
                  b.numel());
@@ -272,8 +215,9 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options)
       : workers_(resolve_threads(options.blas_threads)),
-        kernels_(detail::kernels_for(active_simd_level())),
-        ex_{pool_, workers_, kernels_} {}
+        kernels_(layers::elementwise_kernels(active_simd_level())),
+        ex_{pool_, workers_, kernels_},
+        cpu_{pool_, workers_, active_simd_level()} {}
 
   Device device() const override { return Device::kCpu; }
   std::string name() const override { return "cpu"; }
@@ -349,14 +293,8 @@ class CpuBackend final : public Backend {
     }
     In e(wte, Format::kFP32, ex_), p(wpe, Format::kFP32, ex_);
     Out o(out, out.dtype, ex_);
-    const std::size_t rows = rows_per_task(C);
-    const auto N = static_cast<std::size_t>(B * T);
-    workers_.run((N + rows - 1) / rows, [&](std::size_t task, int) {
-      for (std::size_t bt = task * rows; bt < std::min(N, (task + 1) * rows); ++bt) {
-        kernels_.add(e.get() + tokens[bt] * C, p.get() + static_cast<std::int64_t>(bt) % T * C,
-                     o.get() + bt * C, static_cast<std::size_t>(C));
-      }
-    });
+    layers::embedding_forward_cpu(cpu_, o.get(), tokens, e.get(), p.get(), size(B), size(T),
+                                  size(C));
     o.commit();
   }
 
@@ -366,15 +304,8 @@ class CpuBackend final : public Backend {
     In d(dout, Format::kFP32, ex_);
     Out we(dwte, dwte.dtype, ex_, OutMode::kAccumulate);
     Out pe(dwpe, dwpe.dtype, ex_, OutMode::kAccumulate);
-    const auto uc = static_cast<std::size_t>(C);
-    // Rows of the same token or position add up in token order, on this thread.
-    for (std::int64_t bt = 0; bt < B * T; ++bt) {
-      const float* dr = d.get() + bt * C;
-      float* wr = we.get() + tokens[bt] * C;
-      float* pr = pe.get() + (bt % T) * C;
-      kernels_.add(wr, dr, wr, uc);
-      kernels_.add(pr, dr, pr, uc);
-    }
+    layers::embedding_backward_cpu(cpu_, we.get(), pe.get(), d.get(), tokens, size(B), size(T),
+                                   size(C));
     we.commit();
     pe.commit();
   }
@@ -386,15 +317,9 @@ class CpuBackend final : public Backend {
     check_same_numel(out, inp, "layernorm_forward");
     In x(inp, compute, ex_), w(weight, compute, ex_), b(bias, compute, ex_);
     Out o(out, compute, ex_);
-    auto* mu = static_cast<float*>(mean.data);
-    auto* rs = static_cast<float*>(rstd.data);
-    const std::size_t rows = rows_per_task(C);
-    const auto uc = static_cast<std::size_t>(C), un = static_cast<std::size_t>(N);
-    workers_.run((un + rows - 1) / rows, [&](std::size_t task, int) {
-      const std::size_t r0 = task * rows, r1 = std::min(un, r0 + rows);
-      kernels_.layernorm_forward(x.get() + r0 * uc, w.get(), b.get(), o.get() + r0 * uc, mu + r0,
-                                 rs + r0, r1 - r0, uc);
-    });
+    layers::layernorm_forward_cpu(cpu_, x.get(), w.get(), b.get(), o.get(),
+                                  static_cast<float*>(mean.data), static_cast<float*>(rstd.data),
+                                  size(N), size(C));
     o.commit();
   }
 
@@ -406,25 +331,10 @@ class CpuBackend final : public Backend {
     Out di(dinp, compute, ex_, OutMode::kAccumulateOnce);
     Out dw(dweight, compute, ex_, OutMode::kAccumulate),
         db(dbias, compute, ex_, OutMode::kAccumulate);
-    const auto* mu = static_cast<const float*>(mean.data);
-    const auto* rs = static_cast<const float*>(rstd.data);
-    const std::size_t rows = rows_per_task(C);
-    const auto uc = static_cast<std::size_t>(C), un = static_cast<std::size_t>(N);
-    const std::size_t tasks = (un + rows - 1) / rows;
-    // Each task sums its rows' dweight and dbias terms; the task sums are added in task order.
-    auto partial = pool_.get(tasks * 2 * uc);
-    std::fill_n(partial.data(), tasks * 2 * uc, 0.0f);
-    workers_.run(tasks, [&](std::size_t task, int) {
-      const std::size_t r0 = task * rows, r1 = std::min(un, r0 + rows);
-      float* pw = partial.data() + task * 2 * uc;
-      kernels_.layernorm_backward(x.get() + r0 * uc, w.get(), d.get() + r0 * uc, mu + r0, rs + r0,
-                                  di.get() + r0 * uc, pw, pw + uc, r1 - r0, uc);
-    });
-    for (std::size_t task = 0; task < tasks; ++task) {
-      const float* pw = partial.data() + task * 2 * uc;
-      kernels_.add(dw.get(), pw, dw.get(), uc);
-      kernels_.add(db.get(), pw + uc, db.get(), uc);
-    }
+    layers::layernorm_backward_cpu(cpu_, x.get(), w.get(), d.get(),
+                                   static_cast<const float*>(mean.data),
+                                   static_cast<const float*>(rstd.data), di.get(), dw.get(),
+                                   db.get(), size(N), size(C));
     di.commit();
     dw.commit();
     db.commit();
@@ -437,19 +347,11 @@ class CpuBackend final : public Backend {
     AMPSCOPE_CHECK(out.numel() == N * OC, "matmul output has ", out.numel(), " elements, expected ",
                    N * OC);
     In x(inp, compute, ex_), w(weight, compute, ex_);
+    std::optional<In> b;
+    if (!bias.empty()) b.emplace(bias, compute, ex_);
     Out o(out, compute, ex_);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(N), int(OC), int(C), 1.0f, x.get(),
-                int(C), w.get(), int(C), 0.0f, o.get(), int(OC));
-    if (!bias.empty()) {
-      In b(bias, compute, ex_);
-      const std::size_t rows = rows_per_task(OC);
-      const auto uoc = static_cast<std::size_t>(OC), un = static_cast<std::size_t>(N);
-      workers_.run((un + rows - 1) / rows, [&](std::size_t task, int) {
-        for (std::size_t i = task * rows; i < std::min(un, (task + 1) * rows); ++i) {
-          kernels_.add(o.get() + i * uoc, b.get(), o.get() + i * uoc, uoc);
-        }
-      });
-    }
+    layers::matmul_forward_cpu(cpu_, o.get(), x.get(), w.get(), b ? b->get() : nullptr, size(N),
+                               size(C), size(OC));
     o.commit();
   }
 
@@ -457,90 +359,38 @@ class CpuBackend final : public Backend {
                        const Tensor& dout, const Tensor& inp, const Tensor& weight,
                        Format compute) override {
     const std::int64_t C = inp.dim(inp.rank - 1), N = inp.numel() / C, OC = weight.dim(0);
-    In d(dout, compute, ex_);
+    In d(dout, compute, ex_), x(inp, compute, ex_);
+    std::optional<In> w;
+    std::optional<Out> di, db;
     if (!dinp.empty()) {
-      In w(weight, compute, ex_);
-      Out di(dinp, compute, ex_);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(N), int(C), int(OC), 1.0f, d.get(),
-                  int(OC), w.get(), int(C), 0.0f, di.get(), int(C));
-      di.commit();
+      w.emplace(weight, compute, ex_);
+      di.emplace(dinp, compute, ex_);
     }
-    {
-      In x(inp, compute, ex_);
-      Out dw(dweight, compute, ex_, OutMode::kAccumulate);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(OC), int(C), int(N), 1.0f, d.get(),
-                  int(OC), x.get(), int(C), 0.0f, dw.get(), int(C));
-      dw.commit();
-    }
-    if (!dbias.empty()) {
-      Out db(dbias, compute, ex_, OutMode::kAccumulate);
-      kernels_.add_column_sums(d.get(), static_cast<std::size_t>(N), static_cast<std::size_t>(OC),
-                               db.get());
-      db.commit();
-    }
+    Out dw(dweight, compute, ex_, OutMode::kAccumulate);
+    if (!dbias.empty()) db.emplace(dbias, compute, ex_, OutMode::kAccumulate);
+    layers::matmul_backward_cpu(cpu_, di ? di->get() : nullptr, dw.get(),
+                                db ? db->get() : nullptr, d.get(), x.get(),
+                                w ? w->get() : nullptr, size(N), size(C), size(OC));
+    if (di) di->commit();
+    dw.commit();
+    if (db) db->commit();
   }
 
   void attention_forward(const Tensor& out, const Tensor& scores, const Tensor& probs,
                          const Tensor& qkv, int n_head, Format compute, Format softmax,
                          const AttentionFaults& faults) override {
-    const std::int64_t B = qkv.dim(0), T = qkv.dim(1), C3 = qkv.dim(2), C = C3 / 3, NH = n_head,
-                       hs = C / NH;
+    const std::int64_t B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3, NH = n_head;
     AMPSCOPE_CHECK(C % NH == 0, "channels ", C, " not divisible by ", NH, " heads");
     for (const auto* f : {&faults.scores, &faults.probs}) {
       AMPSCOPE_CHECK(!*f || ((*f)->index >= 0 && (*f)->index < B * NH * T * T), "fault index ",
                      (*f)->index, " outside [0, ", B * NH * T * T, ")");
     }
-    const float alpha = 1.0f / std::sqrt(static_cast<float>(hs));
     In x(qkv, compute, ex_);
     Out s(scores, compute, ex_);
     Out p(probs, softmax, ex_);
     Out o(out, compute, ex_);
-    const bool round_p = compute != Format::kFP32 && compute != softmax;
-    const auto TT = static_cast<std::size_t>(T * T);
-    auto pc = pool_.get(TT * static_cast<std::size_t>(workers_.threads()));
-    for_heads(B * NH, T * T * hs, [&](std::size_t task, int slot) {
-      const auto b = static_cast<std::int64_t>(task) / NH, h = static_cast<std::int64_t>(task) % NH;
-      const float* q = x.get() + b * T * C3 + h * hs;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* sr = s.get() + (b * NH + h) * T * T;
-      float* pr = p.get() + (b * NH + h) * T * T;
-      // A fault in this head's (T,T) block, before the rounding that every element gets.
-      const auto inject = [&](const std::optional<ElementFault>& f, float* block) {
-        const std::int64_t at = f ? f->index - (b * NH + h) * T * T : -1;
-        if (at >= 0 && at < T * T) block[at] = f->value;
-      };
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(T), int(hs), alpha, q,
-                  int(C3), k, int(C3), 0.0f, sr, int(T));
-      for (std::int64_t i = 0; i < T; ++i) std::fill(sr + i * T + i + 1, sr + (i + 1) * T, 0.0f);
-      inject(faults.scores, sr);
-      // The stored scores are what the softmax reads.
-      if (compute != Format::kFP32) round_through(sr, TT, compute);
-      for (std::int64_t i = 0; i < T; ++i) {
-        const float* srow = sr + i * T;
-        float* prow = pr + i * T;
-        float mx = -INFINITY;
-        for (std::int64_t j = 0; j <= i; ++j) mx = std::max(mx, srow[j]);
-        kernels_.exp_shifted(srow, mx, 0.0f, prow, static_cast<std::size_t>(i + 1));
-        float sum = 0.0f;
-        for (std::int64_t j = 0; j <= i; ++j) sum += prow[j];
-        const float inv = 1.0f / sum;
-        for (std::int64_t j = 0; j <= i; ++j) prow[j] *= inv;
-        std::fill(prow + i + 1, prow + T, 0.0f);
-      }
-      inject(faults.probs, pr);
-      // The product reads probs rounded to the softmax format, then to compute.
-      if (softmax != Format::kFP32) round_through(pr, TT, softmax);
-      const float* pm = pr;
-      if (round_p) {
-        float* own = pc.data() + static_cast<std::size_t>(slot) * TT;
-        std::copy_n(pr, TT, own);
-        round_through(own, TT, compute);
-        pm = own;
-      }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(T), int(hs), int(T), 1.0f, pm,
-                  int(T), v, int(C3), 0.0f, o.get() + b * T * C + h * hs, int(C));
-    });
+    layers::attention_forward_cpu(cpu_, o.get(), s.get(), p.get(), x.get(), B, T, C, NH, compute,
+                                  softmax, faults);
     s.commit();
     p.commit();
     o.commit();
@@ -549,58 +399,11 @@ class CpuBackend final : public Backend {
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                           const Tensor& probs, int n_head, Format compute,
                           Format softmax) override {
-    const std::int64_t B = qkv.dim(0), T = qkv.dim(1), C3 = qkv.dim(2), C = C3 / 3, NH = n_head,
-                       hs = C / NH;
-    const float alpha = 1.0f / std::sqrt(static_cast<float>(hs));
+    const std::int64_t B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3;
     In x(qkv, compute, ex_), d(dout, compute, ex_), p(probs, softmax, ex_);
     Out dx(dqkv, compute, ex_);
-    const auto TT = static_cast<std::size_t>(T * T);
-    auto scratch = pool_.get(3 * TT * static_cast<std::size_t>(workers_.threads()));
-    const bool round_p = compute != Format::kFP32 && compute != softmax;
-    for_heads(B * NH, T * T * hs, [&](std::size_t task, int slot) {
-      const auto b = static_cast<std::int64_t>(task) / NH, h = static_cast<std::int64_t>(task) % NH;
-      float* dp = scratch.data() + static_cast<std::size_t>(slot) * 3 * TT;
-      float* ds = dp + TT;
-      float* pc = ds + TT;
-      const float* q = x.get() + b * T * C3 + h * hs;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* dq = dx.get() + b * T * C3 + h * hs;
-      float* dk = dq + C;
-      float* dv = dq + 2 * C;
-      const float* dctx = d.get() + b * T * C + h * hs;
-      const float* pr = p.get() + (b * NH + h) * T * T;
-      const float* pm = pr;
-      if (round_p) {
-        std::copy_n(pr, TT, pc);
-        round_through(pc, TT, compute);
-        pm = pc;
-      }
-      // dP = dctx v^T, dV = P^T dctx (in compute).
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(T), int(hs), 1.0f, dctx,
-                  int(C), v, int(C3), 0.0f, dp, int(T));
-      if (compute != Format::kFP32) round_through(dp, TT, compute);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(T), int(hs), int(T), 1.0f, pm,
-                  int(T), dctx, int(C), 0.0f, dv, int(C3));
-      // Softmax backward in the softmax format; the result is the gradient of the scores,
-      // which are stored in compute.
-      for (std::int64_t i = 0; i < T; ++i) {
-        const float* prow = pr + i * T;
-        const float* dprow = dp + i * T;
-        float* dsrow = ds + i * T;
-        float dot = 0.0f;
-        for (std::int64_t j = 0; j <= i; ++j) dot += prow[j] * dprow[j];
-        for (std::int64_t j = 0; j <= i; ++j) dsrow[j] = prow[j] * (dprow[j] - dot);
-        std::fill(dsrow + i + 1, dsrow + T, 0.0f);
-      }
-      if (softmax != Format::kFP32) round_through(ds, TT, softmax);
-      if (compute != Format::kFP32) round_through(ds, TT, compute);
-      // dQ = alpha dS k, dK = alpha dS^T q.
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(T), int(hs), int(T), alpha, ds,
-                  int(T), k, int(C3), 0.0f, dq, int(C3));
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(T), int(hs), int(T), alpha, ds,
-                  int(T), q, int(C3), 0.0f, dk, int(C3));
-    });
+    layers::attention_backward_cpu(cpu_, dx.get(), d.get(), x.get(), p.get(), B, T, C, n_head,
+                                   compute, softmax);
     dx.commit();
   }
 
@@ -608,9 +411,7 @@ class CpuBackend final : public Backend {
     check_same_numel(out, inp, "gelu_forward");
     In x(inp, compute, ex_);
     Out o(out, compute, ex_);
-    for_chunks(workers_, static_cast<std::size_t>(inp.numel()), [&](std::size_t b, std::size_t e) {
-      kernels_.gelu_forward(x.get() + b, o.get() + b, e - b);
-    });
+    layers::gelu_forward_cpu(cpu_, x.get(), o.get(), size(inp.numel()));
     o.commit();
   }
 
@@ -618,9 +419,7 @@ class CpuBackend final : public Backend {
                      Format compute) override {
     In x(inp, compute, ex_), d(dout, compute, ex_);
     Out di(dinp, compute, ex_);
-    for_chunks(workers_, static_cast<std::size_t>(inp.numel()), [&](std::size_t b, std::size_t e) {
-      kernels_.gelu_backward(x.get() + b, d.get() + b, di.get() + b, e - b);
-    });
+    layers::gelu_backward_cpu(cpu_, x.get(), d.get(), di.get(), size(inp.numel()));
     di.commit();
   }
 
@@ -634,22 +433,7 @@ class CpuBackend final : public Backend {
     In x(logits, compute, ex_);
     Out p(probs, compute, ex_);
     Out l(losses, compute, ex_);
-    const std::size_t rows = rows_per_task(V);
-    const auto uv = static_cast<std::size_t>(V), un = static_cast<std::size_t>(N);
-    workers_.run((un + rows - 1) / rows, [&](std::size_t task, int) {
-      for (std::size_t i = task * rows; i < std::min(un, (task + 1) * rows); ++i) {
-        const float* xr = x.get() + i * uv;
-        float* pr = p.get() + i * uv;
-        float mx = -INFINITY;
-        for (std::size_t j = 0; j < uv; ++j) mx = std::max(mx, xr[j]);
-        kernels_.exp_shifted(xr, mx, 0.0f, pr, uv);
-        float sum = 0.0f;
-        for (std::size_t j = 0; j < uv; ++j) sum += pr[j];
-        const float log_sum = std::log(sum);
-        kernels_.exp_shifted(xr, mx, log_sum, pr, uv);
-        l[i] = log_sum + mx - xr[targets[i]];
-      }
-    });
+    layers::cross_entropy_forward_cpu(cpu_, l.get(), p.get(), x.get(), targets, size(N), size(V));
     p.commit();
     l.commit();
   }
@@ -659,16 +443,7 @@ class CpuBackend final : public Backend {
     const std::int64_t V = probs.dim(probs.rank - 1), N = probs.numel() / V;
     In p(probs, Format::kFP32, ex_);
     Out d(dlogits, compute, ex_);
-    const std::size_t rows = rows_per_task(V);
-    const auto uv = static_cast<std::size_t>(V), un = static_cast<std::size_t>(N);
-    workers_.run((un + rows - 1) / rows, [&](std::size_t task, int) {
-      for (std::size_t i = task * rows; i < std::min(un, (task + 1) * rows); ++i) {
-        const float* pr = p.get() + i * uv;
-        float* dr = d.get() + i * uv;
-        kernels_.scale(pr, dloss, dr, uv);
-        dr[targets[i]] = (pr[targets[i]] - 1.0f) * dloss;
-      }
-    });
+    layers::cross_entropy_backward_cpu(cpu_, d.get(), p.get(), targets, dloss, size(N), size(V));
     d.commit();
   }
 
@@ -750,25 +525,12 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  // fn(task, slot) for each (sequence, head). Heads run in parallel while OpenBLAS runs each of
-  // their products on one thread (it threads an sgemm above m*n*k = 65536 * 4, its default
-  // GEMM_MULTITHREAD_THRESHOLD); larger heads run one after another with each product on
-  // OpenBLAS's threads, rather than two levels of threads competing for the cores.
-  template <class Fn>
-  void for_heads(std::int64_t heads, std::int64_t product_mnk, const Fn& fn) {
-    const auto count = static_cast<std::size_t>(heads);
-    if (product_mnk <= 65536 * 4) {
-      workers_.run(count, fn);
-      return;
-    }
-    for (std::size_t i = 0; i < count; ++i) fn(i, 0);
-  }
-
   CpuStream stream_;
   ScratchPool pool_;
   Workers workers_;
   Kernels kernels_;
   Exec ex_;
+  layers::CpuExec cpu_;
 };
 
 }  // namespace

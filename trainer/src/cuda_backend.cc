@@ -1,7 +1,8 @@
 // The CUDA back end (cuda_backend.h): the Backend interface mapped onto ampscope::cuda::nn.
 // This file only adapts: it reads shapes from the Tensors exactly as the CPU back end does,
 // checks that every tensor lives on the device, and forwards to the launchers, which check the
-// rest. The precision contract is implemented once, in kernels/cuda (nn_element.cuh).
+// rest. The precision contract is implemented once, in kernels/cuda (nn_element.cuh); each
+// layer's kernels live with the layer (trainer/layers/<layer>/<layer>.cu).
 #include "cuda_backend.h"
 
 #include <cuda_runtime_api.h>
@@ -19,6 +20,13 @@
 #include "ampscope/cuda/device.h"
 #include "ampscope/cuda/nn.h"
 #include "ampscope/cuda/nn_optimizer.h"
+#include "layers/attention/attention_cuda.h"
+#include "layers/cross_entropy/cross_entropy_cuda.h"
+#include "layers/elementwise/elementwise_cuda.h"
+#include "layers/embedding/embedding_cuda.h"
+#include "layers/gelu/gelu_cuda.h"
+#include "layers/layernorm/layernorm_cuda.h"
+#include "layers/matmul/matmul_cuda.h"
 
 namespace ampscope::trainer {
 namespace {

@@ -1,6 +1,7 @@
 // Host instantiation of the trainer kernels' element code (see nn_host_model.h): each loop is
 // the body of the device kernel of the same name in kernels/cuda, over host arrays. Host code
 // only: no kernels, no CUDA runtime calls.
+#include "layers/gelu/gelu_element.cuh"
 #include "nn_element.cuh"
 #include "nn_host_model.h"
 

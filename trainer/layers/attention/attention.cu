@@ -1,89 +1,20 @@
-// Linear layers and causal attention on the device (ampscope/cuda/nn.h), built on cuBLASLt.
-//
-// Design: every product follows the same three steps, which are the precision contract:
-//   1. operands in the compute format: an input already stored in it (and 16-byte aligned, so
-//      tensor-core algorithms can read it) is used in place; any other input is rounded into a
-//      scratch copy (the CPU back end's In);
-//   2. cuBLASLt with FP32 accumulation into an FP32 scratch result;
-//   3. an epilogue kernel adds the (rounded) bias, rounds to the compute format and stores or
-//      accumulates into the output (the CPU back end's Out::commit).
-// Linear backward: dinp = dout W, dW += dout^T x, and dbias += column sums of dout
-// (nn_columns.cuh). Attention: q, k, v (and dout) are split into per-head contiguous arrays
-// (B*NH, T, hs), so each product is one strided-batched call over all heads; the softmax and its
-// backward run one warp per row (causal: entries past the diagonal are 0) and write the scores,
-// the probabilities in the softmax format, and the compute-format copy that the next product
-// reads.
+// Causal attention on the device (attention.h has the contract; launchers in
+// attention_cuda.h), built on cuBLASLt through ../matmul/gemm.cuh. q, k, v (and dout) are split
+// into per-head contiguous arrays (B*NH, T, hs), so each product is one strided-batched call over
+// all heads; the softmax and its backward run one warp per row (causal: entries past the
+// diagonal are 0) and write the scores, the probabilities in the softmax format, and the
+// compute-format copy that the next product reads.
 #include <cmath>
 #include <cstdint>
-#include <memory>
 
-#include "ampscope/cuda/nn.h"
-#include "nn_columns.cuh"
+#include "layers/attention/attention_cuda.h"
+#include "layers/matmul/gemm.cuh"
 #include "nn_common.cuh"
 #include "nn_element.cuh"
 
 namespace ampscope::cuda::nn {
 namespace detail {
 namespace {
-
-constexpr std::size_t kOperandAlignment = 16;
-constexpr int kWarpsPerBlock = kThreadsPerBlock / kWarpSize;
-
-std::size_t bytes_of(std::int64_t n, Format f) {
-  return static_cast<std::size_t>(n) * static_cast<std::size_t>(storage_bytes(f));
-}
-
-// An input (n elements) as an operand in `compute` storage.
-class Operand {
- public:
-  Operand(ConstArray x, std::int64_t n, Format compute, cudaStream_t stream) {
-    if (x.dtype == compute && ::ampscope::cuda::detail::is_aligned(x.data, kOperandAlignment)) {
-      data_ = x.data;
-      return;
-    }
-    scratch_ = std::make_unique<StreamScratch>(bytes_of(n, compute), stream);
-    convert(Array{scratch_->get(), compute}, x, n, stream);  // rounds to compute
-    data_ = scratch_->get();
-  }
-  const void* get() const { return data_; }
-
- private:
-  const void* data_ = nullptr;
-  std::unique_ptr<StreamScratch> scratch_;
-};
-
-// out (M,N) = acc (M,N) [+ bias (N)], rounded to compute, stored or accumulated.
-__global__ void epilogue_kernel(Array out, const float* acc, ConstArray bias, std::int64_t M,
-                                std::int64_t N, Format compute, bool accumulate) {
-  const std::int64_t n = M * N;
-  for (std::int64_t i = global_thread(); i < n; i += grid_threads()) {
-    float v = acc[i];
-    if (bias.data != nullptr) v += input(bias.data, bias.dtype, i % N, compute);
-    commit(out.data, out.dtype, i, v, compute, accumulate);
-  }
-}
-
-void epilogue(Array out, const float* acc, ConstArray bias, std::int64_t M, std::int64_t N,
-              Format compute, bool accumulate, cudaStream_t stream) {
-  if (M * N == 0) return;
-  epilogue_kernel<<<elementwise_blocks(M * N), kThreadsPerBlock, 0, stream>>>(out, acc, bias, M, N,
-                                                                              compute, accumulate);
-  check_launch();
-}
-
-// Partial column sums of dout (N,OC), rounded to compute: partial (chunks, OC).
-__global__ void bias_columns_kernel(float* partial, ConstArray dout, std::int64_t N,
-                                    std::int64_t OC, Format compute) {
-  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= OC) return;
-  const std::int64_t first = static_cast<std::int64_t>(blockIdx.y) * kRowsPerChunk;
-  const std::int64_t last = first + kRowsPerChunk < N ? first + kRowsPerChunk : N;
-  float acc = 0.0f;
-  for (std::int64_t row = first; row < last; ++row) {
-    acc += input(dout.data, dout.dtype, row * OC + c, compute);
-  }
-  partial[blockIdx.y * OC + c] = acc;
-}
 
 // Head layout: element i of a (B, NH, T, hs) array is (b, h, t, d); in a packed (B, T, width)
 // array it sits at column col_offset + h*hs + d of row b*T + t.
@@ -215,115 +146,12 @@ GemmArgs head_gemm(const AttentionShape& s, Format compute, std::int64_t m, std:
   return g;
 }
 
-void set_a(GemmArgs& g, const void* a, bool transposed, std::int64_t ld, std::int64_t stride) {
-  g.a = a;
-  g.a_transposed = transposed;
-  g.lda = ld;
-  g.stride_a = stride;
-}
-void set_b(GemmArgs& g, const void* b, bool transposed, std::int64_t ld, std::int64_t stride) {
-  g.b = b;
-  g.b_transposed = transposed;
-  g.ldb = ld;
-  g.stride_b = stride;
-}
-void set_c(GemmArgs& g, float* c, std::int64_t ld, std::int64_t stride) {
-  g.c = c;
-  g.ldc = ld;
-  g.stride_c = stride;
-}
-
 unsigned row_blocks(std::int64_t rows) {
   return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
 }
 
 }  // namespace
 }  // namespace detail
-
-void linear_forward(CublasLt& blas, Array out, ConstArray inp, ConstArray weight, ConstArray bias,
-                    std::int64_t N, std::int64_t C, std::int64_t OC, Format compute,
-                    cudaStream_t stream) {
-  using namespace detail;
-  const NvtxRange range{"ampscope::cuda::nn::linear_forward"};
-  AMPSCOPE_CHECK(N >= 0 && C >= 1 && OC >= 1, "linear_forward: bad shape N=", N, " C=", C,
-                 " OC=", OC);
-  check_compute(compute, "linear_forward");
-  check_array(out, N * OC, "linear_forward: out");
-  check_array(inp, N * C, "linear_forward: inp");
-  check_array(weight, OC * C, "linear_forward: weight");
-  if (bias.data != nullptr) check_array(bias, OC, "linear_forward: bias");
-  if (N == 0) return;
-  Operand x(inp, N * C, compute, stream), w(weight, OC * C, compute, stream);
-  StreamScratch acc(bytes_of(N * OC, Format::kFP32), stream);
-  GemmArgs g;
-  g.m = N;
-  g.n = OC;
-  g.k = C;
-  g.operand = compute;
-  set_a(g, x.get(), false, C, 0);
-  set_b(g, w.get(), true, C, 0);
-  set_c(g, acc.as<float>(), OC, 0);
-  blas.gemm(g, stream);
-  epilogue(out, acc.as<float>(), bias, N, OC, compute, false, stream);
-}
-
-void linear_backward(CublasLt& blas, Array dinp, Array dweight, Array dbias, ConstArray dout,
-                     ConstArray inp, ConstArray weight, std::int64_t N, std::int64_t C,
-                     std::int64_t OC, Format compute, cudaStream_t stream) {
-  using namespace detail;
-  const NvtxRange range{"ampscope::cuda::nn::linear_backward"};
-  AMPSCOPE_CHECK(N >= 0 && C >= 1 && OC >= 1, "linear_backward: bad shape N=", N, " C=", C,
-                 " OC=", OC);
-  check_compute(compute, "linear_backward");
-  if (dinp.data != nullptr) check_array(dinp, N * C, "linear_backward: dinp");
-  check_array(dweight, OC * C, "linear_backward: dweight");
-  if (dbias.data != nullptr) check_array(dbias, OC, "linear_backward: dbias");
-  check_array(dout, N * OC, "linear_backward: dout");
-  check_array(inp, N * C, "linear_backward: inp");
-  check_array(weight, OC * C, "linear_backward: weight");
-  AMPSCOPE_CHECK(row_chunks(N) <= 65535, "linear_backward: ", N, " rows exceed the grid");
-  Operand d(dout, N * OC, compute, stream);
-  if (dinp.data != nullptr && N > 0) {
-    // dinp (N,C) = dout (N,OC) x weight (OC,C).
-    Operand w(weight, OC * C, compute, stream);
-    StreamScratch acc(bytes_of(N * C, Format::kFP32), stream);
-    GemmArgs g;
-    g.m = N;
-    g.n = C;
-    g.k = OC;
-    g.operand = compute;
-    set_a(g, d.get(), false, OC, 0);
-    set_b(g, w.get(), false, C, 0);
-    set_c(g, acc.as<float>(), C, 0);
-    blas.gemm(g, stream);
-    epilogue(dinp, acc.as<float>(), ConstArray{}, N, C, compute, false, stream);
-  }
-  {
-    // dweight (OC,C) += dout^T (OC,N) x inp (N,C).
-    Operand x(inp, N * C, compute, stream);
-    StreamScratch acc(bytes_of(OC * C, Format::kFP32), stream);
-    GemmArgs g;
-    g.m = OC;
-    g.n = C;
-    g.k = N;
-    g.operand = compute;
-    set_a(g, d.get(), true, OC, 0);
-    set_b(g, x.get(), false, C, 0);
-    set_c(g, acc.as<float>(), C, 0);
-    blas.gemm(g, stream);
-    epilogue(dweight, acc.as<float>(), ConstArray{}, OC, C, compute, true, stream);
-  }
-  if (dbias.data != nullptr) {
-    StreamScratch partial(bytes_of(static_cast<std::int64_t>(row_chunks(N)) * OC, Format::kFP32),
-                          stream);
-    if (N > 0) {
-      bias_columns_kernel<<<column_partial_grid(N, OC), kColumnThreads, 0, stream>>>(
-          partial.as<float>(), dout, N, OC, compute);
-      check_launch();
-    }
-    finish_columns(dbias, partial.as<float>(), N, OC, compute, stream);
-  }
-}
 
 void attention_forward(CublasLt& blas, Array out, Array scores, Array probs, ConstArray qkv,
                        std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t NH,

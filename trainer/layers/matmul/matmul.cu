@@ -1,0 +1,118 @@
+// The linear layer on the device (matmul.h has the contract; launchers in matmul_cuda.h), on
+// cuBLASLt through gemm.cuh's three steps. Backward: dinp = dout W, dW += dout^T x, and
+// dbias += column sums of dout in two deterministic stages (nn_columns.cuh).
+#include <cstdint>
+
+#include "gemm.cuh"
+#include "layers/matmul/matmul_cuda.h"
+#include "nn_columns.cuh"
+#include "nn_common.cuh"
+#include "nn_element.cuh"
+
+namespace ampscope::cuda::nn {
+namespace detail {
+namespace {
+
+// Partial column sums of dout (N,OC), rounded to compute: partial (chunks, OC).
+__global__ void bias_columns_kernel(float* partial, ConstArray dout, std::int64_t N,
+                                    std::int64_t OC, Format compute) {
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= OC) return;
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.y) * kRowsPerChunk;
+  const std::int64_t last = first + kRowsPerChunk < N ? first + kRowsPerChunk : N;
+  float acc = 0.0f;
+  for (std::int64_t row = first; row < last; ++row) {
+    acc += input(dout.data, dout.dtype, row * OC + c, compute);
+  }
+  partial[blockIdx.y * OC + c] = acc;
+}
+
+}  // namespace
+}  // namespace detail
+
+void linear_forward(CublasLt& blas, Array out, ConstArray inp, ConstArray weight, ConstArray bias,
+                    std::int64_t N, std::int64_t C, std::int64_t OC, Format compute,
+                    cudaStream_t stream) {
+  using namespace detail;
+  const NvtxRange range{"ampscope::cuda::nn::linear_forward"};
+  AMPSCOPE_CHECK(N >= 0 && C >= 1 && OC >= 1, "linear_forward: bad shape N=", N, " C=", C,
+                 " OC=", OC);
+  check_compute(compute, "linear_forward");
+  check_array(out, N * OC, "linear_forward: out");
+  check_array(inp, N * C, "linear_forward: inp");
+  check_array(weight, OC * C, "linear_forward: weight");
+  if (bias.data != nullptr) check_array(bias, OC, "linear_forward: bias");
+  if (N == 0) return;
+  Operand x(inp, N * C, compute, stream), w(weight, OC * C, compute, stream);
+  StreamScratch acc(bytes_of(N * OC, Format::kFP32), stream);
+  GemmArgs g;
+  g.m = N;
+  g.n = OC;
+  g.k = C;
+  g.operand = compute;
+  set_a(g, x.get(), false, C, 0);
+  set_b(g, w.get(), true, C, 0);
+  set_c(g, acc.as<float>(), OC, 0);
+  blas.gemm(g, stream);
+  epilogue(out, acc.as<float>(), bias, N, OC, compute, false, stream);
+}
+
+void linear_backward(CublasLt& blas, Array dinp, Array dweight, Array dbias, ConstArray dout,
+                     ConstArray inp, ConstArray weight, std::int64_t N, std::int64_t C,
+                     std::int64_t OC, Format compute, cudaStream_t stream) {
+  using namespace detail;
+  const NvtxRange range{"ampscope::cuda::nn::linear_backward"};
+  AMPSCOPE_CHECK(N >= 0 && C >= 1 && OC >= 1, "linear_backward: bad shape N=", N, " C=", C,
+                 " OC=", OC);
+  check_compute(compute, "linear_backward");
+  if (dinp.data != nullptr) check_array(dinp, N * C, "linear_backward: dinp");
+  check_array(dweight, OC * C, "linear_backward: dweight");
+  if (dbias.data != nullptr) check_array(dbias, OC, "linear_backward: dbias");
+  check_array(dout, N * OC, "linear_backward: dout");
+  check_array(inp, N * C, "linear_backward: inp");
+  check_array(weight, OC * C, "linear_backward: weight");
+  AMPSCOPE_CHECK(row_chunks(N) <= 65535, "linear_backward: ", N, " rows exceed the grid");
+  Operand d(dout, N * OC, compute, stream);
+  if (dinp.data != nullptr && N > 0) {
+    // dinp (N,C) = dout (N,OC) x weight (OC,C).
+    Operand w(weight, OC * C, compute, stream);
+    StreamScratch acc(bytes_of(N * C, Format::kFP32), stream);
+    GemmArgs g;
+    g.m = N;
+    g.n = C;
+    g.k = OC;
+    g.operand = compute;
+    set_a(g, d.get(), false, OC, 0);
+    set_b(g, w.get(), false, C, 0);
+    set_c(g, acc.as<float>(), C, 0);
+    blas.gemm(g, stream);
+    epilogue(dinp, acc.as<float>(), ConstArray{}, N, C, compute, false, stream);
+  }
+  {
+    // dweight (OC,C) += dout^T (OC,N) x inp (N,C).
+    Operand x(inp, N * C, compute, stream);
+    StreamScratch acc(bytes_of(OC * C, Format::kFP32), stream);
+    GemmArgs g;
+    g.m = OC;
+    g.n = C;
+    g.k = N;
+    g.operand = compute;
+    set_a(g, d.get(), true, OC, 0);
+    set_b(g, x.get(), false, C, 0);
+    set_c(g, acc.as<float>(), C, 0);
+    blas.gemm(g, stream);
+    epilogue(dweight, acc.as<float>(), ConstArray{}, OC, C, compute, true, stream);
+  }
+  if (dbias.data != nullptr) {
+    StreamScratch partial(bytes_of(static_cast<std::int64_t>(row_chunks(N)) * OC, Format::kFP32),
+                          stream);
+    if (N > 0) {
+      bias_columns_kernel<<<column_partial_grid(N, OC), kColumnThreads, 0, stream>>>(
+          partial.as<float>(), dout, N, OC, compute);
+      check_launch();
+    }
+    finish_columns(dbias, partial.as<float>(), N, OC, compute, stream);
+  }
+}
+
+}  // namespace ampscope::cuda::nn
