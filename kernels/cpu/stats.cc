@@ -3,6 +3,7 @@
 // what-if analysis.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "ampscope/check.h"
@@ -65,7 +66,9 @@ Kernel select_kernel(SimdLevel level, Format dtype, std::size_t part_elements,
                      const StatsOptions& options) {
   const SimdLevel l = clamp_simd_level(level);
   if (l == SimdLevel::kScalar) return stats_kernel_scalar;
-  if (dtype != Format::kFP32 && part_elements >= options.pattern_histogram_threshold) {
+  const std::size_t pattern_threshold = options.pattern_histogram_threshold.value_or(
+      dtype == Format::kBF16 ? std::size_t{1} << 16 : SIZE_MAX);
+  if (dtype != Format::kFP32 && part_elements >= pattern_threshold) {
     return stats_kernel_pattern16;
   }
   return l == SimdLevel::kAvx512 ? stats_kernel_avx512 : stats_kernel_avx2;

@@ -170,6 +170,8 @@ AMPSCOPE_TARGET_AVX2 void rare_chunk(const char* p, std::size_t len, Sums& sums,
     const __m256i subnormal =
         _mm256_andnot_si256(_mm256_cmpeq_epi32(a, _mm256_setzero_si256()),
                             _mm256_cmpgt_epi32(min_normal, a));
+    c.zeros += static_cast<unsigned>(
+        __builtin_popcount(mask_of(_mm256_cmpeq_epi32(a, _mm256_setzero_si256()))));
     const unsigned nonfinite_m = mask_of(finite) ^ 0xFFu;
     const unsigned subnormal_m = mask_of(subnormal);
     if (nonfinite_m | subnormal_m) {
@@ -193,49 +195,65 @@ AMPSCOPE_TARGET_AVX2 void rare_chunk(const char* p, std::size_t len, Sums& sums,
   }
 }
 
-// Histogram of the exponent bytes of one chunk for bins lo..hi (all in 1..254; bytes outside
-// the range, including 0 for zeros/subnormals and 255 for Inf/NaN, are not counted). A byte
-// lane sees at most len / 32 <= 16 hits, so byte counters cannot wrap.
-AMPSCOPE_TARGET_AVX2 void histogram_bytes(const std::uint8_t* ebuf, std::size_t len, int lo,
-                                          int hi, StatsAccumulator& acc) {
+// count[k] = #{j < len : ebuf[j] == key[k]} for K keys, one pass over the exponent bytes (32
+// per compare). A byte lane sees at most len / 32 <= 16 hits, so byte counters cannot wrap.
+template <int K>
+AMPSCOPE_TARGET_AVX2 void count_bytes(const std::uint8_t* ebuf, std::size_t len, const int* key,
+                                      std::uint64_t* count) {
+  const __m256i zero = _mm256_setzero_si256();
+  __m256i k[K], n[K];
+  for (int i = 0; i < K; ++i) {
+    k[i] = _mm256_set1_epi8(static_cast<char>(key[i]));
+    n[i] = zero;
+  }
+  for (std::size_t j = 0; j < len; j += kGroup) {
+    const __m256i b = _mm256_load_si256(reinterpret_cast<const __m256i*>(ebuf + j));
+    for (int i = 0; i < K; ++i) n[i] = _mm256_sub_epi8(n[i], _mm256_cmpeq_epi8(b, k[i]));
+  }
+  for (int i = 0; i < K; ++i) {
+    // sad against zero: four 64-bit sums of eight byte counters each.
+    alignas(32) std::uint64_t l[4];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(l), _mm256_sad_epu8(n[i], zero));
+    count[i] = l[0] + l[1] + l[2] + l[3];
+  }
+}
+
+// The histogram of one chunk's exponent bytes for bins lo..hi (in 1..254), and, when
+// count_zero_byte, the number of 0 bytes (the zeros of a chunk without subnormals) returned.
+// Wide ranges (adversarial data) are counted one byte at a time.
+AMPSCOPE_TARGET_AVX2 std::uint64_t histogram_bytes(const std::uint8_t* ebuf, std::size_t len,
+                                                   int lo, int hi, bool count_zero_byte,
+                                                   StatsAccumulator& acc) {
+  auto bin = [&](int b) -> std::uint64_t& {
+    return acc.hist[static_cast<std::size_t>(b - 127 - kHistogramMinExponent)];
+  };
   if (hi - lo >= kMaxCompareBins) {
+    std::uint64_t zero_bytes = 0;
     for (std::size_t j = 0; j < len; ++j) {
       const int b = ebuf[j];
-      if (b >= lo && b <= hi) ++acc.hist[static_cast<std::size_t>(b - 127 - kHistogramMinExponent)];
+      zero_bytes += b == 0;
+      if (b >= lo && b <= hi) ++bin(b);
     }
-    return;
+    return zero_bytes;
   }
-  const __m256i zero = _mm256_setzero_si256();
-  int bin = lo;
-  for (; bin + 1 <= hi; bin += 2) {
-    const __m256i k0 = _mm256_set1_epi8(static_cast<char>(bin));
-    const __m256i k1 = _mm256_set1_epi8(static_cast<char>(bin + 1));
-    __m256i c0 = zero, c1 = zero;
-    for (std::size_t j = 0; j < len; j += kGroup) {
-      const __m256i b = _mm256_load_si256(reinterpret_cast<const __m256i*>(ebuf + j));
-      c0 = _mm256_sub_epi8(c0, _mm256_cmpeq_epi8(b, k0));
-      c1 = _mm256_sub_epi8(c1, _mm256_cmpeq_epi8(b, k1));
+  int keys[kMaxCompareBins + 1];
+  int nkeys = 0;
+  if (count_zero_byte) keys[nkeys++] = 0;
+  for (int b = lo; b <= hi; ++b) keys[nkeys++] = b;
+  std::uint64_t counts[kMaxCompareBins + 1];
+  for (int done = 0; done < nkeys;) {
+    switch (nkeys - done) {
+      case 1: count_bytes<1>(ebuf, len, keys + done, counts + done); done += 1; break;
+      case 2: count_bytes<2>(ebuf, len, keys + done, counts + done); done += 2; break;
+      case 3: count_bytes<3>(ebuf, len, keys + done, counts + done); done += 3; break;
+      default: count_bytes<4>(ebuf, len, keys + done, counts + done); done += 4; break;
     }
-    // sad against zero: four 64-bit sums of eight byte counters each.
-    const __m256i s0 = _mm256_sad_epu8(c0, zero);
-    const __m256i s1 = _mm256_sad_epu8(c1, zero);
-    alignas(32) std::uint64_t l0[4], l1[4];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(l0), s0);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(l1), s1);
-    acc.hist[static_cast<std::size_t>(bin - 127 - kHistogramMinExponent)] += l0[0] + l0[1] + l0[2] + l0[3];
-    acc.hist[static_cast<std::size_t>(bin + 1 - 127 - kHistogramMinExponent)] += l1[0] + l1[1] + l1[2] + l1[3];
   }
-  if (bin == hi) {
-    const __m256i k0 = _mm256_set1_epi8(static_cast<char>(bin));
-    __m256i c0 = zero;
-    for (std::size_t j = 0; j < len; j += kGroup) {
-      const __m256i b = _mm256_load_si256(reinterpret_cast<const __m256i*>(ebuf + j));
-      c0 = _mm256_sub_epi8(c0, _mm256_cmpeq_epi8(b, k0));
-    }
-    alignas(32) std::uint64_t l0[4];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(l0), _mm256_sad_epu8(c0, zero));
-    acc.hist[static_cast<std::size_t>(bin - 127 - kHistogramMinExponent)] += l0[0] + l0[1] + l0[2] + l0[3];
-  }
+  int i = 0;
+  std::uint64_t zero_bytes = 0;
+  if (count_zero_byte) zero_bytes = counts[i++];
+  for (int b = lo; b <= hi; ++b) bin(b) += counts[i++];
+  return zero_bytes;
 }
 
 // count[k] = #{i < len : abuf[i] >= t[k]} for K thresholds (t[k] >= 1), one pass over abuf.
@@ -317,7 +335,6 @@ AMPSCOPE_TARGET_AVX2 void count_targets(const std::uint32_t* abuf, std::size_t l
 // Pass 1's per-chunk state (registers once inlined).
 struct Pass1 {
   Sums sums;
-  __m256i zeros;
   __m256i max_all;
   __m256i min_nz_minus_one;
 };
@@ -336,7 +353,6 @@ AMPSCOPE_INLINE_AVX2 __m256i pass1_step(char* p, std::size_t i, __m256 scale,
   }
   const __m256i a = _mm256_and_si256(bits, splat(kAbsMask));
   _mm256_store_si256(reinterpret_cast<__m256i*>(abuf + i), a);
-  s.zeros = _mm256_sub_epi32(s.zeros, _mm256_cmpeq_epi32(a, _mm256_setzero_si256()));
   s.max_all = _mm256_max_epu32(s.max_all, a);
   s.min_nz_minus_one = _mm256_min_epu32(s.min_nz_minus_one, _mm256_add_epi32(a, splat(0xFFFFFFFFu)));
   *e = _mm256_srli_epi32(a, 23);
@@ -357,30 +373,29 @@ AMPSCOPE_TARGET_AVX2 void run(char* data, std::size_t n, float factor,
     char* p = data + chunk * elem;
     Pass1 pass;
     clear(pass.sums);
-    pass.zeros = _mm256_setzero_si256();
     pass.max_all = _mm256_setzero_si256();
     pass.min_nz_minus_one = splat(0xFFFFFFFFu);
     for (std::size_t i = 0; i < len; i += kGroup) {
+      // Exponents packed to bytes as they come, in a lane order of their own (the packs work
+      // within 128-bit halves); the histogram does not care about order.
       __m256i e0, e1, e2, e3;
       const __m256i b0 = pass1_step<kDtype, kScale>(p, i, scale, abuf, pass, &e0);
       const __m256i b1 = pass1_step<kDtype, kScale>(p, i + kLanes, scale, abuf, pass, &e1);
       add_pair(pass.sums, _mm256_castsi256_ps(b0), _mm256_castsi256_ps(b1));
+      const __m256i e01 = _mm256_packus_epi32(e0, e1);
       const __m256i b2 = pass1_step<kDtype, kScale>(p, i + 2 * kLanes, scale, abuf, pass, &e2);
       const __m256i b3 = pass1_step<kDtype, kScale>(p, i + 3 * kLanes, scale, abuf, pass, &e3);
       add_pair(pass.sums, _mm256_castsi256_ps(b2), _mm256_castsi256_ps(b3));
-      // Bytes in a lane order of their own (the packs work within 128-bit halves); the
-      // histogram does not care about order.
-      const __m256i e8 =
-          _mm256_packus_epi16(_mm256_packus_epi32(e0, e1), _mm256_packus_epi32(e2, e3));
+      const __m256i e8 = _mm256_packus_epi16(e01, _mm256_packus_epi32(e2, e3));
       _mm256_store_si256(reinterpret_cast<__m256i*>(ebuf + i), e8);
     }
     ChunkSummary c;
     Sums& sums = pass.sums;
-    c.zeros = hsum_u32(pass.zeros);
     c.max_all = hmax_u32(pass.max_all);
     c.min_nz = hmin_u32(pass.min_nz_minus_one) + 1;  // wraps to 0 when every element is zero
-    const bool any_nonzero = c.zeros < len;
-    if (c.max_all >= kInfBits || (any_nonzero && c.min_nz < kMinNormalBits)) [[unlikely]] {
+    const bool any_nonzero = c.max_all != 0;
+    const bool rare = c.max_all >= kInfBits || (any_nonzero && c.min_nz < kMinNormalBits);
+    if (rare) [[unlikely]] {
       rare_chunk<kDtype>(p, len, sums, c, acc);
     } else {
       c.max_finite = c.max_all;
@@ -389,6 +404,10 @@ AMPSCOPE_TARGET_AVX2 void run(char* data, std::size_t n, float factor,
         c.hi = static_cast<int>(c.max_all >> 23);
       }
     }
+    // Without subnormals, exponent byte 0 is exactly the zeros (a rare chunk counted them).
+    const std::uint64_t zero_bytes =
+        any_nonzero ? histogram_bytes(ebuf, len, c.lo, c.hi, !rare, acc) : len;
+    if (!rare) c.zeros = zero_bytes;
     acc.zeros += c.zeros;
     acc.max_abs_bits = c.max_finite > acc.max_abs_bits ? c.max_finite : acc.max_abs_bits;
     if (any_nonzero && c.min_nz < kInfBits && c.min_nz < acc.min_abs_bits) {
@@ -401,7 +420,6 @@ AMPSCOPE_TARGET_AVX2 void run(char* data, std::size_t n, float factor,
       } else {
         add_normal_values_exactly(p, len, kDtype, acc);
       }
-      histogram_bytes(ebuf, len, c.lo, c.hi, acc);
     }
     if (!th.empty()) count_targets(abuf, len, c, th, acc);
   }
