@@ -137,13 +137,7 @@ void merge_heads(Array out, const float* acc, const AttentionShape& a, std::int6
 // A strided-batched product over the B*NH heads: c = alpha op(a) op(b), each (T, *) per head.
 GemmArgs head_gemm(const AttentionShape& s, Format compute, std::int64_t m, std::int64_t n,
                    std::int64_t k) {
-  GemmArgs g;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.batch = static_cast<int>(s.heads());
-  g.operand = compute;
-  return g;
+  return gemm_args(compute, m, n, k, static_cast<int>(s.heads()));
 }
 
 unsigned row_blocks(std::int64_t rows) {

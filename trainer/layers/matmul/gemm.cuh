@@ -63,6 +63,18 @@ void epilogue(Array out, const float* acc, ConstArray bias, std::int64_t M, std:
   check_launch();
 }
 
+// The arguments of c (m,n) = op(a) (m,k) op(b) (k,n) on `batch` strided operand sets, operands
+// in `compute`; the caller sets the operands with set_a, set_b and set_c.
+GemmArgs gemm_args(Format compute, std::int64_t m, std::int64_t n, std::int64_t k, int batch = 1) {
+  GemmArgs g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.batch = batch;
+  g.operand = compute;
+  return g;
+}
+
 void set_a(GemmArgs& g, const void* a, bool transposed, std::int64_t ld, std::int64_t stride) {
   g.a = a;
   g.a_transposed = transposed;

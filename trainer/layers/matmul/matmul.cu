@@ -45,11 +45,7 @@ void linear_forward(CublasLt& blas, Array out, ConstArray inp, ConstArray weight
   if (N == 0) return;
   Operand x(inp, N * C, compute, stream), w(weight, OC * C, compute, stream);
   StreamScratch acc(bytes_of(N * OC, Format::kFP32), stream);
-  GemmArgs g;
-  g.m = N;
-  g.n = OC;
-  g.k = C;
-  g.operand = compute;
+  GemmArgs g = gemm_args(compute, N, OC, C);
   set_a(g, x.get(), false, C, 0);
   set_b(g, w.get(), true, C, 0);
   set_c(g, acc.as<float>(), OC, 0);
@@ -77,11 +73,7 @@ void linear_backward(CublasLt& blas, Array dinp, Array dweight, Array dbias, Con
     // dinp (N,C) = dout (N,OC) x weight (OC,C).
     Operand w(weight, OC * C, compute, stream);
     StreamScratch acc(bytes_of(N * C, Format::kFP32), stream);
-    GemmArgs g;
-    g.m = N;
-    g.n = C;
-    g.k = OC;
-    g.operand = compute;
+    GemmArgs g = gemm_args(compute, N, C, OC);
     set_a(g, d.get(), false, OC, 0);
     set_b(g, w.get(), false, C, 0);
     set_c(g, acc.as<float>(), C, 0);
@@ -92,11 +84,7 @@ void linear_backward(CublasLt& blas, Array dinp, Array dweight, Array dbias, Con
     // dweight (OC,C) += dout^T (OC,N) x inp (N,C).
     Operand x(inp, N * C, compute, stream);
     StreamScratch acc(bytes_of(OC * C, Format::kFP32), stream);
-    GemmArgs g;
-    g.m = OC;
-    g.n = C;
-    g.k = N;
-    g.operand = compute;
+    GemmArgs g = gemm_args(compute, OC, C, N);
     set_a(g, d.get(), true, OC, 0);
     set_b(g, x.get(), false, C, 0);
     set_c(g, acc.as<float>(), C, 0);
