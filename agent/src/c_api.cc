@@ -9,11 +9,14 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "ampscope/agent/agent.h"
 #include "ampscope/loss_scale.h"
+#include "ampscope/tensor_stats.h"
 #include "c_vocabulary.h"
 
 using ampscope::agent::Agent;
@@ -35,6 +38,11 @@ static_assert(offsetof(ampscope_run_info, struct_size) == 0 &&
               offsetof(ampscope_agent_counters, struct_size) == 0 &&
               offsetof(ampscope_loss_scale_rule, struct_size) == 0);
 static_assert(AMPSCOPE_AGENT_COUNTERS_SIZE_V1 % alignof(ampscope_agent_counters) == 0);
+static_assert(AMPSCOPE_TENSOR_STATS_SIZE_V1 % alignof(ampscope_tensor_stats) == 0 &&
+              offsetof(ampscope_tensor_stats, struct_size) == 0);
+static_assert(AMPSCOPE_HISTOGRAM_BINS == ampscope::kHistogramBins);
+// The C numbers of the formats are ampscope::Format's (c_vocabulary.h checks the same).
+static_assert(sizeof(ampscope_target) == 8 && sizeof(ampscope_target_counts) == 32);
 // The C state is ampscope::LossScaleState, field for field.
 static_assert(sizeof(ampscope_loss_scale_state) == sizeof(ampscope::LossScaleState) &&
               offsetof(ampscope_loss_scale_state, scale) ==
@@ -81,6 +89,166 @@ std::string write_struct(const T& value, std::size_t size_v1, const char* what, 
   std::memcpy(static_cast<void*>(out), static_cast<const void*>(&value), size);
   out->struct_size = static_cast<std::uint32_t>(size);
   return {};
+}
+
+void write_reason(const std::string& text, char* reason, std::size_t reason_size);
+
+// A caller's tensor view as the agent's, with the storage its shape may point to.
+struct CView {
+  ampscope::agent::TensorView view;
+  std::int64_t flat_shape[1] = {0};  // a view without a shape is one dimension of numel
+  CView() = default;
+  CView(const CView&) = delete;
+  CView& operator=(const CView&) = delete;
+};
+
+// Empty when `view` is valid (then out->view holds it), else a message naming the field.
+std::string read_view(const ampscope_tensor_view* view, CView* out) {
+  ampscope_tensor_view in;
+  if (std::string e = read_struct(view, AMPSCOPE_TENSOR_VIEW_SIZE_V1, "view", &in); !e.empty()) {
+    return e;
+  }
+  if (in.name == nullptr) return "view.name is NULL";
+  const auto role = c::from_c_role(in.role);
+  const auto phase = c::from_c_phase(in.phase);
+  const auto dtype = c::from_c_format(in.dtype);
+  const auto device = c::from_c_device(in.device);
+  const auto held = in.has_held != 0 ? c::from_c_format(in.held) : std::nullopt;
+  const char* bad = !role                                   ? "role"
+                    : !phase                                ? "phase"
+                    : !dtype                                ? "dtype"
+                    : !device                               ? "device"
+                    : in.has_held != 0 && !held             ? "held"
+                    : in.rank < 0 || in.rank > 8            ? "rank (0..8)"
+                    : in.rank > 0 && in.shape == nullptr    ? "shape (NULL with rank > 0)"
+                    : in.rank == 0 && in.numel < 0          ? "numel"
+                                                            : nullptr;
+  if (bad != nullptr) return std::string("view of '") + in.name + "': bad " + bad;
+  ampscope::agent::TensorView& v = out->view;
+  v.name = in.name;
+  v.role = *role;
+  v.phase = *phase;
+  v.dtype = *dtype;
+  v.data = in.data;
+  out->flat_shape[0] = in.numel;
+  if (in.rank > 0) {
+    v.shape = std::span<const std::int64_t>(in.shape, static_cast<std::size_t>(in.rank));
+  } else {
+    v.shape = out->flat_shape;
+  }
+  v.device = *device;
+  v.stream = in.stream;
+  v.scale = in.scale != 0.0 ? in.scale : 1.0;
+  v.micro_step = in.micro_step;
+  v.order = in.order;
+  v.held = held;
+  return {};
+}
+
+ampscope_target to_c_target(const ampscope::TargetSpec& t) {
+  return {static_cast<int32_t>(t.format), t.scale_log2};
+}
+
+// The most targets one statistics call counts (a bound on what a caller's struct can ask).
+constexpr std::uint32_t kMaxCTargets = 64;
+
+// The caller's statistics as TensorStats; empty, or a message naming the field.
+std::string from_c_stats(const ampscope_tensor_stats* stats, ampscope::TensorStats* out) {
+  ampscope_tensor_stats in;
+  if (std::string e = read_struct(stats, AMPSCOPE_TENSOR_STATS_SIZE_V1, "stats", &in);
+      !e.empty()) {
+    return e;
+  }
+  if (in.histogram_bins > static_cast<std::uint32_t>(ampscope::kHistogramBins) ||
+      (in.histogram_bins > 0 && in.histogram_counts == nullptr)) {
+    return "stats.histogram_bins: at most " + std::to_string(ampscope::kHistogramBins) +
+           ", with histogram_counts";
+  }
+  if (in.num_targets > kMaxCTargets || (in.num_targets > 0 && in.targets == nullptr)) {
+    return "stats.num_targets: at most " + std::to_string(kMaxCTargets) + ", with targets";
+  }
+  ampscope::TensorStats& s = *out;
+  s.numel = in.numel;
+  s.zeros = in.zeros;
+  s.nan = in.nan;
+  s.pos_inf = in.pos_inf;
+  s.neg_inf = in.neg_inf;
+  s.max_abs = in.max_abs;
+  s.min_abs_nonzero = in.min_abs_nonzero;
+  s.sum = in.sum;
+  s.sum_sq = in.sum_sq;
+  if (in.histogram_bins > 0) {
+    s.histogram.min_exponent = in.histogram_min_exponent;
+    s.histogram.counts.assign(in.histogram_counts, in.histogram_counts + in.histogram_bins);
+  }
+  for (std::uint32_t i = 0; i < in.num_targets; ++i) {
+    const ampscope_target_counts& t = in.targets[i];
+    const auto format = c::from_c_format(t.target.format);
+    if (!format) return "stats.targets[" + std::to_string(i) + "]: bad format";
+    s.targets.push_back({{*format, t.target.scale_log2}, t.overflow, t.underflow, t.subnormal});
+  }
+  return {};
+}
+
+// Computes into the caller's struct: its targets say what to count.
+template <typename Compute>
+ampscope_status stats_into(ampscope_tensor_stats* out, int32_t dtype, char* reason,
+                           std::size_t reason_size, Compute&& compute) {
+  try {
+    ampscope_tensor_stats in;
+    if (std::string e = read_struct(out, AMPSCOPE_TENSOR_STATS_SIZE_V1, "out", &in); !e.empty()) {
+      write_reason(e, reason, reason_size);
+      return AMPSCOPE_INVALID_ARGUMENT;
+    }
+    const auto format = c::from_c_format(dtype);
+    const char* bad = !format || !ampscope::is_stats_storage_format(*format)
+                          ? "dtype: fp32, fp16 or bf16 storage"
+                      : in.histogram_counts == nullptr
+                          ? "out.histogram_counts: room for AMPSCOPE_HISTOGRAM_BINS counts"
+                      : in.num_targets > kMaxCTargets || (in.num_targets > 0 && !in.targets)
+                          ? "out.num_targets: at most 64, with targets"
+                          : nullptr;
+    if (bad != nullptr) {
+      write_reason(std::string("bad ") + bad, reason, reason_size);
+      return AMPSCOPE_INVALID_ARGUMENT;
+    }
+    std::vector<ampscope::TargetSpec> targets;
+    for (std::uint32_t i = 0; i < in.num_targets; ++i) {
+      const auto f = c::from_c_format(in.targets[i].target.format);
+      if (!f) {
+        write_reason("bad out.targets[" + std::to_string(i) + "].target.format", reason,
+                     reason_size);
+        return AMPSCOPE_INVALID_ARGUMENT;
+      }
+      targets.push_back({*f, in.targets[i].target.scale_log2});
+    }
+    const ampscope::TensorStats s = compute(*format, std::span<const ampscope::TargetSpec>(targets));
+    in.numel = s.numel;
+    in.zeros = s.zeros;
+    in.nan = s.nan;
+    in.pos_inf = s.pos_inf;
+    in.neg_inf = s.neg_inf;
+    in.max_abs = s.max_abs;
+    in.min_abs_nonzero = s.min_abs_nonzero;
+    in.sum = s.sum;
+    in.sum_sq = s.sum_sq;
+    in.histogram_min_exponent = s.histogram.min_exponent;
+    in.histogram_bins = static_cast<std::uint32_t>(s.histogram.counts.size());
+    std::copy(s.histogram.counts.begin(), s.histogram.counts.end(), in.histogram_counts);
+    for (std::size_t i = 0; i < s.targets.size(); ++i) {
+      in.targets[i].overflow = s.targets[i].overflow;
+      in.targets[i].underflow = s.targets[i].underflow;
+      in.targets[i].subnormal = s.targets[i].subnormal;
+    }
+    (void)write_struct(in, AMPSCOPE_TENSOR_STATS_SIZE_V1, "out", out);
+    return AMPSCOPE_OK;
+  } catch (const std::exception& e) {
+    write_reason(e.what(), reason, reason_size);
+    return AMPSCOPE_INVALID_ARGUMENT;  // the kernels throw on bad arguments (a target's scale)
+  } catch (...) {
+    write_reason("internal error", reason, reason_size);
+    return AMPSCOPE_INTERNAL;
+  }
 }
 
 // A one-line reason from a callback's buffer, or `fallback` when it left it empty.
@@ -449,53 +617,52 @@ int ampscope_agent_begin_step(ampscope_agent* agent, int64_t step) {
 ampscope_status ampscope_agent_observe(ampscope_agent* agent, const ampscope_tensor_view* view) {
   if (agent == nullptr) return AMPSCOPE_INVALID_ARGUMENT;
   try {
-    ampscope_tensor_view in;
-    if (std::string e = read_struct(view, AMPSCOPE_TENSOR_VIEW_SIZE_V1, "view", &in); !e.empty()) {
+    CView v;
+    if (std::string e = read_view(view, &v); !e.empty()) {
       return agent->fail(AMPSCOPE_INVALID_ARGUMENT, std::move(e));
     }
-    if (in.name == nullptr) return agent->fail(AMPSCOPE_INVALID_ARGUMENT, "view.name is NULL");
-    const auto role = c::from_c_role(in.role);
-    const auto phase = c::from_c_phase(in.phase);
-    const auto dtype = c::from_c_format(in.dtype);
-    const auto device = c::from_c_device(in.device);
-    const auto held = in.has_held != 0 ? c::from_c_format(in.held) : std::nullopt;
-    const char* bad = !role                                   ? "role"
-                      : !phase                                ? "phase"
-                      : !dtype                                ? "dtype"
-                      : !device                               ? "device"
-                      : in.has_held != 0 && !held             ? "held"
-                      : in.rank < 0 || in.rank > 8            ? "rank (0..8)"
-                      : in.rank > 0 && in.shape == nullptr    ? "shape (NULL with rank > 0)"
-                      : in.rank == 0 && in.numel < 0          ? "numel"
-                                                              : nullptr;
-    if (bad != nullptr) {
-      return agent->fail(AMPSCOPE_INVALID_ARGUMENT,
-                         std::string("view of '") + in.name + "': bad " + bad);
-    }
-    ampscope::agent::TensorView v;
-    v.name = in.name;
-    v.role = *role;
-    v.phase = *phase;
-    v.dtype = *dtype;
-    v.data = in.data;
-    // A view without a shape is one dimension of numel; the scratch is this call's, since
-    // observe may be called from several threads at once.
-    const std::int64_t flat_shape[1] = {in.numel};
-    if (in.rank > 0) {
-      v.shape = std::span<const std::int64_t>(in.shape, static_cast<std::size_t>(in.rank));
-    } else {
-      v.shape = flat_shape;
-    }
-    v.device = *device;
-    v.stream = in.stream;
-    v.scale = in.scale != 0.0 ? in.scale : 1.0;
-    v.micro_step = in.micro_step;
-    v.order = in.order;
-    v.held = held;
-    agent->agent->observe(v);
+    agent->agent->observe(v.view);
     return AMPSCOPE_OK;
   } catch (...) {
     return agent->internal("observe");
+  }
+}
+
+ampscope_status ampscope_agent_observe_stats(ampscope_agent* agent,
+                                             const ampscope_tensor_view* view,
+                                             const ampscope_tensor_stats* stats) {
+  if (agent == nullptr) return AMPSCOPE_INVALID_ARGUMENT;
+  try {
+    CView v;
+    if (std::string e = read_view(view, &v); !e.empty()) {
+      return agent->fail(AMPSCOPE_INVALID_ARGUMENT, std::move(e));
+    }
+    ampscope::TensorStats s;
+    if (std::string e = from_c_stats(stats, &s); !e.empty()) {
+      return agent->fail(AMPSCOPE_INVALID_ARGUMENT, std::move(e));
+    }
+    return agent->result(agent->agent->observe_stats(v.view, s));
+  } catch (...) {
+    return agent->internal("observe_stats");
+  }
+}
+
+int ampscope_agent_stats_target(ampscope_agent* agent, const ampscope_tensor_view* view,
+                                ampscope_target* target) {
+  if (agent == nullptr || target == nullptr) return 0;
+  try {
+    CView v;
+    if (std::string e = read_view(view, &v); !e.empty()) {
+      agent->fail(AMPSCOPE_INVALID_ARGUMENT, std::move(e));
+      return 0;
+    }
+    const std::optional<ampscope::TargetSpec> t = agent->agent->stats_target(v.view);
+    if (!t) return 0;
+    *target = to_c_target(*t);
+    return 1;
+  } catch (...) {
+    agent->internal("stats_target");
+    return 0;
   }
 }
 
@@ -729,6 +896,23 @@ ampscope_status ampscope_loss_scale_apply_change(ampscope_loss_scale_rule* rule,
     write_reason("internal error", reason, reason_size);
     return AMPSCOPE_INTERNAL;
   }
+}
+
+ampscope_status ampscope_compute_stats(const void* data, uint64_t n, int32_t dtype,
+                                       ampscope_tensor_stats* out, char* reason,
+                                       size_t reason_size) {
+  return stats_into(out, dtype, reason, reason_size, [&](ampscope::Format f, auto targets) {
+    return ampscope::compute_stats(data, static_cast<std::size_t>(n), f, targets);
+  });
+}
+
+ampscope_status ampscope_scale_and_compute_stats(void* data, uint64_t n, int32_t dtype,
+                                                 float factor, ampscope_tensor_stats* out,
+                                                 char* reason, size_t reason_size) {
+  return stats_into(out, dtype, reason, reason_size, [&](ampscope::Format f, auto targets) {
+    return ampscope::scale_and_compute_stats(data, static_cast<std::size_t>(n), f, factor,
+                                             targets);
+  });
 }
 
 }  // extern "C"

@@ -9,6 +9,9 @@
  *   agent_c_api_program hello SPOOL_DIR ADDR        the scaler and capable layers of the Hello
  *   agent_c_api_program overrides SPOOL_DIR ADDR    the server's FP32 fallback (and static
  *                                                   scaler parameters) reach the callbacks
+ *   agent_c_api_program fused SPOOL_DIR             fused statistics: an unscale through
+ *                                                   ampscope_scale_and_compute_stats handed
+ *                                                   over with ampscope_agent_observe_stats
  *
  * Exit status: 0 when every check passed, otherwise the number of the failed check (with a
  * line on stderr). */
@@ -559,13 +562,98 @@ static int rules(void) {
   return 0;
 }
 
+/* One step whose unscaled weight gradient goes through the fused path (the agent does not read
+ * it); the same values are also shown with observe (as "fc.weight.grad.measured") so that the
+ * driver can compare the two records. */
+static int fused(const char* spool_dir) {
+  ampscope_agent_config* cfg = NULL;
+  int failed = configure(&cfg, "c-fused", spool_dir, NULL);
+  if (failed != 0) return failed;
+  CHECK(1, ampscope_agent_config_set(cfg, "sample_full_every", "1") == AMPSCOPE_OK, "full");
+  ampscope_run_info run = fp16_run(AMPSCOPE_SCALER_DYNAMIC);
+  ampscope_agent* agent = NULL;
+  CHECK(2, ampscope_agent_create(cfg, &run, &agent) == AMPSCOPE_OK,
+        ampscope_agent_config_last_error(cfg));
+  ampscope_agent_config_destroy(cfg);
+
+  enum { kN = 64 };
+  float grad[kN];
+  for (int i = 0; i < kN; ++i) grad[i] = ldexpf(1.0f + (float)i / 64.0f, i % 40 - 30);
+  grad[3] = 0.0f;
+  grad[4] = -3.0e38f; /* with 3e38 below: a sum that cancels */
+  grad[5] = 3.0e38f;
+  CHECK(3, ampscope_agent_begin_step(agent, 0) == 1, "begin_step");
+  ampscope_tensor_view view = AMPSCOPE_TENSOR_VIEW_INIT;
+  view.name = "fc.weight.grad";
+  view.role = AMPSCOPE_ROLE_WEIGHT_GRAD;
+  view.phase = AMPSCOPE_PHASE_BACKWARD;
+  view.dtype = AMPSCOPE_FORMAT_FP32;
+  view.data = grad;
+  view.numel = kN;
+  view.scale = 1024.0;
+  CHECK(4, ampscope_agent_observe(agent, &view) == AMPSCOPE_OK, "observe the scaled gradient");
+
+  view.phase = AMPSCOPE_PHASE_AFTER_UNSCALE;
+  view.scale = 1.0;
+  view.order = 1;
+  ampscope_target target = {0, 0};
+  CHECK(5, ampscope_agent_stats_target(agent, &view, &target) == 1, "a target is wanted");
+  CHECK(6, target.format == AMPSCOPE_FORMAT_FP16 && target.scale_log2 == 10,
+        "fp16 at the step's scale 2^10");
+  uint64_t bins[AMPSCOPE_HISTOGRAM_BINS];
+  ampscope_target_counts counts[1];
+  memset(counts, 0, sizeof(counts));
+  counts[0].target = target;
+  ampscope_tensor_stats stats = AMPSCOPE_TENSOR_STATS_INIT;
+  stats.histogram_counts = bins;
+  stats.targets = counts;
+  stats.num_targets = 1;
+  char reason[160] = {0};
+  CHECK(7, ampscope_scale_and_compute_stats(grad, kN, AMPSCOPE_FORMAT_FP32, 1.0f / 1024.0f,
+                                            &stats, reason, sizeof(reason)) == AMPSCOPE_OK,
+        reason);
+  CHECK(8, grad[6] == ldexpf(1.0f + 6.0f / 64.0f, 6 - 30 - 10), "unscaled in place");
+  /* -3e38 and 3e38 (unscaled) cancel exactly: the sum is that of the others, including the
+   * first ones, which a plain FP64 sum in order loses against -3e38 / 1024. */
+  long double expected = 0.0L;
+  for (int i = 0; i < kN; ++i) expected += (i == 4 || i == 5) ? 0.0L : (long double)grad[i];
+  CHECK(9, stats.numel == kN && stats.zeros == 1 && stats.histogram_bins > 0 &&
+               fabsl((long double)stats.sum - expected) <= 1e-15L * expected,
+        "statistics of the unscaled values, the sum exact");
+  view.data = NULL; /* the agent needs no data */
+  CHECK(10, ampscope_agent_observe_stats(agent, &view, &stats) == AMPSCOPE_OK,
+        ampscope_agent_last_error(agent));
+
+  ampscope_tensor_stats bad = stats;
+  bad.numel = kN + 1;
+  view.name = "fc.weight.grad.bad";
+  CHECK(11, ampscope_agent_observe_stats(agent, &view, &bad) == AMPSCOPE_INVALID_ARGUMENT,
+        "statistics of another size are refused");
+  CHECK(12, strstr(ampscope_agent_last_error(agent), "numel") != NULL, "the error says why");
+  CHECK(13, ampscope_compute_stats(grad, kN, AMPSCOPE_FORMAT_E4M3, &stats, reason,
+                                   sizeof(reason)) == AMPSCOPE_INVALID_ARGUMENT &&
+                strstr(reason, "dtype") != NULL,
+        "fp8 storage is refused");
+
+  view.name = "fc.weight.grad.measured";
+  view.data = grad;
+  view.order = 2;
+  CHECK(14, ampscope_agent_observe(agent, &view) == AMPSCOPE_OK, "observe the unscaled values");
+  ampscope_step_info info = AMPSCOPE_STEP_INFO_INIT;
+  info.loss_scale = info.scale_after = 1024.0;
+  CHECK(15, ampscope_agent_end_step(agent, &info) == AMPSCOPE_OK, "end_step");
+  CHECK(16, ampscope_agent_destroy(agent, 0) == AMPSCOPE_OK, "destroy");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc == 2 && strcmp(argv[1], "rules") == 0) return rules();
   if (argc == 3 && strcmp(argv[1], "exercise") == 0) return exercise(argv[2]);
   if (argc == 4 && strcmp(argv[1], "old-layouts") == 0) return old_layouts(argv[2], argv[3]);
   if (argc == 4 && strcmp(argv[1], "hello") == 0) return hello(argv[2], argv[3]);
   if (argc == 4 && strcmp(argv[1], "overrides") == 0) return overrides(argv[2], argv[3]);
-  fprintf(stderr, "usage: %s rules | exercise|old-layouts|hello|overrides SPOOL_DIR [SERVER]\n",
+  if (argc == 3 && strcmp(argv[1], "fused") == 0) return fused(argv[2]);
+  fprintf(stderr, "usage: %s rules | exercise|fused|old-layouts|hello|overrides SPOOL_DIR [SERVER]\n",
           argv[0]);
   return 200;
 }

@@ -104,13 +104,32 @@ TEST(CApiAbiTest, TheLibraryExportsOnlyTheCApi) {
                                "ampscope_agent_observe", "ampscope_agent_attach_overrides",
                                "ampscope_agent_add_notice", "ampscope_loss_scale_update",
                                "ampscope_loss_scale_apply_change", "ampscope_agent_policy_vote",
-                               "ampscope_agent_policy_agreed"}) {
+                               "ampscope_agent_policy_agreed", "ampscope_agent_observe_stats",
+                               "ampscope_agent_stats_target", "ampscope_compute_stats",
+                               "ampscope_scale_and_compute_stats"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), expected), names.end()) << expected;
   }
   std::cout << names.size() << " symbols exported\n";
 }
 
 TEST(CApiTest, LossScaleRulesFromC) { run_c_trainer({"rules"}); }
+
+TEST(CApiTest, FusedStatisticsFromC) {
+  TempDir dir;
+  run_c_trainer({"fused", (dir / "spool").string()});
+  const auto reports = testing::read_spool(dir / "spool", "c-fused");
+  ASSERT_EQ(reports.size(), 1u);
+  ASSERT_EQ(reports[0].tensors_size(), 3) << "the refused statistics are not reported";
+  v1::TensorStats fused = reports[0].tensors(1), measured = reports[0].tensors(2);
+  EXPECT_EQ(fused.name(), "fc.weight.grad");
+  EXPECT_EQ(fused.level(), v1::STATS_LEVEL_FULL);
+  ASSERT_EQ(fused.targets_size(), 1);
+  EXPECT_EQ(fused.targets(0).scale_log2(), 10);
+  // What the agent measured from the same values, field for field.
+  measured.set_name(fused.name());
+  measured.set_order(fused.order());
+  EXPECT_EQ(fused.SerializeAsString(), measured.SerializeAsString());
+}
 
 TEST(CApiTest, ExercisedFromC) {
   TempDir dir;

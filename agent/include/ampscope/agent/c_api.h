@@ -65,8 +65,10 @@
  *      built-in one's rules
  *   4  the per-step policy agreement of a multi-rank run: ampscope_agent_policy_vote and
  *      ampscope_agent_policy_agreed
- *   5  counters: lockstep_timeouts (agent options policy_lockstep, policy_lockstep_timeout_ms) */
-#define AMPSCOPE_AGENT_ABI_VERSION 5u
+ *   5  counters: lockstep_timeouts (agent options policy_lockstep, policy_lockstep_timeout_ms)
+ *   6  fused statistics: ampscope_tensor_stats, ampscope_agent_observe_stats,
+ *      ampscope_agent_stats_target, ampscope_compute_stats, ampscope_scale_and_compute_stats */
+#define AMPSCOPE_AGENT_ABI_VERSION 6u
 
 /* Whether a struct `ptr` of type `type` carries `field` (its struct_size covers it). */
 #define AMPSCOPE_STRUCT_HAS(type, ptr, field) \
@@ -321,6 +323,52 @@ typedef struct ampscope_loss_scale_state {
   int64_t growth_tracker;
 } ampscope_loss_scale_state;
 
+/* ABI 6. A what-if question (ampscope/tensor_stats.h TargetSpec): values times 2^scale_log2
+ * rounded into `format` (ampscope_format). Plain data of a fixed layout, no struct_size. */
+typedef struct ampscope_target {
+  int32_t format;
+  int32_t scale_log2;
+} ampscope_target;
+
+/* ABI 6. The exact counts of one target: how many finite nonzero values overflow, underflow or
+ * become subnormal (ampscope/tensor_stats.h). Fixed layout, no struct_size. */
+typedef struct ampscope_target_counts {
+  ampscope_target target;
+  uint64_t overflow;
+  uint64_t underflow;
+  uint64_t subnormal;
+} ampscope_target_counts;
+
+/* Bins of the binade histogram: binades -149 (the smallest FP32 subnormal) to 127. */
+#define AMPSCOPE_HISTOGRAM_BINS 277
+
+/* ABI 6. A tensor's full statistics (ampscope/tensor_stats.h TensorStats; docs/statistics.md):
+ * counts, extrema and sums over finite values, the binade histogram (histogram_counts[i]
+ * values with floor(log2|x|) == histogram_min_exponent + i) and per-target counts. The arrays
+ * are the caller's. Read by ampscope_agent_observe_stats (histogram_bins and num_targets
+ * entries); filled by ampscope_compute_stats and ampscope_scale_and_compute_stats, which read
+ * the targets to count from targets[i].target and need room for AMPSCOPE_HISTOGRAM_BINS
+ * counts in histogram_counts. */
+typedef struct ampscope_tensor_stats {
+  uint32_t struct_size;  /* AMPSCOPE_TENSOR_STATS_INIT */
+  uint32_t num_targets;  /* entries of `targets` */
+  uint64_t numel;
+  uint64_t zeros;
+  uint64_t nan;
+  uint64_t pos_inf;
+  uint64_t neg_inf;
+  double max_abs;          /* largest finite |x|; 0 when none */
+  double min_abs_nonzero;  /* smallest finite nonzero |x|; 0 when none */
+  double sum;              /* of finite values, exactly rounded to FP64 */
+  double sum_sq;           /* of their squares, the same */
+  int32_t histogram_min_exponent;
+  uint32_t histogram_bins;  /* entries of histogram_counts in use; 0 without finite nonzero values */
+  uint64_t* histogram_counts;
+  ampscope_target_counts* targets;
+} ampscope_tensor_stats;
+#define AMPSCOPE_TENSOR_STATS_INIT AMPSCOPE_STRUCT_INIT_(ampscope_tensor_stats)
+#define AMPSCOPE_TENSOR_STATS_SIZE_V1 sizeof(ampscope_tensor_stats)
+
 /* The library's AMPSCOPE_AGENT_ABI_VERSION (it may be newer than the caller's header). */
 AMPSCOPE_API uint32_t ampscope_agent_abi_version(void);
 AMPSCOPE_API const char* ampscope_status_string(ampscope_status status);
@@ -362,6 +410,21 @@ AMPSCOPE_API ampscope_status ampscope_agent_observe(ampscope_agent* agent,
  * preparation of tensors nothing would measure; it can rise within a step (the first
  * non-finite value escalates the rest of it). */
 AMPSCOPE_API int ampscope_agent_wanted(ampscope_agent* agent, int32_t role, int32_t phase);
+/* ABI 6. Fused statistics (agent.h, Agent::observe_stats): a tensor whose full statistics the
+ * caller computed in a pass it makes anyway (ampscope_scale_and_compute_stats in its unscale),
+ * recorded as ampscope_agent_observe of its data would record them; view->data may be NULL.
+ * The stats must count the target ampscope_agent_stats_target names. Statistics that cannot
+ * be the view's (numel, counts, histogram, extrema, sums) are AMPSCOPE_INVALID_ARGUMENT with a
+ * notice, and nothing is recorded. */
+AMPSCOPE_API ampscope_status ampscope_agent_observe_stats(ampscope_agent* agent,
+                                                          const ampscope_tensor_view* view,
+                                                          const ampscope_tensor_stats* stats);
+/* ABI 6. Returns 1 and writes *target when ampscope_agent_observe of `view` (its data not
+ * read) would measure it at this point of the step: the target its full statistics count.
+ * 0 when nothing would measure it, outside a step, on a bad argument and when refused. */
+AMPSCOPE_API int ampscope_agent_stats_target(ampscope_agent* agent,
+                                             const ampscope_tensor_view* view,
+                                             ampscope_target* target);
 AMPSCOPE_API ampscope_status ampscope_agent_mark_phase(ampscope_agent* agent,
                                                        int32_t phase /* ampscope_step_phase */);
 AMPSCOPE_API ampscope_status ampscope_agent_end_step(ampscope_agent* agent,
@@ -411,6 +474,23 @@ AMPSCOPE_API ampscope_status ampscope_loss_scale_update(ampscope_loss_scale_stat
 AMPSCOPE_API ampscope_status ampscope_loss_scale_apply_change(ampscope_loss_scale_rule* rule,
                                                               ampscope_loss_scale_state* state,
                                                               const ampscope_scaler_change* change,
+                                                              char* reason, size_t reason_size);
+
+/* ABI 6. Tensor statistics; they need no agent. `data`: n elements of `dtype` storage
+ * (AMPSCOPE_FORMAT_FP32, FP16 or BF16) in host memory. `out`: struct_size set, its targets
+ * (num_targets of them, at most 64) say what to count, histogram_counts has room for
+ * AMPSCOPE_HISTOGRAM_BINS. On failure `reason` (when not NULL; NUL-terminated, at most
+ * reason_size bytes) says why. Multi-threaded on large tensors (the library's pool).
+ * compute_stats: the statistics of the values. scale_and_compute_stats: multiplies each value
+ * by `factor` in place (FP32 product, rounded to nearest even into dtype) and returns the
+ * statistics of the results, in one pass over memory: a gradient unscale (factor 1/scale)
+ * fused with its statistics. */
+AMPSCOPE_API ampscope_status ampscope_compute_stats(const void* data, uint64_t n, int32_t dtype,
+                                                    ampscope_tensor_stats* out, char* reason,
+                                                    size_t reason_size);
+AMPSCOPE_API ampscope_status ampscope_scale_and_compute_stats(void* data, uint64_t n,
+                                                              int32_t dtype, float factor,
+                                                              ampscope_tensor_stats* out,
                                                               char* reason, size_t reason_size);
 
 #ifdef __cplusplus
