@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ampscope/convert.h"
+#include "ampscope/tensor_stats.h"
 #include "ampscope/trainer/backend.h"
 #include "layers/matmul/matmul.h"
 
@@ -102,6 +103,77 @@ TEST_P(BackendPrecisionTest, UnscaleFindsInfAndNaN) {
   convert_from_fp32(g.data(), h.data(), 3, f);
   be_->unscale_and_check(Tensor(h.data(), f, {3}), 0.25f, Tensor(&found, Format::kFP32, {1}));
   EXPECT_EQ(found, 0.0f);
+}
+
+// Fused statistics: the unscale pass that also measures parts of the gradients leaves the same
+// values and found_inf as unscale_and_check, and each part's statistics are compute_stats() of
+// the unscaled part. Parts leave gaps (unscaled by the plain pass) and hold the values that
+// matter: NaN, Inf, zeros, subnormals, the largest finite.
+void check_fused_unscale(Backend& be, Format f, float inv_scale, bool poison) {
+  const std::int64_t n = 40000;
+  std::vector<float> g(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    g[i] = std::ldexp(1.0f + static_cast<float>(i % 97) / 97.0f, static_cast<int>(i % 41) - 30) *
+           (i % 3 == 0 ? -1.0f : 1.0f);
+  }
+  g[5] = 0.0f;
+  g[6] = static_cast<float>(format_info(f).max_finite);
+  g[7] = static_cast<float>(format_info(f).min_subnormal());
+  if (poison) {
+    g[20001] = NAN;  // inside the second part
+    g[39990] = -INFINITY;  // in the gap at the end
+  }
+  const std::size_t bytes = static_cast<std::size_t>(storage_bytes(f));
+  std::vector<unsigned char> plain(n * bytes), fused(n * bytes);
+  convert_from_fp32(g.data(), plain.data(), n, f);
+  fused = plain;
+  float found_plain = 0.0f, found_fused = 0.0f;
+  be.unscale_and_check(Tensor(plain.data(), f, {n}), inv_scale,
+                       Tensor(&found_plain, Format::kFP32, {1}));
+  std::vector<TensorStats> stats(3);
+  const std::vector<TargetSpec> targets = {{Format::kFP16, 10}, {Format::kE4M3, 0}};
+  std::vector<Backend::StatsRequest> requests = {{20000, 17, targets, &stats[1]},
+                                                 {0, 19999, targets, &stats[0]},
+                                                 {20017, 19000, {}, &stats[2]}};
+  be.unscale_check_and_measure(Tensor(fused.data(), f, {n}), inv_scale,
+                               Tensor(&found_fused, Format::kFP32, {1}), requests);
+  EXPECT_EQ(plain, fused) << "inv_scale " << inv_scale;
+  EXPECT_EQ(found_plain, found_fused) << "inv_scale " << inv_scale;
+  EXPECT_EQ(found_fused, poison ? 1.0f : 0.0f);
+  for (const Backend::StatsRequest& r : requests) {
+    const TensorStats want = compute_stats_reference(fused.data() + r.offset * bytes,
+                                                     static_cast<std::size_t>(r.numel), f,
+                                                     r.targets);
+    const TensorStats& got = *r.out;
+    EXPECT_EQ(got.numel, want.numel);
+    EXPECT_EQ(got.zeros, want.zeros);
+    EXPECT_EQ(got.nan, want.nan);
+    EXPECT_EQ(got.pos_inf, want.pos_inf);
+    EXPECT_EQ(got.neg_inf, want.neg_inf);
+    EXPECT_EQ(got.max_abs, want.max_abs);
+    EXPECT_EQ(got.min_abs_nonzero, want.min_abs_nonzero);
+    EXPECT_EQ(got.histogram, want.histogram);
+    EXPECT_EQ(got.targets, want.targets);
+    // Sums agree within rounding: sqrt(n * sum_sq) bounds sum(|x|) (Cauchy-Schwarz).
+    const double abs_sum = std::sqrt(static_cast<double>(r.numel) * want.sum_sq);
+    EXPECT_NEAR(got.sum, want.sum, 1e-12 * abs_sum);
+    EXPECT_NEAR(got.sum_sq, want.sum_sq, 1e-12 * want.sum_sq);
+  }
+}
+
+TEST_P(BackendPrecisionTest, FusedUnscaleEqualsUnscaleThenComputeStats) {
+  const Format f = GetParam();
+  // 1/1024 and 0: statistics in the pass; 4 (a loss scale below 1): the plain pass, then stats.
+  for (float inv_scale : {1.0f / 1024.0f, 1.0f, 0.0f, 4.0f}) {
+    for (bool poison : {false, true}) check_fused_unscale(*be_, f, inv_scale, poison);
+  }
+}
+
+TEST(BackendFusedUnscaleTest, Fp32GradientsToo) {
+  auto be = make_cpu_backend({.blas_threads = 1});
+  for (float inv_scale : {1.0f / 65536.0f, 4.0f}) {
+    for (bool poison : {false, true}) check_fused_unscale(*be, Format::kFP32, inv_scale, poison);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, BackendPrecisionTest,

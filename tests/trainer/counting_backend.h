@@ -92,6 +92,10 @@ class CountingBackend final : public Backend {
   void unscale_and_check(const Tensor& grads, float inv_scale, const Tensor& found_inf) override {
     inner_->unscale_and_check(grads, inv_scale, found_inf);
   }
+  void unscale_check_and_measure(const Tensor& grads, float inv_scale, const Tensor& found_inf,
+                                 std::span<const StatsRequest> requests) override {
+    inner_->unscale_check_and_measure(grads, inv_scale, found_inf, requests);
+  }
   void sum_squares(const Tensor& sum_sq, const Tensor& x) override {
     inner_->sum_squares(sum_sq, x);
   }

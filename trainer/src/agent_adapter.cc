@@ -197,8 +197,25 @@ agent::TensorView to_agent_view(const TensorView& t) {
 
 void AgentAdapter::on_tensor(const TensorView& t) {
   agent_->observe(to_agent_view(t));
-  // The trainer shows every weight gradient once after unscaling, then runs the norm and the
-  // optimizer: the last of them opens the optimizer's range.
+  count_unscaled(t);
+}
+
+std::optional<std::vector<TargetSpec>> AgentAdapter::stats_targets(const TensorView& meta) {
+  if (auto target = agent_->stats_target(to_agent_view(meta))) {
+    return std::vector<TargetSpec>{*target};
+  }
+  return std::nullopt;
+}
+
+void AgentAdapter::on_tensor_stats(const TensorView& t, const TensorStats& stats) {
+  // Refused statistics (a notice says why) leave the tensor to the agent's own measurement.
+  if (!agent_->observe_stats(to_agent_view(t), stats).ok()) agent_->observe(to_agent_view(t));
+  count_unscaled(t);
+}
+
+// The trainer shows every weight gradient once after unscaling, then runs the norm and the
+// optimizer: the last of them opens the optimizer's range.
+void AgentAdapter::count_unscaled(const TensorView& t) {
   if (t.phase == TensorPhase::kAfterUnscale && ++unscaled_seen_ == num_params_) {
     agent_->mark_phase(agent::StepPhase::kOptimizer);
   }

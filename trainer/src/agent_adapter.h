@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -58,6 +59,9 @@ class AgentAdapter final : public TensorObserver, public StepListener, public Po
 
   bool observe_step(std::int64_t step) override;
   void on_tensor(const TensorView& tensor) override;
+  // Fused statistics: the agent's target (Agent::stats_target) and Agent::observe_stats.
+  std::optional<std::vector<TargetSpec>> stats_targets(const TensorView& meta) override;
+  void on_tensor_stats(const TensorView& tensor, const TensorStats& stats) override;
   void on_step(const StepEvent& event) override;
   // The per-step policy agreement (installed when the agent's mode is per_step: several ranks).
   PolicyVote vote() override;
@@ -78,6 +82,7 @@ class AgentAdapter final : public TensorObserver, public StepListener, public Po
   std::size_t num_params_;
   bool installed_;
   std::size_t unscaled_seen_ = 0;  // after-unscale weight grads seen this step
+  void count_unscaled(const TensorView& t);
   double step_seconds_ = 0.0;      // the trainer's step times, summed
 };
 

@@ -461,6 +461,55 @@ class CpuBackend final : public Backend {
     if (bad.load()) *static_cast<float*>(found_inf.data) = 1.0f;
   }
 
+  // Each requested part through scale_and_compute_stats (one read and one write), the rest
+  // through unscale_and_check. With 0 <= inv_scale <= 1 no finite gradient becomes non-finite
+  // and every non-finite one stays so (Inf * 0 is NaN), so the statistics of the unscaled
+  // values say whether the input held one: found_inf exactly as unscale_and_check sets it.
+  // Another factor (a loss scale below 1) could overflow a finite value: then the plain pass
+  // checks, and the statistics are taken after it.
+  void unscale_check_and_measure(const Tensor& grads, float inv_scale, const Tensor& found_inf,
+                                 std::span<const StatsRequest> requests) override {
+    std::vector<const StatsRequest*> parts;
+    for (const StatsRequest& r : requests) {
+      AMPSCOPE_CHECK(r.out != nullptr && r.offset >= 0 && r.numel >= 0 &&
+                         r.offset + r.numel <= grads.numel(),
+                     "unscale_check_and_measure: a request outside the ", grads.numel(),
+                     " gradients");
+      parts.push_back(&r);
+    }
+    std::sort(parts.begin(), parts.end(),
+              [](const StatsRequest* a, const StatsRequest* b) { return a->offset < b->offset; });
+    StatsOptions options;
+    options.max_threads = workers_.threads();
+    auto part = [&](std::int64_t begin, std::int64_t end) {
+      return Tensor(at(grads.data, static_cast<std::size_t>(begin), grads.dtype), grads.dtype,
+                    {end - begin}, grads.device);
+    };
+    if (!(inv_scale >= 0.0f && inv_scale <= 1.0f)) {
+      unscale_and_check(grads, inv_scale, found_inf);
+      for (const StatsRequest* r : parts) {
+        *r->out = compute_stats(part(r->offset, r->offset + r->numel).data,
+                                static_cast<std::size_t>(r->numel), grads.dtype, r->targets,
+                                options);
+      }
+      return;
+    }
+    std::int64_t done = 0;
+    bool nonfinite = false;
+    for (const StatsRequest* r : parts) {
+      AMPSCOPE_CHECK(r->offset >= done, "unscale_check_and_measure: requests overlap at element ",
+                     r->offset);
+      if (r->offset > done) unscale_and_check(part(done, r->offset), inv_scale, found_inf);
+      *r->out = scale_and_compute_stats(part(r->offset, r->offset + r->numel).data,
+                                        static_cast<std::size_t>(r->numel), grads.dtype,
+                                        inv_scale, r->targets, options);
+      nonfinite = nonfinite || r->out->nonfinite() > 0;
+      done = r->offset + r->numel;
+    }
+    if (done < grads.numel()) unscale_and_check(part(done, grads.numel()), inv_scale, found_inf);
+    if (nonfinite) *static_cast<float*>(found_inf.data) = 1.0f;
+  }
+
   void sum_squares(const Tensor& sum_sq, const Tensor& x) override {
     In g(x, Format::kFP32, ex_);
     const auto n = static_cast<std::size_t>(x.numel());

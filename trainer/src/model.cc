@@ -413,9 +413,9 @@ void Gpt::emit(const StepContext& ctx, const std::string& name, TensorRole role,
   show(ctx, name, role, phase, t, scale, held);
 }
 
-void Gpt::show(const StepContext& ctx, const std::string& name, TensorRole role, TensorPhase phase,
-               const Tensor& t, float scale, std::optional<Format> held) {
-  if (ctx.observer == nullptr) return;
+TensorView Gpt::view_of(const StepContext& ctx, const std::string& name, TensorRole role,
+                        TensorPhase phase, const Tensor& t, float scale,
+                        std::optional<Format> held) const {
   TensorView v;
   v.name = name;
   v.role = role;
@@ -428,9 +428,21 @@ void Gpt::show(const StepContext& ctx, const std::string& name, TensorRole role,
   v.scale = scale;
   v.step = ctx.step;
   v.micro_step = ctx.micro_step;
-  v.order = ctx.order != nullptr ? (*ctx.order)++ : 0;
   v.held = held;
-  ctx.observer->on_tensor(v);
+  return v;
+}
+
+void Gpt::show(const StepContext& ctx, const std::string& name, TensorRole role, TensorPhase phase,
+               const Tensor& t, float scale, std::optional<Format> held,
+               const TensorStats* stats) {
+  if (ctx.observer == nullptr) return;
+  TensorView v = view_of(ctx, name, role, phase, t, scale, held);
+  v.order = ctx.order != nullptr ? (*ctx.order)++ : 0;
+  if (stats != nullptr) {
+    ctx.observer->on_tensor_stats(v, *stats);
+  } else {
+    ctx.observer->on_tensor(v);
+  }
 }
 
 void Gpt::emit_weights(const StepContext& ctx) {
@@ -484,11 +496,30 @@ void Gpt::finish_backward(const StepContext& ctx) {
   }
 }
 
-// The same held as in the backward phase: the unscaled values were held at the step's scale.
-void Gpt::emit_unscaled_grads(const StepContext& ctx) {
+Gpt::UnscaledGradStats Gpt::request_unscaled_grad_stats(const StepContext& ctx) const {
+  UnscaledGradStats fused;
+  if (ctx.observer == nullptr) return fused;
+  fused.stats.resize(params_.size());
+  fused.requested.assign(params_.size(), false);
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    emit(ctx, params_[i].name, TensorRole::kWeightGrad, TensorPhase::kAfterUnscale, grad(i), 1,
-         grad_held(ctx, i));
+    const TensorView meta = view_of(ctx, params_[i].name, TensorRole::kWeightGrad,
+                                    TensorPhase::kAfterUnscale, grad(i), 1, grad_held(ctx, i));
+    auto targets = ctx.observer->stats_targets(meta);
+    if (!targets) continue;
+    fused.requested[i] = true;
+    fused.requests.push_back({params_[i].offset, grad(i).numel(), std::move(*targets),
+                              &fused.stats[i]});
+  }
+  return fused;
+}
+
+// The same held as in the backward phase: the unscaled values were held at the step's scale.
+// No injection happens after unscaling, so the statistics of the unscale pass are final.
+void Gpt::emit_unscaled_grads(const StepContext& ctx, const UnscaledGradStats* fused) {
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const bool measured = fused != nullptr && i < fused->requested.size() && fused->requested[i];
+    show(ctx, params_[i].name, TensorRole::kWeightGrad, TensorPhase::kAfterUnscale, grad(i), 1,
+         grad_held(ctx, i), measured ? &fused->stats[i] : nullptr);
   }
 }
 

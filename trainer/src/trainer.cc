@@ -194,8 +194,15 @@ StepEvent Trainer::step() {
   // found_inf, the norm and the loss back together.
   const Tensor found_inf(&scalars->found_inf, Format::kFP32, {1}, be.device());
   const Tensor sum_sq(&scalars->sum_sq, Format::kFP32, {1}, be.device());
-  be.unscale_and_check(grads, inverse_scale(scale), found_inf);
-  model.emit_unscaled_grads(ctx);
+  // With an observer that wants the unscaled gradients' statistics, the unscale pass computes
+  // them (fused statistics: no second read of the gradients); without one, the plain pass.
+  const Gpt::UnscaledGradStats fused = model.request_unscaled_grad_stats(ctx);
+  if (fused.requests.empty()) {
+    be.unscale_and_check(grads, inverse_scale(scale), found_inf);
+  } else {
+    be.unscale_check_and_measure(grads, inverse_scale(scale), found_inf, fused.requests);
+  }
+  model.emit_unscaled_grads(ctx, &fused);
   be.sum_squares(sum_sq, grads);
   be.update_loss_scale(&scalars->scaler, found_inf, before.config);
   StepScalars host;

@@ -28,10 +28,13 @@
 #include <initializer_list>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ampscope/formats.h"
+#include "ampscope/tensor_stats.h"
 #include "ampscope/trainer/loss_scaler.h"
 #include "ampscope/vocabulary.h"
 
@@ -178,6 +181,21 @@ class Backend {
   // 1 when any element of grads is NaN or Inf (it is never cleared here).
   virtual void unscale_and_check(const Tensor& grads, float inv_scale,
                                  const Tensor& found_inf) = 0;
+  // Fused statistics: unscale_and_check (the same values, the same found_inf), also computing
+  // in the same pass the statistics of the unscaled values of each requested part of grads:
+  // compute_stats() of the part as stored in grads.dtype (ampscope/tensor_stats.h), counts and
+  // histogram bit for bit, counting the request's targets. Parts must be disjoint. The results
+  // are in *out, in host memory, when the call returns (the CUDA back end waits for its
+  // stream). With no requests it is unscale_and_check.
+  struct StatsRequest {
+    std::int64_t offset = 0;  // the part's first element in grads
+    std::int64_t numel = 0;
+    std::vector<TargetSpec> targets;
+    TensorStats* out = nullptr;
+  };
+  virtual void unscale_check_and_measure(const Tensor& grads, float inv_scale,
+                                         const Tensor& found_inf,
+                                         std::span<const StatsRequest> requests) = 0;
   // sum_sq = sum of squares of x, accumulated in FP64, stored as FP32.
   virtual void sum_squares(const Tensor& sum_sq, const Tensor& x) = 0;
   // *state (in this back end's memory) updated once by `rule` (ampscope/loss_scale.h:

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ampscope/formats.h"
+#include "ampscope/tensor_stats.h"
 #include "ampscope/vocabulary.h"
 #include "ampscope/trainer/backend.h"
 
@@ -51,6 +52,20 @@ class TensorObserver {
   // Asked once at the start of each step; false skips every on_tensor call of that step.
   virtual bool observe_step(std::int64_t step) = 0;
   virtual void on_tensor(const TensorView& tensor) = 0;
+  // Fused statistics, for tensors whose values the trainer reads in a pass of its own anyway
+  // (the weight gradients' unscale). Before that pass: the targets full statistics of `meta`
+  // (data not yet final) should count, or nullopt when the observer does not want them (then
+  // the trainer shows the tensor with on_tensor as usual).
+  virtual std::optional<std::vector<TargetSpec>> stats_targets(const TensorView& meta) {
+    (void)meta;
+    return std::nullopt;
+  }
+  // After the pass, instead of on_tensor: `tensor` (its data final, valid during the call) and
+  // compute_stats() of it with the targets stats_targets() returned.
+  virtual void on_tensor_stats(const TensorView& tensor, const TensorStats& stats) {
+    (void)stats;
+    on_tensor(tensor);
+  }
 };
 
 // One optimizer step (one effective batch).

@@ -126,8 +126,18 @@ class Gpt {
   void refresh_compute_weights();
   // Emits weights (and master weights) at the start of a step.
   void emit_weights(const StepContext& ctx);
-  // Emits the weight gradients after unscaling.
-  void emit_unscaled_grads(const StepContext& ctx);
+  // Fused statistics of the weight gradients after unscaling: the back end's requests
+  // (Backend::unscale_check_and_measure) for the gradients ctx.observer wants in full
+  // (TensorObserver::stats_targets), each filling its parameter's entry of `stats`.
+  struct UnscaledGradStats {
+    std::vector<Backend::StatsRequest> requests;
+    std::vector<TensorStats> stats;  // one per parameter
+    std::vector<bool> requested;     // one per parameter
+  };
+  UnscaledGradStats request_unscaled_grad_stats(const StepContext& ctx) const;
+  // Emits the weight gradients after unscaling; those `fused` measured go with their
+  // statistics (TensorObserver::on_tensor_stats).
+  void emit_unscaled_grads(const StepContext& ctx, const UnscaledGradStats* fused = nullptr);
 
   // Whole-buffer views (param format).
   Tensor param_buffer() const;
@@ -152,9 +162,15 @@ class Gpt {
   // Applies the injections due for `name` at this point (injection_due), then shows the tensor.
   void emit(const StepContext& ctx, const std::string& name, TensorRole role, TensorPhase phase,
             const Tensor& t, float scale, std::optional<Format> held = std::nullopt);
-  // Shows the tensor to the observer (if any) without injecting.
+  // Shows the tensor to the observer (if any) without injecting; with `stats`, through
+  // on_tensor_stats.
   void show(const StepContext& ctx, const std::string& name, TensorRole role, TensorPhase phase,
-            const Tensor& t, float scale, std::optional<Format> held);
+            const Tensor& t, float scale, std::optional<Format> held,
+            const TensorStats* stats = nullptr);
+  // The observer's view of `t` (order not assigned).
+  TensorView view_of(const StepContext& ctx, const std::string& name, TensorRole role,
+                     TensorPhase phase, const Tensor& t, float scale,
+                     std::optional<Format> held) const;
   // The value the last injection due for `name` (shown in `role` and `phase`, stored in
   // `stored`) writes into element 0 now; nullopt when none is due.
   std::optional<float> injection_due(const StepContext& ctx, const std::string& name,
