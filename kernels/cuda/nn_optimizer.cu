@@ -8,6 +8,10 @@
 //     search over the chunk prefix, and unscales it in place. A block that saw a non-finite
 //     value stores 1 into found_inf (every writer stores the same value, so the race is benign;
 //     PyTorch's _amp_foreach_non_finite_check_and_unscale_ does the same).
+//   - unscale_check_and_measure: the same kernel with the statistics of stats_device.cuh taken
+//     of each stored product: a chunk of a measured tensor is counted into the block's shared
+//     accumulators and flushed into the tensor's slot at the end of the chunk (block-uniform:
+//     every chunk belongs to one tensor), so each gradient is read and written once.
 //   - sum_squares, accumulate_mean: FP64 per-thread sums over a fixed grid, a fixed block tree,
 //     per-block partials, then one block sums the partials: deterministic for a given device.
 //   - scale, adamw: elementwise grid-stride loops over nn_element.cuh's expressions.
@@ -20,6 +24,7 @@
 #include "ampscope/cuda/nn_optimizer.h"
 #include "nn_common.cuh"
 #include "nn_element.cuh"
+#include "stats_device.cuh"
 
 namespace ampscope::cuda::nn {
 namespace detail {
@@ -34,6 +39,7 @@ struct TensorTable {
   std::int64_t numel[kMultiTensorMaxPerLaunch];
   std::int64_t first_chunk[kMultiTensorMaxPerLaunch + 1];  // first_chunk[count]: total chunks
   Format dtype[kMultiTensorMaxPerLaunch];
+  short stats_slot[kMultiTensorMaxPerLaunch];  // -1: not measured
   int count;
 };
 static_assert(sizeof(TensorTable) < 4000, "the tensor table must fit the 4 KiB parameter space");
@@ -73,12 +79,87 @@ __global__ void unscale_and_check_kernel(const TensorTable table, float inv_scal
   if (__syncthreads_or(bad) != 0 && threadIdx.x == 0) *found_inf = 1.0f;
 }
 
-void launch_unscale(std::span<const GradientTensor> grads, float inv_scale,
-                    const LossScaleState* state, float* found_inf, cudaStream_t stream) {
-  AMPSCOPE_CHECK(found_inf != nullptr, "unscale_and_check: found_inf is null");
-  ::ampscope::cuda::detail::check_device_accessible(found_inf, "unscale_and_check: found_inf");
-  for (const auto& g : grads)
-    check_array(ConstArray{g.data, g.dtype}, g.numel, "unscale_and_check: gradient");
+// Stores value rounded into `f` storage (store()'s rounding) and returns the FP32 bits of what
+// was stored.
+__device__ std::uint32_t store_and_widen(void* base, Format f, std::int64_t i, float value) {
+  namespace st = ::ampscope::cuda::detail::stats;
+  switch (f) {
+    case Format::kFP16: {
+      const std::uint16_t h = narrow_from_fp32<Format::kFP16>(value, OverflowMode::kNonSaturating);
+      static_cast<std::uint16_t*>(base)[i] = h;
+      return st::widen<Format::kFP16>(h);
+    }
+    case Format::kBF16: {
+      const std::uint16_t h = narrow_from_fp32<Format::kBF16>(value, OverflowMode::kNonSaturating);
+      static_cast<std::uint16_t*>(base)[i] = h;
+      return st::widen<Format::kBF16>(h);
+    }
+    default:
+      static_cast<float*>(base)[i] = value;
+      return __float_as_uint(value);
+  }
+}
+
+// unscale_and_check_kernel, measuring the chunks of tensors with a stats slot.
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    unscale_measure_kernel(const TensorTable table, float inv_scale, float* found_inf,
+                           ::ampscope::cuda::detail::stats::DeviceThresholds th,
+                           ::ampscope::cuda::detail::stats::StatsResult* __restrict__ slots) {
+  namespace st = ::ampscope::cuda::detail::stats;
+  __shared__ st::BlockStats block;
+  const std::int64_t chunks = table.first_chunk[table.count];
+  int bad = 0;
+  for (std::int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+    const int t = tensor_of_chunk(table, chunk);
+    const std::int64_t begin = (chunk - table.first_chunk[t]) * kChunk;
+    const std::int64_t end = begin + kChunk < table.numel[t] ? begin + kChunk : table.numel[t];
+    void* data = table.data[t];
+    const Format dtype = table.dtype[t];
+    const int slot = table.stats_slot[t];
+    if (slot < 0) {  // the same for the whole block
+      for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+        const float g = load(data, dtype, i);
+        bad |= is_finite(g) ? 0 : 1;
+        store(data, dtype, i, g * inv_scale);
+      }
+      continue;
+    }
+    st::init_block(block);
+    st::ThreadStats s;
+    // Block-uniform trip count: every lane takes part in the warp-collective steps.
+    for (std::int64_t base = begin; base < end; base += blockDim.x) {
+      const std::int64_t i = base + threadIdx.x;
+      const bool valid = i < end;
+      std::uint32_t bits = 0;
+      if (valid) {
+        const float g = load(data, dtype, i);
+        bad |= is_finite(g) ? 0 : 1;
+        bits = store_and_widen(data, dtype, i, g * inv_scale);
+      }
+      st::process(s, block, bits, valid, th);
+    }
+    st::reduce_into_block(s, th.count, block);
+    __syncthreads();
+    st::flush_block(block, th.count, &slots[slot]);
+    __syncthreads();  // the next chunk's init_block reuses the block's accumulators
+  }
+  if (__syncthreads_or(bad) != 0 && threadIdx.x == 0) *found_inf = 1.0f;
+}
+
+__global__ void reset_slots_kernel(::ampscope::cuda::detail::stats::StatsResult* slots,
+                                   int count) {
+  const int slot = blockIdx.x;
+  if (slot >= count) return;
+  auto* words = reinterpret_cast<unsigned long long*>(&slots[slot]);
+  constexpr int kWords = sizeof(slots[0]) / sizeof(unsigned long long);
+  for (int w = threadIdx.x; w < kWords; w += blockDim.x) words[w] = 0;
+  __syncthreads();
+  if (threadIdx.x == 0) slots[slot].min_abs_bits = 0xFFFFFFFFu;
+}
+
+// The tables of the launches over `grads`: at most kMultiTensorMaxPerLaunch tensors each.
+std::vector<TensorTable> tables_of(std::span<const GradientTensor> grads) {
+  std::vector<TensorTable> tables;
   for (std::size_t first = 0; first < grads.size(); first += kMultiTensorMaxPerLaunch) {
     const std::size_t count = std::min<std::size_t>(kMultiTensorMaxPerLaunch, grads.size() - first);
     TensorTable table{};
@@ -89,16 +170,33 @@ void launch_unscale(std::span<const GradientTensor> grads, float inv_scale,
       table.data[i] = g.data;
       table.numel[i] = g.numel;
       table.dtype[i] = g.dtype;
+      table.stats_slot[i] = static_cast<short>(g.stats_slot);
       table.first_chunk[i] = chunks;
       chunks += (g.numel + kChunk - 1) / kChunk;
     }
     table.first_chunk[count] = chunks;
+    tables.push_back(table);
+  }
+  return tables;
+}
+
+int unscale_blocks(std::int64_t chunks) {
+  return std::min(
+      static_cast<int>(std::min<std::int64_t>(chunks, 1 << 30)),
+      grid_blocks(static_cast<std::size_t>(chunks) * kThreadsPerBlock, kMultiTensorBlocksPerSm));
+}
+
+void launch_unscale(std::span<const GradientTensor> grads, float inv_scale,
+                    const LossScaleState* state, float* found_inf, cudaStream_t stream) {
+  AMPSCOPE_CHECK(found_inf != nullptr, "unscale_and_check: found_inf is null");
+  ::ampscope::cuda::detail::check_device_accessible(found_inf, "unscale_and_check: found_inf");
+  for (const auto& g : grads)
+    check_array(ConstArray{g.data, g.dtype}, g.numel, "unscale_and_check: gradient");
+  for (const TensorTable& table : tables_of(grads)) {
+    const std::int64_t chunks = table.first_chunk[table.count];
     if (chunks == 0) continue;
-    const int blocks = std::min(
-        static_cast<int>(std::min<std::int64_t>(chunks, 1 << 30)),
-        grid_blocks(static_cast<std::size_t>(chunks) * kThreadsPerBlock, kMultiTensorBlocksPerSm));
-    unscale_and_check_kernel<<<blocks, kThreadsPerBlock, 0, stream>>>(table, inv_scale, state,
-                                                                      found_inf);
+    unscale_and_check_kernel<<<unscale_blocks(chunks), kThreadsPerBlock, 0, stream>>>(
+        table, inv_scale, state, found_inf);
     check_launch();
   }
 }
@@ -175,6 +273,104 @@ void unscale_and_check(std::span<const GradientTensor> grads, const LossScaleSta
   AMPSCOPE_CHECK(state != nullptr, "unscale_and_check: the loss-scale state is null");
   ::ampscope::cuda::detail::check_device_accessible(state, "unscale_and_check: state");
   detail::launch_unscale(grads, 0.0f, state, found_inf, stream);
+}
+
+struct GradientStats::Impl {
+  int capacity = 0;
+  ::ampscope::cuda::detail::stats::StatsResult* device = nullptr;
+  ::ampscope::cuda::detail::stats::StatsResult* host = nullptr;  // pinned
+  cudaEvent_t done = nullptr;
+  bool in_flight = false;
+  std::vector<std::uint64_t> numel;  // per slot of the launch in flight
+  std::vector<TargetSpec> targets;
+
+  ~Impl() {
+    // Destructors never throw; a failure here can only leak.
+    if (in_flight && done != nullptr) (void)cudaEventSynchronize(done);
+    if (done != nullptr) (void)cudaEventDestroy(done);
+    if (device != nullptr) (void)cudaFree(device);
+    if (host != nullptr) (void)cudaFreeHost(host);
+  }
+};
+
+GradientStats::GradientStats(int capacity) : impl_(std::make_unique<Impl>()) {
+  AMPSCOPE_CHECK(capacity >= 1 && capacity <= (1 << 15) - 1,
+                 "GradientStats: capacity must be in [1, 32767], found ", capacity);
+  impl_->capacity = capacity;
+  const std::size_t bytes =
+      static_cast<std::size_t>(capacity) * sizeof(::ampscope::cuda::detail::stats::StatsResult);
+  AMPSCOPE_CHECK_CUDA(cudaMalloc(&impl_->device, bytes));
+  AMPSCOPE_CHECK_CUDA(cudaMallocHost(&impl_->host, bytes));
+  AMPSCOPE_CHECK_CUDA(cudaEventCreateWithFlags(&impl_->done, cudaEventDisableTiming));
+}
+
+GradientStats::~GradientStats() = default;
+
+int GradientStats::capacity() const { return impl_->capacity; }
+
+std::vector<TensorStats> GradientStats::wait() {
+  AMPSCOPE_CHECK(impl_->in_flight, "GradientStats::wait() without a launch in flight");
+  const detail::NvtxRange range{"ampscope::cuda::nn::GradientStats::wait"};
+  impl_->in_flight = false;  // collected even on an error: the buffers stay reusable
+  AMPSCOPE_CHECK_CUDA(cudaEventSynchronize(impl_->done));
+  std::vector<TensorStats> out;
+  out.reserve(impl_->numel.size());
+  for (std::size_t slot = 0; slot < impl_->numel.size(); ++slot) {
+    out.push_back(::ampscope::cuda::detail::stats::finish(impl_->host[slot], impl_->numel[slot],
+                                                          impl_->targets));
+  }
+  return out;
+}
+
+void unscale_check_and_measure(std::span<const GradientTensor> grads, float inv_scale,
+                               float* found_inf, std::span<const TargetSpec> targets,
+                               GradientStats& stats, cudaStream_t stream) {
+  using namespace detail;
+  namespace st = ::ampscope::cuda::detail::stats;
+  const NvtxRange range{"ampscope::cuda::nn::unscale_check_and_measure"};
+  GradientStats::Impl& m = *stats.impl_;
+  AMPSCOPE_CHECK(!m.in_flight, "unscale_check_and_measure: the previous results were not "
+                               "collected with GradientStats::wait()");
+  AMPSCOPE_CHECK(found_inf != nullptr, "unscale_check_and_measure: found_inf is null");
+  ::ampscope::cuda::detail::check_device_accessible(found_inf,
+                                                    "unscale_check_and_measure: found_inf");
+  const st::DeviceThresholds th = st::device_thresholds(targets);
+  std::vector<std::uint64_t> numel;
+  for (const auto& g : grads) {
+    check_array(ConstArray{g.data, g.dtype}, g.numel, "unscale_check_and_measure: gradient");
+    if (g.stats_slot < 0) continue;
+    AMPSCOPE_CHECK(g.stats_slot < m.capacity, "unscale_check_and_measure: slot ", g.stats_slot,
+                   " outside the ", m.capacity, " of the GradientStats");
+    const auto slot = static_cast<std::size_t>(g.stats_slot);
+    if (numel.size() <= slot) numel.resize(slot + 1, ~std::uint64_t{0});
+    AMPSCOPE_CHECK(numel[slot] == ~std::uint64_t{0}, "unscale_check_and_measure: slot ", slot,
+                   " is used twice");
+    numel[slot] = static_cast<std::uint64_t>(g.numel);
+  }
+  for (auto& n : numel) {
+    if (n == ~std::uint64_t{0}) n = 0;  // a slot no tensor uses reads as an empty tensor
+  }
+  const auto slots = static_cast<int>(numel.size());
+  if (slots > 0) {
+    reset_slots_kernel<<<slots, kThreadsPerBlock, 0, stream>>>(m.device, slots);
+    check_launch();
+  }
+  for (const TensorTable& table : tables_of(grads)) {
+    const std::int64_t chunks = table.first_chunk[table.count];
+    if (chunks == 0) continue;
+    unscale_measure_kernel<<<unscale_blocks(chunks), kThreadsPerBlock, 0, stream>>>(
+        table, inv_scale, found_inf, th, m.device);
+    check_launch();
+  }
+  if (slots > 0) {
+    AMPSCOPE_CHECK_CUDA(cudaMemcpyAsync(m.host, m.device,
+                                        static_cast<std::size_t>(slots) * sizeof(st::StatsResult),
+                                        cudaMemcpyDeviceToHost, stream));
+  }
+  AMPSCOPE_CHECK_CUDA(cudaEventRecord(m.done, stream));
+  m.in_flight = true;
+  m.numel = std::move(numel);
+  m.targets.assign(targets.begin(), targets.end());
 }
 
 void sum_squares(float* sum_sq, ConstArray x, std::int64_t n, cudaStream_t stream) {

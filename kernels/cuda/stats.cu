@@ -3,66 +3,99 @@
 // Design: one pass, one kernel per storage type (the dtype is a template parameter, chosen once
 // by the launcher). Each thread widens its elements to FP32 bits and classifies them as the CPU
 // kernels do (../cpu/stats_internal.h): magnitude-bit compares against the same
-// TargetThresholds for the target counts, magnitude bits for the extrema, FP64 for the sums.
-// Per-thread partials live in registers (target counters unrolled to kCudaStatsMaxTargets),
-// are reduced across the warp with __reduce_*_sync / shuffles and across the block with shared
-// atomics, and reach the job's device accumulators with one global atomic per quantity and
-// block. The binade histogram is block-private in shared memory; lanes of a warp that land in
-// the same bin elect one of them to add the group's count (__match_any_sync), so a tensor whose
-// values sit in a few binades (the usual case) does not serialise on one shared address.
+// TargetThresholds for the target counts, magnitude bits for the extrema, per-binade integers
+// for the exact sums. The accumulation (registers, warp, shared memory, one global atomic per
+// quantity and block) is stats_device.cuh's, which the fused unscale (nn_optimizer.cu) shares.
 // Loads: 16-byte vectors over the aligned body; byte-assembled scalar loads for the unaligned
 // head and tail, and for the whole tensor when it is not even element-aligned. All loops are
-// warp-uniform, so the warp-collective histogram step always has the full warp.
+// warp-uniform, so the warp-collective steps always have the full warp.
 // Counter widths: 32 bits inside a block; the launcher sizes the grid so that no block sees
 // more than kMaxElementsPerBlock elements.
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
-#include "../cpu/stats_internal.h"
 #include "ampscope/check.h"
 #include "ampscope/cuda/check.h"
 #include "ampscope/cuda/tensor_stats.h"
 #include "runtime.cuh"
+#include "stats_device.cuh"
 
 namespace ampscope::cuda {
 namespace detail {
+
+namespace stats {
+
+DeviceThresholds device_thresholds(std::span<const TargetSpec> targets) {
+  AMPSCOPE_CHECK(targets.size() <= static_cast<std::size_t>(kMaxTargets), "expected at most ",
+                 kMaxTargets, " targets, found ", targets.size());
+  DeviceThresholds th;
+  const std::vector<::ampscope::detail::TargetThresholds> host =
+      ::ampscope::detail::compute_thresholds(targets);  // checks the scale range
+  th.count = static_cast<int>(host.size());
+  for (std::size_t t = 0; t < host.size(); ++t) {
+    th.ovf_lo[t] = host[t].ovf_lo;
+    th.ufl_hi[t] = host[t].ufl_hi;
+    th.sub_hi[t] = host[t].sub_hi;
+  }
+  return th;
+}
+
 namespace {
 
-using ::ampscope::detail::kAbsMask;
-using ::ampscope::detail::kInfBits;
+// Adds u * 2^q exactly: u as two 32-bit halves, each exact in FP64.
+void add_scaled(::ampscope::detail::ExactSum& sum, std::uint64_t u, int q, bool negative) {
+  const double sign = negative ? -1.0 : 1.0;
+  sum.add(sign * std::ldexp(static_cast<double>(u >> 32), q + 32));
+  sum.add(sign * std::ldexp(static_cast<double>(u & 0xFFFFFFFFu), q));
+}
 
-constexpr int kMaxTargets = kCudaStatsMaxTargets;
-constexpr int kWarpSize = 32;
-constexpr unsigned kFullWarp = 0xFFFFFFFFu;
-constexpr int kNoBin = kHistogramBins;  // an element that is not finite and nonzero
+}  // namespace
+
+TensorStats finish(const StatsResult& r, std::uint64_t numel,
+                   std::span<const TargetSpec> targets) {
+  // The CPU accumulator's finish(), so that both back ends build TensorStats the same way.
+  ::ampscope::detail::StatsAccumulator acc(targets.size());
+  acc.numel = numel;
+  acc.zeros = r.zeros;
+  acc.nan = r.nan;
+  acc.pos_inf = r.pos_inf;
+  acc.neg_inf = r.neg_inf;
+  acc.max_abs_bits = r.max_abs_bits;
+  acc.min_abs_bits = r.min_abs_bits;
+  for (int bin = 0; bin < kHistogramBins; ++bin) {
+    acc.hist[static_cast<std::size_t>(bin)] = r.hist[bin];
+    if (r.hist[bin] == 0) continue;
+    const int q = bin_quantum(bin);
+    const auto sum = static_cast<std::int64_t>(r.sum[bin]);  // two's complement
+    const std::uint64_t magnitude =
+        sum < 0 ? ~static_cast<std::uint64_t>(sum) + 1 : static_cast<std::uint64_t>(sum);
+    add_scaled(acc.sum, magnitude, q, sum < 0);
+    add_scaled(acc.sum_sq, r.sq_hi[bin], 2 * q + 24, false);
+    add_scaled(acc.sum_sq, r.sq_lo[bin], 2 * q, false);
+  }
+  for (std::size_t t = 0; t < targets.size(); ++t) {
+    for (int k = 0; k < 3; ++k) acc.target_counts[t][k] = r.targets[t][k];
+  }
+  return acc.finish(targets);
+}
+
+}  // namespace stats
+
+namespace {
+
+using stats::BlockStats;
+using stats::DeviceThresholds;
+using stats::StatsResult;
+using stats::ThreadStats;
+
+constexpr int kWarpSize = stats::kWarpSize;
 constexpr std::size_t kVectorBytes = 16;
 constexpr std::size_t kMaxElementsPerBlock = std::size_t{1} << 30;  // 32-bit block counters
-
-// TargetThresholds of up to kMaxTargets targets, passed by value (kernel parameter space).
-struct DeviceThresholds {
-  int count = 0;
-  std::uint32_t ovf_lo[kMaxTargets] = {};
-  std::uint32_t ufl_hi[kMaxTargets] = {};
-  std::uint32_t sub_hi[kMaxTargets] = {};
-};
-
-// The job's device accumulators; copied as they are into the pinned host buffer.
-struct StatsResult {
-  unsigned long long zeros;
-  unsigned long long nan;
-  unsigned long long pos_inf;
-  unsigned long long neg_inf;
-  unsigned long long targets[kMaxTargets][3];  // overflow, underflow, subnormal
-  unsigned long long hist[kHistogramBins];     // index = floor(log2|x|) - kHistogramMinExponent
-  double sum;
-  double sum_sq;
-  unsigned int max_abs_bits;
-  unsigned int min_abs_bits;  // 0xFFFFFFFF until a finite nonzero value is seen (as on the CPU)
-};
 
 // How the launcher split the tensor: [0, head) scalar, then `vectors` 16-byte vectors, then the
 // scalar tail up to n. head == n (no vectors) when data is not element-aligned.
@@ -71,31 +104,6 @@ struct StatsSpan {
   std::size_t n;
   std::size_t head;
   std::size_t vectors;
-};
-
-struct ThreadStats {
-  std::uint32_t zeros = 0;
-  std::uint32_t nan = 0;
-  std::uint32_t pos_inf = 0;
-  std::uint32_t neg_inf = 0;
-  std::uint32_t max_abs = 0;
-  std::uint32_t min_abs = 0xFFFFFFFFu;
-  double sum = 0.0;
-  double sum_sq = 0.0;
-  std::uint32_t targets[kMaxTargets][3] = {};
-};
-
-// The block's totals in shared memory, fed by one lane per warp.
-struct BlockTotals {
-  unsigned int zeros;
-  unsigned int nan;
-  unsigned int pos_inf;
-  unsigned int neg_inf;
-  unsigned int max_abs;
-  unsigned int min_abs;
-  unsigned int targets[kMaxTargets][3];
-  double sum;
-  double sum_sq;
 };
 
 template <Format D>
@@ -107,18 +115,6 @@ __device__ std::size_t global_thread() {
   return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
 __device__ std::size_t grid_threads() { return static_cast<std::size_t>(gridDim.x) * blockDim.x; }
-
-// Storage bits -> FP32 bits. Exact for every value; a NaN stays a NaN (payload irrelevant here).
-template <Format D>
-__device__ std::uint32_t widen(std::uint32_t raw) {
-  if constexpr (D == Format::kFP32) {
-    return raw;
-  } else if constexpr (D == Format::kBF16) {
-    return raw << 16;
-  } else {
-    return __float_as_uint(__half2float(__ushort_as_half(static_cast<unsigned short>(raw))));
-  }
-}
 
 // Element k of a 16-byte vector (little-endian: element 0 is in the low bits of v.x).
 template <Format D>
@@ -142,151 +138,11 @@ __device__ std::uint32_t load_unaligned(const unsigned char* data, std::size_t i
   return raw;
 }
 
-// floor(log2|x|) - kHistogramMinExponent for finite nonzero magnitude bits.
-__device__ int binade_bin(std::uint32_t a) {
-  const int biased = static_cast<int>(a >> 23);
-  if (biased != 0) return biased - 127 - kHistogramMinExponent;
-  return 31 - __clz(a);  // subnormal: a * 2^-149, binade -149 + floor(log2 a)
-}
-
-__device__ void count_nonfinite(ThreadStats& s, std::uint32_t bits, std::uint32_t a) {
-  if (a > kInfBits) {
-    ++s.nan;
-  } else if (bits >> 31) {
-    ++s.neg_inf;
-  } else {
-    ++s.pos_inf;
-  }
-}
-
-__device__ void count_finite_nonzero(ThreadStats& s, std::uint32_t bits, std::uint32_t a,
-                                     const DeviceThresholds& th) {
-  s.max_abs = max(s.max_abs, a);
-  s.min_abs = min(s.min_abs, a);
-  const double v = static_cast<double>(__uint_as_float(bits));
-  s.sum += v;
-  s.sum_sq += v * v;
-#pragma unroll
-  for (int t = 0; t < kMaxTargets; ++t) {
-    if (t < th.count) {  // uniform across the grid: th is a kernel parameter
-      s.targets[t][0] += a >= th.ovf_lo[t];
-      s.targets[t][1] += a <= th.ufl_hi[t];
-      s.targets[t][2] += (a > th.ufl_hi[t]) & (a <= th.sub_hi[t]);
-    }
-  }
-}
-
-// Counts one element into s and returns its histogram bin, kNoBin when it has none.
-__device__ int classify(ThreadStats& s, std::uint32_t bits, const DeviceThresholds& th) {
-  const std::uint32_t a = bits & kAbsMask;
-  if (a >= kInfBits) {
-    count_nonfinite(s, bits, a);
-    return kNoBin;
-  }
-  if (a == 0) {
-    ++s.zeros;
-    return kNoBin;
-  }
-  count_finite_nonzero(s, bits, a, th);
-  return binade_bin(a);
-}
-
-// Warp-collective: every lane of the warp calls it, with kNoBin when it has nothing to add.
-__device__ void add_to_histogram(unsigned int* hist, int bin) {
-  const unsigned peers = __match_any_sync(kFullWarp, bin);
-  const int leader = __ffs(peers) - 1;
-  if (bin != kNoBin && static_cast<int>(threadIdx.x % kWarpSize) == leader) {
-    atomicAdd(&hist[bin], static_cast<unsigned int>(__popc(peers)));
-  }
-}
-
-// Warp-collective; `valid` is false for the lanes past the end of the data.
-__device__ void process(ThreadStats& s, unsigned int* hist, std::uint32_t bits, bool valid,
-                        const DeviceThresholds& th) {
-  add_to_histogram(hist, valid ? classify(s, bits, th) : kNoBin);
-}
-
-__device__ double warp_sum(double x) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    x += __shfl_xor_sync(kFullWarp, x, offset);
-  }
-  return x;
-}
-
-__device__ void init_block(unsigned int* hist, BlockTotals& totals) {
-  for (int b = threadIdx.x; b < kHistogramBins; b += blockDim.x) hist[b] = 0;
-  if (threadIdx.x == 0) {
-    totals = BlockTotals{};
-    totals.min_abs = 0xFFFFFFFFu;
-  }
-  __syncthreads();
-}
-
-// Warp reductions, then one shared atomic per quantity and warp.
-__device__ void reduce_into_block(const ThreadStats& s, int num_targets, BlockTotals& totals) {
-  const unsigned zeros = __reduce_add_sync(kFullWarp, s.zeros);
-  const unsigned nan = __reduce_add_sync(kFullWarp, s.nan);
-  const unsigned pos_inf = __reduce_add_sync(kFullWarp, s.pos_inf);
-  const unsigned neg_inf = __reduce_add_sync(kFullWarp, s.neg_inf);
-  const unsigned max_abs = __reduce_max_sync(kFullWarp, s.max_abs);
-  const unsigned min_abs = __reduce_min_sync(kFullWarp, s.min_abs);
-  const double sum = warp_sum(s.sum);
-  const double sum_sq = warp_sum(s.sum_sq);
-  unsigned targets[kMaxTargets][3];
-#pragma unroll
-  for (int t = 0; t < kMaxTargets; ++t) {
-#pragma unroll
-    for (int k = 0; k < 3; ++k) {
-      targets[t][k] = t < num_targets ? __reduce_add_sync(kFullWarp, s.targets[t][k]) : 0;
-    }
-  }
-  if (threadIdx.x % kWarpSize != 0) return;
-  atomicAdd(&totals.zeros, zeros);
-  atomicAdd(&totals.nan, nan);
-  atomicAdd(&totals.pos_inf, pos_inf);
-  atomicAdd(&totals.neg_inf, neg_inf);
-  atomicMax(&totals.max_abs, max_abs);
-  atomicMin(&totals.min_abs, min_abs);
-  atomicAdd(&totals.sum, sum);
-  atomicAdd(&totals.sum_sq, sum_sq);
-#pragma unroll
-  for (int t = 0; t < kMaxTargets; ++t) {
-#pragma unroll
-    for (int k = 0; k < 3; ++k) {
-      if (targets[t][k] != 0) atomicAdd(&totals.targets[t][k], targets[t][k]);
-    }
-  }
-}
-
-// One global atomic per nonzero quantity of the block.
-__device__ void flush_block(const unsigned int* hist, const BlockTotals& totals, int num_targets,
-                            StatsResult* out) {
-  using ull = unsigned long long;
-  for (int b = threadIdx.x; b < kHistogramBins; b += blockDim.x) {
-    if (hist[b] != 0) atomicAdd(&out->hist[b], static_cast<ull>(hist[b]));
-  }
-  for (int i = threadIdx.x; i < num_targets * 3; i += blockDim.x) {
-    const unsigned count = totals.targets[i / 3][i % 3];
-    if (count != 0) atomicAdd(&out->targets[i / 3][i % 3], static_cast<ull>(count));
-  }
-  if (threadIdx.x != 0) return;
-  if (totals.zeros != 0) atomicAdd(&out->zeros, static_cast<ull>(totals.zeros));
-  if (totals.nan != 0) atomicAdd(&out->nan, static_cast<ull>(totals.nan));
-  if (totals.pos_inf != 0) atomicAdd(&out->pos_inf, static_cast<ull>(totals.pos_inf));
-  if (totals.neg_inf != 0) atomicAdd(&out->neg_inf, static_cast<ull>(totals.neg_inf));
-  atomicMax(&out->max_abs_bits, totals.max_abs);
-  atomicMin(&out->min_abs_bits, totals.min_abs);
-  atomicAdd(&out->sum, totals.sum);
-  atomicAdd(&out->sum_sq, totals.sum_sq);
-}
-
 template <Format D>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     stats_kernel(StatsSpan span, DeviceThresholds th, StatsResult* __restrict__ out) {
-  __shared__ unsigned int hist[kHistogramBins];
-  __shared__ BlockTotals totals;
-  init_block(hist, totals);
+  __shared__ BlockStats block;
+  stats::init_block(block);
 
   ThreadStats s;
   // Loops advance warp by warp so that all 32 lanes make the same number of steps.
@@ -301,7 +157,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const uint4 v = valid ? body[j] : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int k = 0; k < kPerVector<D>; ++k) {
-      process(s, hist, widen<D>(element_of<D>(v, k)), valid, th);
+      stats::process(s, block, stats::widen<D>(element_of<D>(v, k)), valid, th);
     }
   }
 
@@ -313,12 +169,12 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const bool valid = j < scalars;
     const std::size_t i = j < span.head ? j : body_end + (j - span.head);
     const std::uint32_t raw = valid ? load_unaligned<D>(span.data, i) : 0u;
-    process(s, hist, widen<D>(raw), valid, th);
+    stats::process(s, block, stats::widen<D>(raw), valid, th);
   }
 
-  reduce_into_block(s, th.count, totals);
+  stats::reduce_into_block(s, th.count, block);
   __syncthreads();
-  flush_block(hist, totals, th.count, out);
+  stats::flush_block(block, th.count, out);
 }
 
 StatsSpan split(const void* data, std::size_t n, std::size_t elem_bytes) {
@@ -330,19 +186,6 @@ StatsSpan split(const void* data, std::size_t n, std::size_t elem_bytes) {
   span.head = std::min(n, head_bytes / elem_bytes);
   span.vectors = (n - span.head) * elem_bytes / kVectorBytes;
   return span;
-}
-
-DeviceThresholds device_thresholds(std::span<const TargetSpec> targets) {
-  DeviceThresholds th;
-  const std::vector<::ampscope::detail::TargetThresholds> host =
-      ::ampscope::detail::compute_thresholds(targets);  // checks the scale range
-  th.count = static_cast<int>(host.size());
-  for (std::size_t t = 0; t < host.size(); ++t) {
-    th.ovf_lo[t] = host[t].ovf_lo;
-    th.ufl_hi[t] = host[t].ufl_hi;
-    th.sub_hi[t] = host[t].sub_hi;
-  }
-  return th;
 }
 
 using StatsKernel = void (*)(StatsSpan, DeviceThresholds, StatsResult*);
@@ -431,23 +274,7 @@ void CudaStatsJob::Impl::check_launch_preconditions(
 }
 
 TensorStats CudaStatsJob::Impl::collect() const {
-  // Reuse the CPU accumulator's finish() so both back ends build TensorStats the same way.
-  const detail::StatsResult& r = *host_result;
-  ::ampscope::detail::StatsAccumulator acc(targets.size());
-  acc.numel = numel;
-  acc.zeros = r.zeros;
-  acc.nan = r.nan;
-  acc.pos_inf = r.pos_inf;
-  acc.neg_inf = r.neg_inf;
-  acc.max_abs_bits = r.max_abs_bits;
-  acc.min_abs_bits = r.min_abs_bits;
-  acc.sum = r.sum;
-  acc.sum_sq = r.sum_sq;
-  std::copy(std::begin(r.hist), std::end(r.hist), acc.hist.begin());
-  for (std::size_t t = 0; t < targets.size(); ++t) {
-    for (int k = 0; k < 3; ++k) acc.target_counts[t][k] = r.targets[t][k];
-  }
-  return acc.finish(targets);
+  return detail::stats::finish(*host_result, numel, targets);
 }
 
 CudaStatsJob::CudaStatsJob(int max_targets) : impl_(std::make_unique<Impl>()) {
@@ -477,7 +304,7 @@ void CudaStatsJob::launch(const void* device_data, std::size_t n, Format dtype,
   const detail::NvtxRange range{"ampscope::cuda::CudaStatsJob::launch"};
   AMPSCOPE_CHECK(impl_ != nullptr, "launch() on a moved-from CudaStatsJob");
   impl_->check_launch_preconditions(device_data, n, dtype, targets);
-  const detail::DeviceThresholds th = detail::device_thresholds(targets);
+  const detail::DeviceThresholds th = detail::stats::device_thresholds(targets);
   const auto elem_bytes = static_cast<std::size_t>(storage_bytes(dtype));
   impl_->enqueue(detail::split(device_data, n, elem_bytes), dtype, th, stream);
   impl_->in_flight = true;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "ampscope/check.h"
 #include "ampscope/cuda/check.h"
@@ -334,6 +335,61 @@ class CudaBackend final : public Backend {
     nn::unscale_and_check(std::span(&all, 1), inv_scale, scalar(found_inf, "found_inf"), s());
   }
 
+  // One multi-tensor launch per distinct target list (the agent asks one for every gradient):
+  // the requested parts are measured, the gaps between them unscaled by the first launch. The
+  // results come back with the launch's event: this call waits for the unscale kernel (the
+  // step reads found_inf back right after it anyway).
+  void unscale_check_and_measure(const Tensor& grads, float inv_scale, const Tensor& found_inf,
+                                 std::span<const StatsRequest> requests) override {
+    if (requests.empty()) return unscale_and_check(grads, inv_scale, found_inf);
+    void* base = array(grads, "unscale: grads").data;
+    auto part = [&](std::int64_t begin, std::int64_t numel, int slot) {
+      return nn::GradientTensor{
+          static_cast<std::byte*>(base) + begin * storage_bytes(grads.dtype), grads.dtype,
+          numel, slot};
+    };
+    std::vector<const StatsRequest*> sorted;
+    for (const StatsRequest& r : requests) {
+      AMPSCOPE_CHECK(r.out != nullptr && r.offset >= 0 && r.numel >= 0 &&
+                         r.offset + r.numel <= grads.numel(),
+                     "unscale_check_and_measure: a request outside the ", grads.numel(),
+                     " gradients");
+      sorted.push_back(&r);
+    }
+    std::sort(sorted.begin(), sorted.end(),
+              [](const StatsRequest* a, const StatsRequest* b) { return a->offset < b->offset; });
+    std::vector<bool> done(sorted.size(), false);
+    bool first = true;
+    for (std::size_t g = 0; g < sorted.size(); ++g) {
+      if (done[g]) continue;
+      const std::vector<TargetSpec>& targets = sorted[g]->targets;
+      std::vector<nn::GradientTensor> launch;
+      std::vector<const StatsRequest*> measured;
+      std::int64_t pos = 0;
+      for (std::size_t i = 0; i < sorted.size(); ++i) {
+        const StatsRequest& r = *sorted[i];
+        AMPSCOPE_CHECK(r.offset >= pos || !first, "unscale_check_and_measure: requests overlap "
+                       "at element ", r.offset);
+        if (first && r.offset > pos) launch.push_back(part(pos, r.offset - pos, -1));
+        pos = std::max(pos, r.offset + r.numel);
+        if (done[i] || r.targets != targets) continue;
+        done[i] = true;
+        launch.push_back(part(r.offset, r.numel, static_cast<int>(measured.size())));
+        measured.push_back(&r);
+      }
+      if (first && pos < grads.numel()) launch.push_back(part(pos, grads.numel() - pos, -1));
+      first = false;
+      const int capacity = static_cast<int>(measured.size());
+      if (!grad_stats_ || grad_stats_->capacity() < capacity) {
+        grad_stats_ = std::make_unique<nn::GradientStats>(std::max(capacity, 64));
+      }
+      nn::unscale_check_and_measure(launch, inv_scale, scalar(found_inf, "found_inf"), targets,
+                                    *grad_stats_, s());
+      std::vector<TensorStats> results = grad_stats_->wait();
+      for (std::size_t k = 0; k < measured.size(); ++k) *measured[k]->out = std::move(results[k]);
+    }
+  }
+
   void sum_squares(const Tensor& sum_sq, const Tensor& x) override {
     nn::sum_squares(scalar(sum_sq, "sum_sq"), array(x, "sum_squares: x"), x.numel(), s());
   }
@@ -411,6 +467,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::CublasLt> blas_;
   std::string name_;
   std::unique_ptr<Backend> host_;  // the CPU back end, for attention_on_host; made on first use
+  std::unique_ptr<nn::GradientStats> grad_stats_;  // fused statistics; made on first use
 };
 
 }  // namespace

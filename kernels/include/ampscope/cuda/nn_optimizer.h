@@ -18,11 +18,14 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <vector>
 
 #include "ampscope/cuda/nn.h"
 #include "ampscope/formats.h"
 #include "ampscope/loss_scale.h"
+#include "ampscope/tensor_stats.h"
 
 namespace ampscope::cuda::nn {
 
@@ -31,6 +34,9 @@ struct GradientTensor {
   void* data = nullptr;
   Format dtype = Format::kFP32;
   std::int64_t numel = 0;
+  // unscale_check_and_measure: the GradientStats slot that receives the statistics of this
+  // tensor's unscaled values; -1: not measured. One tensor per slot.
+  int stats_slot = -1;
 };
 
 // Tensors per launch of the multi-tensor kernel (their table travels in the kernel's
@@ -47,6 +53,47 @@ void unscale_and_check(std::span<const GradientTensor> grads, float inv_scale, f
 // trainer computes on the host), so the scale never has to come back to the host.
 void unscale_and_check(std::span<const GradientTensor> grads, const LossScaleState* state,
                        float* found_inf, cudaStream_t stream);
+
+// Fused statistics: the device accumulators and host results of the statistics that
+// unscale_check_and_measure takes of up to `capacity` gradients, about 9 KiB of device memory
+// and as much pinned host memory per slot, allocated at construction (on the current device;
+// cudaFree at destruction may synchronise the device: keep one and reuse it).
+// Thread safety: one launch at a time; wait() on the thread that launched or any other, once.
+class GradientStats {
+ public:
+  explicit GradientStats(int capacity);
+  ~GradientStats();  // waits for a launch in flight; never throws
+  GradientStats(const GradientStats&) = delete;
+  GradientStats& operator=(const GradientStats&) = delete;
+
+  int capacity() const;
+  // Blocks the calling thread until the results of the last launch have arrived in host memory
+  // (on the launch's event, not the device), then returns one TensorStats per slot in
+  // [0, slots used by the launch). Throws ampscope::Error when nothing is in flight.
+  std::vector<TensorStats> wait();
+
+  struct Impl;
+
+ private:
+  friend void unscale_check_and_measure(std::span<const GradientTensor> grads,
+                                        float inv_scale, float* found_inf,
+                                        std::span<const TargetSpec> targets,
+                                        GradientStats& stats, cudaStream_t stream);
+  std::unique_ptr<Impl> impl_;
+};
+
+// unscale_and_check (the same values and the same *found_inf), also measuring, in the same
+// pass over memory (one read and one write of each gradient), the unscaled values as stored of
+// every tensor with stats_slot >= 0 into that slot of `stats`: compute_stats()'s statistics
+// (ampscope/tensor_stats.h) counting `targets` (at most kCudaStatsMaxTargets), counts,
+// histogram, extrema and target counts identical to the CPU reference's, sum and sum_sq
+// exactly rounded. The slots are reset, the results copied to stats' host memory and an event
+// recorded, all on `stream`; collect them with stats.wait(). Throws ampscope::Error, before
+// anything is enqueued, on a slot outside stats.capacity() or used twice, or a launch of stats
+// still uncollected.
+void unscale_check_and_measure(std::span<const GradientTensor> grads, float inv_scale,
+                               float* found_inf, std::span<const TargetSpec> targets,
+                               GradientStats& stats, cudaStream_t stream);
 
 // *sum_sq (FP32, device) = sum of x^2 over x (n), accumulated in FP64. Deterministic for a given
 // device and n (fixed grid, fixed reduction trees).

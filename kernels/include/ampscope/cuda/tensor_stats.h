@@ -13,10 +13,10 @@
 //   if (job.ready()) TensorStats s = job.wait();
 //
 // Exactness: counts, the histogram, max_abs and min_abs_nonzero equal the CPU reference's.
-// sum and sum_sq are FP64 sums in a different (and run-to-run varying) order: they agree with the
-// reference within the usual bound for summation, about n * 2^-53 * sum(|x|).
+// sum and sum_sq are exactly rounded, as the CPU's: per-binade integer sums on the device,
+// rounded once on the host (the same from run to run, whatever the order of the blocks).
 //
-// Ownership: a job owns a small device buffer (about 2.5 KiB), a pinned host buffer of the same
+// Ownership: a job owns a small device buffer (about 9 KiB), a pinned host buffer of the same
 // size and an event, all created on the device that is current when it is constructed, which must
 // be the current device at launch(). Construction and destruction allocate and free device memory
 // (cudaFree may synchronise the device): keep jobs alive and reuse them. The job does not own
