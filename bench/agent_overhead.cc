@@ -16,12 +16,14 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <string_view>
 
 #include "agent_adapter.h"
 #include "ampscope/agent/agent.h"
@@ -60,6 +62,22 @@ std::unique_ptr<AgentAdapter> make_adapter(Trainer& trainer, const std::string& 
   if (const char* roles = std::getenv("AMPSCOPE_BENCH_AGENT_COUNT_ROLES")) {
     if (std::string e = agent::set_option(c, "sample_count_roles", roles); !e.empty()) {
       throw std::runtime_error(e);
+    }
+  }
+  // Further agent options for a measurement, "key=value;key=value" (the flight recorder's).
+  if (const char* extra = std::getenv("AMPSCOPE_BENCH_AGENT_OPTIONS")) {
+    std::string_view rest(extra);
+    while (!rest.empty()) {
+      const std::string_view item = rest.substr(0, rest.find(';'));
+      rest.remove_prefix(std::min(rest.size(), item.size() + 1));
+      const auto eq = item.find('=');
+      if (item.empty()) continue;
+      if (std::string e = eq == std::string_view::npos
+                              ? "expected key=value, got '" + std::string(item) + "'"
+                              : agent::set_option(c, item.substr(0, eq), item.substr(eq + 1));
+          !e.empty()) {
+        throw std::runtime_error("AMPSCOPE_BENCH_AGENT_OPTIONS: " + e);
+      }
     }
   }
   if (const char* mode = std::getenv("AMPSCOPE_BENCH_AGENT_STATS_THREAD")) {
