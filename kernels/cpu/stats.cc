@@ -3,7 +3,6 @@
 // what-if analysis.
 #include <algorithm>
 #include <cmath>
-#include <cstdint>
 #include <cstring>
 
 #include "ampscope/check.h"
@@ -66,9 +65,7 @@ Kernel select_kernel(SimdLevel level, Format dtype, std::size_t part_elements,
                      const StatsOptions& options) {
   const SimdLevel l = clamp_simd_level(level);
   if (l == SimdLevel::kScalar) return stats_kernel_scalar;
-  const std::size_t pattern_threshold = options.pattern_histogram_threshold.value_or(
-      dtype == Format::kBF16 ? std::size_t{1} << 16 : SIZE_MAX);
-  if (dtype != Format::kFP32 && part_elements >= pattern_threshold) {
+  if (dtype != Format::kFP32 && part_elements >= options.pattern_histogram_threshold) {
     return stats_kernel_pattern16;
   }
   return l == SimdLevel::kAvx512 ? stats_kernel_avx512 : stats_kernel_avx2;

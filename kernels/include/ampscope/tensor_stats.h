@@ -110,9 +110,7 @@ struct StatsOptions {
   // FP16/BF16 parts of at least this many elements are measured by counting their raw 16-bit
   // patterns (65,536 possible values) and folding the counts once, instead of element-wise
   // vector code; below it the fold would cost more than it saves. Not used at kScalar.
-  // nullopt: 2^16 for BF16, and never for FP16: gradients in FP16 spread over tens of thousands
-  // of patterns, whose counters then miss L1, and the vector kernel is faster (docs/numerics.md).
-  std::optional<std::size_t> pattern_histogram_threshold;
+  std::size_t pattern_histogram_threshold = std::size_t{1} << 16;
 };
 
 // The dispatched, possibly multi-threaded, implementation. `data` points to n elements of
