@@ -331,10 +331,9 @@ class CpuBackend final : public Backend {
     Out di(dinp, compute, ex_, OutMode::kAccumulateOnce);
     Out dw(dweight, compute, ex_, OutMode::kAccumulate),
         db(dbias, compute, ex_, OutMode::kAccumulate);
-    layers::layernorm_backward_cpu(cpu_, x.get(), w.get(), d.get(),
-                                   static_cast<const float*>(mean.data),
-                                   static_cast<const float*>(rstd.data), di.get(), dw.get(),
-                                   db.get(), size(N), size(C));
+    layers::layernorm_backward_cpu(
+        cpu_, x.get(), w.get(), d.get(), static_cast<const float*>(mean.data),
+        static_cast<const float*>(rstd.data), di.get(), dw.get(), db.get(), size(N), size(C));
     di.commit();
     dw.commit();
     db.commit();
@@ -368,9 +367,9 @@ class CpuBackend final : public Backend {
     }
     Out dw(dweight, compute, ex_, OutMode::kAccumulate);
     if (!dbias.empty()) db.emplace(dbias, compute, ex_, OutMode::kAccumulate);
-    layers::matmul_backward_cpu(cpu_, di ? di->get() : nullptr, dw.get(),
-                                db ? db->get() : nullptr, d.get(), x.get(),
-                                w ? w->get() : nullptr, size(N), size(C), size(OC));
+    layers::matmul_backward_cpu(cpu_, di ? di->get() : nullptr, dw.get(), db ? db->get() : nullptr,
+                                d.get(), x.get(), w ? w->get() : nullptr, size(N), size(C),
+                                size(OC));
     if (di) di->commit();
     dw.commit();
     if (db) db->commit();
