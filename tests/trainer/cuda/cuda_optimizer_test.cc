@@ -2,6 +2,7 @@
 //   - the multi-tensor unscale over many tensors of mixed formats and sizes (empty, 1, primes,
 //     several chunks, more tensors than one launch takes) against the CPU back end tensor by
 //     tensor, bit for bit;
+//   - the same unscale with fused statistics, against the CPU reference statistics;
 //   - the loss-scale update on the device against the trainer's scalers, step by step;
 //   - a whole optimizer-side step that reads the host once: unscale by the device-resident
 //     scale, the squared norm and the scale update, then one copy of {found_inf, sum_sq, state}.
@@ -17,6 +18,7 @@
 #include "ampscope/cuda/check.h"
 #include "ampscope/cuda/device.h"
 #include "ampscope/cuda/nn_optimizer.h"
+#include "ampscope/tensor_stats.h"
 #include "ampscope/trainer/backend.h"
 #include "ampscope/trainer/loss_scaler.h"
 #include "backend_test_util.h"
@@ -89,6 +91,93 @@ TEST_F(CudaOptimizerTest, MultiTensorUnscaleMatchesCpuPerTensor) {
   nn::unscale_and_check(grads, inv, found, stream_);
   download(&gpu_found, found, 4);
   EXPECT_EQ(gpu_found, 1.0f);
+}
+
+// Fused statistics: the multi-tensor unscale that also measures every other tensor leaves the
+// same values and found_inf as the plain one, and each measured tensor's statistics equal the
+// CPU reference's of the unscaled values (counts, histogram, targets, extrema bit for bit; the
+// sums exactly rounded on both sides). The data holds zeros, NaN, Inf, subnormals and values
+// that cancel; 150 tensors take two launches.
+void expect_same_stats(const TensorStats& want, const TensorStats& got, int i) {
+  EXPECT_EQ(got.numel, want.numel) << "tensor " << i;
+  EXPECT_EQ(got.zeros, want.zeros) << "tensor " << i;
+  EXPECT_EQ(got.nan, want.nan) << "tensor " << i;
+  EXPECT_EQ(got.pos_inf, want.pos_inf) << "tensor " << i;
+  EXPECT_EQ(got.neg_inf, want.neg_inf) << "tensor " << i;
+  EXPECT_EQ(got.max_abs, want.max_abs) << "tensor " << i;
+  EXPECT_EQ(got.min_abs_nonzero, want.min_abs_nonzero) << "tensor " << i;
+  EXPECT_EQ(got.histogram, want.histogram) << "tensor " << i;
+  EXPECT_EQ(got.targets, want.targets) << "tensor " << i;
+  EXPECT_EQ(got.sum, want.sum) << "tensor " << i;
+  // sum_sq: within a few ulps (the CPU's is, the device's is exactly rounded).
+  EXPECT_NEAR(got.sum_sq, want.sum_sq, 8 * 0x1p-52 * want.sum_sq) << "tensor " << i;
+}
+
+TEST_F(CudaOptimizerTest, FusedUnscaleMeasuresWhatItWrites) {
+  const std::int64_t sizes[] = {0, 1, 7, 31, 257, 65535, 65536, 65537, 200003};
+  const Format formats[] = {Format::kFP32, Format::kFP16, Format::kBF16};
+  const std::vector<TargetSpec> targets = {{Format::kFP16, 10}, {Format::kE4M3, 0}};
+  std::vector<Bits> ref;
+  std::vector<nn::GradientTensor> grads, plain;
+  int slots = 0;
+  for (int i = 0; i < 150; ++i) {
+    const std::int64_t n = sizes[i % std::size(sizes)];
+    const Format f = formats[(i / 3) % 3];
+    std::vector<float> v = random_values(static_cast<std::size_t>(n), 300 + i, 1000.0f);
+    if (n > 8) {
+      v[0] = 0.0f;
+      v[1] = 1e-30f;  // subnormal once unscaled in FP16/BF16 terms, tiny in FP32
+      v[2] = 3.0e38f;  // cancels with v[3] in the sum (FP32 only: Inf in FP16)
+      v[3] = -3.0e38f;
+      if (i % 7 == 0) v[4] = NAN;
+      if (i % 11 == 0) v[5] = -INFINITY;
+    }
+    ref.push_back(Bits::from(v, f));
+    const int slot = i % 2 == 0 ? slots++ : -1;
+    grads.push_back({device_copy(ref.back().data(), ref.back().bytes.size()), f, n, slot});
+    plain.push_back({device_copy(ref.back().data(), ref.back().bytes.size()), f, n});
+  }
+  float* found = static_cast<float*>(device_copy(std::vector<float>{0.0f}.data(), 4));
+  float* found_plain = static_cast<float*>(device_copy(std::vector<float>{0.0f}.data(), 4));
+  const float inv = static_cast<float>(1.0 / 1024.0);
+  nn::GradientStats stats(slots);
+  nn::unscale_check_and_measure(grads, inv, found, targets, stats, stream_);
+  const std::vector<TensorStats> measured = stats.wait();
+  ASSERT_EQ(measured.size(), static_cast<std::size_t>(slots));
+  nn::unscale_and_check(plain, inv, found_plain, stream_);
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    Bits got(ref[i].dtype, ref[i].size()), want(ref[i].dtype, ref[i].size());
+    download(got.data(), grads[i].data, got.bytes.size());
+    download(want.data(), plain[i].data, want.bytes.size());
+    ASSERT_TRUE(same_bits(want, got)) << "tensor " << i;
+    if (grads[i].stats_slot < 0) continue;
+    const TensorStats reference = compute_stats_reference(want.data(), want.size(),
+                                                          want.dtype, targets);
+    expect_same_stats(reference, measured[static_cast<std::size_t>(grads[i].stats_slot)],
+                      static_cast<int>(i));
+  }
+  float a = -1.0f, b = -1.0f;
+  download(&a, found, 4);
+  download(&b, found_plain, 4);
+  EXPECT_EQ(a, 1.0f);
+  EXPECT_EQ(a, b);
+}
+
+TEST_F(CudaOptimizerTest, FusedUnscaleRefusesMisuse) {
+  std::vector<float> v(16, 1.0f);
+  void* d = device_copy(v.data(), v.size() * 4);
+  float* found = static_cast<float*>(device_copy(std::vector<float>{0.0f}.data(), 4));
+  nn::GradientStats stats(1);
+  const nn::GradientTensor twice[] = {{d, Format::kFP32, 8, 0},
+                                      {static_cast<float*>(d) + 8, Format::kFP32, 8, 0}};
+  EXPECT_THROW(nn::unscale_check_and_measure(twice, 1.0f, found, {}, stats, stream_), Error);
+  const nn::GradientTensor outside[] = {{d, Format::kFP32, 16, 1}};
+  EXPECT_THROW(nn::unscale_check_and_measure(outside, 1.0f, found, {}, stats, stream_), Error);
+  EXPECT_THROW(stats.wait(), Error);  // nothing was launched
+  const nn::GradientTensor one[] = {{d, Format::kFP32, 16, 0}};
+  nn::unscale_check_and_measure(one, 0.5f, found, {}, stats, stream_);
+  EXPECT_THROW(nn::unscale_check_and_measure(one, 0.5f, found, {}, stats, stream_), Error);
+  EXPECT_EQ(stats.wait().at(0).sum, 8.0);
 }
 
 // The device-resident step: found_inf = 0; unscale by the state's scale; sum of squares;
