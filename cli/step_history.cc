@@ -54,10 +54,18 @@ std::vector<const v1::HistorySample*> samples_of(const v1::StepTensor& t,
   return out;
 }
 
-std::string binade_range(const v1::BinadeHistogram& h) {
+// The binades a sample's values carry from their loss scale (scale 2^k: k binades up).
+int scale_shift(const v1::TensorStats& s) {
+  if (!(s.scale() > 0.0) || !std::isfinite(s.scale())) return 0;
+  return static_cast<int>(std::lround(std::log2(s.scale())));
+}
+
+// The occupied binades of the unscaled values.
+std::string binade_range(const v1::TensorStats& s) {
+  const v1::BinadeHistogram& h = s.histogram();
   if (h.counts().empty()) return "(none)";
-  return "[" + std::to_string(h.min_exponent()) + ", " +
-         std::to_string(h.min_exponent() + h.counts_size() - 1) + "]";
+  const int lo = h.min_exponent() - scale_shift(s);
+  return "[" + std::to_string(lo) + ", " + std::to_string(lo + h.counts_size() - 1) + "]";
 }
 
 std::string describe_report(const v1::StepReport& r) {
@@ -79,9 +87,11 @@ std::string describe_report(const v1::StepReport& r) {
 
 void print_line(std::ostream& out, const std::string& step, const v1::TensorStats& s, int lo,
                 int hi, const std::string& source) {
-  out << "  " << std::left << std::setw(10) << step << std::setw(12)
-      << binade_range(s.histogram()) << "|" << sparkline(s.histogram(), lo, hi) << "|  "
-      << std::setw(10) << number(s.max_abs()) << std::setw(10) << number(s.min_abs_nonzero());
+  const int shift = scale_shift(s);
+  out << "  " << std::left << std::setw(10) << step << std::setw(12) << binade_range(s) << "|"
+      << sparkline(s.histogram(), lo + shift, hi + shift) << "|  " << std::setw(10)
+      << number(s.max_abs() / s.scale()) << std::setw(10)
+      << number(s.min_abs_nonzero() / s.scale());
   const std::uint64_t nonfinite = s.nan() + s.pos_inf() + s.neg_inf();
   if (nonfinite > 0) {
     out << "nan " << s.nan() << " +inf " << s.pos_inf() << " -inf " << s.neg_inf() << "  ";
@@ -99,16 +109,17 @@ void print_tensor(std::ostream& out, const v1::StepTensor& t, std::int64_t step,
   // One binade range for every line, so that a shift shows as a shift.
   int lo = std::numeric_limits<int>::max();
   int hi = std::numeric_limits<int>::min();
-  const auto widen = [&](const v1::BinadeHistogram& b) {
+  const auto widen = [&](const v1::TensorStats& s) {
+    const v1::BinadeHistogram& b = s.histogram();
     if (b.counts().empty()) return;
-    lo = std::min(lo, b.min_exponent());
-    hi = std::max(hi, b.min_exponent() + b.counts_size() - 1);
+    lo = std::min(lo, b.min_exponent() - scale_shift(s));
+    hi = std::max(hi, b.min_exponent() + b.counts_size() - 1 - scale_shift(s));
   };
-  for (const v1::HistorySample* s : past) widen(s->stats().histogram());
-  if (at.level() == v1::STATS_LEVEL_FULL) widen(at.histogram());
+  for (const v1::HistorySample* s : past) widen(s->stats());
+  if (at.level() == v1::STATS_LEVEL_FULL) widen(at);
   if (lo > hi) lo = hi = 0;
-  out << "  binade histogram between the bars: one character per binade of log2|x| from " << lo
-      << " to " << hi << "\n";
+  out << "  x / loss scale; histogram between the bars, one character per binade of log2|x| "
+      << lo << ".." << hi << "\n";
   out << "  " << std::left << std::setw(10) << "STEP" << std::setw(12) << "BINADES" << "|"
       << std::string(static_cast<std::size_t>(hi - lo + 1), ' ') << "|  " << std::setw(10)
       << "MAX|x|" << std::setw(10) << "MIN|x|>0" << "\n";
@@ -121,8 +132,8 @@ void print_tensor(std::ostream& out, const v1::StepTensor& t, std::int64_t step,
   } else {
     out << "  " << std::left << std::setw(10) << std::to_string(step) + " <-"
         << "counts only: numel " << at.numel() << ", nan " << at.nan() << ", +inf "
-        << at.pos_inf() << ", -inf " << at.neg_inf() << ", max|x| " << number(at.max_abs())
-        << "\n";
+        << at.pos_inf() << ", -inf " << at.neg_inf() << ", max|x| "
+        << number(at.max_abs() / at.scale()) << "\n";
   }
 }
 
@@ -133,6 +144,7 @@ ordered_json stats_json(const v1::TensorStats& s) {
   j["nan"] = s.nan();
   j["pos_inf"] = s.pos_inf();
   j["neg_inf"] = s.neg_inf();
+  j["scale"] = json_number(s.scale());  // the values below are as stored: divide by it
   j["max_abs"] = json_number(s.max_abs());
   j["min_abs_nonzero"] = json_number(s.min_abs_nonzero());
   j["level"] = s.level() == v1::STATS_LEVEL_FULL ? "full" : "counts";
@@ -156,7 +168,8 @@ std::string sparkline(const v1::BinadeHistogram& histogram, int lo, int hi) {
       out += ' ';
       continue;
     }
-    const double share = std::log1p(static_cast<double>(c)) / std::log1p(static_cast<double>(most));
+    const double share =
+        std::log1p(static_cast<double>(c)) / std::log1p(static_cast<double>(most));
     out += kBars[std::clamp(static_cast<int>(std::ceil(share * 8.0)) - 1, 0, 7)];
   }
   return out;

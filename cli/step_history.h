@@ -16,7 +16,8 @@ void print_step_text(std::ostream& out, const std::string& run_id, std::int64_t 
                      const v1::GetStepHistoryResponse& history);
 // One JSON object: run_id, step, reports (what happened at the step, by rank) and tensors, each
 // with its statistics at the step and a history list (step, rank, from_flight_recorder,
-// min_exponent, counts, max_abs, min_abs_nonzero, nan, pos_inf, neg_inf, zeros, numel).
+// level, scale, min_exponent, counts, max_abs, min_abs_nonzero, nan, pos_inf, neg_inf, zeros,
+// numel; values as stored, scale the loss scale they carry).
 void print_step_json(std::ostream& out, const std::string& run_id, std::int64_t step,
                      const v1::GetStepHistoryResponse& history);
 
