@@ -2,15 +2,16 @@
 // exact), also the fused scale-and-measure kernel behind scale_and_compute_stats().
 //
 // Design: the tensor is cut into chunks of kChunk elements that stay in L1. Pass 1 over a chunk
-// is branch-free and does what every element needs: |x| bits (kept in a buffer), the zero
-// count, the unsigned max and min-nonzero of |x| (over everything, specials included), the
-// FP64 lane sums and sums of squares, and each lane's biased exponent packed to a byte. The
-// chunk's max and min then decide everything else once per chunk instead of once per vector:
+// is branch-free and does what every element needs: |x| bits (kept in a buffer), the unsigned
+// max and min-nonzero of |x| (over everything, specials included), the FP64 lane sums and sums
+// of squares, and each lane's biased exponent packed to a byte. The chunk's max and min then
+// decide everything else once per chunk instead of once per vector:
 //   - a chunk whose max is Inf/NaN or whose min nonzero is an FP32 subnormal (rare) is read
 //     again by a masked vector pass that classifies those lanes and redoes the sums;
 //   - the exponent range [lo, hi] of the chunk's normal values bounds the histogram: bins in
 //     that range are counted with byte compares over the exponent bytes (32 per instruction),
-//     which avoids scalar increments that serialise on store-to-load forwarding;
+//     which avoids scalar increments that serialise on store-to-load forwarding; byte 0 is
+//     counted too: in a chunk without subnormals it is exactly the zeros;
 //   - a target threshold below the chunk's min or above its max needs no compare at all; the
 //     others are counted by one compare per threshold over the |x| buffer;
 //   - the chunk's FP64 sum is exact when [lo, hi] is narrow enough (chunk_sum_is_exact), and is
@@ -67,7 +68,8 @@ AMPSCOPE_INLINE_AVX2 __m256i scale_and_store(char* p, __m256 factor) {
     const __m256i u = _mm256_castps_si256(y);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), splat(1));
     __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, splat(0x7FFF)), lsb), 16);
-    const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, splat(kAbsMask)), splat(kInfBits));
+    const __m256i is_nan =
+        _mm256_cmpgt_epi32(_mm256_and_si256(u, splat(kAbsMask)), splat(kInfBits));
     r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(u, 16), splat(0x40)), is_nan);
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
@@ -132,7 +134,9 @@ AMPSCOPE_INLINE_AVX2 void add_pair(Sums& t, __m256 f, __m256 g) {
   t.q_hi = _mm256_add_pd(t.q_hi, _mm256_fmadd_pd(f_hi, f_hi, _mm256_mul_pd(g_hi, g_hi)));
 }
 
-AMPSCOPE_INLINE_AVX2 double total_sum(const Sums& t) { return hsum_pd(_mm256_add_pd(t.s_lo, t.s_hi)); }
+AMPSCOPE_INLINE_AVX2 double total_sum(const Sums& t) {
+  return hsum_pd(_mm256_add_pd(t.s_lo, t.s_hi));
+}
 
 AMPSCOPE_INLINE_AVX2 double total_sum_sq(const Sums& t) {
   return hsum_pd(_mm256_add_pd(t.q_lo, t.q_hi));
@@ -142,18 +146,18 @@ AMPSCOPE_INLINE_AVX2 double total_sum_sq(const Sums& t) {
 struct ChunkSummary {
   std::uint64_t zeros = 0;
   std::uint64_t nonfinite = 0;
-  std::uint32_t max_all = 0;    // max |x| bits, specials included
-  std::uint32_t min_nz = 0;     // min nonzero |x| bits, specials included; 0 when none
+  std::uint32_t max_all = 0;  // max |x| bits, specials included
+  std::uint32_t min_nz = 0;   // min nonzero |x| bits, specials included; 0 when none
   std::uint32_t max_finite = 0;
-  int lo = 1, hi = 0;           // biased exponent range of the normal finite values (empty: lo > hi)
+  int lo = 1, hi = 0;  // biased exponent range of the normal finite values (empty: lo > hi)
 };
 
 // The masked pass for a chunk that holds a non-finite value or an FP32 subnormal: those lanes
 // are classified (and subnormals get their bin and exact sums) by fix_up_rare_lanes, and the
 // sums and the exponent range are redone over the normal finite lanes only.
 template <Format kDtype>
-AMPSCOPE_TARGET_AVX2 void rare_chunk(const char* p, std::size_t len, Sums& sums,
-                                     ChunkSummary& c, StatsAccumulator& acc) {
+AMPSCOPE_TARGET_AVX2 void rare_chunk(const char* p, std::size_t len, Sums& sums, ChunkSummary& c,
+                                     StatsAccumulator& acc) {
   constexpr std::size_t elem = static_cast<std::size_t>(storage_bytes(kDtype));
   const __m256i abs_mask = splat(kAbsMask);
   const __m256i inf = splat(kInfBits);
@@ -166,10 +170,10 @@ AMPSCOPE_TARGET_AVX2 void rare_chunk(const char* p, std::size_t len, Sums& sums,
     const __m256i bits = load_fp32_bits<kDtype>(p + i * elem);
     const __m256i a = _mm256_and_si256(bits, abs_mask);
     const __m256i finite = _mm256_cmpgt_epi32(inf, a);
-    const __m256i normal = _mm256_and_si256(finite, _mm256_cmpgt_epi32(a, _mm256_sub_epi32(min_normal, splat(1))));
-    const __m256i subnormal =
-        _mm256_andnot_si256(_mm256_cmpeq_epi32(a, _mm256_setzero_si256()),
-                            _mm256_cmpgt_epi32(min_normal, a));
+    const __m256i normal =
+        _mm256_and_si256(finite, _mm256_cmpgt_epi32(a, _mm256_sub_epi32(min_normal, splat(1))));
+    const __m256i subnormal = _mm256_andnot_si256(_mm256_cmpeq_epi32(a, _mm256_setzero_si256()),
+                                                  _mm256_cmpgt_epi32(min_normal, a));
     c.zeros += static_cast<unsigned>(
         __builtin_popcount(mask_of(_mm256_cmpeq_epi32(a, _mm256_setzero_si256()))));
     const unsigned nonfinite_m = mask_of(finite) ^ 0xFFu;
@@ -181,7 +185,8 @@ AMPSCOPE_TARGET_AVX2 void rare_chunk(const char* p, std::size_t len, Sums& sums,
       c.nonfinite += static_cast<unsigned>(__builtin_popcount(nonfinite_m));
     }
     max_finite = _mm256_max_epu32(max_finite, _mm256_and_si256(a, finite));
-    normal_min = _mm256_min_epu32(normal_min, _mm256_or_si256(a, _mm256_andnot_si256(normal, splat(0xFFFFFFFFu))));
+    normal_min = _mm256_min_epu32(
+        normal_min, _mm256_or_si256(a, _mm256_andnot_si256(normal, splat(0xFFFFFFFFu))));
     normal_max = _mm256_max_epu32(normal_max, _mm256_and_si256(a, normal));
     add_pair(sums, _mm256_and_ps(_mm256_castsi256_ps(bits), _mm256_castsi256_ps(normal)),
              _mm256_setzero_ps());
@@ -243,10 +248,22 @@ AMPSCOPE_TARGET_AVX2 std::uint64_t histogram_bytes(const std::uint8_t* ebuf, std
   std::uint64_t counts[kMaxCompareBins + 1];
   for (int done = 0; done < nkeys;) {
     switch (nkeys - done) {
-      case 1: count_bytes<1>(ebuf, len, keys + done, counts + done); done += 1; break;
-      case 2: count_bytes<2>(ebuf, len, keys + done, counts + done); done += 2; break;
-      case 3: count_bytes<3>(ebuf, len, keys + done, counts + done); done += 3; break;
-      default: count_bytes<4>(ebuf, len, keys + done, counts + done); done += 4; break;
+      case 1:
+        count_bytes<1>(ebuf, len, keys + done, counts + done);
+        done += 1;
+        break;
+      case 2:
+        count_bytes<2>(ebuf, len, keys + done, counts + done);
+        done += 2;
+        break;
+      case 3:
+        count_bytes<3>(ebuf, len, keys + done, counts + done);
+        done += 3;
+        break;
+      default:
+        count_bytes<4>(ebuf, len, keys + done, counts + done);
+        done += 4;
+        break;
     }
   }
   int i = 0;
@@ -276,8 +293,7 @@ AMPSCOPE_TARGET_AVX2 void count_at_least(const std::uint32_t* abuf, std::size_t 
 // (min_nz, max_all] are answered from the summary; the others are counted over abuf (where
 // non-finite lanes, |x| >= Inf >= every threshold, are counted too and taken off again).
 AMPSCOPE_TARGET_AVX2 void count_targets(const std::uint32_t* abuf, std::size_t len,
-                                        const ChunkSummary& c,
-                                        std::span<const TargetThresholds> th,
+                                        const ChunkSummary& c, std::span<const TargetThresholds> th,
                                         StatsAccumulator& acc) {
   const std::uint64_t nonzero_all = len - c.zeros;
   const std::uint64_t nonzero_finite = nonzero_all - c.nonfinite;
@@ -342,8 +358,8 @@ struct Pass1 {
 // Pass 1 for the vector at element i of the chunk, except the sums: returns its FP32 bits; its
 // exponents (one per 32-bit lane) go to *e for the byte pack.
 template <Format kDtype, bool kScale>
-AMPSCOPE_INLINE_AVX2 __m256i pass1_step(char* p, std::size_t i, __m256 scale,
-                                        std::uint32_t* abuf, Pass1& s, __m256i* e) {
+AMPSCOPE_INLINE_AVX2 __m256i pass1_step(char* p, std::size_t i, __m256 scale, std::uint32_t* abuf,
+                                        Pass1& s, __m256i* e) {
   char* q = p + i * static_cast<std::size_t>(storage_bytes(kDtype));
   __m256i bits;
   if constexpr (kScale) {
@@ -354,7 +370,8 @@ AMPSCOPE_INLINE_AVX2 __m256i pass1_step(char* p, std::size_t i, __m256 scale,
   const __m256i a = _mm256_and_si256(bits, splat(kAbsMask));
   _mm256_store_si256(reinterpret_cast<__m256i*>(abuf + i), a);
   s.max_all = _mm256_max_epu32(s.max_all, a);
-  s.min_nz_minus_one = _mm256_min_epu32(s.min_nz_minus_one, _mm256_add_epi32(a, splat(0xFFFFFFFFu)));
+  s.min_nz_minus_one =
+      _mm256_min_epu32(s.min_nz_minus_one, _mm256_add_epi32(a, splat(0xFFFFFFFFu)));
   *e = _mm256_srli_epi32(a, 23);
   return bits;
 }

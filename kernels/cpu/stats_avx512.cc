@@ -56,8 +56,9 @@ AMPSCOPE_TARGET_AVX512 void fix_up_rare(__m512i bits, __mmask16 nonfinite, __mma
 // (adversarial data) fall back to the scalar tables.
 // Returns the range [lo, hi] of the bytes present other than 0 and 255 (lo > hi: none), which
 // is the biased exponent range of the chunk's finite normal values.
-AMPSCOPE_TARGET_AVX512 void histogram_chunk(std::uint8_t* ebuf, std::size_t nb, ByteHistogram& tables,
-                                            int& range_lo, int& range_hi) {
+AMPSCOPE_TARGET_AVX512 void histogram_chunk(std::uint8_t* ebuf, std::size_t nb,
+                                            ByteHistogram& tables, int& range_lo,
+                                            int& range_hi) {
   constexpr int kMaxCompareBins = 24;
   const std::size_t padded = (nb + 63) & ~std::size_t{63};
   std::memset(ebuf + nb, 0, padded - nb);  // byte 0 (zero/subnormal) is never folded

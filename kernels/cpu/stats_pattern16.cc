@@ -4,9 +4,10 @@
 // sufficient statistic for everything TensorStats holds: zeros, NaN, +-Inf, extrema, the binade
 // histogram and the target counts are sums over pattern ranges, and the sums are
 // sum(count * value), each product exact (a 16-bit value has at most 11 significant bits and a
-// count fewer than 2^32) and added into the exact accumulators. The per-element work is one table increment, which is several times
-// cheaper than classifying, widening and comparing every element; the per-call cost is one walk
-// over the 65,536 counts, so compute_stats uses this kernel only for large tensors.
+// count fewer than 2^32) and added into the exact accumulators. The per-element work is one
+// table increment, which is several times cheaper than classifying, widening and comparing
+// every element; the per-call cost is one walk over the 65,536 counts, so compute_stats uses
+// this kernel only for large tensors.
 //
 // Two tables take alternate elements: runs of one pattern (zeros from a ReLU) would otherwise
 // serialise on store-to-load forwarding. The tables live per thread and are reused.

@@ -200,8 +200,7 @@ TEST(TensorStatsSumsTest, ScaleAndComputeStatsSumsAreExact) {
       Tensor t = make(values, dtype);
       StatsOptions o;
       o.simd = level;
-      const TensorStats s =
-          scale_and_compute_stats(t.bytes.data(), t.n, dtype, 0x1p-3f, {}, o);
+      const TensorStats s = scale_and_compute_stats(t.bytes.data(), t.n, dtype, 0x1p-3f, {}, o);
       std::vector<double> stored;
       for (std::size_t i = 0; i < t.n; ++i) {
         float v;
