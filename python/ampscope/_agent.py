@@ -37,6 +37,67 @@ def _encode(value, what):
     raise TypeError(f"{what} must be a str, int, float or bool, got {type(value).__name__}")
 
 
+class Stats:
+    """A tensor's full statistics (ampscope_tensor_stats) with the arrays it points to: what
+    compute_stats() and scale_and_compute_stats() return and Agent.observe_stats() takes.
+    Fields as attributes (numel, zeros, nan, pos_inf, neg_inf, max_abs, min_abs_nonzero, sum,
+    sum_sq); histogram() -> (min_exponent, [counts]); targets() -> [((format, scale_log2),
+    overflow, underflow, subnormal)]."""
+
+    def __init__(self, targets=()):
+        self._counts = (ctypes.c_uint64 * _capi.HISTOGRAM_BINS)()
+        self._targets = (_capi.TargetCounts * max(1, len(targets)))()
+        for i, (fmt, scale_log2) in enumerate(targets):
+            self._targets[i].target.format = fmt
+            self._targets[i].target.scale_log2 = scale_log2
+        self.c = _capi.new(_capi.TensorStats)
+        self.c.histogram_counts = self._counts
+        self.c.targets = self._targets
+        self.c.num_targets = len(targets)
+
+    def __getattr__(self, name):
+        if name in ("numel", "zeros", "nan", "pos_inf", "neg_inf", "max_abs", "min_abs_nonzero",
+                    "sum", "sum_sq"):
+            return getattr(self.c, name)
+        raise AttributeError(name)
+
+    def nonfinite(self):
+        return self.c.nan + self.c.pos_inf + self.c.neg_inf
+
+    def histogram(self):
+        return self.c.histogram_min_exponent, list(self._counts[:self.c.histogram_bins])
+
+    def targets(self):
+        return [((t.target.format, t.target.scale_log2), t.overflow, t.underflow, t.subnormal)
+                for t in self._targets[:self.c.num_targets]]
+
+
+def _stats_call(fn, *args, targets):
+    out = Stats(targets)
+    reason = ctypes.create_string_buffer(256)
+    status = fn(*args, ctypes.byref(out.c), reason, len(reason))
+    if status != _capi.OK:
+        raise ValueError(reason.value.decode(errors="replace"))
+    return out
+
+
+def compute_stats(data, numel, dtype, targets=()):
+    """The full statistics of numel elements of `dtype` storage (FP32, FP16 or BF16) at the
+    host address `data`, counting `targets` ((format, scale_log2) pairs). ValueError on a bad
+    argument."""
+    lib = _capi.library()
+    return _stats_call(lib.ampscope_compute_stats, data, numel, dtype, targets=targets)
+
+
+def scale_and_compute_stats(data, numel, dtype, factor, targets=()):
+    """Multiplies the elements in place by `factor` (FP32 product rounded to nearest even
+    into dtype) and returns the statistics of the results, in one pass over memory: a
+    gradient's unscale with its statistics. ValueError on a bad argument."""
+    lib = _capi.library()
+    return _stats_call(lib.ampscope_scale_and_compute_stats, data, numel, dtype,
+                       ctypes.c_float(factor), targets=targets)
+
+
 class Agent:
     def __init__(self, *, run_id, server=None, options=None, trainer="", precision="",
                  compute_format=_capi.FORMAT_FP16, scaler_settings=None):
@@ -193,6 +254,45 @@ class Agent:
             v.has_held = 1
             v.held = held
         return self._lib.ampscope_agent_observe(self._handle, ctypes.byref(v))
+
+    def _fill_view(self, name, role, phase, dtype, data, numel, device, stream, scale,
+                   micro_step, order, held):
+        v = self._view()
+        v.name = name
+        v.role = role
+        v.phase = phase
+        v.dtype = dtype
+        v.data = data
+        v.numel = numel
+        v.device = device
+        v.stream = stream
+        v.scale = scale
+        v.micro_step = micro_step
+        v.order = order
+        v.has_held = 0 if held is None else 1
+        v.held = 0 if held is None else held
+        return v
+
+    def stats_target(self, name, role, phase, dtype, numel, *, scale=1.0, held=None):
+        """The (format, scale_log2) target a full measurement of this tensor counts now, or
+        None when observe() would not measure it (fused statistics: ask before computing)."""
+        v = self._fill_view(name, role, phase, dtype, None, numel, _capi.DEVICE_CPU, None, scale,
+                            0, 0, held)
+        t = _capi.Target()
+        if not self._lib.ampscope_agent_stats_target(self._handle, ctypes.byref(v),
+                                                     ctypes.byref(t)):
+            return None
+        return (t.format, t.scale_log2)
+
+    def observe_stats(self, name, role, phase, dtype, numel, stats, *, data=None,
+                      device=_capi.DEVICE_CPU, scale=1.0, micro_step=0, order=0, held=None):
+        """Hands over a tensor's statistics (a Stats, computed with the target stats_target
+        named) instead of its data, recorded as observe() would record the data. Returns the
+        status (INVALID_ARGUMENT for statistics that cannot be the tensor's)."""
+        v = self._fill_view(name, role, phase, dtype, data, numel, device, None, scale,
+                            micro_step, order, held)
+        return self._lib.ampscope_agent_observe_stats(self._handle, ctypes.byref(v),
+                                                      ctypes.byref(stats.c))
 
     def wanted(self, role, phase):
         """What observe() of a tensor of `role` in `phase` would measure now: 0 nothing,

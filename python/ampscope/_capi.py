@@ -1,5 +1,5 @@
 """libampscope_agent.so through ctypes: the C API's structs, functions and constants
-(ampscope/agent/c_api.h, ABI 5), and where the library is found.
+(ampscope/agent/c_api.h, ABI 6), and where the library is found.
 
 The library is looked up, in order: the AMPSCOPE_AGENT_LIBRARY environment variable (a path);
 next to this package (ampscope/_lib/, where `cmake --install` puts it); the system's library
@@ -14,7 +14,7 @@ import os
 
 # The ABI this module declares (AMPSCOPE_AGENT_ABI_VERSION of the header it mirrors). A library
 # with a lower version lacks functions or fields used here and is refused.
-ABI_VERSION = 5
+ABI_VERSION = 6
 
 OK, INVALID_ARGUMENT, UNAVAILABLE, DEADLINE_EXCEEDED, FAILED_PRECONDITION, INTERNAL = range(6)
 
@@ -190,6 +190,42 @@ class LossScaleState(ctypes.Structure):
     ]
 
 
+class Target(ctypes.Structure):
+    _fields_ = [("format", _c_int32), ("scale_log2", _c_int32)]
+
+
+class TargetCounts(ctypes.Structure):
+    _fields_ = [
+        ("target", Target),
+        ("overflow", ctypes.c_uint64),
+        ("underflow", ctypes.c_uint64),
+        ("subnormal", ctypes.c_uint64),
+    ]
+
+
+HISTOGRAM_BINS = 277  # AMPSCOPE_HISTOGRAM_BINS: binades -149 to 127
+
+
+class TensorStats(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("num_targets", ctypes.c_uint32),
+        ("numel", ctypes.c_uint64),
+        ("zeros", ctypes.c_uint64),
+        ("nan", ctypes.c_uint64),
+        ("pos_inf", ctypes.c_uint64),
+        ("neg_inf", ctypes.c_uint64),
+        ("max_abs", _c_double),
+        ("min_abs_nonzero", _c_double),
+        ("sum", _c_double),
+        ("sum_sq", _c_double),
+        ("histogram_min_exponent", _c_int32),
+        ("histogram_bins", ctypes.c_uint32),
+        ("histogram_counts", ctypes.POINTER(ctypes.c_uint64)),
+        ("targets", ctypes.POINTER(TargetCounts)),
+    ]
+
+
 # Every struct of the header, for the layout test (tests/python compares with the C compiler).
 STRUCTS = {
     "ampscope_run_info": RunInfo,
@@ -201,6 +237,9 @@ STRUCTS = {
     "ampscope_agent_counters": Counters,
     "ampscope_loss_scale_rule": LossScaleRule,
     "ampscope_loss_scale_state": LossScaleState,
+    "ampscope_target": Target,
+    "ampscope_target_counts": TargetCounts,
+    "ampscope_tensor_stats": TensorStats,
 }
 
 
@@ -228,6 +267,16 @@ _FUNCTIONS = [
     ("ampscope_agent_begin_step", ctypes.c_int, [_p, _c_int64]),
     ("ampscope_agent_observe", ctypes.c_int, [_p, ctypes.POINTER(TensorView)]),
     ("ampscope_agent_wanted", ctypes.c_int, [_p, _c_int32, _c_int32]),
+    ("ampscope_agent_observe_stats", ctypes.c_int,
+     [_p, ctypes.POINTER(TensorView), ctypes.POINTER(TensorStats)]),
+    ("ampscope_agent_stats_target", ctypes.c_int,
+     [_p, ctypes.POINTER(TensorView), ctypes.POINTER(Target)]),
+    ("ampscope_compute_stats", ctypes.c_int,
+     [_p, ctypes.c_uint64, _c_int32, ctypes.POINTER(TensorStats), ctypes.c_char_p,
+      ctypes.c_size_t]),
+    ("ampscope_scale_and_compute_stats", ctypes.c_int,
+     [_p, ctypes.c_uint64, _c_int32, ctypes.c_float, ctypes.POINTER(TensorStats),
+      ctypes.c_char_p, ctypes.c_size_t]),
     ("ampscope_agent_mark_phase", ctypes.c_int, [_p, _c_int32]),
     ("ampscope_agent_end_step", ctypes.c_int, [_p, ctypes.POINTER(StepInfo)]),
     ("ampscope_agent_flush", ctypes.c_int, [_p, _c_int64]),

@@ -84,6 +84,7 @@ class Monitor:
         self._in_step = False
         self._explicit = False
         self._wanted = False
+        self._unscaled_stats = {}  # id(param) -> Stats from the scaler's fused unscale
         self._step = start_step
         self._micro = 0
         self._order = itertools.count()
@@ -332,7 +333,14 @@ class Monitor:
                             device=device, stream=stream, scale=scale, micro_step=self._micro,
                             order=next(self._order), held=held)
 
-    def _observe_params(self, role, phase, scale, grads=True):
+    def _param_name(self, p):
+        name, held = self._param_names.get(id(p), (None, None))
+        if name is None:
+            name = self._name(f"param{len(self._param_names)}")
+            self._param_names[id(p)] = (name, None)
+        return name, held
+
+    def _observe_params(self, role, phase, scale, grads=True, fused=None):
         if self._optimizer is not None:
             params = (p for g in self._optimizer.param_groups for p in g["params"])
         else:
@@ -341,10 +349,14 @@ class Monitor:
             t = p.grad if grads else p
             if t is None or t.dtype not in _FORMATS:
                 continue
-            name, held = self._param_names.get(id(p), (None, None))
-            if name is None:
-                name = self._name(f"param{len(self._param_names)}")
-                self._param_names[id(p)] = (name, None)
+            name, held = self._param_name(p)
+            stats = fused.get(id(p)) if fused else None
+            if stats is not None:
+                self._agent.observe_stats(name, role, phase, _FORMATS[t.dtype], t.numel(), stats,
+                                          data=t.data_ptr(), scale=scale,
+                                          micro_step=self._micro, order=next(self._order),
+                                          held=held)
+                continue
             self._observe(name, role, phase, t, scale, held=held if grads else None)
 
     # The scaler adapter's hooks (ampscope.torch._scaler).
@@ -363,11 +375,27 @@ class Monitor:
             self._agent.mark_phase(_capi.STEP_PHASE_UNSCALE_CHECK)
             self._observe_params(_capi.ROLE_WEIGHT_GRAD, _capi.PHASE_BACKWARD, scale)
 
+    def unscale_stats_target(self, param):
+        # Fused statistics: a LossScaler asks, before its unscale pass, which CPU gradients to
+        # measure in that pass and against what target (the agent's, for this gradient now).
+        if not (self._in_step and self._wanted):
+            return None
+        grad = param.grad
+        name, held = self._param_name(param)
+        return self._agent.stats_target(name, _capi.ROLE_WEIGHT_GRAD, _capi.PHASE_AFTER_UNSCALE,
+                                        _FORMATS[grad.dtype], grad.numel(), held=held)
+
+    def on_unscaled_stats(self, param, stats):
+        self._unscaled_stats[id(param)] = stats
+
     def after_unscale(self, optimizer):
         # Unscaled weight gradients are measured on full steps only: ask before preparing them.
+        # Those the scaler measured in its unscale pass go with their statistics.
+        fused, self._unscaled_stats = self._unscaled_stats, {}
         if self._in_step and self._wanted and self._agent.wanted(_capi.ROLE_WEIGHT_GRAD,
                                                                  _capi.PHASE_AFTER_UNSCALE):
-            self._observe_params(_capi.ROLE_WEIGHT_GRAD, _capi.PHASE_AFTER_UNSCALE, 1.0)
+            self._observe_params(_capi.ROLE_WEIGHT_GRAD, _capi.PHASE_AFTER_UNSCALE, 1.0,
+                                 fused=fused)
 
     def after_step(self, optimizer, skipped):
         self._last_skipped = bool(skipped)

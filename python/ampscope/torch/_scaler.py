@@ -73,6 +73,12 @@ step twice) propagate as without the adapter, and the refused call calls no hook
                                               were checked since the last update (as the
                                               scaler's own update sees them)
 
+Fused statistics (LossScaler only): with CPU gradients, a hooks object that also defines
+``unscale_stats_target(param)`` (the (format, scale_log2) target its statistics should count,
+or None) gets the full statistics of each such gradient computed in the unscale pass itself
+(ampscope's fused kernel: one read and one write of the gradient, the same values as without
+it) through ``on_unscaled_stats(param, stats)`` (an ampscope.Stats), before after_unscale.
+
 step() without an explicit unscale_() still calls before_unscale/after_unscale (the implicit
 unscale). A disabled scaler calls the hooks at the same points, with scale 1 and found_inf
 False. With a GradScaler, on_update reads found_inf and the new scale from the device in one
@@ -88,7 +94,7 @@ from collections import abc
 
 import torch
 
-from .. import _capi
+from .. import _agent, _capi
 
 __all__ = ["LossScaler", "ScalerAdapter", "adapt_scaler"]
 
@@ -196,15 +202,17 @@ def _kind_id(kind):
 # Hooks.
 
 def _call_hook(hooks, name, *args):
-    """hooks.<name>(*args) when it exists; an exception goes to hooks.on_error, never up."""
+    """hooks.<name>(*args) when it exists, returning what it returned; an exception goes to
+    hooks.on_error, never up (and the call returns None)."""
     if hooks is None:
-        return
+        return None
     try:
         fn = getattr(hooks, name, None)
         if fn is not None:
-            fn(*args)
+            return fn(*args)
     except Exception as exc:  # noqa: BLE001 - a hook must not break the training loop
         _report_error(hooks, name, exc)
+    return None
 
 
 def _report_error(hooks, where, exc):
@@ -247,6 +255,36 @@ def _unscale_generic(grads, found_inf, inv_scale):
             g.mul_(inv)
         else:
             g.copy_(g.float().mul_(inv))
+
+
+_STATS_FORMATS = {torch.float32: _capi.FORMAT_FP32, torch.float16: _capi.FORMAT_FP16,
+                  torch.bfloat16: _capi.FORMAT_BF16}
+
+
+def _measurable(grad):
+    """Whether the fused kernel can unscale and measure `grad` in place: a dense, contiguous
+    CPU tensor of FP32, FP16 or BF16."""
+    return (grad.device.type == "cpu" and not grad.is_sparse and grad.dtype in _STATS_FORMATS
+            and grad.is_contiguous())
+
+
+def _unscale_measured(measured, inv, hooks):
+    """Unscales each (param, grad, target) through ampscope_scale_and_compute_stats (one pass:
+    the unscale of _unscale_generic, bit for bit, and the statistics of its results), hands each
+    result to hooks.on_unscaled_stats(param, stats), and returns the found_inf flag of the
+    gradients (a CPU float32 tensor of shape (1,)). With inv in [0, 1] no finite value becomes
+    non-finite and every non-finite one stays so: the statistics are the check. Otherwise the
+    check reads the scaled values first, as _unscale_generic does."""
+    found = False
+    for param, grad, target in measured:
+        if not 0.0 <= inv <= 1.0:
+            found = found or not bool(torch.isfinite(grad).all())
+        stats = _agent.scale_and_compute_stats(grad.data_ptr(), grad.numel(),
+                                               _STATS_FORMATS[grad.dtype], inv, [target])
+        if 0.0 <= inv <= 1.0:
+            found = found or stats.nonfinite() > 0
+        _call_hook(hooks, "on_unscaled_stats", param, stats)
+    return torch.full((1,), 1.0 if found else 0.0, dtype=torch.float32)
 
 
 class LossScaler:
@@ -368,12 +406,21 @@ class LossScaler:
     def _unscale_grads(self, optimizer):
         inv = _f32(1.0 / float(self._state.scale))
         per_device = {}
+        # Fused statistics: CPU gradients whose statistics the hooks want are unscaled and
+        # measured in one pass (hooks.unscale_stats_target(param) -> the target, or None).
+        wants_stats = getattr(self._hooks, "unscale_stats_target", None) is not None
+        measured = []
         with torch.no_grad():
             for group in optimizer.param_groups:
                 for param in group["params"]:
                     grad = param.grad
                     if grad is None:
                         continue
+                    if wants_stats and _measurable(grad):
+                        target = _call_hook(self._hooks, "unscale_stats_target", param)
+                        if target is not None:
+                            measured.append((param, grad, target))
+                            continue
                     if grad.is_sparse:
                         # Duplicate indices add up when coalesced: check what they add up to.
                         if grad.dtype is torch.float16:
@@ -390,6 +437,8 @@ class LossScaler:
                     else:
                         _unscale_generic(grads, found_inf, inv_scale)
                 found.append(found_inf)
+            if measured:
+                found.append(_unscale_measured(measured, inv, self._hooks))
         return found
 
     def unscale_(self, optimizer):
