@@ -249,7 +249,11 @@ Status Recorder::observe_stats(const TensorView& t, const TensorStats& stats) {
 std::optional<TargetSpec> Recorder::stats_target(const TensorView& t) {
   Call call(*this, true);
   if (call.reentered() || closed_ || !in_step_ || !observing_) return std::nullopt;
-  if (sampler_.level(t.role, t.phase) == Level::kSkip) return std::nullopt;
+  // The flight recorder keeps statistics handed over at any level (the unscaled gradients of a
+  // fused unscale, free every step): it wants them whatever the sampling says.
+  if (sampler_.level(t.role, t.phase) == Level::kSkip && config_.flight_recorder_steps == 0) {
+    return std::nullopt;
+  }
   return target_for(run_.compute_format, t.role, sample_scale(t), scale_with(t, step_scale_));
 }
 

@@ -1,7 +1,8 @@
 // The flight recorder end to end: ampscope-train with a NaN injected into an activation at step
 // 60 streams to ampscope-server, and `ampscope show RUN --step 60` shows, for the tensors that
-// went non-finite there, their binade histograms over the steps before it. Real processes on
-// loopback.
+// went non-finite there, their binade histograms over the steps before it. With the default
+// options: the trainer's fused unscale hands the unscaled weight gradients' statistics over on
+// every step, which the recorder keeps. Real processes on loopback.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -25,8 +26,7 @@ TEST(FlightRecorderLoopTest, ShowStepSixtyHasTheHistoryBeforeTheInjectedNaN) {
   TempDir dir;
   ServerProcess server(trainer_server(dir.path(), {"--sync", "normal"}));
   TrainerRun run{dir.path(), "flight-loop", server.address(), 64,
-                 {"--inject-nan", "h0.mlp.fc@60", "--agent", "flight_recorder_steps=8",
-                  "--agent", "flight_recorder_roles=weight_grad"}};
+                 {"--inject-nan", "h0.mlp.fc@60", "--agent", "flight_recorder_steps=8"}};
   ChildProcess trainer(run.argv(), dir / "train.log");
   ASSERT_EQ(trainer.wait(120s), 0) << trainer.log();
 
@@ -42,12 +42,12 @@ TEST(FlightRecorderLoopTest, ShowStepSixtyHasTheHistoryBeforeTheInjectedNaN) {
   ASSERT_EQ(parsed.at("reports").size(), 1u);
   EXPECT_EQ(parsed["reports"][0].at("flight_event"), "non-finite");
   EXPECT_EQ(parsed["reports"][0].at("found_inf"), true);
-  // Every weight gradient went non-finite at 60, and each has the 8 steps before it, measured
-  // in full for the recorder while the reports carried counts; those come first.
+  // Every weight gradient went non-finite at 60, and each unscaled one has the 8 steps before
+  // it, handed over by the fused unscale while the reports carried nothing of it; those come
+  // first.
   int weight_grads = 0;
   for (const json& t : parsed.at("tensors")) {
-    // The weight gradients after unscaling repeat the backward-phase ones and are not recorded.
-    if (t.at("role") != "weight_grad" || t.at("phase") != "backward") continue;
+    if (t.at("role") != "weight_grad" || t.at("phase") != "after_unscale") continue;
     ++weight_grads;
     EXPECT_NE(t.at("why").get<std::string>().find("nan"), std::string::npos) << t.dump();
     const json& history = t.at("history");

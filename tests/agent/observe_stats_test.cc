@@ -238,6 +238,7 @@ TEST(ObserveStatsTest, StatisticsWithoutTheTargetAreMeasuredOrReportedWithoutIt)
 TEST(ObserveStatsTest, StatisticsOutsideAStepAreDropped) {
   TempDir dir;
   AgentConfig c = base_config(dir, "unwanted");  // counts only: weights are not measured
+  c.flight_recorder_steps = 0;  // (the flight recorder would keep handed-over statistics)
   {
     auto agent = make_agent(c);
     const std::vector<float> x(8, 1.0f);
