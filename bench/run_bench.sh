@@ -55,6 +55,7 @@ print(d["stats_buffer_bytes"], d["stats_threads"])' "$fragments/stats.json")
 echo "pytorch peer: $buffer_bytes bytes per tensor, $threads threads"
 if ! "$python" "$here/peers/torch_stats.py" \
     --buffer-bytes "$buffer_bytes" --threads "$threads" \
+    --targets "${AMPSCOPE_BENCH_TARGETS:-fp16@0,e4m3@0}" \
     --dtypes "${AMPSCOPE_BENCH_TORCH_DTYPES:-fp32,fp16,bf16}" \
     --reps "${AMPSCOPE_BENCH_TORCH_REPS:-3}" \
     --budget-s "${AMPSCOPE_BENCH_TORCH_BUDGET_S:-20}" \

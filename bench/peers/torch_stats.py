@@ -1,12 +1,14 @@
 """PyTorch peer of the statistics benchmark (bench/stats_bench.cc).
 
 Computes what ampscope::compute_stats computes -- NaN/+Inf/-Inf/zero counts, max |x| and min
-nonzero |x| over finite values, FP64 sum and sum of squares, and the binade histogram
-bincount(floor(log2|x|)) -- the way a PyTorch user would write it, on the CPU, on a tensor of
-the same size and dtype holding the same kind of data (N(0, 1e-3) with the specials of
-bench/gradient_data.h at the same positions; the normals come from torch's generator, so
-only the special counts match the C++ run exactly). It does not compute the per-target
-overflow/underflow counts, so compute_stats does more work than this peer.
+nonzero |x| over finite values, FP64 sum and sum of squares, the binade histogram
+bincount(floor(log2|x|)) and, for each `--targets` entry FORMAT@K, the counts of finite values
+whose x * 2^K overflows, underflows or is subnormal in FORMAT (compares of |x| in FP64 against
+the format's rounding thresholds) -- the way a PyTorch user would write it, on the CPU, on a
+tensor of the same size and dtype holding the same kind of data (N(0, 1e-3) with the specials
+of bench/gradient_data.h at the same positions; the normals come from torch's generator, so
+only the special counts match the C++ run exactly). Its sums are plain FP64 sums, not the
+exactly rounded ones compute_stats returns, so compute_stats still does a little more.
 
 Timing: one warm-up call on a 1 Mi-element tensor of the same dtype (starts the thread pool and
 the kernels; every full-size call allocates and page-faults its temporaries afresh anyway),
@@ -38,7 +40,38 @@ def make_gradients(torch, numel, dtype, stddev=1e-3, seed=42):
     return x.to(dtype)
 
 
-def tensor_stats(torch, x):
+# Rounding thresholds of x * 2^k in each target format (docs/numerics.md): overflow from
+# `overflow` on (inclusive unless the format rounds its tie to max finite, as E4M3 does),
+# underflow up to half the smallest subnormal, subnormal below min normal minus that half.
+FORMATS = {
+    "fp32": ((2 - 2 ** -24) * 2.0 ** 127, True, 2.0 ** -149, 2.0 ** -126),
+    "fp16": (65520.0, True, 2.0 ** -24, 2.0 ** -14),
+    "bf16": ((2 - 2 ** -8) * 2.0 ** 127, True, 2.0 ** -133, 2.0 ** -126),
+    "e4m3": (464.0, False, 2.0 ** -9, 2.0 ** -6),
+    "e5m2": (61440.0, True, 2.0 ** -16, 2.0 ** -14),
+}
+
+
+def parse_targets(text):
+    targets = []
+    for item in filter(None, text.split(",")):
+        name, _, scale = item.partition("@")
+        targets.append((name, int(scale or 0)))
+    return targets
+
+
+def target_counts(torch, magnitude_wide, name, scale_log2):
+    overflow_at, inclusive, min_subnormal, min_normal = FORMATS[name]
+    y = magnitude_wide * (2.0 ** scale_log2)
+    overflow = (y >= overflow_at) if inclusive else (y > overflow_at)
+    nonzero = y != 0
+    underflow = nonzero & (y <= min_subnormal / 2)
+    subnormal = (y > min_subnormal / 2) & (y < min_normal - min_subnormal / 2)
+    return {"overflow": overflow.sum().item(), "underflow": underflow.sum().item(),
+            "subnormal": subnormal.sum().item()}
+
+
+def tensor_stats(torch, x, targets=()):
     nan = torch.isnan(x).sum().item()
     pos_inf = torch.isposinf(x).sum().item()
     neg_inf = torch.isneginf(x).sum().item()
@@ -60,6 +93,8 @@ def tensor_stats(torch, x):
         "sum": wide.sum().item(),
         "sum_sq": wide.square().sum().item(),
         "histogram_total": histogram.sum().item(),
+        "targets": {f"{name}@{k}": target_counts(torch, wide.abs(), name, k)
+                    for name, k in targets},
     }
 
 
@@ -77,6 +112,8 @@ def main():
     parser.add_argument("--buffer-bytes", type=int, required=True, help="bytes per tensor")
     parser.add_argument("--threads", type=int, required=True, help="torch.set_num_threads")
     parser.add_argument("--dtypes", default="fp32,fp16,bf16")
+    parser.add_argument("--targets", default="fp16@0,e4m3@0",
+                        help="what-if targets FORMAT@K, as given to ampscope_stats_bench")
     parser.add_argument("--reps", type=int, default=3, help="most timed calls per dtype")
     parser.add_argument("--budget-s", type=float, default=20.0,
                         help="no further timed call of a dtype once this many seconds are spent")
@@ -91,7 +128,9 @@ def main():
         print(f"torch_stats.py: {fragment['torch_error']}", file=sys.stderr)
     else:
         torch.set_num_threads(args.threads)
+        targets = parse_targets(args.targets)
         fragment.update(torch_version=torch.__version__, torch_threads=torch.get_num_threads(),
+                        torch_targets=args.targets,
                         torch_timing=f"median of up to {args.reps} calls within "
                                      f"{args.budget_s:g} s, after a warm-up on a small tensor")
         dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -99,10 +138,10 @@ def main():
             dtype = dtypes[name]
             try:
                 numel = args.buffer_bytes // element_size(torch, dtype)
-                tensor_stats(torch, make_gradients(torch, min(numel, 1 << 20), dtype))
+                tensor_stats(torch, make_gradients(torch, min(numel, 1 << 20), dtype), targets)
                 x = make_gradients(torch, numel, dtype)
                 check = {}
-                seconds = time_calls(lambda: check.update(tensor_stats(torch, x)),
+                seconds = time_calls(lambda: check.update(tensor_stats(torch, x, targets)),
                                      args.reps, args.budget_s)
                 median = statistics.median(seconds)
                 del x
