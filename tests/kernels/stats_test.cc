@@ -401,6 +401,33 @@ TEST(ScaleAndComputeStatsTest, EqualsScaleThenComputeStats) {
   }
 }
 
+TEST(ScaleAndComputeStatsTest, IeeeResultsUnderFlushToZero) {
+  // The host may have set FTZ/DAZ; products that are FP32 subnormals must still be stored and
+  // counted as IEEE arithmetic gives them.
+  std::vector<float> values;
+  for (int e = -149; e <= -100; ++e) values.push_back(std::ldexp(1.5f, e + 20));
+  values.push_back(1.0f);
+  values.push_back(-3.0f);
+  const float factor = 0x1p-20f;
+  std::vector<float> want = values;
+  for (float& x : want) x *= factor;  // default MXCSR here
+  const TensorStats want_stats = compute_stats_reference(want.data(), want.size(), Format::kFP32,
+                                                         kTargets);
+  const unsigned saved = _mm_getcsr();
+  for (SimdLevel level : supported_levels()) {
+    SCOPED_TRACE(std::string(simd_level_name(level)));
+    std::vector<float> got = values;
+    StatsOptions o;
+    o.simd = level;
+    _mm_setcsr(saved | 0x8040);  // FTZ | DAZ
+    const TensorStats s =
+        scale_and_compute_stats(got.data(), got.size(), Format::kFP32, factor, kTargets, o);
+    _mm_setcsr(saved);
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)));
+    expect_same_stats(s, want_stats);
+  }
+}
+
 TEST(TargetSpecTest, Parses) {
   std::string err;
   EXPECT_EQ(parse_target("fp16@16", &err), (TargetSpec{Format::kFP16, 16}));
