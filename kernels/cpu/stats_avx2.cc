@@ -200,27 +200,38 @@ AMPSCOPE_TARGET_AVX2 void rare_chunk(const char* p, std::size_t len, Sums& sums,
   }
 }
 
-// count[k] = #{j < len : ebuf[j] == key[k]} for K keys, one pass over the exponent bytes (32
-// per compare). A byte lane sees at most len / 32 <= 16 hits, so byte counters cannot wrap.
-template <int K>
-AMPSCOPE_TARGET_AVX2 void count_bytes(const std::uint8_t* ebuf, std::size_t len, const int* key,
-                                      std::uint64_t* count) {
+// count[k] = #{j < len : ebuf[j] == key[k]} for four keys, one pass over the exponent bytes
+// (32 per compare; four named counters so that they stay in registers). A byte lane sees at most
+// len / 32 <= 16 hits, so byte counters cannot wrap.
+AMPSCOPE_TARGET_AVX2 void count_bytes4(const std::uint8_t* ebuf, std::size_t len, const int* key,
+                                       std::uint64_t* count) {
   const __m256i zero = _mm256_setzero_si256();
-  __m256i k[K], n[K];
-  for (int i = 0; i < K; ++i) {
-    k[i] = _mm256_set1_epi8(static_cast<char>(key[i]));
-    n[i] = zero;
-  }
+  const __m256i k0 = _mm256_set1_epi8(static_cast<char>(key[0]));
+  const __m256i k1 = _mm256_set1_epi8(static_cast<char>(key[1]));
+  const __m256i k2 = _mm256_set1_epi8(static_cast<char>(key[2]));
+  const __m256i k3 = _mm256_set1_epi8(static_cast<char>(key[3]));
+  __m256i n0 = zero, n1 = zero, n2 = zero, n3 = zero;
   for (std::size_t j = 0; j < len; j += kGroup) {
     const __m256i b = _mm256_load_si256(reinterpret_cast<const __m256i*>(ebuf + j));
-    for (int i = 0; i < K; ++i) n[i] = _mm256_sub_epi8(n[i], _mm256_cmpeq_epi8(b, k[i]));
+    n0 = _mm256_sub_epi8(n0, _mm256_cmpeq_epi8(b, k0));
+    n1 = _mm256_sub_epi8(n1, _mm256_cmpeq_epi8(b, k1));
+    n2 = _mm256_sub_epi8(n2, _mm256_cmpeq_epi8(b, k2));
+    n3 = _mm256_sub_epi8(n3, _mm256_cmpeq_epi8(b, k3));
   }
-  for (int i = 0; i < K; ++i) {
-    // sad against zero: four 64-bit sums of eight byte counters each.
-    alignas(32) std::uint64_t l[4];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(l), _mm256_sad_epu8(n[i], zero));
-    count[i] = l[0] + l[1] + l[2] + l[3];
-  }
+  // sad against zero: four 64-bit sums of eight byte counters each; then the 64-bit lanes.
+  const __m256i s01 =
+      _mm256_add_epi64(_mm256_unpacklo_epi64(_mm256_sad_epu8(n0, zero), _mm256_sad_epu8(n1, zero)),
+                       _mm256_unpackhi_epi64(_mm256_sad_epu8(n0, zero), _mm256_sad_epu8(n1, zero)));
+  const __m256i s23 =
+      _mm256_add_epi64(_mm256_unpacklo_epi64(_mm256_sad_epu8(n2, zero), _mm256_sad_epu8(n3, zero)),
+                       _mm256_unpackhi_epi64(_mm256_sad_epu8(n2, zero), _mm256_sad_epu8(n3, zero)));
+  alignas(32) std::uint64_t l01[4], l23[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(l01), s01);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(l23), s23);
+  count[0] = l01[0] + l01[2];
+  count[1] = l01[1] + l01[3];
+  count[2] = l23[0] + l23[2];
+  count[3] = l23[1] + l23[3];
 }
 
 // The histogram of one chunk's exponent bytes for bins lo..hi (in 1..254), and, when
@@ -246,25 +257,13 @@ AMPSCOPE_TARGET_AVX2 std::uint64_t histogram_bytes(const std::uint8_t* ebuf, std
   if (count_zero_byte) keys[nkeys++] = 0;
   for (int b = lo; b <= hi; ++b) keys[nkeys++] = b;
   std::uint64_t counts[kMaxCompareBins + 1];
-  for (int done = 0; done < nkeys;) {
-    switch (nkeys - done) {
-      case 1:
-        count_bytes<1>(ebuf, len, keys + done, counts + done);
-        done += 1;
-        break;
-      case 2:
-        count_bytes<2>(ebuf, len, keys + done, counts + done);
-        done += 2;
-        break;
-      case 3:
-        count_bytes<3>(ebuf, len, keys + done, counts + done);
-        done += 3;
-        break;
-      default:
-        count_bytes<4>(ebuf, len, keys + done, counts + done);
-        done += 4;
-        break;
-    }
+  // Groups of four keys; the last group repeats its last key (counted twice, used once).
+  for (int done = 0; done < nkeys; done += 4) {
+    int group[4];
+    for (int k = 0; k < 4; ++k) group[k] = keys[done + k < nkeys ? done + k : nkeys - 1];
+    std::uint64_t got[4];
+    count_bytes4(ebuf, len, group, got);
+    for (int k = 0; k < 4 && done + k < nkeys; ++k) counts[done + k] = got[k];
   }
   int i = 0;
   std::uint64_t zero_bytes = 0;
@@ -273,20 +272,24 @@ AMPSCOPE_TARGET_AVX2 std::uint64_t histogram_bytes(const std::uint8_t* ebuf, std
   return zero_bytes;
 }
 
-// count[k] = #{i < len : abuf[i] >= t[k]} for K thresholds (t[k] >= 1), one pass over abuf.
-template <int K>
-AMPSCOPE_TARGET_AVX2 void count_at_least(const std::uint32_t* abuf, std::size_t len,
-                                         const std::uint32_t* t, std::uint64_t* count) {
-  __m256i below[K], n[K];
-  for (int k = 0; k < K; ++k) {
-    below[k] = splat(t[k] - 1);
-    n[k] = _mm256_setzero_si256();
-  }
+// count[k] = #{i < len : abuf[i] >= t[k]} for four thresholds (t[k] >= 1), one pass over abuf
+// (four named counters so that they stay in registers).
+AMPSCOPE_TARGET_AVX2 void count_at_least4(const std::uint32_t* abuf, std::size_t len,
+                                          const std::uint32_t* t, std::uint64_t* count) {
+  const __m256i b0 = splat(t[0] - 1), b1 = splat(t[1] - 1), b2 = splat(t[2] - 1),
+                b3 = splat(t[3] - 1);
+  __m256i n0 = _mm256_setzero_si256(), n1 = n0, n2 = n0, n3 = n0;
   for (std::size_t i = 0; i < len; i += kLanes) {
     const __m256i a = _mm256_load_si256(reinterpret_cast<const __m256i*>(abuf + i));
-    for (int k = 0; k < K; ++k) n[k] = _mm256_sub_epi32(n[k], _mm256_cmpgt_epi32(a, below[k]));
+    n0 = _mm256_sub_epi32(n0, _mm256_cmpgt_epi32(a, b0));
+    n1 = _mm256_sub_epi32(n1, _mm256_cmpgt_epi32(a, b1));
+    n2 = _mm256_sub_epi32(n2, _mm256_cmpgt_epi32(a, b2));
+    n3 = _mm256_sub_epi32(n3, _mm256_cmpgt_epi32(a, b3));
   }
-  for (int k = 0; k < K; ++k) count[k] = hsum_u32(n[k]);
+  count[0] = hsum_u32(n0);
+  count[1] = hsum_u32(n1);
+  count[2] = hsum_u32(n2);
+  count[3] = hsum_u32(n3);
 }
 
 // The target counts of one chunk from G(T) = #{finite nonzero |x| >= T}. Thresholds outside
@@ -314,21 +317,13 @@ AMPSCOPE_TARGET_AVX2 void count_targets(const std::uint32_t* abuf, std::size_t l
       if (in_range(t) && needed < kMaxThresholds) need[needed++] = t;
     }
   }
-  for (std::size_t done = 0; done < needed;) {
-    const std::size_t left = needed - done;
-    if (left >= 4) {
-      count_at_least<4>(abuf, len, need + done, got + done);
-      done += 4;
-    } else if (left == 3) {
-      count_at_least<3>(abuf, len, need + done, got + done);
-      done += 3;
-    } else if (left == 2) {
-      count_at_least<2>(abuf, len, need + done, got + done);
-      done += 2;
-    } else {
-      count_at_least<1>(abuf, len, need + done, got + done);
-      done += 1;
-    }
+  // Groups of four; the last group repeats its last threshold (counted twice, used once).
+  for (std::size_t done = 0; done < needed; done += 4) {
+    std::uint32_t group[4];
+    for (std::size_t k = 0; k < 4; ++k) group[k] = need[done + k < needed ? done + k : needed - 1];
+    std::uint64_t counts[4];
+    count_at_least4(abuf, len, group, counts);
+    for (std::size_t k = 0; k < 4 && done + k < needed; ++k) got[done + k] = counts[k];
   }
   auto g = [&](std::uint32_t t) -> std::uint64_t {
     if (nonzero_all == 0 || t > c.max_all) return 0;
