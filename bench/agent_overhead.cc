@@ -23,7 +23,9 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <string_view>
+#include <vector>
 
 #include "agent_adapter.h"
 #include "ampscope/agent/agent.h"
@@ -44,6 +46,13 @@ class Switch final : public TensorObserver, public StepListener {
   }
   void on_tensor(const TensorView& t) override {
     if (active != nullptr) active->on_tensor(t);
+  }
+  // Fused statistics: the unscale pass measures the gradients the agent wants.
+  std::optional<std::vector<TargetSpec>> stats_targets(const TensorView& meta) override {
+    return active != nullptr ? active->stats_targets(meta) : std::nullopt;
+  }
+  void on_tensor_stats(const TensorView& t, const TensorStats& stats) override {
+    if (active != nullptr) active->on_tensor_stats(t, stats);
   }
   void on_step(const StepEvent& e) override {
     if (active != nullptr) active->on_step(e);
