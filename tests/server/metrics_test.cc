@@ -246,5 +246,36 @@ TEST(ServerMetricsTest, PerRunSeriesStayBoundedToTheMostRecentlyActiveRuns) {
             1);
 }
 
+// A report's flight recorder history (StepReport.history: full statistics of earlier steps) is
+// stored, never counted: tensor samples and non-finite values count the report's own tensors.
+TEST(ServerMetricsTest, HistoryFeedsNoMetric) {
+  TempDir dir;
+  ServerProcess server(dir.path(), dir / "store.db");
+  AgentStream agent(make_channel(server.address()));
+  ASSERT_TRUE(agent.send_hello(make_hello("run-hist")));
+  v1::StepReport r = make_report("run-hist", 0, 1, 9, 0, kScale);
+  const v1::TensorStats offender = crafted_tensor(
+      "h0.attn.out.grad", v1::TENSOR_ROLE_ACTIVATION_GRAD, -20, {10, 20, 30}, kScale, /*nan=*/2);
+  *r.add_tensors() = offender;
+  r.set_found_inf(true);
+  r.set_skipped(true);
+  r.set_flight_event(v1::FLIGHT_EVENT_NONFINITE);
+  for (std::int64_t step : {6, 7, 8}) {
+    v1::HistoryStep* h = r.add_history();
+    h->set_step(step);
+    h->set_loss_scale(kScale);
+    *h->add_tensors() = offender;  // non-finite values too: history must not count them
+    *h->add_tensors() = crafted_tensor("w0", v1::TENSOR_ROLE_WEIGHT_GRAD, -5, {100}, kScale);
+  }
+  ASSERT_TRUE(agent.send(r));
+  ASSERT_TRUE(agent.wait_ack(1).has_value());
+  EXPECT_TRUE(agent.finish().ok());
+  const std::vector<Sample> m = parse_samples(scrape(server.metrics_address()));
+  EXPECT_EQ(sample_value(m, "ampscope_tensor_stats_total", {{"run", "run-hist"}}), 1);
+  EXPECT_EQ(sample_value(m, "ampscope_nonfinite_values_total",
+                         {{"run", "run-hist"}, {"role", "activation_grad"}, {"kind", "nan"}}),
+            2);
+}
+
 }  // namespace
 }  // namespace ampscope::testing
