@@ -360,6 +360,11 @@ std::string validate(const AgentConfig& c) {
   if (c.sampling.full_every < 0 || c.sampling.cupti_every < 0) {
     return "sample_full_every and cupti_every must be >= 0";
   }
+  if (c.flight_recorder_steps > static_cast<std::size_t>(kMaxFlightRecorderSteps) ||
+      c.flight_recorder_bytes > static_cast<std::uint64_t>(kMaxFlightRecorderBytes)) {
+    // Beyond them an event's report could exceed the server's limits and be rejected whole.
+    return "flight_recorder_steps and flight_recorder_bytes: at most 1024 steps and 8M";
+  }
   return {};
 }
 

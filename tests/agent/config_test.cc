@@ -119,6 +119,26 @@ TEST(AgentConfigTest, ValidateNamesTheField) {
   c.rank = 0;
   c.server = "nohostport";
   EXPECT_NE(validate(c).find("server"), std::string::npos);
+  c.server.clear();
+  c.flight_recorder_bytes = std::uint64_t{9} << 20;  // set in code, past what set_option takes
+  EXPECT_NE(validate(c).find("flight_recorder_bytes"), std::string::npos);
+}
+
+TEST(AgentConfigTest, FlightRecorderOptionsAndBounds) {
+  AgentConfig c;
+  EXPECT_EQ(c.flight_recorder_steps, 16u);
+  EXPECT_EQ(c.flight_recorder_bytes, std::uint64_t{4} << 20);
+  EXPECT_TRUE(c.flight_recorder_roles.empty());
+  EXPECT_EQ(set_option(c, "flight_recorder_steps", "64"), "");
+  EXPECT_EQ(set_option(c, "flight-recorder-bytes", "2M"), "");
+  EXPECT_EQ(set_option(c, "flight_recorder_roles", "weight_grad,activation"), "");
+  EXPECT_EQ(c.flight_recorder_steps, 64u);
+  EXPECT_EQ(c.flight_recorder_bytes, std::uint64_t{2} << 20);
+  EXPECT_EQ(c.flight_recorder_roles,
+            (std::vector<TensorRole>{TensorRole::kWeightGrad, TensorRole::kActivation}));
+  EXPECT_NE(set_option(c, "flight_recorder_steps", "1025"), "");
+  EXPECT_NE(set_option(c, "flight_recorder_bytes", "9M"), "");
+  EXPECT_EQ(c.flight_recorder_steps, 64u);  // unchanged on failure
 }
 
 // Token and certificate files: read whole (up to 1 MiB), PEM checked, TLS turned on; a path
