@@ -253,7 +253,9 @@ TEST(ObserveStatsTest, StatisticsOutsideAStepAreDropped) {
     EXPECT_FALSE(agent->stats_target(v).has_value());  // nothing measures weights
     agent->end_step(StepInfo{});
     EXPECT_TRUE(agent->observe_stats(v, s).ok());  // between steps
-    agent->end_step(StepInfo{.step = 1});
+    StepInfo second;
+    second.step = 1;
+    agent->end_step(second);
   }
   const auto r = testing::read_spool(dir / "spool", "unwanted");
   ASSERT_EQ(r.size(), 2u);

@@ -24,6 +24,7 @@
 
 #include "ampscope/check.h"
 #include "ampscope/cuda/device.h"
+#include "ampscope/tensor_stats.h"
 #include "ampscope/trainer/backend.h"
 #include "backend_test_util.h"
 
@@ -428,6 +429,43 @@ TEST_P(CudaBackendTest, OptimizerStepMatchesCpu) {
   gpu_->unscale_and_check(grads.gpu(), inv, found.gpu());
   EXPECT_EQ(download(found).values()[0], 1.0f);
   EXPECT_TRUE(same_bits(found.host, download(found)));
+}
+
+// Fused statistics through the back ends: the same unscaled values and found_inf, and the
+// requested parts' statistics equal (counts, histogram, targets, extrema, sum; sum_sq within a
+// few ulps), with a gap between the parts and two target lists (two launches on the device).
+TEST_P(CudaBackendTest, FusedUnscaleMatchesCpu) {
+  const std::int64_t n = s().B * s().T * s().C + s().V;
+  const Format f = p().out;
+  std::vector<float> g = random_values(static_cast<std::size_t>(n), 44, 4096.0f);
+  g[3] = NAN;
+  Twin grads = twin(Bits::from(g, f), {n});
+  Twin found = zeros(Format::kFP32, {1});
+  const std::vector<TargetSpec> a = {{Format::kFP16, 12}}, b = {{Format::kE4M3, 0}};
+  std::vector<TensorStats> cpu_stats(3), gpu_stats(3);
+  auto requests = [&](std::vector<TensorStats>& out) {
+    return std::vector<Backend::StatsRequest>{{0, n / 3, a, &out[0]},
+                                              {n / 3 + 5, n / 3, b, &out[1]},
+                                              {2 * (n / 3) + 5, n - 2 * (n / 3) - 5, a, &out[2]}};
+  };
+  const float inv = static_cast<float>(1.0 / 4096.0);
+  cpu_->unscale_check_and_measure(grads.cpu(), inv, found.cpu(), requests(cpu_stats));
+  gpu_->unscale_check_and_measure(grads.gpu(), inv, found.gpu(), requests(gpu_stats));
+  EXPECT_TRUE(same_bits(grads.host, download(grads)));
+  EXPECT_TRUE(same_bits(found.host, download(found)));
+  EXPECT_EQ(download(found).values()[0], 1.0f);
+  for (std::size_t i = 0; i < cpu_stats.size(); ++i) {
+    const TensorStats &c = cpu_stats[i], &d = gpu_stats[i];
+    EXPECT_EQ(d.numel, c.numel) << i;
+    EXPECT_EQ(d.zeros, c.zeros) << i;
+    EXPECT_EQ(d.nan, c.nan) << i;
+    EXPECT_EQ(d.max_abs, c.max_abs) << i;
+    EXPECT_EQ(d.min_abs_nonzero, c.min_abs_nonzero) << i;
+    EXPECT_EQ(d.histogram, c.histogram) << i;
+    EXPECT_EQ(d.targets, c.targets) << i;
+    EXPECT_EQ(d.sum, c.sum) << i;
+    EXPECT_NEAR(d.sum_sq, c.sum_sq, 16 * 0x1p-53 * c.sum_sq) << i;
+  }
 }
 
 // The scale update the trainer runs on the back end: the device follows the CPU back end (the

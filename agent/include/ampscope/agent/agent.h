@@ -26,7 +26,8 @@
 // exception is asked for: with policy_lockstep on, begin_step waits, bounded by
 // policy_lockstep_timeout, for the server's acknowledgement of the reports before it (config.h).
 //
-// Threads. The step calls (begin_step, observe, mark_phase, end_step) and attach_* may come
+// Threads. The step calls (begin_step, observe, observe_stats, stats_target, mark_phase,
+// end_step, wanted) and attach_* may come
 // from any thread: the agent serialises them, one at a time, under its own step lock held for
 // the whole call. So a training thread and PyTorch's autograd threads (whose hooks call
 // observe, even concurrently with each other) need no lock of their own; the calls of a step
