@@ -110,7 +110,7 @@ TEST_P(BackendPrecisionTest, UnscaleFindsInfAndNaN) {
 // the unscaled part. Parts leave gaps (unscaled by the plain pass) and hold the values that
 // matter: NaN, Inf, zeros, subnormals, the largest finite.
 void check_fused_unscale(Backend& be, Format f, float inv_scale, bool poison) {
-  const std::int64_t n = 40000;
+  const std::int64_t n = 40000 + (std::int64_t{1} << 20);  // a part large enough to spread
   std::vector<float> g(n);
   for (std::int64_t i = 0; i < n; ++i) {
     g[i] = std::ldexp(1.0f + static_cast<float>(i % 97) / 97.0f, static_cast<int>(i % 41) - 30) *
@@ -121,7 +121,7 @@ void check_fused_unscale(Backend& be, Format f, float inv_scale, bool poison) {
   g[7] = static_cast<float>(format_info(f).min_subnormal());
   if (poison) {
     g[20001] = NAN;  // inside the second part
-    g[39990] = -INFINITY;  // in the gap at the end
+    g[39990] = -INFINITY;  // in the gap before the large part
   }
   const std::size_t bytes = static_cast<std::size_t>(storage_bytes(f));
   std::vector<unsigned char> plain(n * bytes), fused(n * bytes);
@@ -130,11 +130,12 @@ void check_fused_unscale(Backend& be, Format f, float inv_scale, bool poison) {
   float found_plain = 0.0f, found_fused = 0.0f;
   be.unscale_and_check(Tensor(plain.data(), f, {n}), inv_scale,
                        Tensor(&found_plain, Format::kFP32, {1}));
-  std::vector<TensorStats> stats(3);
+  std::vector<TensorStats> stats(4);
   const std::vector<TargetSpec> targets = {{Format::kFP16, 10}, {Format::kE4M3, 0}};
   std::vector<Backend::StatsRequest> requests = {{20000, 17, targets, &stats[1]},
                                                  {0, 19999, targets, &stats[0]},
-                                                 {20017, 19000, {}, &stats[2]}};
+                                                 {20017, 19000, {}, &stats[2]},
+                                                 {40000, n - 40000, targets, &stats[3]}};
   be.unscale_check_and_measure(Tensor(fused.data(), f, {n}), inv_scale,
                                Tensor(&found_fused, Format::kFP32, {1}), requests);
   EXPECT_EQ(plain, fused) << "inv_scale " << inv_scale;

@@ -493,20 +493,31 @@ class CpuBackend final : public Backend {
       }
       return;
     }
+    // The gaps through the plain pass; the parts large enough for the statistics to spread
+    // over the workers one at a time, the others spread over the workers one part per task.
     std::int64_t done = 0;
-    bool nonfinite = false;
+    std::vector<const StatsRequest*> large, small;
     for (const StatsRequest* r : parts) {
       AMPSCOPE_CHECK(r->offset >= done, "unscale_check_and_measure: requests overlap at element ",
                      r->offset);
       if (r->offset > done) unscale_and_check(part(done, r->offset), inv_scale, found_inf);
-      *r->out = scale_and_compute_stats(part(r->offset, r->offset + r->numel).data,
-                                        static_cast<std::size_t>(r->numel), grads.dtype,
-                                        inv_scale, r->targets, options);
-      nonfinite = nonfinite || r->out->nonfinite() > 0;
       done = r->offset + r->numel;
+      const bool spreads = static_cast<std::size_t>(r->numel) >= options.parallel_threshold;
+      (spreads ? large : small).push_back(r);
     }
     if (done < grads.numel()) unscale_and_check(part(done, grads.numel()), inv_scale, found_inf);
-    if (nonfinite) *static_cast<float*>(found_inf.data) = 1.0f;
+    auto measure = [&](const StatsRequest& r, const StatsOptions& o) {
+      *r.out = scale_and_compute_stats(part(r.offset, r.offset + r.numel).data,
+                                       static_cast<std::size_t>(r.numel), grads.dtype, inv_scale,
+                                       r.targets, o);
+    };
+    for (const StatsRequest* r : large) measure(*r, options);
+    StatsOptions one_thread = options;
+    one_thread.max_threads = 1;
+    workers_.run(small.size(), [&](std::size_t i, int) { measure(*small[i], one_thread); });
+    for (const StatsRequest* r : parts) {
+      if (r->out->nonfinite() > 0) *static_cast<float*>(found_inf.data) = 1.0f;
+    }
   }
 
   void sum_squares(const Tensor& sum_sq, const Tensor& x) override {
