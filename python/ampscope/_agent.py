@@ -236,23 +236,8 @@ class Agent:
     def observe(self, name, role, phase, dtype, data, numel, *, device=_capi.DEVICE_CPU,
                 stream=None, scale=1.0, micro_step=0, order=0, held=None):
         """name: bytes. data: the address of numel contiguous elements. Returns the status."""
-        v = self._view()
-        v.name = name
-        v.role = role
-        v.phase = phase
-        v.dtype = dtype
-        v.data = data
-        v.numel = numel
-        v.device = device
-        v.stream = stream
-        v.scale = scale
-        v.micro_step = micro_step
-        v.order = order
-        if held is None:
-            v.has_held = 0
-        else:
-            v.has_held = 1
-            v.held = held
+        v = self._fill_view(name, role, phase, dtype, data, numel, device, stream, scale,
+                            micro_step, order, held)
         return self._lib.ampscope_agent_observe(self._handle, ctypes.byref(v))
 
     def _fill_view(self, name, role, phase, dtype, data, numel, device, stream, scale,
