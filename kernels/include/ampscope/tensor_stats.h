@@ -109,8 +109,11 @@ struct StatsOptions {
   std::optional<SimdLevel> simd;
   // FP16/BF16 parts of at least this many elements are measured by counting their raw 16-bit
   // patterns (65,536 possible values) and folding the counts once, instead of element-wise
-  // vector code; below it the fold would cost more than it saves. Not used at kScalar.
-  std::size_t pattern_histogram_threshold = std::size_t{1} << 16;
+  // vector code; below it the fold (65,536 entries, 512 KiB of tables per thread, more than
+  // L2 holds on many CPUs) costs more than it saves: with 2^16 the agent's full statistics of a
+  // small GPT's FP16 tensors (2^16 to 2^19 elements) took 4x the time of the vector kernel
+  // (docs/benchmarks.md). Not used at kScalar.
+  std::size_t pattern_histogram_threshold = std::size_t{1} << 22;
 };
 
 // The dispatched, possibly multi-threaded, implementation. `data` points to n elements of
