@@ -337,7 +337,7 @@ void add_show_command(CLI::App& app) {
       if (args->server.json) {
         print_step_json(std::cout, args->run_id, *args->step, history);
       } else {
-        print_step_text(std::cout, args->run_id, *args->step, history);
+        print_step_text(std::cout, args->run_id, *args->step, history, args->limit);
       }
       return;
     }

@@ -176,7 +176,7 @@ std::string sparkline(const v1::BinadeHistogram& histogram, int lo, int hi) {
 }
 
 void print_step_text(std::ostream& out, const std::string& run_id, std::int64_t step,
-                     const v1::GetStepHistoryResponse& h) {
+                     const v1::GetStepHistoryResponse& h, std::size_t limit) {
   out << "run " << run_id << ", step " << step << "\n";
   if (h.reports().empty()) out << "  nothing stored of this step\n";
   for (const v1::StepReport& r : h.reports()) out << "  " << describe_report(r) << "\n";
@@ -185,21 +185,31 @@ void print_step_text(std::ostream& out, const std::string& run_id, std::int64_t 
   }
   // Tensors with history in full; the others one line each, after them.
   std::vector<const v1::StepTensor*> without;
+  std::size_t shown = 0, not_shown = 0;
   for (const v1::StepTensor& t : h.tensors()) {
     if (samples_of(t, h).empty()) {
       without.push_back(&t);
-    } else {
+    } else if (shown < limit) {
       print_tensor(out, t, step, h);
+      ++shown;
+    } else {
+      ++not_shown;
     }
+  }
+  if (not_shown > 0) {
+    out << "\n" << not_shown << " more tensors with history (--limit " << limit
+        << " shows " << limit << ")\n";
   }
   if (without.empty()) return;
   out << "\nwithout full statistics of the steps before " << step << " (" << without.size()
       << "):\n";
-  for (const v1::StepTensor* t : without) {
+  for (std::size_t i = 0; i < without.size() && i < limit; ++i) {
+    const v1::StepTensor* t = without[i];
     out << "  " << t->stats().name() << "  (" << role_name(t->stats().role()) << ", "
         << phase_text(t->stats().phase()) << ", rank " << t->rank() << ")"
         << (t->why().empty() ? "" : ": " + t->why()) << "\n";
   }
+  if (without.size() > limit) out << "  ... " << without.size() - limit << " more\n";
 }
 
 void print_step_json(std::ostream& out, const std::string& run_id, std::int64_t step,

@@ -12,8 +12,9 @@
 
 namespace ampscope::cli {
 
+// Prints at most `limit` tensors with history in full and `limit` without, then how many more.
 void print_step_text(std::ostream& out, const std::string& run_id, std::int64_t step,
-                     const v1::GetStepHistoryResponse& history);
+                     const v1::GetStepHistoryResponse& history, std::size_t limit);
 // One JSON object: run_id, step, reports (what happened at the step, by rank) and tensors, each
 // with its statistics at the step and a history list (step, rank, from_flight_recorder,
 // level, scale, min_exponent, counts, max_abs, min_abs_nonzero, nan, pos_inf, neg_inf, zeros,

@@ -3,7 +3,8 @@
 #   1. ampscope-server (embedded SQLite store, headroom policy) on free loopback ports;
 #   2. ampscope-train in amp-fp16 with the agent attached, an initial loss scale far too high
 #      (2^24) and a NaN injected into one activation at step 60;
-#   3. what the server saw (ampscope show), a few of its Prometheus metrics, where to look next;
+#   3. what the server saw (ampscope show, and show --step 60 for the flight recorder's history),
+#      a few of its Prometheus metrics, where to look next;
 #   4. `ampscope stats` on tensors written with NumPy.
 set -euo pipefail
 
@@ -53,6 +54,11 @@ echo "    --inject-nan h0.mlp.fc@60 --server $GRPC --run-id demo"
 say "3. What the server saw"
 echo "\$ ampscope show demo --server $GRPC"
 "$AMPSCOPE" show demo --server "$GRPC"
+echo
+echo "The flight recorder kept every unscaled weight gradient's statistics of the last steps and"
+echo "sent them when the NaN came: what the offending tensors looked like before step 60"
+echo "\$ ampscope show demo --step 60 --steps-back 6 --limit 2 --server $GRPC"
+"$AMPSCOPE" show demo --step 60 --steps-back 6 --limit 2 --server "$GRPC"
 echo
 echo "Some of the server's Prometheus metrics for this run:"
 if command -v curl >/dev/null; then

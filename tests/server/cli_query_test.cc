@@ -288,6 +288,12 @@ TEST_F(CliQueryTest, ShowStepPrintsTheOffendersHistogramOverTheStepsBefore) {
   EXPECT_LT(history[0].at("min_exponent").get<int>(), history[3].at("min_exponent").get<int>());
   EXPECT_EQ(parsed["reports"][0].at("flight_event"), "non-finite");
 
+  // --limit caps the tensors printed in full and says how many it left out.
+  const CommandResult limited = cli({"show", "run-flight", "--step", "5", "--limit", "0"});
+  ASSERT_EQ(limited.code, 0) << limited.err;
+  EXPECT_EQ(limited.out.find("recorder\n"), std::string::npos) << limited.out;
+  EXPECT_NE(limited.out.find("1 more tensors with history"), std::string::npos) << limited.out;
+
   // Without --step, show is what it was.
   const CommandResult run = cli({"show", "run-flight"});
   ASSERT_EQ(run.code, 0) << run.err;
