@@ -16,24 +16,35 @@ void check_buffers(const void* src, const void* dst, std::size_t n) {
                  " elements, found src=", src, " dst=", dst);
 }
 
+// The scalar loops read and write through memcpy: convert.h lets src and dst be unaligned.
 void encode_scalar(const float* src, void* dst, std::size_t n, Format f, OverflowMode mode) {
-  if (storage_bytes(f) == 2) {
-    auto* out = static_cast<std::uint16_t*>(dst);
-    for (std::size_t i = 0; i < n; ++i)
-      out[i] = static_cast<std::uint16_t>(encode(src[i], f, mode));
-  } else {
-    auto* out = static_cast<std::uint8_t*>(dst);
-    for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::uint8_t>(encode(src[i], f, mode));
+  const auto* in = reinterpret_cast<const unsigned char*>(src);
+  auto* out = static_cast<unsigned char*>(dst);
+  for (std::size_t i = 0; i < n; ++i) {
+    float x;
+    std::memcpy(&x, in + i * sizeof(float), sizeof(float));
+    if (storage_bytes(f) == 2) {
+      const auto code = static_cast<std::uint16_t>(encode(x, f, mode));
+      std::memcpy(out + 2 * i, &code, 2);
+    } else {
+      out[i] = static_cast<std::uint8_t>(encode(x, f, mode));
+    }
   }
 }
 
 void decode_scalar(const void* src, float* dst, std::size_t n, Format f) {
-  if (storage_bytes(f) == 2) {
-    const auto* in = static_cast<const std::uint16_t*>(src);
-    for (std::size_t i = 0; i < n; ++i) dst[i] = decode(in[i], f);
-  } else {
-    const auto* in = static_cast<const std::uint8_t*>(src);
-    for (std::size_t i = 0; i < n; ++i) dst[i] = decode(in[i], f);
+  const auto* in = static_cast<const unsigned char*>(src);
+  auto* out = reinterpret_cast<unsigned char*>(dst);
+  for (std::size_t i = 0; i < n; ++i) {
+    float x;
+    if (storage_bytes(f) == 2) {
+      std::uint16_t code;
+      std::memcpy(&code, in + 2 * i, 2);
+      x = decode(code, f);
+    } else {
+      x = decode(in[i], f);
+    }
+    std::memcpy(out + i * sizeof(float), &x, sizeof(float));
   }
 }
 
