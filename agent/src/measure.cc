@@ -20,12 +20,6 @@ TargetSpec target_for(Format compute_format, TensorRole role, double sample_scal
   return t;
 }
 
-namespace {
-// Elements from which a measurement on the caller's thread is split over the pool (a part per
-// thread costs a wake-up of a few microseconds; 2^15 FP32 elements take tens of them).
-constexpr std::size_t kCallerParallelThreshold = std::size_t{1} << 15;
-}  // namespace
-
 MeasureResult measure_host(const void* data, TensorSample& s, bool upgrade_on_nonfinite,
                            int max_threads) {
   MeasureResult r;
@@ -41,10 +35,6 @@ MeasureResult measure_host(const void* data, TensorSample& s, bool upgrade_on_no
     if (s.level == Level::kFull || s.record_full) {
       StatsOptions options;
       options.max_threads = max_threads;
-      // The caller (the training thread, in stats_thread=caller mode) waits for the result
-      // while the pool's other threads sit idle between the trainer's operations, so tensors
-      // of a training step's usual sizes are split over the pool too, not only huge ones.
-      if (max_threads != 1) options.parallel_threshold = kCallerParallelThreshold;
       std::span<const TargetSpec> targets;
       if (s.target) targets = std::span<const TargetSpec>(&*s.target, 1);
       s.stats = compute_stats(data, s.numel, s.dtype, targets, options);

@@ -103,8 +103,11 @@ void merge_into(TensorStats& into, const TensorStats& from);
 struct StatsOptions {
   // Maximum worker threads for one call; 0 = the pool size (hardware concurrency, at most 16).
   int max_threads = 0;
-  // Tensors below this many elements are processed on the calling thread only.
-  std::size_t parallel_threshold = std::size_t{1} << 20;
+  // Tensors below this many elements are processed on the calling thread only. The caller waits
+  // for the result either way, so a tensor is split once a part per thread is worth a worker's
+  // wake-up (a few microseconds; 2^15 FP32 elements take tens of them): with 2^20, the agent's
+  // full statistics of a small GPT's tensors ran on one of two cores (docs/benchmarks.md).
+  std::size_t parallel_threshold = std::size_t{1} << 15;
   // Kernel level; nullopt = active_simd_level().
   std::optional<SimdLevel> simd;
   // FP16/BF16 parts of at least this many elements are measured by counting their raw 16-bit
