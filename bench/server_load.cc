@@ -31,6 +31,13 @@
 // report-to-Ack p50/p99 over all ranks, the acknowledged rate, the server's RSS every
 // --rank-rss-every seconds of the window and its growth, its peak, and whether every report was
 // acknowledged (and any Reject).
+//
+// With --long-run N it fills a running server (--server) with one long run instead: run
+// --long-run-id, one rank, N steps of --tensors tensors each, with the shape of a real run (a
+// decaying loss, a validation loss every 1000 steps, an overflow every 997 steps that skips the
+// step, halves the scale and names a first offender, growth after 2000 clean steps, a step time
+// and a tensor-core ratio), as fast as the server acknowledges. The web UI's page-load benchmark
+// (bench/webui_page_load.mjs) measures pages of that run. Prints the seconds it took.
 #include <curl/curl.h>
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -102,6 +109,8 @@ struct Options {
   double rank_rss_every_s = 2;
   double rank_growth_from_s = 10;
   bool require_acked = false;
+  std::int64_t long_run = 0;  // > 0: fill --server with one run of this many steps
+  std::string long_run_id = "bench-long";
 };
 
 // --- The server under test --------------------------------------------------------------------
@@ -306,6 +315,20 @@ class LoadStream : public grpc::ClientBidiReactor<v1::AgentMessage, v1::ServerMe
     }
     r->set_policy_seq(policy_seq);
     enqueue(std::move(m), seq, step, measured);
+  }
+
+  // Queues `report` as the next one (its step as set; run, rank and seq filled in).
+  void send_report(v1::StepReport report) {
+    std::uint64_t seq = 0;
+    {
+      std::lock_guard lock(mu_);
+      if (done_) return;
+      seq = ++seq_;
+    }
+    const std::int64_t step = report.step();
+    v1::AgentMessage m;
+    *m.mutable_report() = std::move(report);
+    enqueue(std::move(m), seq, step, /*measured=*/false);
   }
 
   std::size_t in_flight() {
@@ -855,6 +878,74 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
 
 }  // namespace
 
+// The long-run fill (--long-run): see the file comment. Returns 0 when every report was
+// acknowledged without a Reject.
+int fill_long_run(const Options& o, const std::string& address) {
+  std::cerr << "long run '" << o.long_run_id << "': " << o.long_run << " steps of " << o.tensors
+            << " tensors\n";
+  std::vector<v1::StepReport> templates;
+  for (std::uint32_t i = 0; i < 16; ++i) {
+    templates.push_back(realistic_report(o.tensors, o.elements, 4321 + i));
+  }
+  const auto stubs = open_connections(address, 1);
+  LoadStream stream(stubs[0].get(), agent_hello(o.long_run_id, 0, 1), &templates);
+  std::mt19937 rng(2026);
+  std::normal_distribution<double> noise(0.0, 0.03);
+  const double max_scale = 65536;
+  double scale = max_scale;
+  std::int64_t clean = 0;
+  const std::uint64_t window = 128;  // below the server's default --max-in-flight (256)
+  const auto t0 = Clock::now();
+  for (std::int64_t step = 0; step < o.long_run && !stream.failed(); ++step) {
+    v1::StepReport r = templates[static_cast<std::size_t>(step) % templates.size()];
+    r.set_step(step);
+    r.set_loss(0.6 + 3.4 * std::exp(-static_cast<double>(step) / 20000) + noise(rng));
+    if (step % 1000 == 999) {
+      r.set_val_loss(0.65 + 3.4 * std::exp(-static_cast<double>(step) / 20000));
+    }
+    r.set_step_time_s(0.25 + 0.02 * noise(rng));
+    r.set_tensor_core_active_ratio(0.6 + noise(rng));
+    r.set_time_unix_ns(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count());
+    r.set_loss_scale(scale);
+    const bool overflow = step % 997 == 996;
+    if (overflow) {
+      r.set_found_inf(true);
+      r.set_skipped(true);
+      r.set_grad_norm(std::numeric_limits<double>::infinity());
+      v1::FirstOffender* f = r.mutable_first_offender();
+      f->set_tensor(r.tensors(1).name());
+      f->set_role(r.tensors(1).role());
+      f->set_phase(r.tensors(1).phase());
+      f->set_order(1);
+      scale /= 2;
+      clean = 0;
+    } else if (++clean == 2000) {
+      scale = std::min(max_scale, scale * 2);
+      clean = 0;
+    }
+    r.set_scale_after(scale);
+    r.set_optimizer_steps(static_cast<std::uint64_t>(step + 1));
+    while (stream.sent() - stream.acked() >= window && !stream.failed()) {
+      std::this_thread::sleep_for(200us);
+    }
+    stream.send_report(std::move(r));
+  }
+  const auto deadline = Clock::now() + 120s;
+  while (!stream.failed() && stream.acked() < stream.sent() && Clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const bool ok = stream.acked() == stream.sent() && stream.rejects() == 0;
+  std::cerr << "  " << stream.acked() << " of " << stream.sent() << " reports acknowledged in "
+            << seconds << " s, " << stream.rejects() << " rejected"
+            << (stream.rejects() ? " (first: " + stream.first_reject() + ")" : "") << "\n";
+  stream.close();
+  stream.wait_done();
+  return ok ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   Options o;
   CLI::App app{"ampscope-server load generator"};
@@ -912,7 +1003,20 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--require-acked", o.require_acked,
                "--ranks: exit 1 unless every report was acknowledged without a Reject");
+  app.add_option("--long-run", o.long_run,
+                 "Fill the running --server with one run of this many steps instead of the load "
+                 "phases")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--long-run-id", o.long_run_id, "The run id of --long-run")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (o.long_run > 0) {
+    if (o.server_address.empty()) {
+      std::cerr << "--long-run fills a running server: give --server\n";
+      return 2;
+    }
+    return fill_long_run(o, o.server_address);
+  }
   if ((o.runs > 0 || o.ranks > 0) && !o.server_address.empty()) {
     std::cerr << "--runs and --ranks start their own server: drop --server\n";
     return 2;
