@@ -1,0 +1,56 @@
+// Two runs on shared axes: loss, loss scale and the weight gradients' underflow ratio. Both
+// are fetched with the same width; uPlot.join aligns their steps.
+import { el, fmtRatio, getJson, markReady, runHref } from './api.js';
+import { Chart, LOG2, LOG10, PALETTE, expLabels, pow2Labels } from './charts.js';
+
+export async function showCompare(main, a, b) {
+  const { runs } = await getJson('/api/runs');
+  const picker = (name, value) => el('select', { name, 'aria-label': `run ${name}` },
+    el('option', { value: '' }, '(choose a run)'),
+    runs.map((r) => el('option', { value: r.run_id, selected: r.run_id === value }, r.run_id)));
+  const form = el('form', { class: 'toolbar', method: 'get', action: '/compare' },
+    'Run A', picker('a', a), 'Run B', picker('b', b), el('button', { type: 'submit' }, 'Compare'));
+  form.addEventListener('change', () => form.submit());
+  const charts = el('div');
+  main.replaceChildren(el('h1', {}, 'Compare two runs'), form, charts);
+  if (!a || !b) {
+    charts.append(el('p', { class: 'muted' }, 'Choose two runs.'));
+    markReady();
+    return;
+  }
+  const width = Math.max(10, Math.min(4000, Math.round(main.clientWidth)));
+  const [da, db] = await Promise.all([a, b].map((id) => getJson(`/api${runHref(id)}?width=${width}`)));
+  const both = (label, pick, extra = {}) => [
+    { label: `${a} ${label}`, stroke: PALETTE[0], ...extra },
+    { label: `${b} ${label}`, stroke: PALETTE[1], ...extra }];
+  const join = (pick) => uPlot.join([da, db].map((d) => [d.steps.step, pick(d)]));
+
+  new Chart(charts, { name: 'compare_loss', title: 'Loss', sync: 'compare' })
+    .set(join((d) => d.steps.loss), both('loss'));
+  new Chart(charts, { name: 'compare_scale', title: 'Loss scale', sync: 'compare', scales: { y: LOG2 },
+                      axes: [{ values: pow2Labels, size: 56 }] })
+    .set(join((d) => d.steps.scale_last), both('scale', null, { paths: uPlot.paths.stepped({ align: 1 }) }));
+  new Chart(charts, { name: 'compare_underflow', title: 'Weight-gradient underflow per checked value (all formats)',
+                      sync: 'compare', scales: { y: LOG10 }, axes: [{ values: expLabels, size: 60 }],
+                      noData: 'neither run reports weight-gradient counts' })
+    .set(uPlot.join([da, db].map(underflow)), both('underflow', null, { value: (u, v) => fmtRatio(v) }));
+  markReady();
+}
+
+// [steps, underflow/checked] summed over the formats of the weight_grad role.
+function underflow(d) {
+  const byStep = new Map();
+  for (const c of d.counts.filter((x) => x.role === 'weight_grad')) {
+    c.step.forEach((s, i) => {
+      const t = byStep.get(s) || { checked: 0, underflow: 0 };
+      t.checked += c.checked[i];
+      t.underflow += c.underflow[i];
+      byStep.set(s, t);
+    });
+  }
+  const steps = [...byStep.keys()].sort((x, y) => x - y);
+  return [steps, steps.map((s) => {
+    const t = byStep.get(s);
+    return t.checked > 0 && t.underflow > 0 ? t.underflow / t.checked : null;
+  })];
+}

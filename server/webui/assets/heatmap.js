@@ -1,0 +1,221 @@
+// The binade heatmap of one tensor on a plain canvas: x = its samples (columns) over steps,
+// y = binade exponent e in the unscaled domain (row e holds |x| in [2^e, 2^(e+1))), colour =
+// log10 of the column's share of values in that binade. Over it, per column, each enabled
+// format's window at the scale the tensor carried there: a value x is stored as x*S, so format
+// F overflows above F.max/S (solid line), is normal down to F.min_normal/S (dashed line) and
+// subnormal down to F.min_subnormal/S (dotted line, band shaded); below that it flushes to zero.
+import { el, fmt, fmtScale } from './api.js';
+
+export const FORMAT_COLOURS = { fp16: '#e8590c', bf16: '#2b8a3e', e4m3: '#c2255c', e5m2: '#7048e8' };
+export const FLIGHT_COLOUR = '#f59f00';
+const MARGIN = { left: 58, right: 14, top: 14, bottom: 30 };
+const SHARE_FLOOR = -6;          // log10 share drawn as the lightest colour
+// A light-to-dark blue ramp (the format lines stay readable over it).
+const RAMP = [[222, 235, 247], [158, 202, 225], [66, 146, 198], [8, 81, 156], [8, 29, 88]];
+
+export function rampColour(t) {
+  const x = Math.max(0, Math.min(1, t)) * (RAMP.length - 1);
+  const i = Math.min(RAMP.length - 2, Math.floor(x));
+  const f = x - i;
+  const c = RAMP[i].map((v, k) => Math.round(v + (RAMP[i + 1][k] - v) * f));
+  return `rgb(${c[0]},${c[1]},${c[2]})`;
+}
+
+export class Heatmap {
+  constructor(canvas, box) {
+    this.canvas = canvas;
+    this.tip = el('div', { class: 'tip', hidden: true });
+    box.append(this.tip);
+    this.tensor = null;
+    this.enabled = new Set();
+    canvas.addEventListener('mousemove', (e) => this.hover(e));
+    canvas.addEventListener('mouseleave', () => { this.tip.hidden = true; });
+    window.addEventListener('resize', () => this.tensor && this.draw(this.tensor, this.enabled));
+  }
+
+  draw(tensor, enabled) {
+    this.tensor = tensor;
+    this.enabled = enabled;
+    const width = Math.max(300, this.canvas.clientWidth);
+    const height = 420;
+    const ratio = window.devicePixelRatio || 1;
+    this.canvas.width = Math.round(width * ratio);
+    this.canvas.height = Math.round(height * ratio);
+    this.canvas.style.height = `${height}px`;
+    const ctx = this.canvas.getContext('2d');
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    ctx.clearRect(0, 0, width, height);
+    this.layout(tensor, width, height);
+    this.drawCells(ctx);
+    this.drawWindows(ctx, tensor.formats.filter((f) => enabled.has(f.name)));
+    this.drawAxes(ctx, width, height);
+  }
+
+  // Geometry: the columns' x extents and the exponent range shown.
+  layout(tensor, width, height) {
+    const cols = tensor.columns;
+    const gaps = cols.slice(1).map((c, i) => c.step - cols[i].step).sort((a, b) => a - b);
+    const typical = Math.max(tensor.range.bucket_steps || 1, gaps.length ? gaps[gaps.length >> 1] : 1);
+    const x0 = cols.length ? cols[0].step : tensor.range.from;
+    const x1 = cols.length ? cols[cols.length - 1].step + typical : tensor.range.to + 1;
+    const plotW = width - MARGIN.left - MARGIN.right;
+    const xOf = (step) => MARGIN.left + ((step - x0) / Math.max(1, x1 - x0)) * plotW;
+    this.cells = cols.map((c, i) => {
+      const next = i + 1 < cols.length ? Math.min(cols[i + 1].step, c.step + typical) : c.step + typical;
+      return { column: c, left: xOf(c.step), right: Math.max(xOf(c.step) + 1, xOf(next)) };
+    });
+    let lo = Infinity;
+    let hi = -Infinity;
+    for (const c of cols) {
+      const h = c.histogram;
+      if (!h) continue;
+      const first = h.counts.findIndex((n) => n > 0);
+      if (first < 0) continue;
+      let last = h.counts.length - 1;
+      while (h.counts[last] === 0) last -= 1;
+      lo = Math.min(lo, h.min_exponent + first);
+      hi = Math.max(hi, h.min_exponent + last);
+    }
+    if (lo > hi) { lo = -20; hi = 4; }
+    // Show the compute format's window edges when they are near the data.
+    const compute = tensor.formats.find((f) => f.name === tensor.format);
+    if (compute) {
+      for (const c of cols) {
+        const s = c.loss_scale > 0 ? c.loss_scale : 1;
+        for (const edge of [compute.max, compute.min_subnormal]) {
+          const e = Math.floor(Math.log2(edge / s));
+          if (e > lo - 24 && e < hi + 24) { lo = Math.min(lo, e); hi = Math.max(hi, e); }
+        }
+      }
+    }
+    this.eMin = lo - 1;
+    this.eMax = hi + 1;
+    this.plot = { left: MARGIN.left, top: MARGIN.top, width: plotW, height: height - MARGIN.top - MARGIN.bottom };
+    this.rowH = this.plot.height / (this.eMax - this.eMin + 1);
+    this.xOf = xOf;
+    this.x0 = x0;
+    this.x1 = x1;
+  }
+
+  // y of a (fractional) exponent: row e spans [yOf(e + 1), yOf(e)].
+  yOf(e) { return this.plot.top + (this.eMax + 1 - e) * this.rowH; }
+
+  drawCells(ctx) {
+    ctx.fillStyle = '#fafbfc';
+    ctx.fillRect(this.plot.left, this.plot.top, this.plot.width, this.plot.height);
+    for (const { column, left, right } of this.cells) {
+      const h = column.histogram;
+      if (h) {
+        const total = h.counts.reduce((a, b) => a + b, 0);
+        h.counts.forEach((n, k) => {
+          const e = h.min_exponent + k;
+          if (n === 0 || e < this.eMin || e > this.eMax) return;
+          ctx.fillStyle = rampColour(1 - Math.log10(n / total) / SHARE_FLOOR);
+          const top = this.yOf(e + 1);
+          ctx.fillRect(left, top, right - left, this.yOf(e) - top);
+        });
+      }
+      if (column.from_flight_recorder) {
+        ctx.fillStyle = FLIGHT_COLOUR;
+        ctx.fillRect(left, this.plot.top - 6, Math.max(1, right - left), 4);
+      }
+    }
+  }
+
+  drawWindows(ctx, formats) {
+    ctx.save();
+    ctx.beginPath();
+    ctx.rect(this.plot.left, this.plot.top, this.plot.width, this.plot.height);
+    ctx.clip();
+    for (const f of formats) {
+      const colour = FORMAT_COLOURS[f.name] || '#000';
+      const edge = (c, value) => Math.log2(value / (c.loss_scale > 0 ? c.loss_scale : 1));
+      ctx.fillStyle = colour;
+      ctx.globalAlpha = 0.1;
+      for (const { column, left, right } of this.cells) {
+        const top = this.yOf(edge(column, f.min_normal));
+        ctx.fillRect(left, top, right - left, this.yOf(edge(column, f.min_subnormal)) - top);
+      }
+      ctx.globalAlpha = 1;
+      ctx.strokeStyle = colour;
+      for (const [value, width, dash] of [[f.max, 2, []], [f.min_normal, 1.5, [6, 4]], [f.min_subnormal, 1.2, [2, 3]]]) {
+        ctx.lineWidth = width;
+        ctx.setLineDash(dash);
+        ctx.beginPath();
+        this.cells.forEach(({ column, left, right }, i) => {
+          const y = this.yOf(edge(column, value));
+          if (i === 0) ctx.moveTo(left, y); else ctx.lineTo(left, y);
+          ctx.lineTo(right, y);
+        });
+        ctx.stroke();
+      }
+    }
+    ctx.restore();
+  }
+
+  drawAxes(ctx, width, height) {
+    const { left, top, width: w, height: h } = this.plot;
+    ctx.strokeStyle = '#9aa7bd';
+    ctx.lineWidth = 1;
+    ctx.setLineDash([]);
+    ctx.strokeRect(left, top, w, h);
+    ctx.fillStyle = '#444';
+    ctx.font = '11px system-ui, sans-serif';
+    ctx.textAlign = 'right';
+    ctx.textBaseline = 'middle';
+    const every = Math.max(1, Math.ceil(14 / this.rowH));
+    for (let e = Math.ceil(this.eMin / every) * every; e <= this.eMax; e += every) {
+      ctx.fillText(`2^${e}`, left - 6, (this.yOf(e) + this.yOf(e + 1)) / 2);
+    }
+    ctx.textAlign = 'center';
+    ctx.textBaseline = 'top';
+    const span = this.x1 - this.x0;
+    const raw = span / 8;
+    const mag = 10 ** Math.floor(Math.log10(Math.max(1, raw)));
+    const tick = [1, 2, 5, 10].map((m) => m * mag).find((t) => t >= raw) || mag * 10;
+    for (let s = Math.ceil(this.x0 / tick) * tick; s < this.x1; s += tick) {
+      const x = this.xOf(s);
+      ctx.fillText(fmt(s), x, top + h + 6);
+      ctx.fillRect(x, top + h, 1, 4);
+    }
+    ctx.fillText('step', left + w / 2, height - 12);
+  }
+
+  hover(event) {
+    if (!this.tensor) return;
+    const rect = this.canvas.getBoundingClientRect();
+    const x = event.clientX - rect.left;
+    const y = event.clientY - rect.top;
+    const cell = this.cells.find((c) => x >= c.left && x < c.right);
+    if (!cell || y < this.plot.top || y > this.plot.top + this.plot.height) { this.tip.hidden = true; return; }
+    const c = cell.column;
+    const e = Math.floor(this.eMax + 1 - (y - this.plot.top) / this.rowH);
+    const h = c.histogram;
+    const count = h ? (h.counts[e - h.min_exponent] || 0) : null;
+    const total = h ? h.counts.reduce((a, b) => a + b, 0) : 0;
+    const scale = c.loss_scale > 0 ? c.loss_scale : 1;
+    const lines = [
+      el('b', {}, `step ${fmt(c.step)} (rank ${c.rank})${c.from_flight_recorder ? ', flight recorder' : ''}`),
+      el('div', {}, `binade [2^${e}, 2^${e + 1})`),
+      el('div', {}, h ? `count ${fmt(count)} of ${fmt(total)}${count ? ` (${(100 * count / total).toPrecision(3)}%)` : ''}`
+        : 'this sample has no histogram'),
+      el('div', {}, `scale ${fmtScale(scale)}`),
+      ...this.tensor.formats.filter((f) => this.enabled.has(f.name)).map((f) =>
+        el('div', {}, `${f.name}: ${region(f, 2 ** e * scale, 2 ** (e + 1) * scale)}`)),
+    ];
+    this.tip.replaceChildren(...lines);
+    this.tip.hidden = false;
+    this.tip.style.left = `${Math.min(x + 14, rect.width - 260)}px`;
+    this.tip.style.top = `${y + 14}px`;
+  }
+}
+
+// Where the stored binade [lo, hi) falls in format f.
+function region(f, lo, hi) {
+  if (lo > f.max) return 'overflow';
+  if (hi > f.max) return 'overflows in part';
+  if (lo >= f.min_normal) return 'normal';
+  if (lo >= f.min_subnormal) return 'subnormal';
+  if (hi > f.min_subnormal) return 'subnormal, partly flushed to zero';
+  return 'flushed to zero (underflow)';
+}

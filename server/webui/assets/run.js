@@ -1,0 +1,257 @@
+// A run's page: facts, loss and loss-scale charts (skips and policy decisions marked), the
+// counts by role and format, per-rank step time and tensor-core use, and the tables. Polls
+// every 2 s with `since` (an unchanged run costs one tiny answer) and redraws in place; a drag
+// on any chart re-queries that step range, a double click (or "whole run") goes back.
+import { alertList, badge, bumpUpdates, el, facts, fmt, fmtAgo, fmtRatio, fmtScale, getJson,
+         markReady, poll, runHref, tensorHref } from './api.js';
+import { Chart, DECISION_COLOUR, LOG2, LOG10, PALETTE, SKIP_COLOUR, expLabels, pow2Labels,
+         scaleMarkers } from './charts.js';
+import { scroll, table } from './table.js';
+
+const KINDS = [['underflow', []], ['overflow', [6, 4]], ['nonfinite', [2, 3]]];
+
+export async function showRun(main, run_id) {
+  const page = new RunPage(main, run_id);
+  await page.load();
+  markReady();
+  poll(2000, () => page.refresh());
+}
+
+class RunPage {
+  constructor(main, run_id) {
+    this.run_id = run_id;
+    this.zoom = null;          // {from, to} while the user looks at part of the run
+    this.detail = null;
+    this.main = main;
+    this.header = el('div');
+    this.zoomLine = el('div', { class: 'note' });
+    const onZoom = (from, to) => this.setZoom(from, to);
+    const charts = el('div', { class: 'grid2' });
+    const left = el('div');
+    const right = el('div');
+    charts.append(left, right);
+    this.loss = new Chart(left, {
+      name: 'loss', title: 'Loss', sync: 'run', onZoom,
+      series: [{ label: 'loss', stroke: PALETTE[0] },
+               { label: 'validation loss', stroke: PALETTE[1], spanGaps: true, points: { show: true, size: 6 } }],
+    });
+    this.scale = new Chart(right, {
+      name: 'scale', title: 'Loss scale', sync: 'run', onZoom,
+      series: [{ label: 'loss scale', stroke: PALETTE[2], paths: uPlot.paths.stepped({ align: 1 }) }],
+      scales: { y: { ...LOG2, range: (u, lo, hi) => this.scaleRange(lo, hi) } },
+      axes: [{ values: pow2Labels, size: 56 }],
+      plugins: (holder) => [scaleMarkers(holder, () => this.marks(), (kind, mark) => this.describe(kind, mark))],
+    });
+    right.append(el('div', { class: 'legend-marks' },
+      el('span', { class: 'skip' }, '● skipped step'), '   ',
+      el('span', { class: 'decision' }, '┆ policy decision (effective step; hover for its reason)')));
+    const counts = el('div');
+    this.counts = new Chart(counts, {
+      name: 'counts', title: 'Underflow, overflow and non-finite values per checked value, by role and format',
+      height: 260, sync: 'run', onZoom, scales: { y: LOG10 }, axes: [{ values: expLabels, size: 60 }],
+      noData: 'no counts in this range',
+    });
+    const ranks = el('div', { class: 'grid2' });
+    const rl = el('div');
+    const rr = el('div');
+    ranks.append(rl, rr);
+    this.stepTime = new Chart(rl, { name: 'step_time', title: 'Step time per rank (s)', sync: 'run', onZoom,
+                                    noData: 'no data: this run reports no step time' });
+    this.tensorCore = new Chart(rr, {
+      name: 'tensor_core', title: 'Tensor-core active ratio per rank', sync: 'run', onZoom,
+      noData: 'no data: this run reports no tensor-core utilisation (CPU, or no profiler access)',
+    });
+    this.tables = el('div');
+    main.replaceChildren(this.header, this.zoomLine, charts, counts, ranks, this.tables);
+  }
+
+  width() { return Math.max(10, Math.min(4000, Math.round(this.main.clientWidth / 2))); }
+
+  url(since) {
+    const q = new URLSearchParams({ width: this.width() });
+    if (this.zoom) { q.set('from', this.zoom.from); q.set('to', this.zoom.to); }
+    if (since !== undefined) q.set('since', since);
+    return `/api${runHref(this.run_id)}?${q}`;
+  }
+
+  async load() { this.apply(await getJson(this.url())); }
+
+  async refresh() {
+    const answer = await getJson(this.url(this.detail.max_report_id));
+    if (answer.unchanged) return;
+    this.apply(answer);
+    bumpUpdates();
+  }
+
+  async setZoom(from, to) {
+    this.zoom = from === null ? null : { from: Math.max(0, from), to };
+    this.apply(await getJson(this.url()));
+  }
+
+  marks() {
+    const d = this.detail;
+    return d ? { skips: d.skips, decisions: d.decisions } : { skips: [], decisions: [] };
+  }
+
+  // The y range of the scale chart holds the line and every skip marker, in whole binades.
+  scaleRange(lo, hi) {
+    for (const s of this.detail.skips) {
+      if (s.loss_scale > 0) { lo = Math.min(lo, s.loss_scale); hi = Math.max(hi, s.loss_scale); }
+    }
+    const a = Math.floor(Math.log2(lo)) - 1;
+    const b = Math.ceil(Math.log2(hi)) + 1;
+    return [2 ** a, 2 ** b];
+  }
+
+  describe(kind, mark) {
+    if (kind === 'skip') {
+      return [el('b', {}, `Skipped step ${mark.step} (rank ${mark.rank})`),
+              el('div', {}, `scale ${fmtScale(mark.loss_scale)} → ${fmtScale(mark.scale_after)}; ${mark.why}`,
+                 mark.offender ? `; first offender ${mark.offender}` : '')];
+    }
+    return [el('b', {}, `Decision ${mark.policy_id} (${mark.mode}), effective from step ${mark.effective_from_step}`),
+            el('div', {}, updateText(mark.update)),
+            el('div', {}, mark.reason),
+            el('ul', {}, mark.applications.length === 0 ? el('li', {}, 'no rank has applied it yet')
+              : mark.applications.map((a) => el('li', {}, applicationText(a))))];
+  }
+
+  apply(d) {
+    this.detail = d;
+    this.drawHeader(d);
+    const s = d.steps;
+    this.loss.set([s.step, s.loss, s.val_loss]);
+    this.scale.set([s.step, s.scale_last]);
+    this.drawCounts(d.counts);
+    this.drawRanks(d.ranks);
+    this.drawTables(d);
+  }
+
+  drawHeader(d) {
+    const r = d.run;
+    const g = d.range;
+    this.header.replaceChildren(
+      el('h1', {}, `Run ${r.run_id} `, badge(r.status)),
+      facts([
+        ['first step', fmt(r.first_step)], ['last step', fmt(r.last_step), 'last_step'],
+        ['skipped', fmt(r.skipped_steps)], ['loss', fmt(r.loss)], ['loss scale', fmtScale(r.loss_scale)],
+        ['policy', r.policy_mode || '—'], ['precision', r.precision], ['compute format', r.compute_format],
+        ['trainer', r.trainer], ['ranks', `${r.agents_connected} of ${r.world_size} connected`],
+        ['reports', fmt(r.reports)], ['last seen', fmtAgo(r.last_seen_unix_ns, Date.now() * 1e6)],
+        ['alerts', alertList(r.alerts)],
+        ['compare', el('a', { href: `/compare?a=${encodeURIComponent(r.run_id)}` }, 'with another run')],
+      ]));
+    const bucket = g.bucket_steps > 1 ? `, ${fmt(g.bucket_steps)} steps per point` : '';
+    this.zoomLine.replaceChildren(
+      `Steps ${fmt(g.from)}–${fmt(g.to)} of ${fmt(g.first_step)}–${fmt(g.last_step)}${bucket}. `,
+      this.zoom ? el('button', { onclick: () => this.setZoom(null, null) }, 'whole run')
+        : 'Drag across a chart to zoom; double-click to go back.');
+  }
+
+  drawCounts(counts) {
+    const series = [];
+    const tables = [];
+    counts.forEach((c, i) => {
+      for (const [kind, dash] of KINDS) {
+        const ys = c[kind].map((v, j) => {
+          const denominator = c.checked[j] + (kind === 'nonfinite' ? v : 0);
+          return v > 0 && denominator > 0 ? v / denominator : null;
+        });
+        if (ys.every((y) => y === null)) continue;
+        series.push({ label: `${c.role} ${c.format} ${kind}`, stroke: PALETTE[i % PALETTE.length], dash,
+                      value: (u, v) => fmtRatio(v) });
+        tables.push([c.step, ys]);
+      }
+    });
+    if (tables.length === 0) { this.counts.set([[]], []); return; }
+    this.counts.set(uPlot.join(tables), series);
+  }
+
+  drawRanks(ranks) {
+    for (const [chart, field] of [[this.stepTime, 'step_time_s'], [this.tensorCore, 'tensor_core_active_ratio']]) {
+      const withData = ranks.filter((r) => r[field].some((v) => v !== null));
+      if (withData.length === 0) { chart.set([[]], []); continue; }
+      chart.set(uPlot.join(withData.map((r) => [r.step, r[field]])),
+                withData.map((r, i) => ({ label: `rank ${r.rank}`, stroke: PALETTE[i % PALETTE.length] })));
+    }
+  }
+
+  drawTables(d) {
+    const id = this.run_id;
+    const tensorLink = (name, role, phase) => el('a', { href: tensorHref(id, name, role, phase) }, name);
+    const offenderRole = new Map(d.offenders.map((o) => [`${o.step}/${o.rank}/${o.tensor}`, o]));
+    const step = (label = 'Step') => ({ label, value: (r) => fmt(r.step), sort: (r) => r.step, num: true });
+    const rank = { label: 'Rank', value: (r) => fmt(r.rank), sort: (r) => r.rank, num: true };
+    const sections = [
+      ['First offenders', 'The first tensor of each step with a non-finite value, in execution order.',
+       table('offenders', [step(), rank,
+         { label: 'Tensor', value: (o) => tensorLink(o.tensor, o.role, o.phase), sort: (o) => o.tensor },
+         { label: 'Role', value: (o) => o.role, sort: (o) => o.role },
+         { label: 'Phase', value: (o) => o.phase, sort: (o) => o.phase },
+         { label: 'Order', value: (o) => fmt(o.order), sort: (o) => o.order, num: true },
+         { label: 'Micro-step', value: (o) => fmt(o.micro_step), sort: (o) => o.micro_step, num: true }],
+       d.offenders)],
+      ['Skipped steps', null, table('skips', [step(), rank,
+         { label: 'Scale', value: (s) => fmtScale(s.loss_scale), sort: (s) => s.loss_scale, num: true },
+         { label: 'Scale after', value: (s) => fmtScale(s.scale_after), sort: (s) => s.scale_after, num: true },
+         { label: 'found_inf', value: (s) => (s.found_inf ? 'yes' : 'no'), sort: (s) => s.found_inf },
+         { label: 'Why', value: (s) => s.why, sort: (s) => s.why },
+         { label: 'First offender', sort: (s) => s.offender, value: (s) => {
+           const o = offenderRole.get(`${s.step}/${s.rank}/${s.offender}`);
+           return o ? tensorLink(s.offender, o.role, o.phase) : (s.offender || '—');
+         } }], d.skips)],
+      ['Policy decisions', null, table('decisions', [
+         { label: 'Id', value: (p) => fmt(p.policy_id), sort: (p) => p.policy_id, num: true },
+         { label: 'Effective step', value: (p) => fmt(p.effective_from_step), sort: (p) => p.effective_from_step, num: true },
+         { label: 'Decided', value: (p) => fmtAgo(p.decided_unix_ns, Date.now() * 1e6), sort: (p) => p.decided_unix_ns },
+         { label: 'Mode', value: (p) => p.mode },
+         { label: 'Update', value: (p) => updateText(p.update) },
+         { label: 'Reason', value: (p) => p.reason },
+         { label: 'Applied by', value: (p) => el('div', {}, p.applications.map((a) => el('div', {}, applicationText(a)))) }],
+       d.decisions, { empty: 'no decision (the policy is observe-only, or had nothing to change)' })],
+      ['Worst tensors', 'By non-finite values, then overflow ratio, then underflow ratio, against each tensor\'s first target format.',
+       table('tensors', [
+         { label: 'Tensor', value: (t) => tensorLink(t.name, t.role), sort: (t) => t.name },
+         { label: 'Role', value: (t) => t.role, sort: (t) => t.role },
+         { label: 'Format', value: (t) => t.format, sort: (t) => t.format },
+         { label: 'Samples', value: (t) => fmt(t.samples), sort: (t) => t.samples, num: true },
+         { label: 'Non-finite', value: (t) => fmt(t.nonfinite), sort: (t) => t.nonfinite, num: true },
+         { label: 'Overflow', value: (t) => fmtRatio(t.overflow_ratio), sort: (t) => t.overflow_ratio, num: true },
+         { label: 'Underflow', value: (t) => fmtRatio(t.underflow_ratio), sort: (t) => t.underflow_ratio, num: true },
+         { label: 'max |x|', value: (t) => fmt(t.max_abs), sort: (t) => t.max_abs, num: true },
+         { label: 'Last step', value: (t) => fmt(t.last_step), sort: (t) => t.last_step, num: true }],
+       d.tensors, { rowClass: (t) => (t.nonfinite > 0 ? 'bad' : '') })],
+      ['Agents', null, table('agents', [rank,
+         { label: 'Host', value: (a) => a.host },
+         { label: 'Connected', value: (a) => (a.connected ? 'yes' : 'no') },
+         { label: 'Last seen', value: (a) => fmtAgo(a.last_seen_unix_ns, Date.now() * 1e6) },
+         { label: 'Last seq', value: (a) => fmt(a.last_seq), num: true },
+         { label: 'Step time', value: (a) => (a.mean_step_time_s ? `${fmt(a.mean_step_time_s, 3)} s` : '—'), num: true },
+         { label: 'Agent', value: (a) => `${a.trainer} ${a.agent_version}` },
+         { label: 'Counters', value: (a) => countersText(a.counters) },
+         { label: 'Notices', value: (a) => el('div', {}, a.notices.map((n) => el('div', {}, n))) }], d.agents)],
+      ['Rank divergences', 'Steps where the ranks disagreed on a value that should be the same on all of them.',
+       table('divergences', [step(),
+         { label: 'Field', value: (v) => v.field, sort: (v) => v.field },
+         { label: 'Values', value: (v) => v.values.map((x) => `rank ${x.rank}: ${fmt(x.value)}`).join(', ') }],
+       d.divergences, { empty: 'none' })],
+    ];
+    this.tables.replaceChildren(...sections.flatMap(([title, note, node]) =>
+      [el('h2', {}, title), ...(note ? [el('p', { class: 'note' }, note)] : []), scroll(node)]));
+  }
+}
+
+function updateText(update) {
+  const parts = Object.entries(update || {}).map(([k, v]) =>
+    `${k} ${k.endsWith('scale') ? fmtScale(v) : Array.isArray(v) ? v.join(' ') : fmt(v)}`);
+  return parts.length ? parts.join(', ') : '—';
+}
+
+function applicationText(a) {
+  return `rank ${a.rank}: ${a.applied ? 'applied' : 'refused'} at step ${fmt(a.step)}${a.reason ? ` (${a.reason})` : ''}`;
+}
+
+function countersText(counters) {
+  const parts = Object.entries(counters || {}).filter(([, v]) => v !== 0).map(([k, v]) => `${k} ${fmt(v)}`);
+  return parts.length ? parts.join(', ') : 'all zero';
+}
