@@ -51,6 +51,7 @@ export class Chart {
     this.holder.replaceChildren();
     this.signature = signature;
     this.uplot = new uPlot(this.options(series), data, this.holder);
+    testHook().charts[this.spec.name] = this.uplot;
   }
 
   destroy() {
@@ -88,6 +89,13 @@ export class Chart {
     }
     return opts;
   }
+}
+
+// What the browser test reads back: each chart's uPlot instance by name (valToPos tells where a
+// step is drawn) and the tensor page's heatmap geometry.
+export function testHook() {
+  window.ampscope = window.ampscope || { charts: {}, heatmap: null };
+  return window.ampscope;
 }
 
 // A tooltip box inside a chart holder, placed next to the cursor.

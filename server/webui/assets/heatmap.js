@@ -5,6 +5,7 @@
 // F overflows above F.max/S (solid line), is normal down to F.min_normal/S (dashed line) and
 // subnormal down to F.min_subnormal/S (dotted line, band shaded); below that it flushes to zero.
 import { el, fmt, fmtScale } from './api.js';
+import { testHook } from './charts.js';
 
 export const FORMAT_COLOURS = { fp16: '#e8590c', bf16: '#2b8a3e', e4m3: '#c2255c', e5m2: '#7048e8' };
 export const FLIGHT_COLOUR = '#f59f00';
@@ -49,13 +50,18 @@ export class Heatmap {
     this.drawCells(ctx);
     this.drawWindows(ctx, tensor.formats.filter((f) => enabled.has(f.name)));
     this.drawAxes(ctx, width, height);
+    testHook().heatmap = this;
   }
 
   // Geometry: the columns' x extents and the exponent range shown.
   layout(tensor, width, height) {
     const cols = tensor.columns;
     const gaps = cols.slice(1).map((c, i) => c.step - cols[i].step).sort((a, b) => a - b);
-    const typical = Math.max(tensor.range.bucket_steps || 1, gaps.length ? gaps[gaps.length >> 1] : 1);
+    // A column spans the typical gap to the next one (a run sampled every N steps fills the
+    // width), and at least a quarter of the width per column when there are few.
+    const span = cols.length ? cols[cols.length - 1].step - cols[0].step + 1 : 1;
+    const typical = Math.max(tensor.range.bucket_steps || 1, gaps.length ? gaps[gaps.length >> 1] : 1,
+                             Math.ceil(span / (4 * Math.max(1, cols.length))));
     const x0 = cols.length ? cols[0].step : tensor.range.from;
     const x1 = cols.length ? cols[cols.length - 1].step + typical : tensor.range.to + 1;
     const plotW = width - MARGIN.left - MARGIN.right;

@@ -1,0 +1,353 @@
+// The web UI in headless Chromium against a real ampscope-server fed by real ampscope-train runs:
+// the demo's run (amp-fp16, initial scale 2^24, a NaN injected into h0.mlp.fc at step 60), a
+// short second run to compare with, and a slow third one watched live. Then the same store
+// behind a token: the login form refuses a wrong token and lets a reader in.
+//   node webui_test.mjs SERVER TRAIN BUILD_DIR NODE_MODULES
+// Exit 0: passed; 1: failed (the reason on stderr); 77: skipped (chromium or npm packages missing).
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { findChromium, launchBrowser, loadPage, openPage } from './browser.mjs';
+
+const [SERVER, TRAIN, BUILD_DIR, NODE_MODULES] = process.argv.slice(2);
+if (!NODE_MODULES) {
+  console.error('usage: webui_test.mjs SERVER TRAIN BUILD_DIR NODE_MODULES');
+  process.exit(2);
+}
+if (!findChromium()) {
+  console.log('skipped: chromium is not installed (apt-get install chromium)');
+  process.exit(77);
+}
+if (!fs.existsSync(path.join(NODE_MODULES, 'puppeteer-core'))) {
+  console.log('skipped: puppeteer-core is not installed (npm ci --prefix server/webui)');
+  process.exit(77);
+}
+
+const SHOTS = path.join(BUILD_DIR, 'webui', 'screenshots');
+const WORK = fs.mkdtempSync(path.join(os.tmpdir(), 'ampscope-webui-'));
+const DB = path.join(WORK, 'ampscope.db');
+const READER_TOKEN = 'reader-token-for-the-web-ui-test';
+const children = new Set();
+const started = performance.now();
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+function check(condition, message) {
+  if (!condition) throw new Error(message);
+}
+
+function log(message) {
+  console.log(`[${((performance.now() - started) / 1000).toFixed(1)} s] ${message}`);
+}
+
+function launch(program, args, name) {
+  const out = fs.openSync(path.join(WORK, `${name}.log`), 'w');
+  const child = spawn(program, args, { stdio: ['ignore', out, out] });
+  child.logName = name;
+  children.add(child);
+  child.done = new Promise((resolve) => child.on('exit', (code, signal) => {
+    children.delete(child);
+    resolve({ code, signal });
+  }));
+  return child;
+}
+
+const logTail = (name) => fs.readFileSync(path.join(WORK, `${name}.log`), 'utf8').split('\n').slice(-15).join('\n');
+
+async function startServer(name, extra = []) {
+  const ready = path.join(WORK, `${name}.ready.json`);
+  const child = launch(SERVER, ['--listen', '127.0.0.1:0', '--metrics-listen', '127.0.0.1:0',
+    '--http-listen', '127.0.0.1:0', '--db', DB, '--policy', 'headroom', '--ready-file', ready, ...extra], name);
+  for (let i = 0; i < 200; i += 1) {
+    if (fs.existsSync(ready) && fs.statSync(ready).size > 0) {
+      const addresses = JSON.parse(fs.readFileSync(ready, 'utf8'));
+      check(addresses.http, `${name}: the ready file names no "http" address: ${JSON.stringify(addresses)}`);
+      return { child, grpc: addresses.grpc, base: `http://${addresses.http}` };
+    }
+    if (child.exitCode !== null) break;
+    await sleep(50);
+  }
+  throw new Error(`${name} did not start; its log:\n${logTail(name)}`);
+}
+
+async function stop(child) {
+  if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
+  await child.done;
+}
+
+// The demo's training command line; --sample-count-roles adds the activations, so that the
+// first offender of the NaN's step is the activation it was injected into rather than the loss.
+function train(grpc, run_id, steps, extra = []) {
+  return launch(TRAIN, ['--precision', 'amp-fp16', '--steps', String(steps), '--server', grpc,
+    '--run-id', run_id, '--spool-dir', path.join(WORK, `spool-${run_id}`), '--quiet',
+    '--sample-count-roles', 'activation,activation_grad,weight_grad,loss', ...extra], `train-${run_id}`);
+}
+
+async function trainToEnd(grpc, run_id, steps, extra) {
+  const child = train(grpc, run_id, steps, extra);
+  const { code, signal } = await child.done;
+  check(code === 0, `ampscope-train ${run_id} failed (${code ?? signal}):\n${logTail(`train-${run_id}`)}`);
+}
+
+async function api(base, route, headers = {}) {
+  const response = await fetch(base + route, { headers });
+  const body = await response.json();
+  return { status: response.status, body };
+}
+
+function noErrors(page, what) {
+  check(page.errors.length === 0, `${what}: errors in the page:\n  ${page.errors.join('\n  ')}`);
+}
+
+async function screenshot(page, name) {
+  await page.screenshot({ path: path.join(SHOTS, `${name}.png`), fullPage: true });
+}
+
+// Colour distance in RGB.
+const near = (pixel, rgb, tolerance = 60) =>
+  Math.abs(pixel[0] - rgb[0]) + Math.abs(pixel[1] - rgb[1]) + Math.abs(pixel[2] - rgb[2]) <= tolerance;
+const hex = (colour) => [1, 3, 5].map((i) => parseInt(colour.slice(i, i + 2), 16));
+
+async function checkRunsPage(browser, base) {
+  const page = await openPage(browser);
+  await loadPage(page, `${base}/`);
+  const ids = await page.$$eval('table[data-table="runs"] tbody tr td:first-child', (cells) => cells.map((c) => c.textContent));
+  check(ids.includes('demo') && ids.includes('short'), `runs table: expected demo and short, found ${ids}`);
+  await page.type('input[type="search"]', 'shor');
+  const filtered = await page.$$eval('table[data-table="runs"] tbody tr td:first-child', (cells) => cells.map((c) => c.textContent));
+  check(filtered.length === 1 && filtered[0] === 'short', `runs search "shor": found ${filtered}`);
+  await page.evaluate(() => { const s = document.querySelector('input[type="search"]'); s.value = ''; s.dispatchEvent(new Event('input')); });
+  noErrors(page, 'runs page');
+  await screenshot(page, 'runs');
+  await page.close();
+}
+
+async function checkRunPage(browser, base) {
+  const { body: run } = await api(base, '/api/runs/demo');
+  const page = await openPage(browser);
+  await loadPage(page, `${base}/runs/demo`);
+  noErrors(page, 'run page');
+
+  const offenders = await page.$$eval('table[data-table="offenders"] tbody tr',
+    (rows) => rows.map((r) => [...r.cells].map((c) => c.textContent)));
+  check(offenders.some((cells) => cells[0] === '60' && cells[2] === 'h0.mlp.fc'),
+        `offenders table: no row naming h0.mlp.fc at step 60: ${JSON.stringify(offenders)}`);
+
+  // Skip markers and decision annotations: the steps drawn are the API's, and the canvas has the
+  // marker colours where uPlot puts those steps.
+  const apiSkips = [...new Set(run.skips.map((s) => s.step))].sort((a, b) => a - b);
+  check(apiSkips.includes(60) && apiSkips.some((s) => s < 10),
+        `the API's skipped steps should hold 60 and the early too-high-scale steps: ${apiSkips}`);
+  const apiDecisions = run.decisions.map((d) => d.effective_from_step)
+    .filter((s) => s >= run.range.from && s <= run.range.to);
+  check(apiDecisions.length > 0, 'the API lists no policy decision within the run (headroom policy)');
+  const marks = await page.$eval('[data-chart="scale"]', (n) => [n.dataset.skipSteps, n.dataset.decisionSteps]);
+  const drawnSkips = marks[0].split(',').filter(Boolean).map(Number).sort((a, b) => a - b);
+  const drawnDecisions = marks[1].split(',').filter(Boolean).map(Number);
+  check(JSON.stringify(drawnSkips) === JSON.stringify(apiSkips), `skip markers at ${drawnSkips}, the API skipped ${apiSkips}`);
+  check(JSON.stringify(drawnDecisions) === JSON.stringify(apiDecisions),
+        `decision markers at ${drawnDecisions}, the API's decisions take effect at ${apiDecisions}`);
+  const pixels = await page.evaluate((skips, decisions) => {
+    const u = window.ampscope.charts.scale;
+    const pixel = (x, y) => [...u.ctx.getImageData(Math.round(x), Math.round(y), 1, 1).data];
+    const column = (x) => {
+      const { top, height } = u.bbox;
+      return [...u.ctx.getImageData(Math.round(x), top, 1, height).data].reduce((acc, v, i, a) => (
+        i % 4 === 0 ? [...acc, a.slice(i, i + 3)] : acc), []);
+    };
+    return {
+      skips: skips.map((s) => pixel(u.valToPos(s.step, 'x', true), u.valToPos(s.loss_scale, 'y', true))),
+      decisions: decisions.map((step) => ({ on: column(u.valToPos(step, 'x', true)), off: column(u.valToPos(step, 'x', true) + 10) })),
+    };
+  }, run.skips.map((s) => ({ step: s.step, loss_scale: s.loss_scale })), apiDecisions);
+  const SKIP = hex('#d62728');
+  const DECISION = hex('#7b3fbf');
+  pixels.skips.forEach((p, i) => check(near(p, SKIP), `no skip marker pixel at step ${run.skips[i].step}: ${p}`));
+  pixels.decisions.forEach(({ on, off }, i) => {
+    const hits = on.filter((p) => near(p, DECISION)).length;
+    check(hits > on.length / 4, `decision at step ${apiDecisions[i]}: ${hits} of ${on.length} pixels of its line`);
+    const beside = off.filter((p) => near(p, DECISION)).length;
+    check(beside === 0 || apiDecisions.some((s, j) => j !== i && Math.abs(s - apiDecisions[i]) < 8),
+          `decision colour 10 px beside step ${apiDecisions[i]}`);
+  });
+
+  // Hovering a decision shows its reason and each rank's application.
+  const where = await page.evaluate((step) => {
+    const u = window.ampscope.charts.scale;
+    const r = u.over.getBoundingClientRect();
+    return [r.left + u.valToPos(step, 'x'), r.top + r.height / 2];
+  }, apiDecisions[apiDecisions.length - 1]);
+  await page.mouse.move(where[0], where[1]);
+  const tip = await page.$eval('[data-chart="scale"] .tip', (t) => (t.hidden ? '' : t.textContent));
+  const last = run.decisions.find((d) => d.effective_from_step === apiDecisions[apiDecisions.length - 1]);
+  check(tip.includes(last.reason.slice(0, 40)), `decision tooltip without its reason: "${tip}"`);
+  check(last.applications.every((a) => tip.includes(`rank ${a.rank}: ${a.applied ? 'applied' : 'refused'}`)),
+        `decision tooltip without the ranks' applications: "${tip}"`);
+  await page.mouse.move(1, 1);
+
+  for (const name of ['offenders', 'skips', 'decisions', 'tensors', 'agents']) {
+    check(await page.$(`table[data-table="${name}"]`), `run page: no ${name} table`);
+  }
+  for (const name of ['loss', 'scale', 'counts', 'step_time', 'tensor_core']) {
+    check(await page.$(`[data-chart="${name}"]`), `run page: no ${name} chart`);
+  }
+  await screenshot(page, 'run');
+
+  // The offender's link leads to its tensor page.
+  await Promise.all([page.waitForNavigation(),
+    page.click('table[data-table="offenders"] a[href*="name=h0.mlp.fc&"]')]);
+  await page.waitForSelector('body[data-ready="1"]');
+  await checkHeatmap(page, 'tensor page of h0.mlp.fc (from the offenders table)');
+  await page.close();
+}
+
+// The heatmap is drawn: at each column with a histogram, the centre of its fullest binade has a
+// colour of the heatmap's blue ramp.
+async function checkHeatmap(page, what) {
+  noErrors(page, what);
+  const result = await page.evaluate(() => {
+    const h = window.ampscope.heatmap;
+    const ctx = h.canvas.getContext('2d');
+    const ratio = h.canvas.width / h.canvas.clientWidth;
+    const cells = h.cells.filter((c) => c.column.histogram);
+    return cells.map(({ column, left, right }) => {
+      const counts = column.histogram.counts;
+      const e = column.histogram.min_exponent + counts.indexOf(Math.max(...counts));
+      const x = ((left + right) / 2) * ratio;
+      const y = ((h.yOf(e) + h.yOf(e + 1)) / 2) * ratio;
+      return [...ctx.getImageData(Math.round(x), Math.round(y), 1, 1).data];
+    });
+  });
+  check(result.length > 0, `${what}: no column with a histogram`);
+  const blue = result.filter(([r, , b, a]) => a === 255 && b > r + 20).length;
+  check(blue >= result.length * 0.8, `${what}: ${blue} of ${result.length} columns drawn: ${JSON.stringify(result.slice(0, 5))}`);
+  return result.length;
+}
+
+async function checkTensorPage(browser, base) {
+  const page = await openPage(browser);
+  await loadPage(page, `${base}/runs/demo/tensors?name=h0.mlp.fc.weight&role=weight_grad`);
+  const columns = await checkHeatmap(page, 'tensor page of h0.mlp.fc.weight');
+  check(await page.$('[data-chart="tensor_counts"] canvas'), 'tensor page: no counts chart');
+  await screenshot(page, 'tensor');
+  await page.close();
+  return columns;
+}
+
+async function checkComparePage(browser, base) {
+  const page = await openPage(browser);
+  await loadPage(page, `${base}/compare?a=demo&b=short`);
+  noErrors(page, 'compare page');
+  for (const name of ['compare_loss', 'compare_scale', 'compare_underflow']) {
+    check(await page.$(`[data-chart="${name}"] canvas`), `compare page: nothing drawn in ${name}`);
+  }
+  const labels = await page.$$eval('[data-chart="compare_loss"] .u-legend .u-label', (n) => n.map((x) => x.textContent));
+  check(labels.some((l) => l.startsWith('demo')) && labels.some((l) => l.startsWith('short')),
+        `compare page: the loss legend names ${labels}`);
+  await screenshot(page, 'compare');
+  await page.close();
+}
+
+// A run still training: its page redraws without a reload as reports arrive.
+async function checkLive(browser, base, grpc) {
+  const live = train(grpc, 'live', 5000, ['--eval-every', '0']);
+  for (let i = 0; ; i += 1) {
+    const { status, body } = await api(base, '/api/runs/live');
+    if (status === 200 && body.run.last_step >= 3) break;
+    check(live.exitCode === null, `ampscope-train live ended early:\n${logTail('train-live')}`);
+    check(i < 300, 'the live run sent nothing for 30 s');
+    await sleep(100);
+  }
+  const page = await openPage(browser);
+  await loadPage(page, `${base}/runs/live`);
+  const read = () => page.evaluate(() => ({
+    updates: Number(document.body.dataset.updates || 0),
+    last: Number(document.querySelector('[data-fact="last_step"]').textContent.replace(/,/g, '')),
+  }));
+  const first = await read();
+  let now = first;
+  for (let i = 0; i < 100 && !(now.updates >= 2 && now.last > first.last); i += 1) {
+    await sleep(200);
+    now = await read();
+  }
+  check(now.updates >= 2 && now.last > first.last,
+        `live run page: ${now.updates} updates, last step ${first.last} -> ${now.last} in 20 s`);
+  noErrors(page, 'live run page');
+  await screenshot(page, 'live');
+  await page.close();
+  await stop(live);
+  return [first.last, now.last, now.updates];
+}
+
+// The same store behind a reader token: the API refuses a request without it, the login form
+// refuses a wrong token (401, "token refused") and lets the right one in.
+async function checkLogin(browser) {
+  const tokens = path.join(WORK, 'tokens');
+  fs.writeFileSync(tokens, `reader ${READER_TOKEN}\n`, { mode: 0o600 });
+  const server = await startServer('server-tokens', ['--auth-token-file', tokens]);
+  const base = server.base;
+  check((await api(base, '/api/runs')).status === 401, '/api/runs without a token: expected 401');
+  check((await api(base, '/api/runs', { Authorization: `Bearer ${READER_TOKEN}` })).status === 200,
+        '/api/runs with the reader token as a bearer: expected 200');
+
+  const context = await browser.createBrowserContext();
+  const page = await openPage(context);
+  await page.goto(`${base}/runs/demo`);
+  check(new URL(page.url()).pathname === '/login', `without a session /runs/demo should lead to /login, not ${page.url()}`);
+  await page.type('input[name="token"]', 'not-the-token');
+  const [refused] = await Promise.all([page.waitForNavigation(), page.click('button[type="submit"]')]);
+  check(refused.status() === 401, `a wrong token: expected 401, got ${refused.status()}`);
+  check((await page.content()).includes('token refused'), 'a wrong token: the form does not say "token refused"');
+  await screenshot(page, 'login_refused');
+  await page.type('input[name="token"]', READER_TOKEN);
+  await Promise.all([page.waitForNavigation(), page.click('button[type="submit"]')]);
+  check(new URL(page.url()).pathname === '/runs/demo', `after login: at ${page.url()}, expected /runs/demo`);
+  await page.waitForSelector('body[data-ready="1"]');
+  const signedIn = await openPage(context);
+  await loadPage(signedIn, `${base}/runs/demo`);
+  noErrors(signedIn, 'run page after login');
+  check(await signedIn.$('table[data-table="offenders"] tbody tr'), 'run page after login: no offender row');
+  await context.close();
+  await stop(server.child);
+}
+
+async function main() {
+  fs.mkdirSync(SHOTS, { recursive: true });
+  const server = await startServer('server');
+  log(`server up: grpc ${server.grpc}, http ${server.base}`);
+  await trainToEnd(server.grpc, 'demo', 200, ['--init-scale', '16777216', '--inject-nan', 'h0.mlp.fc@60',
+                                               '--eval-every', '100']);
+  log('demo run trained (200 steps)');
+  await trainToEnd(server.grpc, 'short', 40, ['--eval-every', '20']);
+  log('short run trained (40 steps)');
+  const browser = await launchBrowser(NODE_MODULES);
+  try {
+    await checkRunsPage(browser, server.base);
+    log('runs page: ok');
+    await checkRunPage(browser, server.base);
+    log('run page: ok (offender, skip and decision markers, hover, offender link to the heatmap)');
+    const columns = await checkTensorPage(browser, server.base);
+    log(`tensor page: ok (${columns} columns drawn)`);
+    await checkComparePage(browser, server.base);
+    log('compare page: ok');
+    const [from, to, updates] = await checkLive(browser, server.base, server.grpc);
+    log(`live: ok (last step ${from} -> ${to} after ${updates} updates, no reload)`);
+    await stop(server.child);
+    await checkLogin(browser);
+    log('login: ok (wrong token refused with 401, reader token signed in)');
+  } finally {
+    await browser.close();
+  }
+  log(`passed; screenshots in ${SHOTS}`);
+}
+
+try {
+  await main();
+  fs.rmSync(WORK, { recursive: true, force: true });
+} catch (error) {
+  console.error(`FAILED: ${error.message}`);
+  console.error(`(logs kept in ${WORK})`);
+  for (const child of children) child.kill('SIGKILL');
+  process.exit(1);
+}
+for (const child of children) child.kill('SIGKILL');
