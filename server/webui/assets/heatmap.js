@@ -117,8 +117,10 @@ export class Heatmap {
           const e = h.min_exponent + k;
           if (n === 0 || e < this.eMin || e > this.eMax) return;
           ctx.fillStyle = rampColour(1 - Math.log10(n / total) / SHARE_FLOOR);
-          const top = this.yOf(e + 1);
-          ctx.fillRect(left, top, right - left, this.yOf(e) - top);
+          // Whole pixels: fractional edges would leave hairlines between the cells.
+          const top = Math.floor(this.yOf(e + 1));
+          const x = Math.floor(left);
+          ctx.fillRect(x, top, Math.ceil(right) - x, Math.ceil(this.yOf(e)) - top);
         });
       }
       if (column.from_flight_recorder) {
@@ -126,6 +128,19 @@ export class Heatmap {
         ctx.fillRect(left, this.plot.top - 6, Math.max(1, right - left), 4);
       }
     }
+  }
+
+  // Where format f's window edges fall relative to the exponents shown: 'drawn' when one is in
+  // view, else 'normal' (the whole view is in its normal range) or 'off' (outside it).
+  windowPlacement(f) {
+    let normal = true;
+    for (const { column } of this.cells) {
+      const s = column.loss_scale > 0 ? column.loss_scale : 1;
+      const edges = [f.max, f.min_normal, f.min_subnormal].map((v) => Math.log2(v / s));
+      if (edges.some((e) => e > this.eMin && e < this.eMax + 1)) return 'drawn';
+      normal = normal && edges[1] <= this.eMin && edges[0] >= this.eMax + 1;
+    }
+    return normal ? 'normal' : 'off';
   }
 
   drawWindows(ctx, formats) {

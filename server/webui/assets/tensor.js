@@ -37,6 +37,7 @@ export async function showTensor(main, run_id, name, role, phase) {
     }
     drawTitle();
     heatmap.draw(tensor, enabled);
+    drawPlacements();
     drawCounts();
   }
 
@@ -71,11 +72,21 @@ export async function showTensor(main, run_id, name, role, phase) {
         el('input', { type: 'checkbox', checked: enabled.has(f.name), dataset: { format: f.name }, onchange: (e) => {
           if (e.target.checked) enabled.add(f.name); else enabled.delete(f.name);
           heatmap.draw(tensor, enabled);
+          drawPlacements();
         } }),
-        swatch(FORMAT_COLOURS[f.name]), f.name)),
+        swatch(FORMAT_COLOURS[f.name]), f.name, el('span', { class: 'muted', dataset: { placement: f.name } }))),
       el('span', { class: 'muted' }, '— overflow above · - - normal from · ··· subnormal from'),
       el('span', {}, 'share of values: 10^-6 ', bar, ' 1'),
       el('span', {}, swatch(FLIGHT_COLOUR), 'flight recorder'));
+  }
+
+  // A format whose lines are not on the chart says why next to its toggle.
+  function drawPlacements() {
+    const words = { normal: ' (all normal here)', off: ' (window outside the chart)', drawn: '' };
+    for (const f of tensor.formats) {
+      const span = toggles.querySelector(`[data-placement="${f.name}"]`);
+      if (span) span.textContent = words[heatmap.windowPlacement(f)];
+    }
   }
 
   function drawCounts() {
