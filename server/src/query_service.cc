@@ -81,9 +81,7 @@ QueryService::QueryService(StoreReader& store, const StreamTable& streams, const
       metrics_(metrics) {}
 
 void QueryService::add_live_facts(v1::RunSummary* summary) const {
-  summary->set_agents_connected(
-      static_cast<std::uint32_t>(streams_.connected_ranks(summary->run_id()).size()));
-  summary->set_duplicate_reports(runs_.duplicates(summary->run_id()));
+  server::add_live_facts(live_facts(streams_, runs_, summary->run_id()), summary);
 }
 
 grpc::ServerUnaryReactor* QueryService::ListRuns(grpc::CallbackServerContext* context,
@@ -106,11 +104,9 @@ grpc::ServerUnaryReactor* QueryService::GetRun(grpc::CallbackServerContext* cont
     std::optional<v1::GetRunResponse> run = store_.get_run(request->run_id(), request->limit());
     if (!run) return not_found(request->run_id());
     *response = std::move(*run);
-    add_live_facts(response->mutable_summary());
-    const std::set<std::uint32_t> connected = streams_.connected_ranks(request->run_id());
-    for (v1::AgentInfo& a : *response->mutable_agents()) {
-      a.set_connected(connected.contains(a.rank()));
-    }
+    const LiveFacts facts = live_facts(streams_, runs_, request->run_id());
+    server::add_live_facts(facts, response->mutable_summary());
+    mark_connected(facts, *response->mutable_agents());
     return grpc::Status::OK;
   });
 }

@@ -10,6 +10,7 @@
 #include "ampscope/v1/query.grpc.pb.h"
 #include "auth.h"
 #include "ingest.h"
+#include "live_facts.h"
 #include "metrics.h"
 #include "run_registry.h"
 #include "store.h"

@@ -29,7 +29,7 @@
 
 namespace ampscope::server {
 
-inline constexpr int kSchemaVersion = 3;
+inline constexpr int kSchemaVersion = 4;
 
 struct StoreOptions {
   std::string path;
@@ -88,6 +88,32 @@ struct RestoredState {
   std::vector<TensorTotals> tensors;
   std::map<std::string, v1::PolicyUpdate> current_updates;  // the policy in force, per run
 };
+
+// A report's tensors summed per (role, targets[0].format), the rows of report_counts: each
+// tensor's targets[0] counts, `checked` its finite nonzero values (TensorTotals.values), and its
+// non-finite values (tensors without targets are under format 0, with nothing checked).
+struct ReportCounts {
+  int role = 0;    // v1::TensorRole
+  int format = 0;  // v1::Format of targets[0]; 0 without targets
+  std::uint64_t checked = 0;
+  std::uint64_t underflow = 0;
+  std::uint64_t overflow = 0;
+  std::uint64_t subnormal = 0;
+  std::uint64_t nonfinite = 0;
+};
+// In the order of the groups' first tensors.
+std::vector<ReportCounts> count_report(const v1::StepReport& report);
+// The report's rows of report_counts, through a statement prepare_report_counts() made (the
+// writer's for new reports, the migration's for stored ones).
+Statement prepare_report_counts(Connection& c);
+void insert_report_counts(Statement& insert, std::int64_t report, std::int64_t run,
+                          const v1::StepReport& r);
+// The columns of reports taken from optional fields: NULL when absent or not finite.
+struct ReportColumns {
+  std::optional<double> val_loss;
+  std::optional<double> tensor_core_active_ratio;
+};
+ReportColumns report_columns(const v1::StepReport& r);
 
 struct RetentionResult {
   std::int64_t deleted_reports = 0;
@@ -194,6 +220,99 @@ struct ReportPosition {
 std::string make_page_token(const ReportPosition& last);
 std::optional<ReportPosition> parse_page_token(std::string_view token);
 
+// --- The web UI's series (store_series.cc) ------------------------------------------------
+// Steps [from, to] cut for a chart `width` points wide: bucket_steps = ceil((to - from + 1) /
+// width), and bucket b holds the steps [from + b * bucket_steps, from + (b + 1) * bucket_steps).
+// Empty (buckets 0) when to < from.
+struct StepBuckets {
+  std::int64_t from = 0;
+  std::int64_t to = -1;
+  std::int64_t bucket_steps = 1;
+  std::int64_t buckets = 0;
+  static StepBuckets cut(std::int64_t from, std::int64_t to, std::int64_t width);
+};
+struct SeriesRequest {
+  std::optional<std::int64_t> from;  // default: the run's first step
+  std::optional<std::int64_t> to;    // default: the run's last step
+  std::int64_t width = 1000;         // > 0
+};
+// One non-empty bucket of the step series, over every rank's reports in it.
+struct StepPoint {
+  std::int64_t step = 0;       // the bucket's first step with a report
+  std::int64_t last_step = 0;  // its last
+  std::int64_t reports = 0;
+  std::optional<double> loss, loss_min, loss_max;  // finite losses only
+  std::optional<double> val_loss;                  // the latest in the bucket
+  double scale_min = 0, scale_max = 0, scale_last = 0;  // loss_scale used
+  std::int64_t skipped = 0;    // distinct skipped steps
+  std::int64_t found_inf = 0;  // distinct steps with found_inf
+};
+struct CountPoint {
+  std::int64_t step = 0;  // the bucket's first step with a report
+  std::uint64_t checked = 0, underflow = 0, overflow = 0, subnormal = 0, nonfinite = 0;
+};
+struct CountSeries {
+  int role = 0;    // v1::TensorRole
+  int format = 0;  // v1::Format; 0 without targets
+  std::vector<CountPoint> points;
+};
+struct RankPoint {
+  std::int64_t step = 0;
+  std::optional<double> step_time_s, tensor_core_active_ratio;  // means over the bucket
+};
+struct RankSeries {
+  std::uint32_t rank = 0;
+  std::vector<RankPoint> points;
+};
+struct RunView {
+  v1::RunSummary summary;  // without the live facts
+  std::int64_t max_report_id = 0;
+  StepBuckets range;
+  std::vector<StepPoint> steps;
+  std::vector<CountSeries> counts;  // by role, then format
+  std::vector<RankSeries> ranks;
+  std::vector<v1::SkippedStep> skips;          // in range, the latest kSeriesSkips, by step
+  std::vector<v1::ScalePoint> scale_changes;   // in range
+  std::vector<v1::PolicyDecision> decisions;   // the latest kSeriesDecisions, oldest first
+  std::vector<v1::OffenderEvent> offenders;    // in range, the latest kSeriesOffenders, by step
+  std::vector<v1::TensorRecord> tensors;       // the kSeriesTensors worst
+  std::vector<v1::AgentInfo> agents;
+  std::vector<v1::RankDivergence> divergences;  // the latest kSeriesDivergences, by step
+};
+inline constexpr std::uint32_t kSeriesSkips = 2000;
+inline constexpr std::uint32_t kSeriesDecisions = 1000;
+inline constexpr std::uint32_t kSeriesOffenders = 1000;
+inline constexpr std::uint32_t kSeriesTensors = 50;
+inline constexpr std::uint32_t kSeriesDivergences = 1000;
+struct TensorRequest {
+  std::string name;
+  int role = 0;              // v1::TensorRole
+  std::optional<int> phase;  // v1::TensorPhase; default: the phase of the latest FULL sample
+  SeriesRequest range;
+};
+// A FULL sample of a tensor: from a report, or from the flight recorder's history.
+struct TensorSample {
+  std::int64_t step = 0;
+  std::uint32_t rank = 0;
+  bool from_flight_recorder = false;
+  v1::TensorStats stats;
+};
+struct TensorSeries {
+  int phase = 0;  // v1::TensorPhase of the columns
+  StepBuckets range;
+  std::int64_t first_step = 0, last_step = 0;  // the run's
+  std::vector<TensorSample> columns;  // at most one per bucket, ascending
+};
+// A run's reports received since a time (server clock), for the alert conditions.
+struct RecentReports {
+  std::int64_t steps = 0;          // distinct steps
+  std::int64_t skipped_steps = 0;  // distinct skipped steps
+  bool nonfinite_loss = false;
+  std::optional<double> last_loss_scale;  // loss_scale of the latest step (lowest rank)
+  std::vector<ReportCounts> counts;       // summed per (role, format)
+  std::int64_t divergent_steps = 0;       // rank divergences at the window's steps
+};
+
 // Queries, from any thread (serialised on one read connection).
 class StoreReader {
  public:
@@ -210,7 +329,33 @@ class StoreReader {
   std::optional<v1::GetStepHistoryResponse> get_step_history(
       const v1::GetStepHistoryRequest& request);
 
+  // The web UI's series (store_series.cc); nullopt when the run is unknown. Each series is
+  // aggregated in SQL, one statement per series, so that the cost follows the buckets asked
+  // for and the steps in range, never more.
+  std::optional<RunView> run_series(const std::string& run_id, const SeriesRequest& request);
+  std::optional<TensorSeries> tensor_series(const std::string& run_id,
+                                            const TensorRequest& request);
+  // The largest report id of the run (0 without reports); nullopt when the run is unknown.
+  std::optional<std::int64_t> max_report_id(const std::string& run_id);
+  // Per run seen since `since_ns`: its reports received since then. Runs not seen are absent.
+  std::map<std::string, RecentReports> recent_reports(std::int64_t since_ns);
+
  private:
+  // Shared by get_run and the web UI's series. Steps in [from, to]; `latest`: the last `limit`
+  // rows (listed by step) rather than the first.
+  std::vector<v1::AgentInfo> agents(std::int64_t run);
+  std::vector<v1::SkippedStep> skipped_steps(std::int64_t run, std::int64_t from,
+                                             std::int64_t to, std::uint32_t limit, bool latest);
+  std::vector<v1::OffenderEvent> first_offenders(std::int64_t run, std::int64_t from,
+                                                 std::int64_t to, std::uint32_t limit,
+                                                 bool latest);
+  // The changes of the lowest rank's loss scale in [from, to] (its first step's scale first),
+  // the last kMaxScalePoints.
+  std::vector<v1::ScalePoint> scale_timeline(std::int64_t run, std::int64_t from, std::int64_t to);
+  // tensor_totals rows, ordered and filtered by `where_order` (SQL after "WHERE run = ?1 AND").
+  std::vector<v1::TensorRecord> tensor_records(std::int64_t run, const std::string& where_order,
+                                               std::uint32_t limit);
+  std::vector<v1::RankDivergence> divergences(std::int64_t run, std::uint32_t limit);
   void fill_summary(std::int64_t run, v1::RunSummary* summary);
   std::vector<v1::PolicyDecision> decisions(std::int64_t run, std::uint32_t limit);
   std::optional<std::int64_t> run_key(const std::string& run_id);

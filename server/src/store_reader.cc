@@ -224,6 +224,148 @@ std::vector<v1::PolicyDecision> StoreReader::decisions(std::int64_t run, std::ui
   return out;
 }
 
+std::vector<v1::AgentInfo> StoreReader::agents(std::int64_t run) {
+  std::vector<v1::AgentInfo> out;
+  Statement s = conn_->prepare(
+      "SELECT a.rank, a.host, a.trainer, a.agent_version, a.last_seq, a.last_seen_ns, "
+      "a.counters, a.data_parallel_size, a.gradients_sharded, a.policy_agreement, "
+      "a.last_policy_seq, (SELECT avg(step_time_s) FROM reports r WHERE r.run = a.run AND "
+      "r.rank = a.rank) FROM agents a WHERE a.run = ?1 ORDER BY a.rank");
+  s.bind(1, run);
+  Statement n = conn_->prepare(
+      "SELECT text FROM agent_notices WHERE run = ?1 AND rank = ?2 ORDER BY text LIMIT 16");
+  while (s.step()) {
+    v1::AgentInfo* a = &out.emplace_back();
+    a->set_rank(static_cast<std::uint32_t>(s.column_int(0)));
+    a->set_host(s.column_text(1));
+    a->set_trainer(s.column_text(2));
+    a->set_agent_version(s.column_text(3));
+    a->set_last_seq(static_cast<std::uint64_t>(s.column_int(4)));
+    a->set_last_seen_unix_ns(s.column_int(5));
+    if (!s.column_is_null(6)) parse_blob(s.column_blob(6), a->mutable_counters());
+    a->set_data_parallel_size(static_cast<std::uint32_t>(s.column_int(7)));
+    a->set_gradients_sharded(s.column_int(8) != 0);
+    a->set_policy_agreement(static_cast<v1::PolicyAgreement>(s.column_int(9)));
+    a->set_last_policy_seq(static_cast<std::uint64_t>(s.column_int(10)));
+    if (!s.column_is_null(11)) a->set_mean_step_time_s(s.column_double(11));
+    n.bind(1, run).bind(2, std::int64_t{a->rank()});
+    while (n.step()) a->add_notices(n.column_text(0));
+    n.reset();
+  }
+  return out;
+}
+
+std::vector<v1::SkippedStep> StoreReader::skipped_steps(std::int64_t run, std::int64_t from,
+                                                        std::int64_t to, std::uint32_t limit,
+                                                        bool latest) {
+  // The lowest rank that skipped each step.
+  Statement s = conn_->prepare(
+      std::string("SELECT step, rank, loss_scale, scale_after, found_inf, payload FROM reports "
+                  "WHERE run = ?1 AND skipped != 0 AND step >= ?2 AND step <= ?3 ORDER BY ") +
+      (latest ? "step DESC, rank" : "step, rank"));
+  s.bind(1, run).bind(2, from).bind(3, to);
+  std::vector<v1::SkippedStep> out;
+  while (s.step() && out.size() < limit) {
+    if (!out.empty() && s.column_int(0) == out.back().step()) continue;
+    v1::SkippedStep& k = out.emplace_back();
+    k.set_step(s.column_int(0));
+    k.set_rank(static_cast<std::uint32_t>(s.column_int(1)));
+    k.set_loss_scale(s.column_double(2));
+    k.set_scale_after(s.column_double(3));
+    k.set_found_inf(s.column_int(4) != 0);
+    v1::StepReport r;
+    if (parse_blob(s.column_blob(5), &r) && r.has_first_offender()) {
+      *k.mutable_first_offender() = r.first_offender();
+    }
+    k.set_why(describe_skip(k));
+  }
+  if (latest) std::reverse(out.begin(), out.end());
+  return out;
+}
+
+std::vector<v1::OffenderEvent> StoreReader::first_offenders(std::int64_t run, std::int64_t from,
+                                                            std::int64_t to, std::uint32_t limit,
+                                                            bool latest) {
+  Statement s = conn_->prepare(
+      std::string("SELECT step, rank, payload FROM reports WHERE run = ?1 AND offender IS NOT "
+                  "NULL AND step >= ?2 AND step <= ?3 ORDER BY ") +
+      (latest ? "step DESC, rank DESC" : "step, rank") + " LIMIT ?4");
+  s.bind(1, run).bind(2, from).bind(3, to).bind(4, std::int64_t{limit});
+  std::vector<v1::OffenderEvent> out;
+  while (s.step()) {
+    v1::StepReport r;
+    if (!parse_blob(s.column_blob(2), &r)) continue;
+    v1::OffenderEvent& e = out.emplace_back();
+    e.set_step(s.column_int(0));
+    e.set_rank(static_cast<std::uint32_t>(s.column_int(1)));
+    *e.mutable_offender() = r.first_offender();
+  }
+  if (latest) std::reverse(out.begin(), out.end());
+  return out;
+}
+
+std::vector<v1::ScalePoint> StoreReader::scale_timeline(std::int64_t run, std::int64_t from,
+                                                        std::int64_t to) {
+  Statement s = conn_->prepare(
+      "SELECT step, loss_scale FROM reports WHERE run = ?1 AND rank = "
+      "(SELECT min(rank) FROM reports WHERE run = ?1) AND step >= ?2 AND step <= ?3 "
+      "ORDER BY step");
+  s.bind(1, run).bind(2, from).bind(3, to);
+  std::vector<v1::ScalePoint> points;
+  while (s.step()) {
+    const double scale = s.column_double(1);
+    if (points.empty() || points.back().loss_scale() != scale) {
+      v1::ScalePoint& p = points.emplace_back();
+      p.set_step(s.column_int(0));
+      p.set_loss_scale(scale);
+    }
+  }
+  constexpr std::size_t kMaxScalePoints = 1000;
+  if (points.size() > kMaxScalePoints) {
+    points.erase(points.begin(), points.end() - kMaxScalePoints);
+  }
+  return points;
+}
+
+std::vector<v1::TensorRecord> StoreReader::tensor_records(std::int64_t run,
+                                                          const std::string& where_order,
+                                                          std::uint32_t limit) {
+  Statement s = conn_->prepare(
+      "SELECT name, role, format, samples, \"values\", overflow, underflow, nonfinite, max_abs, "
+      "last_step FROM tensor_totals WHERE run = ?1 AND " +
+      where_order + " LIMIT ?2");
+  s.bind(1, run).bind(2, std::int64_t{limit});
+  std::vector<v1::TensorRecord> out;
+  while (s.step()) {
+    v1::TensorRecord& t = out.emplace_back();
+    t.set_name(s.column_text(0));
+    t.set_role(static_cast<v1::TensorRole>(s.column_int(1)));
+    t.set_format(static_cast<v1::Format>(s.column_int(2)));
+    t.set_samples(static_cast<std::uint64_t>(s.column_int(3)));
+    t.set_values(static_cast<std::uint64_t>(s.column_int(4)));
+    t.set_overflow(static_cast<std::uint64_t>(s.column_int(5)));
+    t.set_underflow(static_cast<std::uint64_t>(s.column_int(6)));
+    t.set_nonfinite(static_cast<std::uint64_t>(s.column_int(7)));
+    const double values = static_cast<double>(t.values());
+    t.set_overflow_ratio(values > 0 ? static_cast<double>(t.overflow()) / values : 0.0);
+    t.set_underflow_ratio(values > 0 ? static_cast<double>(t.underflow()) / values : 0.0);
+    t.set_max_abs(s.column_double(8));
+    t.set_last_step(s.column_int(9));
+  }
+  return out;
+}
+
+std::vector<v1::RankDivergence> StoreReader::divergences(std::int64_t run, std::uint32_t limit) {
+  // The latest `limit`, listed by step.
+  Statement s = conn_->prepare(
+      "SELECT divergence FROM (SELECT step, field, divergence FROM rank_divergences "
+      "WHERE run = ?1 ORDER BY step DESC, field DESC LIMIT ?2) ORDER BY step, field");
+  s.bind(1, run).bind(2, std::int64_t{limit});
+  std::vector<v1::RankDivergence> out;
+  while (s.step()) parse_blob(s.column_blob(0), &out.emplace_back());
+  return out;
+}
+
 std::optional<v1::GetRunResponse> StoreReader::get_run(const std::string& run_id,
                                                        std::uint32_t requested_limit) {
   std::lock_guard lock(mu_);
@@ -233,131 +375,33 @@ std::optional<v1::GetRunResponse> StoreReader::get_run(const std::string& run_id
   v1::GetRunResponse out;
   fill_summary(*run, out.mutable_summary());
 
-  {
-    Statement s = conn_->prepare(
-        "SELECT a.rank, a.host, a.trainer, a.agent_version, a.last_seq, a.last_seen_ns, "
-        "a.counters, a.data_parallel_size, a.gradients_sharded, a.policy_agreement, "
-        "a.last_policy_seq, (SELECT avg(step_time_s) FROM reports r WHERE r.run = a.run AND "
-        "r.rank = a.rank) FROM agents a WHERE a.run = ?1 ORDER BY a.rank");
-    s.bind(1, *run);
-    Statement n = conn_->prepare(
-        "SELECT text FROM agent_notices WHERE run = ?1 AND rank = ?2 ORDER BY text LIMIT 16");
-    while (s.step()) {
-      v1::AgentInfo* a = out.add_agents();
-      a->set_rank(static_cast<std::uint32_t>(s.column_int(0)));
-      a->set_host(s.column_text(1));
-      a->set_trainer(s.column_text(2));
-      a->set_agent_version(s.column_text(3));
-      a->set_last_seq(static_cast<std::uint64_t>(s.column_int(4)));
-      a->set_last_seen_unix_ns(s.column_int(5));
-      if (!s.column_is_null(6)) parse_blob(s.column_blob(6), a->mutable_counters());
-      a->set_data_parallel_size(static_cast<std::uint32_t>(s.column_int(7)));
-      a->set_gradients_sharded(s.column_int(8) != 0);
-      a->set_policy_agreement(static_cast<v1::PolicyAgreement>(s.column_int(9)));
-      a->set_last_policy_seq(static_cast<std::uint64_t>(s.column_int(10)));
-      if (!s.column_is_null(11)) a->set_mean_step_time_s(s.column_double(11));
-      n.bind(1, *run).bind(2, std::int64_t{a->rank()});
-      while (n.step()) a->add_notices(n.column_text(0));
-      n.reset();
-    }
+  for (v1::AgentInfo& a : agents(*run)) *out.add_agents() = std::move(a);
+  const std::int64_t all_steps = std::numeric_limits<std::int64_t>::max();
+  for (v1::SkippedStep& k : skipped_steps(*run, 0, all_steps, limit, /*latest=*/false)) {
+    *out.add_skipped_steps() = std::move(k);
   }
-  {
-    // The lowest rank that skipped each step, earliest steps first.
-    Statement s = conn_->prepare(
-        "SELECT step, rank, loss_scale, scale_after, found_inf, payload FROM reports "
-        "WHERE run = ?1 AND skipped != 0 ORDER BY step, rank");
-    s.bind(1, *run);
-    std::int64_t last_step = -1;
-    while (s.step() && static_cast<std::uint32_t>(out.skipped_steps_size()) < limit) {
-      if (s.column_int(0) == last_step) continue;
-      last_step = s.column_int(0);
-      v1::SkippedStep* k = out.add_skipped_steps();
-      k->set_step(last_step);
-      k->set_rank(static_cast<std::uint32_t>(s.column_int(1)));
-      k->set_loss_scale(s.column_double(2));
-      k->set_scale_after(s.column_double(3));
-      k->set_found_inf(s.column_int(4) != 0);
-      v1::StepReport r;
-      if (parse_blob(s.column_blob(5), &r) && r.has_first_offender()) {
-        *k->mutable_first_offender() = r.first_offender();
-      }
-      k->set_why(describe_skip(*k));
-    }
+  for (v1::OffenderEvent& e : first_offenders(*run, 0, all_steps, limit, /*latest=*/false)) {
+    *out.add_first_offenders() = std::move(e);
   }
-  {
-    Statement s = conn_->prepare(
-        "SELECT step, rank, payload FROM reports WHERE run = ?1 AND offender IS NOT NULL "
-        "ORDER BY step, rank LIMIT ?2");
-    s.bind(1, *run).bind(2, std::int64_t{limit});
-    while (s.step()) {
-      v1::StepReport r;
-      if (!parse_blob(s.column_blob(2), &r)) continue;
-      v1::OffenderEvent* e = out.add_first_offenders();
-      e->set_step(s.column_int(0));
-      e->set_rank(static_cast<std::uint32_t>(s.column_int(1)));
-      *e->mutable_offender() = r.first_offender();
-    }
+  for (v1::ScalePoint& p : scale_timeline(*run, 0, all_steps)) {
+    *out.add_scale_timeline() = std::move(p);
   }
-  {
-    Statement s = conn_->prepare(
-        "SELECT step, loss_scale FROM reports WHERE run = ?1 AND rank = "
-        "(SELECT min(rank) FROM reports WHERE run = ?1) ORDER BY step");
-    s.bind(1, *run);
-    std::vector<v1::ScalePoint> points;
-    while (s.step()) {
-      const double scale = s.column_double(1);
-      if (points.empty() || points.back().loss_scale() != scale) {
-        v1::ScalePoint p;
-        p.set_step(s.column_int(0));
-        p.set_loss_scale(scale);
-        points.push_back(std::move(p));
-      }
-    }
-    constexpr std::size_t kMaxPoints = 1000;
-    const std::size_t first = points.size() > kMaxPoints ? points.size() - kMaxPoints : 0;
-    for (std::size_t i = first; i < points.size(); ++i) {
-      *out.add_scale_timeline() = std::move(points[i]);
-    }
+  for (v1::TensorRecord& t :
+       tensor_records(*run, "underflow > 0 ORDER BY underflow * 1.0 / \"values\" DESC, name",
+                      limit)) {
+    *out.add_worst_underflow() = std::move(t);
   }
-  const auto read_tensors = [&](const char* where_order, auto* list) {
-    Statement s = conn_->prepare(
-        std::string("SELECT name, role, format, samples, \"values\", overflow, underflow, "
-                    "nonfinite, max_abs, last_step FROM tensor_totals WHERE run = ?1 AND ") +
-        where_order + " LIMIT ?2");
-    s.bind(1, *run).bind(2, std::int64_t{limit});
-    while (s.step()) {
-      v1::TensorRecord* t = list->Add();
-      t->set_name(s.column_text(0));
-      t->set_role(static_cast<v1::TensorRole>(s.column_int(1)));
-      t->set_format(static_cast<v1::Format>(s.column_int(2)));
-      t->set_samples(static_cast<std::uint64_t>(s.column_int(3)));
-      t->set_values(static_cast<std::uint64_t>(s.column_int(4)));
-      t->set_overflow(static_cast<std::uint64_t>(s.column_int(5)));
-      t->set_underflow(static_cast<std::uint64_t>(s.column_int(6)));
-      t->set_nonfinite(static_cast<std::uint64_t>(s.column_int(7)));
-      const double values = static_cast<double>(t->values());
-      t->set_overflow_ratio(values > 0 ? static_cast<double>(t->overflow()) / values : 0.0);
-      t->set_underflow_ratio(values > 0 ? static_cast<double>(t->underflow()) / values : 0.0);
-      t->set_max_abs(s.column_double(8));
-      t->set_last_step(s.column_int(9));
-    }
-  };
-  read_tensors("underflow > 0 ORDER BY underflow * 1.0 / \"values\" DESC, name",
-               out.mutable_worst_underflow());
-  read_tensors(
-      "(overflow > 0 OR nonfinite > 0) ORDER BY overflow * 1.0 / max(\"values\", 1) "
-      "DESC, nonfinite DESC, name",
-      out.mutable_worst_overflow());
+  for (v1::TensorRecord& t : tensor_records(*run,
+                                            "(overflow > 0 OR nonfinite > 0) ORDER BY overflow * "
+                                            "1.0 / max(\"values\", 1) DESC, nonfinite DESC, name",
+                                            limit)) {
+    *out.add_worst_overflow() = std::move(t);
+  }
   for (v1::PolicyDecision& d : decisions(*run, limit)) {
     *out.add_policy_decisions() = std::move(d);
   }
-  {
-    // The latest `limit`, listed by step.
-    Statement s = conn_->prepare(
-        "SELECT divergence FROM (SELECT step, field, divergence FROM rank_divergences "
-        "WHERE run = ?1 ORDER BY step DESC, field DESC LIMIT ?2) ORDER BY step, field");
-    s.bind(1, *run).bind(2, std::int64_t{limit});
-    while (s.step()) parse_blob(s.column_blob(0), out.add_rank_divergences());
+  for (v1::RankDivergence& d : divergences(*run, limit)) {
+    *out.add_rank_divergences() = std::move(d);
   }
   {
     Statement s = conn_->prepare(

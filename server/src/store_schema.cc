@@ -4,6 +4,8 @@
 // changes, a change of layout is a new migration.
 #include <array>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "store.h"
 
@@ -180,8 +182,77 @@ CREATE TRIGGER reports_take_history AFTER DELETE ON reports BEGIN
 END;
 )sql";
 
+// Version 3 -> 4: the web UI's series. Each report's validation loss and tensor-core ratio as
+// columns, and its tensors' counts summed per (role, targets[0] format) in report_counts, so
+// that a run's series are aggregated in SQL without parsing payloads. reports_series covers
+// every column the step and rank series read (a column stored after the payload would cost a
+// walk through the payload's overflow pages per row); it starts with reports_by_step's
+// columns and replaces it. report_counts is clustered by (run, step) for range scans; its
+// rows go with their report.
+constexpr const char* kMigration4 = R"sql(
+ALTER TABLE reports ADD COLUMN val_loss REAL;                   -- NULL when absent or not finite
+ALTER TABLE reports ADD COLUMN tensor_core_active_ratio REAL;   -- NULL when absent
+CREATE INDEX reports_series ON reports (run, step, rank, loss, loss_scale, skipped, found_inf,
+                                        val_loss, step_time_s, tensor_core_active_ratio);
+DROP INDEX reports_by_step;
+
+CREATE TABLE report_counts (
+  run             INTEGER NOT NULL,
+  step            INTEGER NOT NULL,
+  report          INTEGER NOT NULL,             -- reports.id
+  rank            INTEGER NOT NULL,
+  role            INTEGER NOT NULL,             -- ampscope.v1.TensorRole
+  format          INTEGER NOT NULL,             -- ampscope.v1.Format of targets[0]; 0: none
+  checked         INTEGER NOT NULL,             -- finite nonzero values (with targets only)
+  underflow       INTEGER NOT NULL,
+  overflow        INTEGER NOT NULL,
+  subnormal       INTEGER NOT NULL,
+  nonfinite       INTEGER NOT NULL,             -- nan + pos_inf + neg_inf
+  PRIMARY KEY (run, step, report, role, format)
+) WITHOUT ROWID;
+CREATE TRIGGER reports_take_counts AFTER DELETE ON reports BEGIN
+  DELETE FROM report_counts WHERE run = OLD.run AND step = OLD.step AND report = OLD.id;
+END;
+)sql";
+
+// Version 3 -> 4, after its SQL: the new columns and rows of every stored report, from its
+// payload, in the migration's transaction (nothing is lost on upgrade).
+void fill_report_counts(Connection& c) {
+  // In chunks read before writing: a statement still reading a table that its connection
+  // changes may see rows twice or not at all.
+  constexpr std::int64_t kChunk = 512;
+  Statement next = c.prepare("SELECT id, run, payload FROM reports WHERE id > ?1 ORDER BY id "
+                             "LIMIT ?2");
+  Statement columns = c.prepare(
+      "UPDATE reports SET val_loss = ?2, tensor_core_active_ratio = ?3 WHERE id = ?1");
+  Statement counts = prepare_report_counts(c);
+  std::vector<std::tuple<std::int64_t, std::int64_t, v1::StepReport>> chunk;
+  for (std::int64_t after = 0, read = kChunk; read == kChunk; chunk.clear()) {
+    next.bind(1, after).bind(2, kChunk);
+    for (read = 0; next.step(); ++read) {
+      after = next.column_int(0);
+      v1::StepReport r;
+      const std::string_view blob = next.column_blob(2);
+      if (r.ParseFromArray(blob.data(), static_cast<int>(blob.size()))) {
+        chunk.emplace_back(after, next.column_int(1), std::move(r));
+      }
+    }
+    next.reset();
+    for (const auto& [id, run, r] : chunk) {
+      const ReportColumns extra = report_columns(r);
+      if (extra.val_loss || extra.tensor_core_active_ratio) {
+        columns.bind(1, id).bind(2, extra.val_loss).bind(3, extra.tensor_core_active_ratio).run();
+      }
+      insert_report_counts(counts, id, run, r);
+    }
+  }
+}
+
 constexpr std::array<const char*, kSchemaVersion> kMigrations = {kMigration1, kMigration2,
-                                                                 kMigration3};
+                                                                 kMigration3, kMigration4};
+// The C++ step of a migration, run after its SQL in the same transaction; null: none.
+constexpr std::array<void (*)(Connection&), kSchemaVersion> kMigrationSteps = {
+    nullptr, nullptr, nullptr, fill_report_counts};
 
 }  // namespace
 
@@ -202,6 +273,7 @@ void migrate(Connection& c) {
   for (; version < kSchemaVersion; ++version) {
     Transaction tx(c);
     c.exec(kMigrations[version]);
+    if (kMigrationSteps[version] != nullptr) kMigrationSteps[version](c);
     c.exec("PRAGMA user_version = " + std::to_string(version + 1));
     tx.commit();
   }

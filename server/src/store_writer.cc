@@ -5,6 +5,7 @@
 #include <limits>
 #include <sstream>
 
+#include "ampscope/proto/stats_codec.h"
 #include "policy_merge.h"
 #include "store.h"
 
@@ -34,8 +35,10 @@ struct StoreWriter::Statements {
             "WHERE (SELECT count(*) FROM agent_notices WHERE run = ?1 AND rank = ?2) < 16")),
         insert_report(c.prepare(
             "INSERT OR IGNORE INTO reports (run, rank, seq, step, loss, loss_scale, scale_after, "
-            "found_inf, skipped, offender, n_tensors, received_ns, payload, step_time_s) "
-            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)")),
+            "found_inf, skipped, offender, n_tensors, received_ns, payload, step_time_s, "
+            "val_loss, tensor_core_active_ratio) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, "
+            "?10, ?11, ?12, ?13, ?14, ?15, ?16)")),
+        insert_counts(prepare_report_counts(c)),
         add_tensor(c.prepare(
             "INSERT INTO tensor_totals (run, name, role, format, samples, \"values\", overflow, "
             "underflow, nonfinite, max_abs, last_step) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, "
@@ -82,7 +85,7 @@ struct StoreWriter::Statements {
             "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)")) {}
 
   Statement upsert_run, run_id_of, touch_run, upsert_agent, agent_progress, agent_notice,
-      insert_report, add_tensor, insert_rejection, insert_decision, set_decision_update,
+      insert_report, insert_counts, add_tensor, insert_rejection, insert_decision, set_decision_update,
       insert_merged, insert_divergence, upsert_application, save_policy;
   // A run's rows, every table; the runs row last.
   Statement delete_reports, delete_applications, delete_agents, delete_notices, delete_tensors,
@@ -213,6 +216,59 @@ std::vector<T> split_numbers(const std::string& text) {
 }
 
 }  // namespace
+
+std::vector<ReportCounts> count_report(const v1::StepReport& r) {
+  std::vector<ReportCounts> groups;
+  for (const v1::TensorStats& t : r.tensors()) {
+    const int format = t.targets_size() > 0 ? static_cast<int>(t.targets(0).format()) : 0;
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const ReportCounts& g) {
+      return g.role == static_cast<int>(t.role()) && g.format == format;
+    });
+    if (it == groups.end()) {
+      it = groups.insert(groups.end(), ReportCounts{static_cast<int>(t.role()), format});
+    }
+    it->nonfinite += proto::nonfinite(t);
+    if (t.targets_size() == 0) continue;
+    const v1::TargetCounts& c = t.targets(0);
+    it->checked += proto::finite_nonzero(t);  // TensorTotals.values' definition
+    it->underflow += c.underflow();
+    it->overflow += c.overflow();
+    it->subnormal += c.subnormal();
+  }
+  return groups;
+}
+
+ReportColumns report_columns(const v1::StepReport& r) {
+  const auto finite = [](bool present, double v) {
+    return present && std::isfinite(v) ? std::optional<double>(v) : std::nullopt;
+  };
+  return {finite(r.has_val_loss(), r.val_loss()),
+          finite(r.has_tensor_core_active_ratio(), r.tensor_core_active_ratio())};
+}
+
+Statement prepare_report_counts(Connection& c) {
+  return c.prepare(
+      "INSERT INTO report_counts (report, run, step, rank, role, format, checked, underflow, "
+      "overflow, subnormal, nonfinite) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)");
+}
+
+void insert_report_counts(Statement& s, std::int64_t report, std::int64_t run,
+                          const v1::StepReport& r) {
+  for (const ReportCounts& g : count_report(r)) {
+    s.bind(1, report)
+        .bind(2, run)
+        .bind(3, r.step())
+        .bind(4, std::int64_t{r.rank()})
+        .bind(5, std::int64_t{g.role})
+        .bind(6, std::int64_t{g.format})
+        .bind(7, static_cast<std::int64_t>(g.checked))
+        .bind(8, static_cast<std::int64_t>(g.underflow))
+        .bind(9, static_cast<std::int64_t>(g.overflow))
+        .bind(10, static_cast<std::int64_t>(g.subnormal))
+        .bind(11, static_cast<std::int64_t>(g.nonfinite))
+        .run();
+  }
+}
 
 std::vector<StoredMerge> StoreWriter::merges_since(const std::string& run_id,
                                                    std::int64_t after_merged_id,
@@ -349,11 +405,15 @@ std::int64_t StoreWriter::insert_report(const v1::StepReport& r, const std::stri
       .bind(12, received_ns)
       .bind_blob(13, payload.data(), payload.size())
       .bind(14, r.step_time_s());
+  const ReportColumns columns = report_columns(r);
+  s.bind(15, columns.val_loss).bind(16, columns.tensor_core_active_ratio);
   s.run();
   // INSERT OR IGNORE: 0 changes means the unique (run, rank, seq) already held it.
   if (conn_->changes() == 0) return 0;
   const std::int64_t id = conn_->last_insert_rowid();
-  if (r.history_size() > 0) insert_history(run_key(r.run_id()), id, r);
+  const std::int64_t run = run_key(r.run_id());
+  insert_report_counts(st_->insert_counts, id, run, r);
+  if (r.history_size() > 0) insert_history(run, id, r);
   return id;
 }
 

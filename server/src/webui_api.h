@@ -46,6 +46,12 @@ class WebApi {
                      const std::multimap<std::string, std::string>& params) const;
 
  private:
+  ApiResponse run_answer(const std::string& run_id,
+                         const std::multimap<std::string, std::string>& params,
+                         std::int64_t now_ns) const;
+  ApiResponse tensor_answer(const std::string& run_id,
+                            const std::multimap<std::string, std::string>& params) const;
+
   StoreReader& store_;
   const StreamTable& streams_;
   const RunRegistry& runs_;
