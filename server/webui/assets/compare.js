@@ -20,20 +20,20 @@ export async function showCompare(main, a, b) {
   }
   const width = Math.max(10, Math.min(4000, Math.round(main.clientWidth)));
   const [da, db] = await Promise.all([a, b].map((id) => getJson(`/api${runHref(id)}?width=${width}`)));
-  const both = (label, pick, extra = {}) => [
+  const both = (label, extra = {}) => [
     { label: `${a} ${label}`, stroke: PALETTE[0], ...extra },
-    { label: `${b} ${label}`, stroke: PALETTE[1], ...extra }];
+    { label: `${b} ${label}`, stroke: PALETTE[1], dash: [6, 3], ...extra }];
   const join = (pick) => uPlot.join([da, db].map((d) => [d.steps.step, pick(d)]));
 
   new Chart(charts, { name: 'compare_loss', title: 'Loss', sync: 'compare' })
     .set(join((d) => d.steps.loss), both('loss'));
   new Chart(charts, { name: 'compare_scale', title: 'Loss scale', sync: 'compare', scales: { y: LOG2 },
                       axes: [{ values: pow2Labels, size: 56 }] })
-    .set(join((d) => d.steps.scale_last), both('scale', null, { paths: uPlot.paths.stepped({ align: 1 }) }));
+    .set(join((d) => d.steps.scale_last), both('scale', { paths: uPlot.paths.stepped({ align: 1 }) }));
   new Chart(charts, { name: 'compare_underflow', title: 'Weight-gradient underflow per checked value (all formats)',
                       sync: 'compare', scales: { y: LOG10 }, axes: [{ values: expLabels, size: 60 }],
                       noData: 'neither run reports weight-gradient counts' })
-    .set(uPlot.join([da, db].map(underflow)), both('underflow', null, { value: (u, v) => fmtRatio(v) }));
+    .set(uPlot.join([da, db].map(underflow)), both('underflow', { value: (u, v) => fmtRatio(v) }));
   markReady();
 }
 
