@@ -125,6 +125,8 @@ class ServerChild {
                                      "127.0.0.1:0",
                                      "--metrics-listen",
                                      "",
+                                     "--http-listen",
+                                     "127.0.0.1:0",
                                      "--db",
                                      (dir / "load.db").string(),
                                      "--ready-file",

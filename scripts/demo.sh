@@ -30,8 +30,9 @@ stop_server() {
 trap stop_server EXIT
 
 say "1. ampscope-server: SQLite store in $WORK, headroom loss-scale policy"
-"$SERVER" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --db "$WORK/ampscope.db" \
-  --policy headroom --ready-file "$WORK/ready.json" >"$WORK/server.log" 2>&1 &
+"$SERVER" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 \
+  --db "$WORK/ampscope.db" --policy headroom --ready-file "$WORK/ready.json" \
+  >"$WORK/server.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 1 100); do [ -s "$WORK/ready.json" ] && break; sleep 0.1; done
 if [ ! -s "$WORK/ready.json" ]; then
@@ -41,7 +42,8 @@ if [ ! -s "$WORK/ready.json" ]; then
 fi
 GRPC=$(sed -n 's/.*"grpc": *"\([^"]*\)".*/\1/p' "$WORK/ready.json")
 METRICS=$(sed -n 's/.*"metrics": *"\([^"]*\)".*/\1/p' "$WORK/ready.json")
-echo "gRPC on $GRPC, Prometheus metrics on http://$METRICS/metrics"
+HTTP=$(sed -n 's/.*"http": *"\([^"]*\)".*/\1/p' "$WORK/ready.json")
+echo "gRPC on $GRPC, Prometheus metrics on http://$METRICS/metrics, web UI on http://$HTTP/"
 
 say "2. ampscope-train, amp-fp16, agent attached: initial scale 2^24 (too high), NaN at step 60"
 echo "\$ ampscope-train --precision amp-fp16 --steps $STEPS --init-scale 16777216 \\"
@@ -106,7 +108,8 @@ cat <<MSG
 - The run is stored in $WORK/ampscope.db. Look at it again with:
     $SERVER --db $WORK/ampscope.db &
     $AMPSCOPE show demo        # or: $AMPSCOPE runs, $AMPSCOPE tail demo --follow
-  and its Prometheus metrics at http://127.0.0.1:9464/metrics while that server runs.
+  and, while that server runs, its web UI at http://127.0.0.1:9465/ (the run's page:
+  http://127.0.0.1:9465/runs/demo) and its Prometheus metrics at http://127.0.0.1:9464/metrics.
 - The per-step log of the training run: $WORK/train.jsonl (one JSON object per step).
 - Grafana and Prometheus: $ROOT/dashboards (dashboard JSON, scrape config, alert rules);
   README.md says how to point an existing Prometheus and Grafana at the server.

@@ -358,7 +358,8 @@ if ! grep -q -- '--cupti-every' <<<"$HELP" || ! grep -q -- '--server' <<<"$HELP"
 elif [ "$HAVE_SERVER" != 1 ]; then
   TC_REASON="ampscope-server and the ampscope CLI are not built here ($MODE build): the ratio travels agent -> server -> 'ampscope tail', and the agent's spool has no reader"
 else
-  "$SERVER_BIN" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --db "$WORK/store.db" \
+  "$SERVER_BIN" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 \
+    --db "$WORK/store.db" \
     --ready-file "$WORK/ready.json" >"$WORK/server.txt" 2>&1 &
   SERVER_PID=$!
   for _ in $(seq 1 50); do [ -s "$WORK/ready.json" ] && break; sleep 0.2; done

@@ -258,7 +258,8 @@ class Server:
         ready = os.path.join(self.dir, "ready.json")
         self.log = open(os.path.join(self.dir, "server.log"), "w")
         self.proc = subprocess.Popen(
-            [binary, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--db",
+            [binary, "--listen", "127.0.0.1:0", "--metrics-listen", "",
+             "--http-listen", "127.0.0.1:0", "--db",
              os.path.join(self.dir, "store.db"), "--sync", "normal", "--ready-file", ready]
             + SERVER_ARGS[name] + extra,
             stdout=self.log, stderr=subprocess.STDOUT)

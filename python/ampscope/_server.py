@@ -50,6 +50,7 @@ class LocalServer:
             self.proc = subprocess.Popen(
                 [self.binary, "--listen", self.address or "127.0.0.1:0", "--metrics-listen",
                  (self.metrics_address or "127.0.0.1:0") if self._metrics else "",
+                 "--http-listen", "127.0.0.1:0",
                  "--db", self.db, "--ready-file", ready, *self.args],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self._timeout

@@ -199,10 +199,22 @@ grpc::Status Authenticator::authorize_run(const Principal& who, std::string_view
 }
 
 bool Authenticator::allows_metrics(std::string_view password) const {
-  if (!enabled()) return true;
-  const TokenGrant* grant = find(password);
-  return grant != nullptr &&
-         (grant->role == AccessRole::kReader || grant->role == AccessRole::kAdmin);
+  const std::optional<AccessRole> role = role_of(password);
+  return role == AccessRole::kReader || role == AccessRole::kAdmin;
+}
+
+std::optional<AccessRole> Authenticator::role_of(std::string_view token) const {
+  if (!enabled()) return AccessRole::kAdmin;
+  const TokenGrant* grant = find(token);
+  if (grant == nullptr) return std::nullopt;
+  return grant->role;
+}
+
+std::optional<AccessRole> Authenticator::role_of_authorization(
+    std::string_view header_value) const {
+  if (!enabled()) return AccessRole::kAdmin;
+  if (header_value.substr(0, kBearer.size()) != kBearer) return std::nullopt;
+  return role_of(header_value.substr(kBearer.size()));
 }
 
 }  // namespace ampscope::server

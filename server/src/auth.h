@@ -18,6 +18,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -72,6 +73,13 @@ class Authenticator {
   // /metrics with HTTP basic auth: whether `password` is a reader or admin token. The user name
   // is not checked (Prometheus' basic_auth needs one; any will do).
   bool allows_metrics(std::string_view password) const;
+
+  // The role of a presented token (the web UI's login form), nullopt for an unknown one.
+  // Without tokens: admin.
+  std::optional<AccessRole> role_of(std::string_view token) const;
+  // The same for an HTTP "Authorization: Bearer <token>" header's value (the web UI); nullopt
+  // for another scheme.
+  std::optional<AccessRole> role_of_authorization(std::string_view header_value) const;
 
  private:
   // The grant whose token equals `presented`, after comparing it with every grant.

@@ -54,6 +54,9 @@ void add_flags(CLI::App& app, Flags& f) {
   app.add_option("--metrics-listen", o.metrics_listen,
                  "Prometheus /metrics address host:port; empty to turn off")
       ->capture_default_str();
+  app.add_option("--http-listen", o.http_listen,
+                 "Web UI address host:port (HTTPS with --tls-cert); empty to turn off")
+      ->capture_default_str();
   app.add_option("--db", o.db_path, "SQLite store file (created when missing)")
       ->capture_default_str();
   app.add_option("--auth-token-file", o.auth_token_file,
@@ -98,7 +101,8 @@ void add_flags(CLI::App& app, Flags& f) {
                  "Deadline of the graceful shutdown on SIGTERM/SIGINT")
       ->capture_default_str();
   app.add_option("--ready-file", f.ready_file,
-                 "Once serving, write {\"grpc\": ..., \"metrics\": ..., \"pid\": ...} here");
+                 "Once serving, write {\"grpc\": ..., \"metrics\": ..., \"http\": ..., "
+                 "\"pid\": ...} here");
   app.add_option("--log-level", f.log_level, "debug, info, warn or error")
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}))
       ->capture_default_str();
@@ -192,7 +196,7 @@ void write_ready_file(const std::string& path, const ampscope::server::BoundAddr
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << "{\"grpc\": \"" << a.grpc << "\", \"metrics\": \"" << a.metrics
-        << "\", \"pid\": " << ::getpid() << "}\n";
+        << "\", \"http\": \"" << a.http << "\", \"pid\": " << ::getpid() << "}\n";
     if (!out) throw ampscope::Error("--ready-file '" + path + "': cannot write it");
   }
   std::filesystem::rename(tmp, path);
@@ -219,6 +223,7 @@ int main(int argc, char** argv) {
       "ampscope-server: receives agents' telemetry, stores it, exports Prometheus "
       "metrics and decides loss-scaler policy"};
   Flags flags;
+  flags.options.http_listen = "127.0.0.1:9465";  // the library's default is off
   add_flags(app, flags);
   app.set_version_flag("--version", std::string("ampscope-server ") +
 #ifdef AMPSCOPE_VERSION

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "auth.h"
+#include "http_listener.h"
 #include "ingest.h"
 #include "log.h"
 #include "metrics.h"
@@ -21,6 +22,7 @@
 #include "store.h"
 #include "streams.h"
 #include "telemetry_service.h"
+#include "webui_api.h"
 
 namespace ampscope::server {
 namespace {
@@ -61,6 +63,10 @@ struct Server::Impl {
   std::unique_ptr<QueryService> query;
   std::unique_ptr<grpc::Server> grpc_server;
   std::unique_ptr<prometheus::Exposer> exposer;
+  // Destroyed in reverse order: the listener before the WebApi it calls, both before the store,
+  // the registry and the streams they read.
+  std::unique_ptr<WebApi> web_api;
+  std::unique_ptr<HttpListener> http;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -202,6 +208,23 @@ BoundAddresses Server::start() {
     const std::vector<int> ports = s.exposer->GetListeningPorts();
     bound.metrics = with_port(o.metrics_listen, ports.empty() ? 0 : ports.front());
   }
+  if (!o.http_listen.empty()) {
+    s.web_api = std::make_unique<WebApi>(*s.reader, s.streams, *s.runs);
+    HttpOptions http;
+    http.listen = o.http_listen;
+    http.tls_cert_file = o.tls_cert_file;
+    http.tls_key_file = o.tls_key_file;
+    http.tls_client_ca_file = o.tls_client_ca_file;
+    try {
+      s.http = std::make_unique<HttpListener>(std::move(http), s.auth, *s.web_api);
+    } catch (const std::exception&) {
+      s.exposer.reset();
+      s.grpc_server->Shutdown();
+      s.ingest->stop();
+      throw;
+    }
+    bound.http = s.http->address();
+  }
   {
     std::lock_guard lock(s.mu);
     s.started = true;
@@ -212,6 +235,9 @@ BoundAddresses Server::start() {
   log_info("serving: grpc ", bound.grpc, transport,
            s.auth.enabled() ? ", tokens required" : ", no tokens: every call allowed",
            bound.metrics.empty() ? "" : ", metrics http://" + bound.metrics + "/metrics",
+           bound.http.empty() ? ""
+           : s.http->tls()    ? ", web UI https://" + bound.http + "/"
+                              : ", web UI http://" + bound.http + "/",
            ", store ", o.db_path, ", policy ", s.policy->mode_name());
   return bound;
 }
@@ -231,9 +257,12 @@ void Server::shutdown(std::chrono::milliseconds deadline) {
   }
   // Streams settle what they received, send their last Ack and end with UNAVAILABLE; gRPC's
   // Shutdown refuses new calls, waits for them up to the deadline, then cancels the rest.
-  // The metrics endpoint's web server takes up to a second to stop (its poll interval): stop it
-  // while the streams drain.
+  // The metrics endpoint's web server takes up to a second to stop (its poll interval), the web
+  // UI's listener as long (its keep-alive timeout): stop both while the streams drain.
   std::thread exposer_stop([&s] { s.exposer.reset(); });
+  std::thread http_stop([&s] {
+    if (s.http) s.http->stop();
+  });
   s.telemetry->drain_all();
   s.grpc_server->Shutdown(std::chrono::system_clock::now() + deadline);
   log(LogLevel::kDebug, "shutdown: gRPC stopped");
@@ -244,6 +273,8 @@ void Server::shutdown(std::chrono::milliseconds deadline) {
   log(LogLevel::kDebug, "shutdown: store committed and checkpointed");
   exposer_stop.join();
   log(LogLevel::kDebug, "shutdown: metrics endpoint closed");
+  http_stop.join();
+  log(LogLevel::kDebug, "shutdown: web UI closed");
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   log_info("stopped after ", seconds, " s");

@@ -304,7 +304,8 @@ TEST(RolesFileTest, ABadTokenFileStopsTheServerWithOneLine) {
   std::string out;
   const int code = run_to_completion(
       {AMPSCOPE_SERVER_BINARY, "--auth-token-file", (dir / "tokens").string(), "--listen",
-       "127.0.0.1:0", "--metrics-listen", "", "--db", (dir / "store.db").string()},
+       "127.0.0.1:0", "--metrics-listen", "", "--http-listen", "127.0.0.1:0", "--db",
+       (dir / "store.db").string()},
       &out);
   EXPECT_EQ(code, 2) << out;
   EXPECT_NE(out.find("line 2: expected ROLE TOKEN"), std::string::npos) << out;

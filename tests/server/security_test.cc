@@ -317,7 +317,8 @@ TEST(ServerSecurityTest, ClientCaWithoutTlsIsABadCommandLine) {
   std::string out;
   const int code = run_to_completion(
       {AMPSCOPE_SERVER_BINARY, "--tls-client-ca", (dir / "ca.pem").string(), "--listen",
-       "127.0.0.1:0", "--metrics-listen", "", "--db", (dir / "store.db").string()},
+       "127.0.0.1:0", "--metrics-listen", "", "--http-listen", "127.0.0.1:0", "--db",
+       (dir / "store.db").string()},
       &out);
   EXPECT_EQ(code, 2) << out;
   EXPECT_NE(out.find("--tls-client-ca needs --tls-cert and --tls-key"), std::string::npos) << out;

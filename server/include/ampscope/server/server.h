@@ -1,5 +1,5 @@
 // ampscope-server as a library: the gRPC services (Telemetry.Attach, Query, health), the store,
-// the ingest thread, the policy engines and the Prometheus exporter, with an explicit
+// the ingest thread, the policy engines, the Prometheus exporter and the web UI, with an explicit
 // lifecycle:
 //
 //   auto server = Server::create(options);   // opens and migrates the store, restores state
@@ -26,6 +26,9 @@ namespace ampscope::server {
 struct ServerOptions {
   std::string listen = "127.0.0.1:50051";         // gRPC; port 0: any free port
   std::string metrics_listen = "127.0.0.1:9464";  // Prometheus /metrics; empty: off
+  // The web UI (HTTP, HTTPS with the TLS options below); empty: off. The binary's flag
+  // defaults to 127.0.0.1:9465; off here, so that servers made in a test open no extra port.
+  std::string http_listen;
   std::string db_path = "ampscope.db";            // SQLite file (created when missing)
   // Tokens with roles (agent, reader, admin), one "ROLE TOKEN [RUN_ID_PREFIX]" per line; a
   // file holding only a bare token holds one admin token. Empty: no authentication.
@@ -57,6 +60,7 @@ struct ServerOptions {
 struct BoundAddresses {
   std::string grpc;     // host:port actually bound
   std::string metrics;  // host:port, empty when off
+  std::string http;     // the web UI's host:port, empty when off
 };
 
 class Server {

@@ -1,6 +1,6 @@
 // ampscope-server as a child process on loopback (a ChildProcess: killed with the test). By
-// default it binds port 0 for gRPC and /metrics and the harness reads the chosen addresses back
-// from its --ready-file, so no port is ever guessed.
+// default it binds port 0 for gRPC, /metrics and the web UI, and the harness reads the chosen
+// addresses back from its --ready-file, so no port is ever guessed.
 //
 // Thread safety: a ServerProcess is used by one thread.
 #pragma once
@@ -33,9 +33,10 @@ class ServerProcess {
                 std::vector<std::string> flags = {});
   ~ServerProcess();
 
-  // host:port of the gRPC services and of /metrics, as of the last start.
+  // host:port of the gRPC services, of /metrics and of the web UI, as of the last start.
   const std::string& address() const { return address_; }
   const std::string& metrics_address() const { return metrics_address_; }
+  const std::string& http_address() const { return http_address_; }
   // SIGTERM, then waits up to `timeout`; the exit code, or -1 when it was not running or did
   // not exit in time (then it is killed).
   int terminate(std::chrono::milliseconds timeout = std::chrono::seconds(20));
@@ -55,6 +56,7 @@ class ServerProcess {
   std::unique_ptr<ChildProcess> process_;
   std::string address_;
   std::string metrics_address_;
+  std::string http_address_;
 };
 
 }  // namespace ampscope::testing
