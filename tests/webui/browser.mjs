@@ -17,7 +17,7 @@ export function findChromium() {
 
 // node_modules: the folder holding puppeteer-core (server/webui/node_modules).
 export function loadPuppeteer(node_modules) {
-  const require = createRequire(path.join(node_modules, 'noop.js'));
+  const require = createRequire(path.join(path.resolve(node_modules), 'noop.js'));
   return require('puppeteer-core');
 }
 

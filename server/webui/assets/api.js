@@ -124,10 +124,21 @@ export function badge(status) {
   return el('span', { class: `badge ${status}` }, status);
 }
 
+// Alerts by name (one condition can fire for several roles): the worst severity, every summary
+// in the hover text.
 export function alertList(alerts) {
   if (!alerts || alerts.length === 0) return el('span', { class: 'muted' }, 'none');
-  return el('span', {}, alerts.map((a) =>
-    el('span', { class: `alert ${a.severity}`, title: a.summary }, a.name.replace(/^Ampscope/, ''))));
+  const byName = new Map();
+  for (const a of alerts) {
+    const seen = byName.get(a.name);
+    if (!seen) byName.set(a.name, { ...a, summaries: [a.summary] });
+    else {
+      seen.summaries.push(a.summary);
+      if (a.severity === 'critical') seen.severity = 'critical';
+    }
+  }
+  return el('span', {}, [...byName.values()].map((a) =>
+    el('span', { class: `alert ${a.severity}`, title: a.summaries.join('\n') }, a.name.replace(/^Ampscope/, ''))));
 }
 
 // Facts as a definition list: [[label, value], ...]; value a node or text. Each <dd> carries

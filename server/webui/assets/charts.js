@@ -17,7 +17,9 @@ export const expLabels = (u, splits) => splits.map((v) => (v > 0 ? v.toExponenti
 
 export class Chart {
   // spec: {name, title, height, series: [{label, stroke, dash, width, paths, points, scale}],
-  //        scales, axes (the y axes), sync, onZoom(from|null, to|null), plugins, yLog}
+  //        scales, axes (the y axes), sync, onZoom(from|null, to|null), plugins (or a function of
+  //        the holder returning them), xRange() -> [from, to] (the steps asked for, so that every
+  //        chart of a page spans them even where a series has no point), noData}
   constructor(parent, spec) {
     this.spec = spec;
     this.holder = el('div', { class: 'chart', dataset: { chart: spec.name } });
@@ -42,7 +44,7 @@ export class Chart {
       return;
     }
     delete this.holder.dataset.empty;
-    const signature = JSON.stringify(series.map((s) => s.label));
+    const signature = JSON.stringify(series.map((s) => [s.label, !!s.paths]));
     if (this.uplot && signature === this.signature) {
       this.uplot.setData(data);
       return;
@@ -69,7 +71,8 @@ export class Chart {
         drag: { x: !!spec.onZoom, y: false, setScale: false },
       },
       legend: { live: true },
-      scales: { x: { time: false }, ...(spec.scales || {}) },
+      scales: { x: { time: false, range: spec.xRange ? () => padRange(spec.xRange()) : undefined },
+                ...(spec.scales || {}) },
       axes: [{ label: 'step' }, ...(spec.axes || [{}])],
       series: [{ label: 'step', value: (u, v) => fmt(v) }, ...series.map((s) => ({
         spanGaps: false, width: 1.5, value: (u, v) => fmt(v), ...s,
@@ -90,6 +93,8 @@ export class Chart {
     return opts;
   }
 }
+
+const padRange = ([from, to]) => (to > from ? [from, to] : [from - 1, from + 1]);
 
 // What the browser test reads back: each chart's uPlot instance by name (valToPos tells where a
 // step is drawn) and the tensor page's heatmap geometry.
@@ -146,6 +151,8 @@ export function scaleMarkers(holder, marks, describe) {
           ctx.stroke();
         }
         ctx.setLineDash([]);
+        ctx.restore();
+        // Dots are not clipped: one at the first or last step stays whole.
         const drawnSkips = skips.filter((s) => visible(u, s.step) && s.loss_scale > 0);
         ctx.fillStyle = SKIP_COLOUR;
         for (const s of drawnSkips) {
@@ -155,7 +162,6 @@ export function scaleMarkers(holder, marks, describe) {
           ctx.arc(x, y, 4.5 * devicePixelRatio, 0, 2 * Math.PI);
           ctx.fill();
         }
-        ctx.restore();
         holder.dataset.skipSteps = [...new Set(drawnSkips.map((s) => s.step))].join(',');
         holder.dataset.decisionSteps = drawnDecisions.map((d) => d.effective_from_step).join(',');
       }],

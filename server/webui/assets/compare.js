@@ -30,10 +30,17 @@ export async function showCompare(main, a, b) {
   new Chart(charts, { name: 'compare_scale', title: 'Loss scale', sync: 'compare', scales: { y: LOG2 },
                       axes: [{ values: pow2Labels, size: 56 }] })
     .set(join((d) => d.steps.scale_last), both('scale', { paths: uPlot.paths.stepped({ align: 1 }) }));
-  new Chart(charts, { name: 'compare_underflow', title: 'Weight-gradient underflow per checked value (all formats)',
-                      sync: 'compare', scales: { y: LOG10 }, axes: [{ values: expLabels, size: 60 }],
+  // A log axis once some step underflows (its zeros are then gaps); zero everywhere draws as
+  // a flat line at 0 on a linear axis rather than as no data.
+  const ratios = uPlot.join([da, db].map(underflow));
+  const log = ratios.slice(1).some((ys) => ys.some((y) => y > 0));
+  new Chart(charts, { name: 'compare_underflow',
+                      title: `Weight-gradient underflow per checked value (all formats)${log ? '' : ': none in either run'}`,
+                      sync: 'compare', scales: log ? { y: LOG10 } : { y: { range: [0, 1] } },
+                      axes: [log ? { values: expLabels, size: 60 } : { size: 60 }],
                       noData: 'neither run reports weight-gradient counts' })
-    .set(uPlot.join([da, db].map(underflow)), both('underflow', { value: (u, v) => fmtRatio(v) }));
+    .set(log ? ratios.map((ys, i) => (i === 0 ? ys : ys.map((y) => (y > 0 ? y : null)))) : ratios,
+         both('underflow', { value: (u, v) => fmtRatio(v) }));
   markReady();
 }
 
@@ -51,6 +58,6 @@ function underflow(d) {
   const steps = [...byStep.keys()].sort((x, y) => x - y);
   return [steps, steps.map((s) => {
     const t = byStep.get(s);
-    return t.checked > 0 && t.underflow > 0 ? t.underflow / t.checked : null;
+    return t.checked > 0 ? t.underflow / t.checked : null;
   })];
 }

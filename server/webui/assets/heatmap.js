@@ -62,8 +62,9 @@ export class Heatmap {
     const span = cols.length ? cols[cols.length - 1].step - cols[0].step + 1 : 1;
     const typical = Math.max(tensor.range.bucket_steps || 1, gaps.length ? gaps[gaps.length >> 1] : 1,
                              Math.ceil(span / (4 * Math.max(1, cols.length))));
-    const x0 = cols.length ? cols[0].step : tensor.range.from;
-    const x1 = cols.length ? cols[cols.length - 1].step + typical : tensor.range.to + 1;
+    // The steps asked for, widened to the columns (a bucket's sample can sit at its end).
+    const x0 = Math.min(tensor.range.from, cols.length ? cols[0].step : Infinity);
+    const x1 = Math.max(tensor.range.to + 1, cols.length ? cols[cols.length - 1].step + typical : -Infinity);
     const plotW = width - MARGIN.left - MARGIN.right;
     const xOf = (step) => MARGIN.left + ((step - x0) / Math.max(1, x1 - x0)) * plotW;
     this.cells = cols.map((c, i) => {

@@ -26,17 +26,18 @@ class RunPage {
     this.header = el('div');
     this.zoomLine = el('div', { class: 'note' });
     const onZoom = (from, to) => this.setZoom(from, to);
+    const xRange = () => [this.detail.range.from, this.detail.range.to];
     const charts = el('div', { class: 'grid2' });
     const left = el('div');
     const right = el('div');
     charts.append(left, right);
     this.loss = new Chart(left, {
-      name: 'loss', title: 'Loss', sync: 'run', onZoom,
+      name: 'loss', title: 'Loss', sync: 'run', onZoom, xRange,
       series: [{ label: 'loss', stroke: PALETTE[0] },
                { label: 'validation loss', stroke: PALETTE[1], spanGaps: true, points: { show: true, size: 6 } }],
     });
     this.scale = new Chart(right, {
-      name: 'scale', title: 'Loss scale', sync: 'run', onZoom,
+      name: 'scale', title: 'Loss scale', sync: 'run', onZoom, xRange,
       series: [{ label: 'loss scale', stroke: PALETTE[2], paths: uPlot.paths.stepped({ align: 1 }) }],
       scales: { y: { ...LOG2, range: (u, lo, hi) => this.scaleRange(lo, hi) } },
       axes: [{ values: pow2Labels, size: 56 }],
@@ -48,17 +49,17 @@ class RunPage {
     const counts = el('div');
     this.counts = new Chart(counts, {
       name: 'counts', title: 'Underflow, overflow and non-finite values per checked value, by role and format',
-      height: 260, sync: 'run', onZoom, scales: { y: LOG10 }, axes: [{ values: expLabels, size: 60 }],
+      height: 260, sync: 'run', onZoom, xRange, scales: { y: LOG10 }, axes: [{ values: expLabels, size: 60 }],
       noData: 'no counts in this range',
     });
     const ranks = el('div', { class: 'grid2' });
     const rl = el('div');
     const rr = el('div');
     ranks.append(rl, rr);
-    this.stepTime = new Chart(rl, { name: 'step_time', title: 'Step time per rank (s)', sync: 'run', onZoom,
+    this.stepTime = new Chart(rl, { name: 'step_time', title: 'Step time per rank (s)', sync: 'run', onZoom, xRange,
                                     noData: 'no data: this run reports no step time' });
     this.tensorCore = new Chart(rr, {
-      name: 'tensor_core', title: 'Tensor-core active ratio per rank', sync: 'run', onZoom,
+      name: 'tensor_core', title: 'Tensor-core active ratio per rank', sync: 'run', onZoom, xRange,
       noData: 'no data: this run reports no tensor-core utilisation (CPU, or no profiler access)',
     });
     this.tables = el('div');
@@ -164,7 +165,17 @@ class RunPage {
       }
     });
     if (tables.length === 0) { this.counts.set([[]], []); return; }
-    this.counts.set(uPlot.join(tables), series);
+    // Target counts come with full samples only (every sample_full_every steps and around
+    // events): a series present at few of the steps is drawn as points, not as a line through
+    // steps nobody measured.
+    const data = uPlot.join(tables);
+    series.forEach((s, i) => {
+      const present = data[i + 1].filter((y) => y !== undefined).length;
+      if (present < this.detail.steps.step.length / 2) {
+        Object.assign(s, { paths: () => null, points: { show: true, size: 6, fill: s.stroke } });
+      }
+    });
+    this.counts.set(data, series);
   }
 
   drawRanks(ranks) {
@@ -227,7 +238,8 @@ class RunPage {
          { label: 'Last seen', value: (a) => fmtAgo(a.last_seen_unix_ns, Date.now() * 1e6) },
          { label: 'Last seq', value: (a) => fmt(a.last_seq), num: true },
          { label: 'Step time', value: (a) => (a.mean_step_time_s ? `${fmt(a.mean_step_time_s, 3)} s` : '—'), num: true },
-         { label: 'Agent', value: (a) => `${a.trainer} ${a.agent_version}` },
+         { label: 'Trainer', value: (a) => a.trainer },
+         { label: 'Agent version', value: (a) => a.agent_version },
          { label: 'Counters', value: (a) => countersText(a.counters) },
          { label: 'Notices', value: (a) => el('div', {}, a.notices.map((n) => el('div', {}, n))) }], d.agents)],
       ['Rank divergences', 'Steps where the ranks disagreed on a value that should be the same on all of them.',

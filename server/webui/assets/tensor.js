@@ -1,9 +1,13 @@
 // A tensor's page: its binade heatmap with the format windows, and its counts over time.
 // A drag on the counts chart re-queries that step range (the server picks one sample per
 // bucket), a double click goes back to the whole run.
-import { el, fmt, getJson, markReady, runHref } from './api.js';
+import { el, fmt, getJson, markReady, runHref, tensorHref } from './api.js';
 import { Chart, LOG2, LOG10, PALETTE, expLabels, pow2Labels } from './charts.js';
 import { FLIGHT_COLOUR, FORMAT_COLOURS, Heatmap, rampColour } from './heatmap.js';
+
+// The phases a tensor can be measured in; the page links to the others (a weight gradient's
+// flight-recorder history, for instance, is measured after unscaling).
+const PHASES = ['step_start', 'forward', 'backward', 'after_unscale'];
 
 export async function showTensor(main, run_id, name, role, phase) {
   if (!name || !role) throw new Error('a tensor page needs ?name=<tensor>&role=<role>');
@@ -19,6 +23,7 @@ export async function showTensor(main, run_id, name, role, phase) {
   const counts = new Chart(chartBox, {
     name: 'tensor_counts', title: 'Per sample: share of values that underflow, overflow, are subnormal or non-finite in its target format; max |x| and min |x| (unscaled)',
     height: 240, onZoom: (from, to) => load(from === null ? null : { from: Math.max(0, from), to }),
+    xRange: () => [tensor.range.from, tensor.range.to],
     scales: { y: LOG10, abs: LOG2 },
     axes: [{ values: expLabels, size: 60 }, { scale: 'abs', side: 1, values: pow2Labels, size: 56, grid: { show: false } }],
   });
@@ -46,6 +51,8 @@ export async function showTensor(main, run_id, name, role, phase) {
     const g = t.range;
     title.replaceChildren(
       el('h1', {}, `Tensor ${t.name}`),
+      el('div', { class: 'toolbar' }, 'Phase:', PHASES.map((p) => (p === t.phase ? el('b', {}, p)
+        : el('a', { href: tensorHref(run_id, t.name, t.role, p) }, p)))),
       el('div', { class: 'facts' },
         `run `, el('a', { href: runHref(run_id) }, run_id), ` · role ${t.role} · phase ${t.phase} · dtype ${t.dtype}`,
         ` · target format ${t.format} · ${t.columns.length} samples in steps ${fmt(g.from)}–${fmt(g.to)}`));
