@@ -132,12 +132,23 @@ std::string html_escape(std::string_view s) {
   out.reserve(s.size());
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -188,8 +199,8 @@ bool etag_matches(std::string_view if_none_match, std::string_view etag) {
   while (!if_none_match.empty()) {
     const auto comma = if_none_match.find(',');
     std::string_view tag = if_none_match.substr(0, comma);
-    if_none_match = comma == std::string_view::npos ? std::string_view()
-                                                    : if_none_match.substr(comma + 1);
+    if_none_match =
+        comma == std::string_view::npos ? std::string_view() : if_none_match.substr(comma + 1);
     while (!tag.empty() && tag.front() == ' ') tag.remove_prefix(1);
     while (!tag.empty() && tag.back() == ' ') tag.remove_suffix(1);
     if (tag.starts_with("W/")) tag.remove_prefix(2);
@@ -307,7 +318,8 @@ HttpListener::HttpListener(HttpOptions options, const Authenticator& auth, const
     }
     route(req, res);
   });
-  s.Post("/login", [this](const httplib::Request& req, httplib::Response& res) { login(req, res); });
+  s.Post("/login",
+         [this](const httplib::Request& req, httplib::Response& res) { login(req, res); });
   s.Post("/logout",
          [this](const httplib::Request& req, httplib::Response& res) { logout(req, res); });
   // After the routes above, which match first; httplib reads (and bounds) the body first.

@@ -195,8 +195,8 @@ void write_ready_file(const std::string& path, const ampscope::server::BoundAddr
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << "{\"grpc\": \"" << a.grpc << "\", \"metrics\": \"" << a.metrics
-        << "\", \"http\": \"" << a.http << "\", \"pid\": " << ::getpid() << "}\n";
+    out << "{\"grpc\": \"" << a.grpc << "\", \"metrics\": \"" << a.metrics << "\", \"http\": \""
+        << a.http << "\", \"pid\": " << ::getpid() << "}\n";
     if (!out) throw ampscope::Error("--ready-file '" + path + "': cannot write it");
   }
   std::filesystem::rename(tmp, path);

@@ -57,7 +57,7 @@ std::vector<TokenGrant> grants() {
           {AccessRole::kAgent, kAgent, ""}};
 }
 
-// --- A small HTTP client (libcurl) that shows everything: status, headers, body --------------
+// --- A small HTTP client (libcurl) that shows everything: status, headers, body ------------------
 
 struct Reply {
   long status = 0;  // 0: no answer
@@ -69,7 +69,6 @@ struct Reply {
     return it == headers.end() ? std::string() : it->second;
   }
 };
-
 
 size_t collect_body(char* data, size_t size, size_t n, void* out) {
   static_cast<std::string*>(out)->append(data, size * n);
@@ -147,7 +146,7 @@ std::string source_file(const std::string& relative) {
   return testing::read_text(std::filesystem::path(AMPSCOPE_WEBUI_DIR) / relative);
 }
 
-// --- The listener over a real store ------------------------------------------------------------
+// --- The listener over a real store --------------------------------------------------------------
 
 class HttpListenerTest : public ::testing::Test {
  protected:
@@ -231,8 +230,8 @@ TEST_F(HttpListenerTest, ServesEveryAssetWithItsTypeAndTheSourceFilesBytes) {
     EXPECT_EQ(r.header("cache-control"), "no-cache") << name;
     EXPECT_EQ(r.header("etag"), asset.etag) << name;
   }
-  for (const char* name : {"index.html", "login.html", "app.css", "app.js", "uPlot.iife.min.js",
-                           "uPlot.min.css"}) {
+  for (const char* name :
+       {"index.html", "login.html", "app.css", "app.js", "uPlot.iife.min.js", "uPlot.min.css"}) {
     EXPECT_TRUE(names.contains(name)) << name;
   }
   EXPECT_EQ(get("/assets/app.js").header("content-type"), "text/javascript; charset=utf-8");
@@ -270,9 +269,9 @@ TEST_F(HttpListenerTest, PageRoutesServeIndexHtml) {
 
 TEST_F(HttpListenerTest, UnknownPathsAndAssetsAre404) {
   start();
-  for (const char* path : {"/nope", "/assets/nope.js", "/assets/", "/assets/../CMakeLists.txt",
-                           "/runs/", "/runs/a/b", "/runs/a/tensors/x", "/index.html",
-                           "/compare/x", "/favicon.ico"}) {
+  for (const char* path :
+       {"/nope", "/assets/nope.js", "/assets/", "/assets/../CMakeLists.txt", "/runs/", "/runs/a/b",
+        "/runs/a/tensors/x", "/index.html", "/compare/x", "/favicon.ico"}) {
     EXPECT_EQ(get(path).status, 404) << path;
   }
 }
@@ -286,9 +285,8 @@ TEST_F(HttpListenerTest, OtherMethodsAre405) {
   };
   for (const Case& c : {Case{"PUT", "/", "GET, HEAD"}, Case{"DELETE", "/api/runs", "GET, HEAD"},
                         Case{"POST", "/runs/demo", "GET, HEAD"}, Case{"PATCH", "/", "GET, HEAD"},
-                        Case{"OPTIONS", "/api/runs", "GET, HEAD"},
-                        Case{"TRACE", "/", "GET, HEAD"}, Case{"GET", "/logout", "POST"},
-                        Case{"PUT", "/login", "GET, HEAD, POST"}}) {
+                        Case{"OPTIONS", "/api/runs", "GET, HEAD"}, Case{"TRACE", "/", "GET, HEAD"},
+                        Case{"GET", "/logout", "POST"}, Case{"PUT", "/login", "GET, HEAD, POST"}}) {
     const Reply r = send(c.method, base_ + c.path, {}, "x=1");
     EXPECT_EQ(r.status, 405) << c.method << " " << c.path;
     EXPECT_EQ(r.header("allow"), c.allow) << c.method << " " << c.path;
@@ -374,9 +372,11 @@ TEST_F(HttpListenerTest, WithoutATokenPagesRedirectToTheLoginForm) {
   EXPECT_EQ(get("/").status, 303);
   EXPECT_EQ(get("/assets/app.js").status, 303);
   EXPECT_EQ(get("/assets/uPlot.iife.min.js").status, 303);
-  // The login form and the stylesheet it links are open.
-  const Reply css = get("/assets/app.css");
-  EXPECT_EQ(css.status, 200);
+  // The login form and what it links (its stylesheet and icon) are open.
+  EXPECT_EQ(get("/assets/app.css").status, 200);
+  const Reply icon = get("/assets/favicon.svg");
+  EXPECT_EQ(icon.status, 200);
+  EXPECT_EQ(icon.header("content-type"), "image/svg+xml");
   const Reply form = get("/login?next=%2Fruns%2Fdemo");
   EXPECT_EQ(form.status, 200);
   EXPECT_EQ(form.header("content-type"), "text/html; charset=utf-8");
@@ -491,8 +491,9 @@ TEST_F(HttpListenerTest, AnExpiredSessionIsRefused) {
 
 TEST_F(HttpListenerTest, NextNeverLeavesTheServer) {
   start(grants());
-  for (const char* next : {"//evil.example/x", "http://x", "https://evil.example", "/\\evil.example",
-                           "javascript:alert(1)", "", "runs/demo", "/runs\r\nSet-Cookie: a=b"}) {
+  for (const char* next :
+       {"//evil.example/x", "http://x", "https://evil.example", "/\\evil.example",
+        "javascript:alert(1)", "", "runs/demo", "/runs\r\nSet-Cookie: a=b"}) {
     const Reply r = login(kReader, next);
     EXPECT_EQ(r.status, 303) << next;
     EXPECT_EQ(r.header("location"), "/") << next;
@@ -581,8 +582,7 @@ TEST_F(HttpListenerTest, HttpsWithTheServersCertificate) {
                        d + "/server.pem");
   ASSERT_EQ(r.status, 303) << r.body;
   EXPECT_NE(r.header("set-cookie").find("; Secure"), std::string::npos) << r.header("set-cookie");
-  const Reply page =
-      send("GET", base_ + "/", {cookie_of(r)}, "", d + "/server.pem");
+  const Reply page = send("GET", base_ + "/", {cookie_of(r)}, "", d + "/server.pem");
   EXPECT_EQ(page.status, 200);
   // Plain HTTP to the HTTPS port gets no page.
   EXPECT_NE(send("GET", "http://" + listener_->address() + "/assets/app.css").status, 200);
@@ -599,7 +599,7 @@ TEST_F(HttpListenerTest, HttpsWithTheServersCertificate) {
   }
 }
 
-// --- Sessions on their own ------------------------------------------------------------------------
+// --- Sessions on their own -----------------------------------------------------------------------
 
 TEST(WebSessionsTest, IdsAre128RandomBitsInHex) {
   WebSessions sessions;
@@ -669,20 +669,19 @@ TEST(WebSessionsTest, RemoveEndsOneSession) {
   EXPECT_EQ(two.find(z), AccessRole::kReader);
 }
 
-// --- The ampscope-server binary -------------------------------------------------------------------
+// --- The ampscope-server binary ------------------------------------------------------------------
 
 TEST(HttpListenerServerTest, TheBinaryServesTheWebUiAndStopsCleanly) {
   TempDir dir;
   testing::write_text(dir / "tokens", std::string("reader ") + kReader + "\n");
-  std::filesystem::permissions(dir / "tokens", std::filesystem::perms::owner_read |
-                                                   std::filesystem::perms::owner_write);
+  std::filesystem::permissions(
+      dir / "tokens", std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   testing::ServerProcess server(dir.path(), dir / "store.db",
                                 {"--auth-token-file", (dir / "tokens").string()});
   ASSERT_FALSE(server.http_address().empty());
   const std::string base = "http://" + server.http_address();
   EXPECT_EQ(send("GET", base + "/runs/demo").status, 303);
-  const Reply page =
-      send("GET", base + "/", {std::string("Authorization: Bearer ") + kReader});
+  const Reply page = send("GET", base + "/", {std::string("Authorization: Bearer ") + kReader});
   EXPECT_EQ(page.status, 200);
   EXPECT_TRUE(page.body == find_web_asset("index.html")->bytes());
   const Reply runs =
@@ -709,8 +708,8 @@ TEST(HttpListenerServerTest, ATakenWebUiPortStopsTheServerWithOneLine) {
   TempDir dir;
   std::string out;
   const int code = testing::run_to_completion(
-      {AMPSCOPE_SERVER_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen", "",
-       "--http-listen", taken, "--db", (dir / "store.db").string()},
+      {AMPSCOPE_SERVER_BINARY, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--http-listen",
+       taken, "--db", (dir / "store.db").string()},
       &out, 60s);
   ::close(fd);
   EXPECT_EQ(code, 2) << out;

@@ -35,12 +35,19 @@ ServerProcess::~ServerProcess() = default;
 void ServerProcess::start(int port) {
   const std::filesystem::path ready =
       options_.dir / ("ready-" + tag_ + "-" + std::to_string(starts_++) + ".json");
-  std::vector<std::string> argv = {
-      AMPSCOPE_SERVER_BINARY, "--listen",       "127.0.0.1:" + std::to_string(port),
-      "--metrics-listen",     "127.0.0.1:0",    "--http-listen",
-      "127.0.0.1:0",          "--db",           options_.db.string(),
-      "--ready-file",         ready.string(),   "--shutdown-timeout",
-      "10s"};
+  std::vector<std::string> argv = {AMPSCOPE_SERVER_BINARY,
+                                   "--listen",
+                                   "127.0.0.1:" + std::to_string(port),
+                                   "--metrics-listen",
+                                   "127.0.0.1:0",
+                                   "--http-listen",
+                                   "127.0.0.1:0",
+                                   "--db",
+                                   options_.db.string(),
+                                   "--ready-file",
+                                   ready.string(),
+                                   "--shutdown-timeout",
+                                   "10s"};
   argv.insert(argv.end(), options_.flags.begin(), options_.flags.end());
   process_ = std::make_unique<ChildProcess>(argv, log_);
   // The server writes the file under another name and renames it: it is whole once it exists.

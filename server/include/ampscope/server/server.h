@@ -26,10 +26,10 @@ namespace ampscope::server {
 struct ServerOptions {
   std::string listen = "127.0.0.1:50051";         // gRPC; port 0: any free port
   std::string metrics_listen = "127.0.0.1:9464";  // Prometheus /metrics; empty: off
+  std::string db_path = "ampscope.db";            // SQLite file (created when missing)
   // The web UI (HTTP, HTTPS with the TLS options below); empty: off. The binary's flag
   // defaults to 127.0.0.1:9465; off here, so that servers made in a test open no extra port.
   std::string http_listen;
-  std::string db_path = "ampscope.db";            // SQLite file (created when missing)
   // Tokens with roles (agent, reader, admin), one "ROLE TOKEN [RUN_ID_PREFIX]" per line; a
   // file holding only a bare token holds one admin token. Empty: no authentication.
   std::string auth_token_file;
