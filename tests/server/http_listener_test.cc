@@ -92,10 +92,11 @@ size_t collect_header(char* data, size_t size, size_t n, void* out) {
   return size * n;
 }
 
-// `headers`: "Name: value"; `body`: POST only, sent as a form; `ca_file`: HTTPS, the CA to trust.
+// `headers`: "Name: value"; `body`: POST only, sent as a form; `ca_file`: HTTPS, the CA to
+// trust; `client`: mutual TLS, the client certificate <client>.pem with its key <client>.key.
 Reply send(const std::string& method, const std::string& url,
            const std::vector<std::string>& header_lines = {}, const std::string& body = "",
-           const std::string& ca_file = "") {
+           const std::string& ca_file = "", const std::string& client = "") {
   Reply reply;
   CURL* curl = curl_easy_init();
   if (curl == nullptr) return reply;
@@ -119,6 +120,12 @@ Reply send(const std::string& method, const std::string& url,
     curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, method.c_str());
   }
   if (!ca_file.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, ca_file.c_str());
+  const std::string client_cert = client + ".pem";
+  const std::string client_key = client + ".key";
+  if (!client.empty()) {
+    curl_easy_setopt(curl, CURLOPT_SSLCERT, client_cert.c_str());
+    curl_easy_setopt(curl, CURLOPT_SSLKEY, client_key.c_str());
+  }
   if (curl_easy_perform(curl) == CURLE_OK) {
     curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &reply.status);
   }
@@ -562,17 +569,24 @@ TEST_F(HttpListenerTest, StopIsPromptWithAnIdleKeepAliveConnection) {
 
 // --- HTTPS ---------------------------------------------------------------------------------------
 
+// A self-signed certificate for localhost and 127.0.0.1, made by openssl: <dir>/<name>.pem and
+// <name>.key; returns <dir>/<name>, empty when openssl failed (the test fails then).
+std::string self_signed(const TempDir& dir, const std::string& name) {
+  const std::string base = (dir / name).string();
+  std::string log;
+  const int code = testing::run_to_completion(
+      {"/usr/bin/env", "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+       "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", base + ".key", "-out", base + ".pem",
+       "-days", "1", "-subj", "/CN=localhost", "-addext",
+       "subjectAltName=DNS:localhost,IP:127.0.0.1"},
+      &log);
+  EXPECT_EQ(code, 0) << log;
+  return code == 0 ? base : "";
+}
+
 TEST_F(HttpListenerTest, HttpsWithTheServersCertificate) {
   const std::string d = dir_.path().string();
-  std::string log;
-  ASSERT_EQ(testing::run_to_completion(
-                {"/usr/bin/env", "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                 "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", d + "/server.key", "-out",
-                 d + "/server.pem", "-days", "1", "-subj", "/CN=localhost", "-addext",
-                 "subjectAltName=DNS:localhost,IP:127.0.0.1"},
-                &log),
-            0)
-      << log;
+  ASSERT_FALSE(self_signed(dir_, "server").empty());
   HttpOptions o;
   o.tls_cert_file = d + "/server.pem";
   o.tls_key_file = d + "/server.key";
@@ -597,6 +611,25 @@ TEST_F(HttpListenerTest, HttpsWithTheServersCertificate) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--tls-cert"), std::string::npos) << e.what();
   }
+}
+
+TEST_F(HttpListenerTest, MutualTlsNeedsAClientCertificateOfTheCa) {
+  const std::string server = self_signed(dir_, "server");
+  // A self-signed client certificate is its own CA: --tls-client-ca names it.
+  const std::string client = self_signed(dir_, "client");
+  const std::string stranger = self_signed(dir_, "stranger");
+  ASSERT_FALSE(server.empty() || client.empty() || stranger.empty());
+  HttpOptions o;
+  o.tls_cert_file = server + ".pem";
+  o.tls_key_file = server + ".key";
+  o.tls_client_ca_file = client + ".pem";
+  start(grants(), o);
+  const std::string bearer = std::string("Authorization: Bearer ") + kReader;
+  EXPECT_EQ(send("GET", base_ + "/api/runs", {bearer}, "", server + ".pem", client).status, 200);
+  EXPECT_EQ(send("GET", base_ + "/api/runs", {bearer}, "", server + ".pem").status, 0)
+      << "served a client without a certificate";
+  EXPECT_EQ(send("GET", base_ + "/api/runs", {bearer}, "", server + ".pem", stranger).status, 0)
+      << "served a client whose certificate the CA did not sign";
 }
 
 // --- Sessions on their own -----------------------------------------------------------------------
