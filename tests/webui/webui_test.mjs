@@ -118,7 +118,6 @@ async function checkRunsPage(browser, base) {
   check(filtered.length === 1 && filtered[0] === 'short', `runs search "shor": found ${filtered}`);
   await page.evaluate(() => { const s = document.querySelector('input[type="search"]'); s.value = ''; s.dispatchEvent(new Event('input')); });
   noErrors(page, 'runs page');
-  await screenshot(page, 'runs');
   await page.close();
 }
 
@@ -183,6 +182,7 @@ async function checkRunPage(browser, base) {
   check(tip.includes(last.reason.slice(0, 40)), `decision tooltip without its reason: "${tip}"`);
   check(last.applications.every((a) => tip.includes(`rank ${a.rank}: ${a.applied ? 'applied' : 'refused'}`)),
         `decision tooltip without the ranks' applications: "${tip}"`);
+  await page.screenshot({ path: path.join(SHOTS, 'run_decision_hover.png') });
   await page.mouse.move(1, 1);
 
   for (const name of ['offenders', 'skips', 'decisions', 'tensors', 'agents']) {
@@ -230,8 +230,15 @@ async function checkTensorPage(browser, base) {
   const columns = await checkHeatmap(page, 'tensor page of h0.mlp.fc.weight');
   check(await page.$('[data-chart="tensor_counts"] canvas'), 'tensor page: no counts chart');
   await screenshot(page, 'tensor');
+  // Its flight-recorder history (measured after unscaling), reached by the phase link.
+  await Promise.all([page.waitForNavigation(), page.click('a[href*="phase=after_unscale"]')]);
+  await page.waitForSelector('body[data-ready="1"]');
+  const recorded = await checkHeatmap(page, 'tensor page of h0.mlp.fc.weight after unscaling');
+  const note = await page.$eval('.note', (n) => n.textContent);
+  check(/\d+ columns come from the flight recorder/.test(note), `no flight-recorder columns noted: "${note}"`);
+  await screenshot(page, 'tensor_after_unscale');
   await page.close();
-  return columns;
+  return [columns, recorded];
 }
 
 async function checkComparePage(browser, base) {
@@ -258,6 +265,15 @@ async function checkLive(browser, base, grpc) {
     check(i < 300, 'the live run sent nothing for 30 s');
     await sleep(100);
   }
+  const runs = await openPage(browser);
+  await loadPage(runs, `${base}/`);
+  const status = await runs.$$eval('table[data-table="runs"] tbody tr', (rows) =>
+    rows.filter((r) => r.cells[0].textContent === 'live').map((r) => r.cells[1].textContent));
+  check(status[0] === 'training', `runs page: the live run's status is ${status}, expected training`);
+  noErrors(runs, 'runs page with a live run');
+  await screenshot(runs, 'runs');
+  await runs.close();
+
   const page = await openPage(browser);
   await loadPage(page, `${base}/runs/live`);
   const read = () => page.evaluate(() => ({
@@ -326,8 +342,8 @@ async function main() {
     log('runs page: ok');
     await checkRunPage(browser, server.base);
     log('run page: ok (offender, skip and decision markers, hover, offender link to the heatmap)');
-    const columns = await checkTensorPage(browser, server.base);
-    log(`tensor page: ok (${columns} columns drawn)`);
+    const [columns, recorded] = await checkTensorPage(browser, server.base);
+    log(`tensor page: ok (${columns} columns drawn; after unscaling, with the flight recorder's: ${recorded})`);
     await checkComparePage(browser, server.base);
     log('compare page: ok');
     const [from, to, updates] = await checkLive(browser, server.base, server.grpc);

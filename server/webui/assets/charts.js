@@ -96,6 +96,17 @@ export class Chart {
 
 const padRange = ([from, to]) => (to > from ? [from, to] : [from - 1, from + 1]);
 
+// Series present at fewer than half of the steps (target counts come with full samples only:
+// every sample_full_every steps and around events) are drawn as points, not as lines through
+// steps nobody measured. data: uPlot.join's output (undefined where a series has no point).
+export function sparseAsPoints(series, data, steps) {
+  series.forEach((s, i) => {
+    const present = data[i + 1].filter((y) => y !== undefined).length;
+    if (present < steps / 2) Object.assign(s, { paths: () => null, points: { show: true, size: 6, fill: s.stroke } });
+  });
+  return series;
+}
+
 // What the browser test reads back: each chart's uPlot instance by name (valToPos tells where a
 // step is drawn) and the tensor page's heatmap geometry.
 export function testHook() {

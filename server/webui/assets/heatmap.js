@@ -164,11 +164,20 @@ export class Heatmap {
         ctx.lineWidth = width;
         ctx.setLineDash(dash);
         ctx.beginPath();
-        this.cells.forEach(({ column, left, right }, i) => {
+        // A line per run of adjacent columns, stepping where the scale changes; none across a
+        // gap between samples, where nobody measured the scale.
+        let previous = null;
+        for (const { column, left, right } of this.cells) {
           const y = this.yOf(edge(column, value));
-          if (i === 0) ctx.moveTo(left, y); else ctx.lineTo(left, y);
+          if (previous && left - previous.right < 1) {
+            ctx.lineTo(left, previous.y);
+            ctx.lineTo(left, y);
+          } else {
+            ctx.moveTo(left, y);
+          }
           ctx.lineTo(right, y);
-        });
+          previous = { right, y };
+        }
         ctx.stroke();
       }
     }

@@ -5,7 +5,7 @@
 import { alertList, badge, bumpUpdates, el, facts, fmt, fmtAgo, fmtRatio, fmtScale, getJson,
          markReady, poll, runHref, tensorHref } from './api.js';
 import { Chart, DECISION_COLOUR, LOG2, LOG10, PALETTE, SKIP_COLOUR, expLabels, pow2Labels,
-         scaleMarkers } from './charts.js';
+         scaleMarkers, sparseAsPoints } from './charts.js';
 import { scroll, table } from './table.js';
 
 const KINDS = [['underflow', []], ['overflow', [6, 4]], ['nonfinite', [2, 3]]];
@@ -154,28 +154,19 @@ class RunPage {
     const tables = [];
     counts.forEach((c, i) => {
       for (const [kind, dash] of KINDS) {
-        const ys = c[kind].map((v, j) => {
-          const denominator = c.checked[j] + (kind === 'nonfinite' ? v : 0);
-          return v > 0 && denominator > 0 ? v / denominator : null;
-        });
+        // Only the buckets where something was measured; a zero is a gap on the log axis.
+        const denominator = (j) => c.checked[j] + (kind === 'nonfinite' ? c[kind][j] : 0);
+        const measured = c.step.map((_, j) => j).filter((j) => denominator(j) > 0);
+        const ys = measured.map((j) => (c[kind][j] > 0 ? c[kind][j] / denominator(j) : null));
         if (ys.every((y) => y === null)) continue;
         series.push({ label: `${c.role} ${c.format} ${kind}`, stroke: PALETTE[i % PALETTE.length], dash,
                       value: (u, v) => fmtRatio(v) });
-        tables.push([c.step, ys]);
+        tables.push([measured.map((j) => c.step[j]), ys]);
       }
     });
     if (tables.length === 0) { this.counts.set([[]], []); return; }
-    // Target counts come with full samples only (every sample_full_every steps and around
-    // events): a series present at few of the steps is drawn as points, not as a line through
-    // steps nobody measured.
     const data = uPlot.join(tables);
-    series.forEach((s, i) => {
-      const present = data[i + 1].filter((y) => y !== undefined).length;
-      if (present < this.detail.steps.step.length / 2) {
-        Object.assign(s, { paths: () => null, points: { show: true, size: 6, fill: s.stroke } });
-      }
-    });
-    this.counts.set(data, series);
+    this.counts.set(data, sparseAsPoints(series, data, this.detail.steps.step.length));
   }
 
   drawRanks(ranks) {
