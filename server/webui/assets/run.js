@@ -8,6 +8,8 @@ import { Chart, DECISION_COLOUR, LOG2, LOG10, PALETTE, SKIP_COLOUR, expLabels, p
          scaleMarkers, sparseAsPoints } from './charts.js';
 import { scroll, table } from './table.js';
 
+// The per-step tables open most recent first (their first column is the step or id).
+const latestFirst = { column: 0, descending: true };
 const KINDS = [['underflow', []], ['overflow', [6, 4]], ['nonfinite', [2, 3]]];
 
 export async function showRun(main, run_id) {
@@ -192,7 +194,7 @@ class RunPage {
          { label: 'Phase', value: (o) => o.phase, sort: (o) => o.phase },
          { label: 'Order', value: (o) => fmt(o.order), sort: (o) => o.order, num: true },
          { label: 'Micro-step', value: (o) => fmt(o.micro_step), sort: (o) => o.micro_step, num: true }],
-       d.offenders)],
+       d.offenders, { sortBy: latestFirst })],
       ['Skipped steps', null, table('skips', [step(), rank,
          { label: 'Scale', value: (s) => fmtScale(s.loss_scale), sort: (s) => s.loss_scale, num: true },
          { label: 'Scale after', value: (s) => fmtScale(s.scale_after), sort: (s) => s.scale_after, num: true },
@@ -201,7 +203,7 @@ class RunPage {
          { label: 'First offender', sort: (s) => s.offender, value: (s) => {
            const o = offenderRole.get(`${s.step}/${s.rank}/${s.offender}`);
            return o ? tensorLink(s.offender, o.role, o.phase) : (s.offender || '—');
-         } }], d.skips)],
+         } }], d.skips, { sortBy: latestFirst })],
       ['Policy decisions', null, table('decisions', [
          { label: 'Id', value: (p) => fmt(p.policy_id), sort: (p) => p.policy_id, num: true },
          { label: 'Effective step', value: (p) => fmt(p.effective_from_step), sort: (p) => p.effective_from_step, num: true },
@@ -210,7 +212,7 @@ class RunPage {
          { label: 'Update', value: (p) => updateText(p.update) },
          { label: 'Reason', value: (p) => p.reason },
          { label: 'Applied by', value: (p) => el('div', {}, p.applications.map((a) => el('div', {}, applicationText(a)))) }],
-       d.decisions, { empty: 'no decision (the policy is observe-only, or had nothing to change)' })],
+       d.decisions, { sortBy: latestFirst, empty: 'no decision (the policy is observe-only, or had nothing to change)' })],
       ['Worst tensors', 'By non-finite values, then overflow ratio, then underflow ratio, against each tensor\'s first target format.',
        table('tensors', [
          { label: 'Tensor', value: (t) => tensorLink(t.name, t.role), sort: (t) => t.name },

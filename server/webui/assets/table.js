@@ -1,8 +1,10 @@
 // Tables with sortable columns. A column is {label, value: row => node|text, sort: row => key,
-// num: right-aligned}; clicking a header sorts by it (again: reverses).
-import { el } from './api.js';
+// num: right-aligned}; clicking a header sorts by it (again: reverses). Long tables show their
+// first `limit` rows (in the current order) and a button for the rest: a long run's thousand
+// decisions would otherwise cost more to lay out than the rest of the page.
+import { el, fmt } from './api.js';
 
-export function table(name, columns, rows, { rowClass, sortBy, empty = 'none' } = {}) {
+export function table(name, columns, rows, { rowClass, sortBy, empty = 'none', limit = 200 } = {}) {
   const node = el('table', { dataset: { table: name } });
   const state = { column: sortBy ? sortBy.column : -1, descending: sortBy ? !!sortBy.descending : false };
   const head = el('tr', {}, columns.map((c, i) => el('th', {
@@ -26,10 +28,15 @@ export function table(name, columns, rows, { rowClass, sortBy, empty = 'none' } 
       th.classList.toggle('sorted-asc', i === state.column && !state.descending);
       th.classList.toggle('sorted-desc', i === state.column && state.descending);
     });
-    body.replaceChildren(...sorted.map((row) => el('tr', { class: rowClass ? rowClass(row) : '' },
+    const shown = sorted.length > limit ? sorted.slice(0, limit) : sorted;
+    body.replaceChildren(...shown.map((row) => el('tr', { class: rowClass ? rowClass(row) : '' },
       columns.map((c) => el('td', { class: c.num ? 'num' : '' }, c.value(row))))));
     if (sorted.length === 0) {
       body.append(el('tr', {}, el('td', { class: 'muted', colspan: columns.length }, empty)));
+    } else if (shown.length < sorted.length) {
+      body.append(el('tr', {}, el('td', { class: 'muted', colspan: columns.length },
+        `${fmt(shown.length)} of ${fmt(sorted.length)} rows `,
+        el('button', { onclick: () => { limit = Infinity; fill(); } }, 'show all'))));
     }
   }
   fill();
