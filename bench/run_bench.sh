@@ -194,6 +194,44 @@ rm -f "$fragments"/server_ranks.json
 "$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/server_ranks.json"
 echo "results: $out_dir/results.json"
 
+# ---- The web UI on a long run (bench/webui_page_load.mjs) ------------------------------------
+# A real ampscope-server (headroom policy) filled with one run of 100,000 steps of 24 tensors
+# (ampscope_server_load --long-run: skips, offenders, validation loss, policy decisions), then
+# headless Chromium (puppeteer-core, server/webui/node_modules) opens the run's page at
+# 1400x900 and times it from navigation to every chart drawn (body[data-ready]), once cold and
+# then --loads times; writes webui_run_page_load_s (median), webui_run_page_load_s_max,
+# webui_run_page_load_s_cold, webui_tensor_page_load_s (median) and the run's size. About 40 s.
+#
+# Environment (all optional):
+#   AMPSCOPE_BENCH_WEBUI_STEPS  steps of the long run (default 100000; the keys record it)
+#   AMPSCOPE_BENCH_WEBUI_LOADS  timed loads after the cold one (default 5)
+rm -f "$fragments"/webui.json
+webui_dir=$out_dir/webui
+rm -rf "$webui_dir"
+mkdir -p "$webui_dir"
+"$build_dir/server/ampscope-server" --listen 127.0.0.1:0 --metrics-listen '' \
+  --http-listen 127.0.0.1:0 --db "$webui_dir/ampscope.db" --policy headroom --sync normal \
+  --ready-file "$webui_dir/ready.json" >"$webui_dir/server.log" 2>&1 &
+webui_server=$!
+for _ in $(seq 1 100); do [[ -s $webui_dir/ready.json ]] && break; sleep 0.1; done
+webui_grpc=$(sed -n 's/.*"grpc": *"\([^"]*\)".*/\1/p' "$webui_dir/ready.json")
+webui_http=$(sed -n 's/.*"http": *"\([^"]*\)".*/\1/p' "$webui_dir/ready.json")
+webui_steps=${AMPSCOPE_BENCH_WEBUI_STEPS:-100000}
+if "$build_dir/bench/ampscope_server_load" --server "$webui_grpc" --long-run "$webui_steps" \
+    --long-run-id bench-long --tensors 24 \
+  && node "$here/webui_page_load.mjs" --url "http://$webui_http" --run bench-long \
+    --steps "$webui_steps" --loads "${AMPSCOPE_BENCH_WEBUI_LOADS:-5}" \
+    --out "$fragments/webui.json"; then
+  "$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/webui.json"
+else
+  echo "$0: the web UI benchmark failed; server log: $webui_dir/server.log" >&2
+  kill "$webui_server" 2>/dev/null || true
+  exit 1
+fi
+kill "$webui_server" 2>/dev/null || true
+wait "$webui_server" 2>/dev/null || true
+echo "results: $out_dir/results.json"
+
 # ---- Loss-scale policies in closed loop (bench/policy_eval) ----------------------------------
 # ampscope-train with the agent against ampscope-server, five seeds per scenario, every policy
 # of a seed on the same batches, in lockstep with the server (deterministic): defaults, initial
