@@ -329,9 +329,9 @@ class StoreReader {
   std::optional<v1::GetStepHistoryResponse> get_step_history(
       const v1::GetStepHistoryRequest& request);
 
-  // The web UI's series (store_series.cc); nullopt when the run is unknown. Each series is
-  // aggregated in SQL, one statement per series, so that the cost follows the buckets asked
-  // for and the steps in range, never more.
+  // The web UI's series (store_series.cc); nullopt when the run is unknown. Each series is one
+  // index-only scan of the steps in range, so that the cost follows the steps in range and the
+  // buckets asked for, never the payloads.
   std::optional<RunView> run_series(const std::string& run_id, const SeriesRequest& request);
   std::optional<TensorSeries> tensor_series(const std::string& run_id,
                                             const TensorRequest& request);

@@ -260,8 +260,11 @@ std::vector<v1::SkippedStep> StoreReader::skipped_steps(std::int64_t run, std::i
                                                         bool latest) {
   // The lowest rank that skipped each step.
   Statement s = conn_->prepare(
+      // The partial indexes hold only the rows asked for; without them SQLite prefers the
+      // covering index for the step order and reads every row of the range to filter it.
       std::string("SELECT step, rank, loss_scale, scale_after, found_inf, payload FROM reports "
-                  "WHERE run = ?1 AND skipped != 0 AND step >= ?2 AND step <= ?3 ORDER BY ") +
+                  "INDEXED BY reports_skipped WHERE run = ?1 AND skipped != 0 AND step >= ?2 "
+                  "AND step <= ?3 ORDER BY ") +
       (latest ? "step DESC, rank" : "step, rank"));
   s.bind(1, run).bind(2, from).bind(3, to);
   std::vector<v1::SkippedStep> out;
@@ -287,8 +290,8 @@ std::vector<v1::OffenderEvent> StoreReader::first_offenders(std::int64_t run, st
                                                             std::int64_t to, std::uint32_t limit,
                                                             bool latest) {
   Statement s = conn_->prepare(
-      std::string("SELECT step, rank, payload FROM reports WHERE run = ?1 AND offender IS NOT "
-                  "NULL AND step >= ?2 AND step <= ?3 ORDER BY ") +
+      std::string("SELECT step, rank, payload FROM reports INDEXED BY reports_offender WHERE "
+                  "run = ?1 AND offender IS NOT NULL AND step >= ?2 AND step <= ?3 ORDER BY ") +
       (latest ? "step DESC, rank DESC" : "step, rank") + " LIMIT ?4");
   s.bind(1, run).bind(2, from).bind(3, to).bind(4, std::int64_t{limit});
   std::vector<v1::OffenderEvent> out;

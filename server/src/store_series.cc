@@ -1,11 +1,12 @@
-// The web UI's series: a run's steps cut into as many buckets as the page has points, each
-// series aggregated in SQL (GROUP BY the bucket, one statement per series) over index-only
-// scans (reports_series, report_counts), so that a long run's page costs what its width costs
-// plus one pass over the steps in range. The lists (skips, offenders, decisions, tensors,
-// agents, divergences) are get_run's, bounded and cut to the range.
+// The web UI's series: a run's steps cut into as many buckets as the page has points. Each
+// series is one statement, an index-only scan of the steps in range in step order (the
+// covering index reports_series, report_counts' primary key), folded into its buckets as the
+// rows arrive; no payload is read. The lists (skips, offenders, decisions, tensors, agents,
+// divergences) are get_run's, bounded and cut to the range.
 #include <algorithm>
 #include <array>
 #include <limits>
+#include <map>
 
 #include "ampscope/vocabulary.h"
 #include "store.h"
@@ -31,10 +32,6 @@ class ReadSnapshot {
   Connection& c_;
 };
 
-std::optional<double> optional_double(const Statement& s, int col) {
-  return s.column_is_null(col) ? std::nullopt : std::optional<double>(s.column_double(col));
-}
-
 // The run's first and last step, and whether it has a report at all.
 struct StepExtent {
   std::int64_t first = 0;
@@ -55,84 +52,156 @@ StepBuckets buckets_for(const StepExtent& extent, const SeriesRequest& q) {
   return StepBuckets::cut(q.from.value_or(extent.first), q.to.value_or(extent.last), q.width);
 }
 
-// ?2 = from, ?3 = to, ?4 = bucket_steps in every statement below; ?1 = the run.
+// ?1 = the run, ?2 = from, ?3 = to in every statement below.
 void bind_range(Statement& s, std::int64_t run, const StepBuckets& r) {
-  s.bind(1, run).bind(2, r.from).bind(3, r.to).bind(4, r.bucket_steps);
+  s.bind(1, run).bind(2, r.from).bind(3, r.to);
+}
+
+// Each series is one index-ordered scan of the range (reports_series, report_counts' primary
+// key: no sort, no payload) folded into buckets as its rows arrive in step order. SQLite's
+// GROUP BY on the bucket expression sorts every row of the range first (it cannot know the
+// expression follows the index): on 100,000 steps that sort was 4 to 10 times the scan.
+std::int64_t bucket_of(const StepBuckets& r, std::int64_t step) {
+  return (step - r.from) / r.bucket_steps;
 }
 
 std::vector<StepPoint> step_points(Connection& c, std::int64_t run, const StepBuckets& r) {
-  // The latest val_loss and the lowest rank's scale at the bucket's last step are looked up
-  // per bucket, in the same covering index.
   Statement s = c.prepare(
-      "SELECT g.first, g.last, g.reports, g.loss, g.loss_min, g.loss_max, g.scale_min, "
-      "g.scale_max, g.skipped, g.found_inf, "
-      "(SELECT loss_scale FROM reports l WHERE l.run = ?1 AND l.step = g.last ORDER BY l.rank "
-      "LIMIT 1), "
-      "(SELECT val_loss FROM reports v WHERE v.run = ?1 AND v.step >= g.first AND "
-      "v.step <= g.last AND v.val_loss IS NOT NULL ORDER BY v.step DESC, v.rank LIMIT 1) "
-      "FROM (SELECT (step - ?2) / ?4 AS bucket, min(step) AS first, max(step) AS last, "
-      "count(*) AS reports, avg(loss) AS loss, min(loss) AS loss_min, max(loss) AS loss_max, "
-      "min(loss_scale) AS scale_min, max(loss_scale) AS scale_max, "
-      "count(DISTINCT CASE WHEN skipped != 0 THEN step END) AS skipped, "
-      "count(DISTINCT CASE WHEN found_inf != 0 THEN step END) AS found_inf "
-      "FROM reports WHERE run = ?1 AND step >= ?2 AND step <= ?3 GROUP BY bucket) g "
-      "ORDER BY g.bucket");
+      "SELECT step, loss, loss_scale, skipped, found_inf, val_loss FROM reports "
+      "WHERE run = ?1 AND step >= ?2 AND step <= ?3 ORDER BY step, rank");
   bind_range(s, run, r);
   std::vector<StepPoint> out;
+  std::int64_t bucket = -1;
+  double loss_sum = 0;
+  std::int64_t losses = 0;
+  std::int64_t val_step = -1;
+  std::int64_t skipped_at = -1;    // the last step counted as skipped
+  std::int64_t found_inf_at = -1;  // ... as found_inf
+  const auto close = [&] {
+    if (losses > 0) out.back().loss = loss_sum / static_cast<double>(losses);
+  };
   while (s.step()) {
-    StepPoint& p = out.emplace_back();
-    p.step = s.column_int(0);
-    p.last_step = s.column_int(1);
-    p.reports = s.column_int(2);
-    p.loss = optional_double(s, 3);
-    p.loss_min = optional_double(s, 4);
-    p.loss_max = optional_double(s, 5);
-    p.scale_min = s.column_double(6);
-    p.scale_max = s.column_double(7);
-    p.skipped = s.column_int(8);
-    p.found_inf = s.column_int(9);
-    p.scale_last = s.column_double(10);
-    p.val_loss = optional_double(s, 11);
+    const std::int64_t step = s.column_int(0);
+    const double scale = s.column_double(2);
+    const bool new_step = out.empty() || step != out.back().last_step;
+    if (const std::int64_t b = bucket_of(r, step); b != bucket) {
+      if (!out.empty()) close();
+      bucket = b;
+      out.push_back(StepPoint{step, step, 0, {}, {}, {}, {}, scale, scale, scale, 0, 0});
+      loss_sum = 0;
+      losses = 0;
+      val_step = -1;
+    }
+    StepPoint& p = out.back();
+    ++p.reports;
+    if (new_step) {
+      p.last_step = step;
+      p.scale_last = scale;  // the lowest rank's: rows come by rank within a step
+    }
+    if (!s.column_is_null(1)) {
+      const double loss = s.column_double(1);
+      loss_sum += loss;
+      ++losses;
+      p.loss_min = std::min(p.loss_min.value_or(loss), loss);
+      p.loss_max = std::max(p.loss_max.value_or(loss), loss);
+    }
+    p.scale_min = std::min(p.scale_min, scale);
+    p.scale_max = std::max(p.scale_max, scale);
+    // Distinct steps: a step's later ranks add nothing once one of them counted it.
+    if (s.column_int(3) != 0 && skipped_at != step) {
+      ++p.skipped;
+      skipped_at = step;
+    }
+    if (s.column_int(4) != 0 && found_inf_at != step) {
+      ++p.found_inf;
+      found_inf_at = step;
+    }
+    if (!s.column_is_null(5) && step > val_step) {
+      p.val_loss = s.column_double(5);
+      val_step = step;
+    }
   }
+  if (!out.empty()) close();
   return out;
 }
 
 std::vector<CountSeries> count_series(Connection& c, std::int64_t run, const StepBuckets& r) {
   Statement s = c.prepare(
-      "SELECT role, format, min(step), sum(checked), sum(underflow), sum(overflow), "
-      "sum(subnormal), sum(nonfinite) FROM report_counts WHERE run = ?1 AND step >= ?2 AND "
-      "step <= ?3 GROUP BY role, format, (step - ?2) / ?4 ORDER BY role, format, min(step)");
+      "SELECT role, format, step, checked, underflow, overflow, subnormal, nonfinite "
+      "FROM report_counts WHERE run = ?1 AND step >= ?2 AND step <= ?3 ORDER BY step");
   bind_range(s, run, r);
+  // A run has a handful of (role, format) series: a linear search beats a map per row.
   std::vector<CountSeries> out;
+  std::vector<std::int64_t> buckets;  // of each series' last point
   while (s.step()) {
     const int role = static_cast<int>(s.column_int(0));
     const int format = static_cast<int>(s.column_int(1));
-    if (out.empty() || out.back().role != role || out.back().format != format) {
+    const std::int64_t step = s.column_int(2);
+    std::size_t i = 0;
+    while (i < out.size() && (out[i].role != role || out[i].format != format)) ++i;
+    if (i == out.size()) {
       out.push_back(CountSeries{role, format, {}});
+      buckets.push_back(-1);
     }
-    CountPoint& p = out.back().points.emplace_back();
-    p.step = s.column_int(2);
-    p.checked = static_cast<std::uint64_t>(s.column_int(3));
-    p.underflow = static_cast<std::uint64_t>(s.column_int(4));
-    p.overflow = static_cast<std::uint64_t>(s.column_int(5));
-    p.subnormal = static_cast<std::uint64_t>(s.column_int(6));
-    p.nonfinite = static_cast<std::uint64_t>(s.column_int(7));
+    CountSeries& cs = out[i];
+    if (const std::int64_t b = bucket_of(r, step); b != buckets[i]) {
+      cs.points.push_back(CountPoint{step});
+      buckets[i] = b;
+    }
+    CountPoint& p = cs.points.back();
+    p.checked += static_cast<std::uint64_t>(s.column_int(3));
+    p.underflow += static_cast<std::uint64_t>(s.column_int(4));
+    p.overflow += static_cast<std::uint64_t>(s.column_int(5));
+    p.subnormal += static_cast<std::uint64_t>(s.column_int(6));
+    p.nonfinite += static_cast<std::uint64_t>(s.column_int(7));
   }
+  std::sort(out.begin(), out.end(), [](const CountSeries& a, const CountSeries& b) {
+    return std::make_pair(a.role, a.format) < std::make_pair(b.role, b.format);
+  });
   return out;
 }
 
 std::vector<RankSeries> rank_series(Connection& c, std::int64_t run, const StepBuckets& r) {
   Statement s = c.prepare(
-      "SELECT rank, min(step), avg(step_time_s), avg(tensor_core_active_ratio) FROM reports "
-      "WHERE run = ?1 AND step >= ?2 AND step <= ?3 GROUP BY rank, (step - ?2) / ?4 "
-      "ORDER BY rank, min(step)");
+      "SELECT rank, step, step_time_s, tensor_core_active_ratio FROM reports "
+      "WHERE run = ?1 AND step >= ?2 AND step <= ?3 ORDER BY step, rank");
   bind_range(s, run, r);
-  std::vector<RankSeries> out;
+  struct Sums {
+    std::int64_t bucket = -1;
+    double time = 0, ratio = 0;
+    std::int64_t times = 0, ratios = 0;
+  };
+  std::map<std::uint32_t, std::pair<RankSeries, Sums>> ranks;
+  const auto close = [](RankSeries& rs, Sums& sums) {
+    if (rs.points.empty()) return;
+    RankPoint& p = rs.points.back();
+    if (sums.times > 0) p.step_time_s = sums.time / static_cast<double>(sums.times);
+    if (sums.ratios > 0) p.tensor_core_active_ratio = sums.ratio / static_cast<double>(sums.ratios);
+    sums = Sums{sums.bucket};
+  };
   while (s.step()) {
     const auto rank = static_cast<std::uint32_t>(s.column_int(0));
-    if (out.empty() || out.back().rank != rank) out.push_back(RankSeries{rank, {}});
-    out.back().points.push_back(
-        RankPoint{s.column_int(1), optional_double(s, 2), optional_double(s, 3)});
+    const std::int64_t step = s.column_int(1);
+    auto& [rs, sums] = ranks[rank];
+    rs.rank = rank;
+    if (const std::int64_t b = bucket_of(r, step); b != sums.bucket) {
+      close(rs, sums);
+      sums.bucket = b;
+      rs.points.push_back(RankPoint{step, {}, {}});
+    }
+    if (!s.column_is_null(2)) {
+      sums.time += s.column_double(2);
+      ++sums.times;
+    }
+    if (!s.column_is_null(3)) {
+      sums.ratio += s.column_double(3);
+      ++sums.ratios;
+    }
+  }
+  std::vector<RankSeries> out;  // by rank
+  for (auto& [rank, series] : ranks) {
+    close(series.first, series.second);
+    out.push_back(std::move(series.first));
   }
   return out;
 }
@@ -324,48 +393,67 @@ std::map<std::string, RecentReports> StoreReader::recent_reports(std::int64_t si
   std::map<std::string, RecentReports> out;
   Statement runs = conn_->prepare("SELECT id, run_id FROM runs WHERE last_seen_ns >= ?1");
   runs.bind(1, since_ns);
+  // The run's first step in the window, then the window as a step range of the covering index
+  // (the rowid is in every index entry), folded here as the series are.
+  Statement first = conn_->prepare(
+      "SELECT step FROM reports WHERE +run = ?1 AND id >= ?2 ORDER BY id LIMIT 1");
   Statement steps = conn_->prepare(
-      "SELECT count(DISTINCT step), count(DISTINCT CASE WHEN skipped != 0 THEN step END), "
-      "coalesce(max(loss IS NULL), 0), min(step) FROM reports WHERE id >= ?2 AND +run = ?1");
-  Statement scale = conn_->prepare(
-      "SELECT loss_scale FROM reports WHERE id >= ?2 AND +run = ?1 ORDER BY step DESC, rank "
-      "LIMIT 1");
+      "SELECT step, skipped, loss IS NULL, loss_scale FROM reports WHERE run = ?1 AND "
+      "step >= ?3 AND id >= ?2 ORDER BY step, rank");
   Statement counts = conn_->prepare(
-      "SELECT role, format, sum(checked), sum(underflow), sum(overflow), sum(subnormal), "
-      "sum(nonfinite) FROM report_counts WHERE run = ?1 AND step >= ?3 AND report >= ?2 "
-      "GROUP BY role, format ORDER BY role, format");
+      "SELECT role, format, checked, underflow, overflow, subnormal, nonfinite FROM "
+      "report_counts WHERE run = ?1 AND step >= ?3 AND report >= ?2");
   Statement divergent = conn_->prepare(
       "SELECT count(DISTINCT step) FROM rank_divergences WHERE run = ?1 AND step >= ?2");
   while (runs.step()) {
     const std::int64_t run = runs.column_int(0);
-    RecentReports recent;
-    steps.bind(1, run).bind(2, first_id);
-    const bool any = steps.step() && steps.column_int(0) > 0;
-    if (any) {
-      recent.steps = steps.column_int(0);
-      recent.skipped_steps = steps.column_int(1);
-      recent.nonfinite_loss = steps.column_int(2) != 0;
-      const std::int64_t first_step = steps.column_int(3);
-      scale.bind(1, run).bind(2, first_id);
-      if (scale.step()) recent.last_loss_scale = scale.column_double(0);
-      scale.reset();
-      counts.bind(1, run).bind(2, first_id).bind(3, first_step);
-      while (counts.step()) {
-        recent.counts.push_back(ReportCounts{static_cast<int>(counts.column_int(0)),
-                                             static_cast<int>(counts.column_int(1)),
-                                             static_cast<std::uint64_t>(counts.column_int(2)),
-                                             static_cast<std::uint64_t>(counts.column_int(3)),
-                                             static_cast<std::uint64_t>(counts.column_int(4)),
-                                             static_cast<std::uint64_t>(counts.column_int(5)),
-                                             static_cast<std::uint64_t>(counts.column_int(6))});
+    RecentReports& recent = out[runs.column_text(1)];
+    first.bind(1, run).bind(2, first_id);
+    const std::optional<std::int64_t> first_step =
+        first.step() ? std::optional<std::int64_t>(first.column_int(0)) : std::nullopt;
+    first.reset();
+    if (!first_step) continue;
+    steps.bind(1, run).bind(2, first_id).bind(3, *first_step);
+    std::int64_t last_step = -1;
+    std::int64_t skipped_at = -1;
+    while (steps.step()) {
+      const std::int64_t step = steps.column_int(0);
+      if (step != last_step) {
+        ++recent.steps;
+        recent.last_loss_scale = steps.column_double(3);  // the lowest rank's
+        last_step = step;
       }
-      counts.reset();
-      divergent.bind(1, run).bind(2, first_step);
-      if (divergent.step()) recent.divergent_steps = divergent.column_int(0);
-      divergent.reset();
+      if (steps.column_int(1) != 0 && skipped_at != step) {
+        ++recent.skipped_steps;
+        skipped_at = step;
+      }
+      recent.nonfinite_loss = recent.nonfinite_loss || steps.column_int(2) != 0;
     }
     steps.reset();
-    out.emplace(runs.column_text(1), std::move(recent));
+    counts.bind(1, run).bind(2, first_id).bind(3, *first_step);
+    while (counts.step()) {
+      const int role = static_cast<int>(counts.column_int(0));
+      const int format = static_cast<int>(counts.column_int(1));
+      auto it = std::find_if(recent.counts.begin(), recent.counts.end(), [&](const auto& c) {
+        return c.role == role && c.format == format;
+      });
+      if (it == recent.counts.end()) {
+        it = recent.counts.insert(it, ReportCounts{role, format});
+      }
+      ReportCounts& c = *it;
+      c.checked += static_cast<std::uint64_t>(counts.column_int(2));
+      c.underflow += static_cast<std::uint64_t>(counts.column_int(3));
+      c.overflow += static_cast<std::uint64_t>(counts.column_int(4));
+      c.subnormal += static_cast<std::uint64_t>(counts.column_int(5));
+      c.nonfinite += static_cast<std::uint64_t>(counts.column_int(6));
+    }
+    counts.reset();
+    std::sort(recent.counts.begin(), recent.counts.end(), [](const auto& a, const auto& b) {
+      return std::make_pair(a.role, a.format) < std::make_pair(b.role, b.format);
+    });
+    divergent.bind(1, run).bind(2, *first_step);
+    if (divergent.step()) recent.divergent_steps = divergent.column_int(0);
+    divergent.reset();
   }
   return out;
 }
