@@ -137,8 +137,8 @@ async function checkRunPage(browser, base) {
   const apiSkips = [...new Set(run.skips.map((s) => s.step))].sort((a, b) => a - b);
   check(apiSkips.includes(60) && apiSkips.some((s) => s < 10),
         `the API's skipped steps should hold 60 and the early too-high-scale steps: ${apiSkips}`);
-  const apiDecisions = run.decisions.map((d) => d.effective_from_step)
-    .filter((s) => s >= run.range.from && s <= run.range.to);
+  const apiDecisions = [...new Set(run.decisions.map((d) => d.effective_from_step)
+    .filter((s) => s >= run.range.from && s <= run.range.to))].sort((a, b) => a - b);
   check(apiDecisions.length > 0, 'the API lists no policy decision within the run (headroom policy)');
   const marks = await page.$eval('[data-chart="scale"]', (n) => [n.dataset.skipSteps, n.dataset.decisionSteps]);
   const drawnSkips = marks[0].split(',').filter(Boolean).map(Number).sort((a, b) => a - b);
@@ -185,6 +185,8 @@ async function checkRunPage(browser, base) {
   await page.screenshot({ path: path.join(SHOTS, 'run_decision_hover.png') });
   await page.mouse.move(1, 1);
 
+  await checkZoom(page, run, apiSkips, apiDecisions);
+
   for (const name of ['offenders', 'skips', 'decisions', 'tensors', 'agents']) {
     check(await page.$(`table[data-table="${name}"]`), `run page: no ${name} table`);
   }
@@ -199,6 +201,40 @@ async function checkRunPage(browser, base) {
   await page.waitForSelector('body[data-ready="1"]');
   await checkHeatmap(page, 'tensor page of h0.mlp.fc (from the offenders table)');
   await page.close();
+}
+
+// A drag across the scale chart from step 40 to step 80 asks the server for that range: the
+// markers left are those in it; "whole run" brings the rest back.
+async function checkZoom(page, run, apiSkips, apiDecisions) {
+  const [from, to] = [40, 80];
+  const drag = await page.evaluate((a, b) => {
+    const u = window.ampscope.charts.scale;
+    const r = u.over.getBoundingClientRect();
+    return [r.left + u.valToPos(a, 'x'), r.left + u.valToPos(b, 'x'), r.top + r.height / 3];
+  }, from, to);
+  await page.mouse.move(drag[0], drag[2]);
+  await page.mouse.down();
+  await page.mouse.move(drag[1], drag[2], { steps: 8 });
+  await page.mouse.up();
+  const inRange = (steps) => steps.filter((s) => s >= from - 1 && s <= to + 1).join(',');
+  const expected = [inRange(apiSkips), inRange(apiDecisions)];
+  const zoomed = () => page.evaluate(() => {
+    const n = document.querySelector('[data-chart="scale"]');
+    const x = window.ampscope.charts.loss.scales.x;
+    return [n.dataset.skipSteps, n.dataset.decisionSteps, x.min, x.max];
+  });
+  await page.waitForFunction((skips) => document.querySelector('[data-chart="scale"]').dataset.skipSteps === skips,
+                             { timeout: 10000 }, expected[0]).catch(() => {});
+  const got = await zoomed();
+  check(got[0] === expected[0] && got[1] === expected[1],
+        `zoomed to steps ${from}-${to}: markers at ${got[0]} / ${got[1]}, expected ${expected[0]} / ${expected[1]}`);
+  check(got[2] >= from - 2 && got[3] <= to + 2, `zoomed to steps ${from}-${to}: the loss chart spans ${got[2]}-${got[3]}`);
+  await page.click('[data-action="whole-run"]');
+  await page.waitForFunction((skips) => document.querySelector('[data-chart="scale"]').dataset.skipSteps === skips,
+                             { timeout: 10000 }, apiSkips.join(',')).catch(() => {});
+  const back = await zoomed();
+  check(back[0] === apiSkips.join(','), `after "whole run": skip markers at ${back[0]}, expected ${apiSkips}`);
+  noErrors(page, 'run page after zooming');
 }
 
 // The heatmap is drawn: at each column with a histogram, the centre of its fullest binade has a
@@ -341,7 +377,7 @@ async function main() {
     await checkRunsPage(browser, server.base);
     log('runs page: ok');
     await checkRunPage(browser, server.base);
-    log('run page: ok (offender, skip and decision markers, hover, offender link to the heatmap)');
+    log('run page: ok (offender, skip and decision markers, hover, zoom, offender link to the heatmap)');
     const [columns, recorded] = await checkTensorPage(browser, server.base);
     log(`tensor page: ok (${columns} columns drawn; after unscaling, with the flight recorder's: ${recorded})`);
     await checkComparePage(browser, server.base);

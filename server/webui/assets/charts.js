@@ -173,8 +173,9 @@ export function scaleMarkers(holder, marks, describe) {
           ctx.arc(x, y, 4.5 * devicePixelRatio, 0, 2 * Math.PI);
           ctx.fill();
         }
-        holder.dataset.skipSteps = [...new Set(drawnSkips.map((s) => s.step))].join(',');
-        holder.dataset.decisionSteps = drawnDecisions.map((d) => d.effective_from_step).join(',');
+        const ascending = (steps) => [...new Set(steps)].sort((a, b) => a - b).join(',');
+        holder.dataset.skipSteps = ascending(drawnSkips.map((s) => s.step));
+        holder.dataset.decisionSteps = ascending(drawnDecisions.map((d) => d.effective_from_step));
       }],
       setCursor: [(u) => {
         const { left, top } = u.cursor;

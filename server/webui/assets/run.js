@@ -23,6 +23,7 @@ class RunPage {
   constructor(main, run_id) {
     this.run_id = run_id;
     this.zoom = null;          // {from, to} while the user looks at part of the run
+    this.generation = 0;       // bumped by every zoom: answers to older requests are stale
     this.detail = null;
     this.main = main;
     this.header = el('div');
@@ -80,15 +81,22 @@ class RunPage {
   async load() { this.apply(await getJson(this.url())); }
 
   async refresh() {
+    const generation = this.generation;
     const answer = await getJson(this.url(this.detail.max_report_id));
-    if (answer.unchanged) return;
+    if (answer.unchanged || generation !== this.generation) return;
     this.apply(answer);
     bumpUpdates();
   }
 
+  // Every chart of the page reports the same drag (their cursors are synced): one request per
+  // new range, and an answer for a range the user has left is dropped.
   async setZoom(from, to) {
-    this.zoom = from === null ? null : { from: Math.max(0, from), to };
-    this.apply(await getJson(this.url()));
+    const zoom = from === null ? null : { from: Math.max(0, from), to };
+    if (JSON.stringify(zoom) === JSON.stringify(this.zoom)) return;
+    this.zoom = zoom;
+    const generation = ++this.generation;
+    const answer = await getJson(this.url());
+    if (generation === this.generation) this.apply(answer);
   }
 
   marks() {
@@ -147,7 +155,7 @@ class RunPage {
     const bucket = g.bucket_steps > 1 ? `, ${fmt(g.bucket_steps)} steps per point` : '';
     this.zoomLine.replaceChildren(
       `Steps ${fmt(g.from)}–${fmt(g.to)} of ${fmt(g.first_step)}–${fmt(g.last_step)}${bucket}. `,
-      this.zoom ? el('button', { onclick: () => this.setZoom(null, null) }, 'whole run')
+      this.zoom ? el('button', { dataset: { action: 'whole-run' }, onclick: () => this.setZoom(null, null) }, 'whole run')
         : 'Drag across a chart to zoom; double-click to go back.');
   }
 
