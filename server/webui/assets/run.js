@@ -4,8 +4,8 @@
 // on any chart re-queries that step range, a double click (or "whole run") goes back.
 import { alertList, badge, bumpUpdates, el, facts, fmt, fmtAgo, fmtRatio, fmtScale, getJson,
          markReady, poll, runHref, tensorHref } from './api.js';
-import { Chart, DECISION_COLOUR, LOG2, LOG10, PALETTE, SKIP_COLOUR, expLabels, pow2Labels,
-         scaleMarkers, sparseAsPoints } from './charts.js';
+import { Chart, LOG2, LOG10, PALETTE, expLabels, pow2Labels, scaleMarkers,
+         sparseAsPoints } from './charts.js';
 import { scroll, table } from './table.js';
 
 // The per-step tables open most recent first (their first column is the step or id).

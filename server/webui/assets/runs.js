@@ -1,6 +1,7 @@
 // The runs page: every run the server holds, with a search box and sortable columns; polls
 // every 5 s.
-import { alertList, badge, el, fmt, fmtAgo, fmtScale, getJson, markReady, bumpUpdates, poll, runHref } from './api.js';
+import { alertList, badge, bumpUpdates, el, fmt, fmtAgo, fmtScale, getJson, markReady, poll,
+         runHref } from './api.js';
 import { table } from './table.js';
 
 const SEVERITY = { critical: 2, warning: 1 };

@@ -2,7 +2,7 @@
 // A drag on the counts chart re-queries that step range (the server picks one sample per
 // bucket), a double click goes back to the whole run.
 import { el, fmt, getJson, markReady, runHref, tensorHref } from './api.js';
-import { Chart, LOG2, LOG10, PALETTE, expLabels, pow2Labels } from './charts.js';
+import { Chart, LOG2, LOG10, PALETTE, expLabels, pow2Labels, sparseAsPoints } from './charts.js';
 import { FLIGHT_COLOUR, FORMAT_COLOURS, Heatmap, rampColour } from './heatmap.js';
 
 // The phases a tensor can be measured in; the page links to the others (a weight gradient's
@@ -106,14 +106,14 @@ export async function showTensor(main, run_id, name, role, phase) {
       cols.map((c) => share(c, target(c).subnormal)), cols.map((c) => share(c, c.nan + c.pos_inf + c.neg_inf)),
       cols.map((c) => positive(c.max_abs)), cols.map((c) => positive(c.min_abs_nonzero))];
     const ratio = (v) => (v === null ? '—' : v.toExponential(2));
-    counts.set(data, [
+    counts.set(data, sparseAsPoints([
       { label: 'underflow', stroke: PALETTE[0], value: (u, v) => ratio(v) },
-      { label: 'overflow', stroke: PALETTE[1], value: (u, v) => ratio(v) },
+      { label: 'overflow', stroke: PALETTE[6], value: (u, v) => ratio(v) },
       { label: 'subnormal', stroke: PALETTE[2], value: (u, v) => ratio(v) },
       { label: 'non-finite', stroke: '#d62728', points: { show: true, size: 7 }, value: (u, v) => ratio(v) },
       { label: 'max |x|', stroke: '#555', dash: [6, 4], scale: 'abs', value: (u, v) => fmt(v) },
       { label: 'min |x| ≠ 0', stroke: '#999', dash: [2, 3], scale: 'abs', value: (u, v) => fmt(v) },
-    ]);
+    ], data, tensor.range.buckets));
   }
 
   await load(null);
