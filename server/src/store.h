@@ -337,8 +337,10 @@ class StoreReader {
                                             const TensorRequest& request);
   // The largest report id of the run (0 without reports); nullopt when the run is unknown.
   std::optional<std::int64_t> max_report_id(const std::string& run_id);
-  // Per run seen since `since_ns`: its reports received since then. Runs not seen are absent.
-  std::map<std::string, RecentReports> recent_reports(std::int64_t since_ns);
+  // Per run seen since `since_ns` (or only `run_id`): its reports received since then. Runs
+  // not seen are absent.
+  std::map<std::string, RecentReports> recent_reports(
+      std::int64_t since_ns, const std::optional<std::string>& run_id = std::nullopt);
 
  private:
   // Shared by get_run and the web UI's series. Steps in [from, to]; `latest`: the last `limit`

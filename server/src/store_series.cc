@@ -363,7 +363,8 @@ std::optional<std::int64_t> StoreReader::max_report_id(const std::string& run_id
   return s.step() ? s.column_int(0) : 0;
 }
 
-std::map<std::string, RecentReports> StoreReader::recent_reports(std::int64_t since_ns) {
+std::map<std::string, RecentReports> StoreReader::recent_reports(
+    std::int64_t since_ns, const std::optional<std::string>& run_id) {
   std::lock_guard lock(mu_);
   ReadSnapshot snapshot(*conn_);
   // Report ids follow commit order and so, closely enough for a ten-minute window, the
@@ -391,8 +392,11 @@ std::map<std::string, RecentReports> StoreReader::recent_reports(std::int64_t si
   const std::int64_t first_id = lo;
 
   std::map<std::string, RecentReports> out;
-  Statement runs = conn_->prepare("SELECT id, run_id FROM runs WHERE last_seen_ns >= ?1");
+  Statement runs = conn_->prepare(
+      std::string("SELECT id, run_id FROM runs WHERE last_seen_ns >= ?1") +
+      (run_id ? " AND run_id = ?2" : ""));
   runs.bind(1, since_ns);
+  if (run_id) runs.bind(2, *run_id);
   // The run's first step in the window, then the window as a step range of the covering index
   // (the rowid is in every index entry), folded here as the series are.
   Statement first = conn_->prepare(

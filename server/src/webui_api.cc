@@ -518,7 +518,7 @@ ApiResponse WebApi::run_answer(const std::string& run_id, const Params& params,
   add_live_facts(facts, &s->summary);
   mark_connected(facts, s->agents);
   const std::map<std::string, RecentReports> recent =
-      store_.recent_reports(now_ns - AlertThresholds::kWindowNs);
+      store_.recent_reports(now_ns - AlertThresholds::kWindowNs, run_id);
   json scale_changes = json::array();
   for (const v1::ScalePoint& p : s->scale_changes) {
     scale_changes.push_back({{"step", p.step()}, {"loss_scale", p.loss_scale()}});

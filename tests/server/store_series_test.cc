@@ -411,6 +411,9 @@ TEST_F(StoreSeriesTest, RecentReportsAreThoseReceivedInTheWindow) {
   std::map<std::pair<int, int>, ReportCounts> counts;
   for (const ReportCounts& c : web.counts) counts[{c.role, c.format}] = c;
   expect_web_counts(counts);
+  // One run only.
+  EXPECT_EQ(reader.recent_reports(webui_fixture::now_ns() - 600 * kSecond, "web").size(), 1u);
+  EXPECT_EQ(reader.recent_reports(webui_fixture::now_ns() - 600 * kSecond, "old").size(), 0u);
   // A window that starts after the run's reports: none of them.
   EXPECT_EQ(reader.recent_reports(webui_fixture::now_ns() - 30 * kSecond).size(), 0u);
 }

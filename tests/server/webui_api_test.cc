@@ -143,6 +143,7 @@ TEST_F(WebApiTest, RunAnswerIsDownsampledToTheWidth) {
   connect("web", 1);
   json run = get("/runs/web", {{"width", "10"}});
   EXPECT_EQ(run["run"]["run_id"], "web");
+  EXPECT_EQ(run["run"]["alerts"].size(), 3u);  // as in the runs list
   EXPECT_EQ(run["range"], json({{"first_step", 0}, {"last_step", 9}, {"from", 0}, {"to", 9},
                                 {"bucket_steps", 1}, {"buckets", 10}}));
   const json& steps = run["steps"];
