@@ -117,6 +117,17 @@ async function checkRunsPage(browser, base) {
   const filtered = await page.$$eval('table[data-table="runs"] tbody tr td:first-child', (cells) => cells.map((c) => c.textContent));
   check(filtered.length === 1 && filtered[0] === 'short', `runs search "shor": found ${filtered}`);
   await page.evaluate(() => { const s = document.querySelector('input[type="search"]'); s.value = ''; s.dispatchEvent(new Event('input')); });
+  // A click on "Last step" sorts by it, a second click reverses.
+  const lastSteps = () => page.$$eval('table[data-table="runs"] tbody tr td:nth-child(3)',
+    (cells) => cells.map((c) => Number(c.textContent.replace(/,/g, ''))));
+  const header = async () => (await page.$$('table[data-table="runs"] th'))[2];
+  await (await header()).click();
+  const ascending = await lastSteps();
+  await (await header()).click();
+  const descending = await lastSteps();
+  check(ascending.every((v, i) => i === 0 || ascending[i - 1] <= v) &&
+        descending.join() === [...ascending].reverse().join(),
+        `runs table sorted by last step: ${ascending}, then reversed: ${descending}`);
   noErrors(page, 'runs page');
   await page.close();
 }
@@ -257,6 +268,21 @@ async function checkHeatmap(page, what) {
   check(result.length > 0, `${what}: no column with a histogram`);
   const blue = result.filter(([r, , b, a]) => a === 255 && b > r + 20).length;
   check(blue >= result.length * 0.8, `${what}: ${blue} of ${result.length} columns drawn: ${JSON.stringify(result.slice(0, 5))}`);
+  // Hovering the last column's fullest binade names its step, binade and count.
+  const hover = await page.evaluate(() => {
+    const h = window.ampscope.heatmap;
+    const cell = h.cells.filter((c) => c.column.histogram).pop();
+    const counts = cell.column.histogram.counts;
+    const e = cell.column.histogram.min_exponent + counts.indexOf(Math.max(...counts));
+    const r = h.canvas.getBoundingClientRect();
+    return { x: r.left + (cell.left + cell.right) / 2, y: r.top + (h.yOf(e) + h.yOf(e + 1)) / 2,
+             step: cell.column.step, e, count: Math.max(...counts).toLocaleString('en-US') };
+  });
+  await page.mouse.move(hover.x, hover.y);
+  const tip = await page.$eval('.heatmap-box .tip', (t) => (t.hidden ? '' : t.textContent));
+  check(tip.includes(`step ${hover.step.toLocaleString('en-US')}`) && tip.includes(`binade [2^${hover.e}, 2^${hover.e + 1})`) &&
+        tip.includes(`count ${hover.count} of`), `${what}: hover text "${tip}" for step ${hover.step}, binade ${hover.e}`);
+  await page.mouse.move(1, 1);
   return result.length;
 }
 
