@@ -264,6 +264,15 @@ struct RankSeries {
   std::uint32_t rank = 0;
   std::vector<RankPoint> points;
 };
+// A run's reports received since a time (server clock), for the alert conditions.
+struct RecentReports {
+  std::int64_t steps = 0;          // distinct steps
+  std::int64_t skipped_steps = 0;  // distinct skipped steps
+  bool nonfinite_loss = false;
+  std::optional<double> last_loss_scale;  // loss_scale of the latest step (lowest rank)
+  std::vector<ReportCounts> counts;       // summed per (role, format)
+  std::int64_t divergent_steps = 0;       // rank divergences at the window's steps
+};
 struct RunView {
   v1::RunSummary summary;  // without the live facts
   std::int64_t max_report_id = 0;
@@ -278,6 +287,7 @@ struct RunView {
   std::vector<v1::TensorRecord> tensors;       // the kSeriesTensors worst
   std::vector<v1::AgentInfo> agents;
   std::vector<v1::RankDivergence> divergences;  // the latest kSeriesDivergences, by step
+  std::optional<RecentReports> recent;  // when asked for: the alerts' window
 };
 inline constexpr std::uint32_t kSeriesSkips = 2000;
 inline constexpr std::uint32_t kSeriesDecisions = 1000;
@@ -303,15 +313,6 @@ struct TensorSeries {
   std::int64_t first_step = 0, last_step = 0;  // the run's
   std::vector<TensorSample> columns;  // at most one per bucket, ascending
 };
-// A run's reports received since a time (server clock), for the alert conditions.
-struct RecentReports {
-  std::int64_t steps = 0;          // distinct steps
-  std::int64_t skipped_steps = 0;  // distinct skipped steps
-  bool nonfinite_loss = false;
-  std::optional<double> last_loss_scale;  // loss_scale of the latest step (lowest rank)
-  std::vector<ReportCounts> counts;       // summed per (role, format)
-  std::int64_t divergent_steps = 0;       // rank divergences at the window's steps
-};
 
 // Queries, from any thread (serialised on one read connection).
 class StoreReader {
@@ -332,7 +333,9 @@ class StoreReader {
   // The web UI's series (store_series.cc); nullopt when the run is unknown. Each series is one
   // index-only scan of the steps in range, so that the cost follows the steps in range and the
   // buckets asked for, never the payloads.
-  std::optional<RunView> run_series(const std::string& run_id, const SeriesRequest& request);
+  // `alerts_since_ns`: also the run's reports received since then (RunView.recent).
+  std::optional<RunView> run_series(const std::string& run_id, const SeriesRequest& request,
+                                    std::optional<std::int64_t> alerts_since_ns = std::nullopt);
   std::optional<TensorSeries> tensor_series(const std::string& run_id,
                                             const TensorRequest& request);
   // The largest report id of the run (0 without reports); nullopt when the run is unknown.

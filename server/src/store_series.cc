@@ -52,6 +52,125 @@ StepBuckets buckets_for(const StepExtent& extent, const SeriesRequest& q) {
   return StepBuckets::cut(q.from.value_or(extent.first), q.to.value_or(extent.last), q.width);
 }
 
+// --- The alerts' window ----------------------------------------------------------------------
+// A run's reports received since a time: those with id >= first_report_since() (report ids
+// follow commit order and so, closely enough for a ten-minute window, the receive time) and a
+// step from the run's first such report on, so that the window is a step range of the indexes.
+std::int64_t first_report_since(Connection& c, std::int64_t since_ns) {
+  std::int64_t lo = c.query_int("SELECT coalesce(min(id), 0) FROM reports");
+  std::int64_t hi = c.query_int("SELECT coalesce(max(id), 0) FROM reports") + 1;
+  Statement at = c.prepare("SELECT id, received_ns FROM reports WHERE id >= ?1 ORDER BY id LIMIT 1");
+  while (lo < hi) {
+    // Is the first report at or after `mid` recent (or is there none)? Ids that do not exist
+    // between `mid` and the one found answer the same.
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    at.bind(1, mid);
+    const bool found = at.step();
+    const std::int64_t id = found ? at.column_int(0) : hi;
+    const bool recent = !found || at.column_int(1) >= since_ns;
+    at.reset();
+    if (recent) {
+      hi = mid;
+    } else {
+      lo = id + 1;
+    }
+  }
+  return lo;
+}
+
+// The step of the run's first report with id >= first_id; nullopt without one. `+run` keeps
+// SQLite on the rowid range.
+std::optional<std::int64_t> window_first_step(Connection& c, std::int64_t run,
+                                              std::int64_t first_id) {
+  Statement s =
+      c.prepare("SELECT step FROM reports WHERE +run = ?1 AND id >= ?2 ORDER BY id LIMIT 1");
+  s.bind(1, run).bind(2, first_id);
+  return s.step() ? std::optional<std::int64_t>(s.column_int(0)) : std::nullopt;
+}
+
+// Adds up the window's rows; the series scans feed it when the window lies in their range.
+class WindowFold {
+ public:
+  WindowFold(std::int64_t first_id, std::int64_t first_step)
+      : first_id_(first_id), first_step_(first_step) {}
+  std::int64_t first_id() const { return first_id_; }
+  std::int64_t first_step() const { return first_step_; }
+  bool holds(std::int64_t id, std::int64_t step) const {
+    return id >= first_id_ && step >= first_step_;
+  }
+  // Rows in step order, ranks ascending within a step.
+  void add_report(std::int64_t step, bool skipped, bool loss_not_finite, double loss_scale) {
+    if (step != last_step_) {
+      ++recent_.steps;
+      recent_.last_loss_scale = loss_scale;  // the lowest rank's
+      last_step_ = step;
+    }
+    if (skipped && skipped_at_ != step) {
+      ++recent_.skipped_steps;
+      skipped_at_ = step;
+    }
+    recent_.nonfinite_loss = recent_.nonfinite_loss || loss_not_finite;
+  }
+  void add_counts(const ReportCounts& row) {
+    auto it = std::find_if(recent_.counts.begin(), recent_.counts.end(), [&](const auto& c) {
+      return c.role == row.role && c.format == row.format;
+    });
+    if (it == recent_.counts.end()) it = recent_.counts.insert(it, ReportCounts{row.role, row.format});
+    it->checked += row.checked;
+    it->underflow += row.underflow;
+    it->overflow += row.overflow;
+    it->subnormal += row.subnormal;
+    it->nonfinite += row.nonfinite;
+  }
+  RecentReports finish(Connection& c, std::int64_t run) {
+    std::sort(recent_.counts.begin(), recent_.counts.end(), [](const auto& a, const auto& b) {
+      return std::make_pair(a.role, a.format) < std::make_pair(b.role, b.format);
+    });
+    Statement s = c.prepare(
+        "SELECT count(DISTINCT step) FROM rank_divergences WHERE run = ?1 AND step >= ?2");
+    s.bind(1, run).bind(2, first_step_);
+    if (s.step()) recent_.divergent_steps = s.column_int(0);
+    return std::move(recent_);
+  }
+
+ private:
+  std::int64_t first_id_, first_step_;
+  std::int64_t last_step_ = -1;
+  std::int64_t skipped_at_ = -1;
+  RecentReports recent_;
+};
+
+ReportCounts counts_at(const Statement& s, int col) {
+  return ReportCounts{static_cast<int>(s.column_int(col)),
+                      static_cast<int>(s.column_int(col + 1)),
+                      static_cast<std::uint64_t>(s.column_int(col + 2)),
+                      static_cast<std::uint64_t>(s.column_int(col + 3)),
+                      static_cast<std::uint64_t>(s.column_int(col + 4)),
+                      static_cast<std::uint64_t>(s.column_int(col + 5)),
+                      static_cast<std::uint64_t>(s.column_int(col + 6))};
+}
+
+// The window of a run on its own scans (when no series scan covers it).
+RecentReports scan_window(Connection& c, std::int64_t run, std::int64_t first_id) {
+  const std::optional<std::int64_t> first_step = window_first_step(c, run, first_id);
+  if (!first_step) return {};
+  WindowFold fold(first_id, *first_step);
+  Statement steps = c.prepare(
+      "SELECT step, skipped, loss IS NULL, loss_scale FROM reports WHERE run = ?1 AND "
+      "step >= ?3 AND id >= ?2 ORDER BY step, rank");
+  steps.bind(1, run).bind(2, first_id).bind(3, *first_step);
+  while (steps.step()) {
+    fold.add_report(steps.column_int(0), steps.column_int(1) != 0, steps.column_int(2) != 0,
+                    steps.column_double(3));
+  }
+  Statement counts = c.prepare(
+      "SELECT role, format, checked, underflow, overflow, subnormal, nonfinite FROM "
+      "report_counts WHERE run = ?1 AND step >= ?3 AND report >= ?2");
+  counts.bind(1, run).bind(2, first_id).bind(3, *first_step);
+  while (counts.step()) fold.add_counts(counts_at(counts, 0));
+  return fold.finish(c, run);
+}
+
 // ?1 = the run, ?2 = from, ?3 = to in every statement below.
 void bind_range(Statement& s, std::int64_t run, const StepBuckets& r) {
   s.bind(1, run).bind(2, r.from).bind(3, r.to);
@@ -65,9 +184,11 @@ std::int64_t bucket_of(const StepBuckets& r, std::int64_t step) {
   return (step - r.from) / r.bucket_steps;
 }
 
-std::vector<StepPoint> step_points(Connection& c, std::int64_t run, const StepBuckets& r) {
+// `window`: adds the rows of the alerts' window to it too (null: none).
+std::vector<StepPoint> step_points(Connection& c, std::int64_t run, const StepBuckets& r,
+                                   WindowFold* window) {
   Statement s = c.prepare(
-      "SELECT step, loss, loss_scale, skipped, found_inf, val_loss FROM reports "
+      "SELECT step, loss, loss_scale, skipped, found_inf, val_loss, id FROM reports "
       "WHERE run = ?1 AND step >= ?2 AND step <= ?3 ORDER BY step, rank");
   bind_range(s, run, r);
   std::vector<StepPoint> out;
@@ -120,23 +241,29 @@ std::vector<StepPoint> step_points(Connection& c, std::int64_t run, const StepBu
       p.val_loss = s.column_double(5);
       val_step = step;
     }
+    if (window != nullptr && window->holds(s.column_int(6), step)) {
+      window->add_report(step, s.column_int(3) != 0, s.column_is_null(1), scale);
+    }
   }
   if (!out.empty()) close();
   return out;
 }
 
-std::vector<CountSeries> count_series(Connection& c, std::int64_t run, const StepBuckets& r) {
+std::vector<CountSeries> count_series(Connection& c, std::int64_t run, const StepBuckets& r,
+                                      WindowFold* window) {
   Statement s = c.prepare(
-      "SELECT role, format, step, checked, underflow, overflow, subnormal, nonfinite "
+      "SELECT step, report, role, format, checked, underflow, overflow, subnormal, nonfinite "
       "FROM report_counts WHERE run = ?1 AND step >= ?2 AND step <= ?3 ORDER BY step");
   bind_range(s, run, r);
   // A run has a handful of (role, format) series: a linear search beats a map per row.
   std::vector<CountSeries> out;
   std::vector<std::int64_t> buckets;  // of each series' last point
   while (s.step()) {
-    const int role = static_cast<int>(s.column_int(0));
-    const int format = static_cast<int>(s.column_int(1));
-    const std::int64_t step = s.column_int(2);
+    const std::int64_t step = s.column_int(0);
+    const ReportCounts row = counts_at(s, 2);
+    if (window != nullptr && window->holds(s.column_int(1), step)) window->add_counts(row);
+    const int role = row.role;
+    const int format = row.format;
     std::size_t i = 0;
     while (i < out.size() && (out[i].role != role || out[i].format != format)) ++i;
     if (i == out.size()) {
@@ -149,11 +276,11 @@ std::vector<CountSeries> count_series(Connection& c, std::int64_t run, const Ste
       buckets[i] = b;
     }
     CountPoint& p = cs.points.back();
-    p.checked += static_cast<std::uint64_t>(s.column_int(3));
-    p.underflow += static_cast<std::uint64_t>(s.column_int(4));
-    p.overflow += static_cast<std::uint64_t>(s.column_int(5));
-    p.subnormal += static_cast<std::uint64_t>(s.column_int(6));
-    p.nonfinite += static_cast<std::uint64_t>(s.column_int(7));
+    p.checked += row.checked;
+    p.underflow += row.underflow;
+    p.overflow += row.overflow;
+    p.subnormal += row.subnormal;
+    p.nonfinite += row.nonfinite;
   }
   std::sort(out.begin(), out.end(), [](const CountSeries& a, const CountSeries& b) {
     return std::make_pair(a.role, a.format) < std::make_pair(b.role, b.format);
@@ -242,7 +369,8 @@ StepBuckets StepBuckets::cut(std::int64_t from, std::int64_t to, std::int64_t wi
 }
 
 std::optional<RunView> StoreReader::run_series(const std::string& run_id,
-                                                 const SeriesRequest& q) {
+                                                 const SeriesRequest& q,
+                                                 std::optional<std::int64_t> alerts_since_ns) {
   std::lock_guard lock(mu_);
   ReadSnapshot snapshot(*conn_);
   const std::optional<std::int64_t> run = run_key(run_id);
@@ -258,9 +386,23 @@ std::optional<RunView> StoreReader::run_series(const std::string& run_id,
                           out.summary.reports() > 0};
   out.range = buckets_for(extent, q);
   const StepBuckets& r = out.range;
+  // The alerts' window rides on the series' scans when they cover it (the page's live view: the
+  // range runs to the last step), and is scanned on its own otherwise.
+  std::optional<WindowFold> window;
+  std::optional<std::int64_t> first_id;
+  if (alerts_since_ns) {
+    first_id = first_report_since(*conn_, *alerts_since_ns);
+    if (const std::optional<std::int64_t> first_step = window_first_step(*conn_, *run, *first_id);
+        !first_step) {
+      out.recent = RecentReports{};
+    } else if (r.buckets > 0 && *first_step >= r.from && extent.last <= r.to) {
+      window.emplace(*first_id, *first_step);
+    }
+  }
+  WindowFold* fold = window ? &*window : nullptr;
   if (r.buckets > 0) {
-    out.steps = step_points(*conn_, *run, r);
-    out.counts = count_series(*conn_, *run, r);
+    out.steps = step_points(*conn_, *run, r, fold);
+    out.counts = count_series(*conn_, *run, r, fold);
     out.ranks = rank_series(*conn_, *run, r);
     out.skips = skipped_steps(*run, r.from, r.to, kSeriesSkips, /*latest=*/true);
     out.offenders = first_offenders(*run, r.from, r.to, kSeriesOffenders, /*latest=*/true);
@@ -274,6 +416,11 @@ std::optional<RunView> StoreReader::run_series(const std::string& run_id,
       kSeriesTensors);
   out.agents = agents(*run);
   out.divergences = divergences(*run, kSeriesDivergences);
+  if (window) {
+    out.recent = window->finish(*conn_, *run);
+  } else if (first_id && !out.recent) {
+    out.recent = scan_window(*conn_, *run, *first_id);
+  }
   return out;
 }
 
@@ -367,97 +514,15 @@ std::map<std::string, RecentReports> StoreReader::recent_reports(
     std::int64_t since_ns, const std::optional<std::string>& run_id) {
   std::lock_guard lock(mu_);
   ReadSnapshot snapshot(*conn_);
-  // Report ids follow commit order and so, closely enough for a ten-minute window, the
-  // receive time: the first id received since then is found by bisection on the rowid, and
-  // each run's window is a rowid range (`+run` keeps SQLite on that range).
-  std::int64_t lo = conn_->query_int("SELECT coalesce(min(id), 0) FROM reports");
-  std::int64_t hi = conn_->query_int("SELECT coalesce(max(id), 0) FROM reports") + 1;
-  Statement at = conn_->prepare(
-      "SELECT id, received_ns FROM reports WHERE id >= ?1 ORDER BY id LIMIT 1");
-  while (lo < hi) {
-    // Is the first report at or after `mid` recent (or is there none)? Ids that do not exist
-    // between `mid` and the one found answer the same.
-    const std::int64_t mid = lo + (hi - lo) / 2;
-    at.bind(1, mid);
-    const bool found = at.step();
-    const std::int64_t id = found ? at.column_int(0) : hi;
-    const bool recent = !found || at.column_int(1) >= since_ns;
-    at.reset();
-    if (recent) {
-      hi = mid;
-    } else {
-      lo = id + 1;
-    }
-  }
-  const std::int64_t first_id = lo;
-
+  const std::int64_t first_id = first_report_since(*conn_, since_ns);
   std::map<std::string, RecentReports> out;
   Statement runs = conn_->prepare(
       std::string("SELECT id, run_id FROM runs WHERE last_seen_ns >= ?1") +
       (run_id ? " AND run_id = ?2" : ""));
   runs.bind(1, since_ns);
   if (run_id) runs.bind(2, *run_id);
-  // The run's first step in the window, then the window as a step range of the covering index
-  // (the rowid is in every index entry), folded here as the series are.
-  Statement first = conn_->prepare(
-      "SELECT step FROM reports WHERE +run = ?1 AND id >= ?2 ORDER BY id LIMIT 1");
-  Statement steps = conn_->prepare(
-      "SELECT step, skipped, loss IS NULL, loss_scale FROM reports WHERE run = ?1 AND "
-      "step >= ?3 AND id >= ?2 ORDER BY step, rank");
-  Statement counts = conn_->prepare(
-      "SELECT role, format, checked, underflow, overflow, subnormal, nonfinite FROM "
-      "report_counts WHERE run = ?1 AND step >= ?3 AND report >= ?2");
-  Statement divergent = conn_->prepare(
-      "SELECT count(DISTINCT step) FROM rank_divergences WHERE run = ?1 AND step >= ?2");
   while (runs.step()) {
-    const std::int64_t run = runs.column_int(0);
-    RecentReports& recent = out[runs.column_text(1)];
-    first.bind(1, run).bind(2, first_id);
-    const std::optional<std::int64_t> first_step =
-        first.step() ? std::optional<std::int64_t>(first.column_int(0)) : std::nullopt;
-    first.reset();
-    if (!first_step) continue;
-    steps.bind(1, run).bind(2, first_id).bind(3, *first_step);
-    std::int64_t last_step = -1;
-    std::int64_t skipped_at = -1;
-    while (steps.step()) {
-      const std::int64_t step = steps.column_int(0);
-      if (step != last_step) {
-        ++recent.steps;
-        recent.last_loss_scale = steps.column_double(3);  // the lowest rank's
-        last_step = step;
-      }
-      if (steps.column_int(1) != 0 && skipped_at != step) {
-        ++recent.skipped_steps;
-        skipped_at = step;
-      }
-      recent.nonfinite_loss = recent.nonfinite_loss || steps.column_int(2) != 0;
-    }
-    steps.reset();
-    counts.bind(1, run).bind(2, first_id).bind(3, *first_step);
-    while (counts.step()) {
-      const int role = static_cast<int>(counts.column_int(0));
-      const int format = static_cast<int>(counts.column_int(1));
-      auto it = std::find_if(recent.counts.begin(), recent.counts.end(), [&](const auto& c) {
-        return c.role == role && c.format == format;
-      });
-      if (it == recent.counts.end()) {
-        it = recent.counts.insert(it, ReportCounts{role, format});
-      }
-      ReportCounts& c = *it;
-      c.checked += static_cast<std::uint64_t>(counts.column_int(2));
-      c.underflow += static_cast<std::uint64_t>(counts.column_int(3));
-      c.overflow += static_cast<std::uint64_t>(counts.column_int(4));
-      c.subnormal += static_cast<std::uint64_t>(counts.column_int(5));
-      c.nonfinite += static_cast<std::uint64_t>(counts.column_int(6));
-    }
-    counts.reset();
-    std::sort(recent.counts.begin(), recent.counts.end(), [](const auto& a, const auto& b) {
-      return std::make_pair(a.role, a.format) < std::make_pair(b.role, b.format);
-    });
-    divergent.bind(1, run).bind(2, *first_step);
-    if (divergent.step()) recent.divergent_steps = divergent.column_int(0);
-    divergent.reset();
+    out[runs.column_text(1)] = scan_window(*conn_, runs.column_int(0), first_id);
   }
   return out;
 }

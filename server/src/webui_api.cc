@@ -512,13 +512,14 @@ ApiResponse WebApi::run_answer(const std::string& run_id, const Params& params,
     if (!max_id) throw unknown_run(run_id);
     if (*max_id <= *since) return answer(200, {{"unchanged", true}, {"max_report_id", *max_id}});
   }
-  std::optional<RunView> s = store_.run_series(run_id, q);
+  std::optional<RunView> s =
+      store_.run_series(run_id, q, now_ns - AlertThresholds::kWindowNs);
   if (!s) throw unknown_run(run_id);
   const LiveFacts facts = live_facts(streams_, runs_, run_id);
   add_live_facts(facts, &s->summary);
   mark_connected(facts, s->agents);
-  const std::map<std::string, RecentReports> recent =
-      store_.recent_reports(now_ns - AlertThresholds::kWindowNs, run_id);
+  std::map<std::string, RecentReports> recent;
+  if (s->recent) recent.emplace(run_id, std::move(*s->recent));
   json scale_changes = json::array();
   for (const v1::ScalePoint& p : s->scale_changes) {
     scale_changes.push_back({{"step", p.step()}, {"loss_scale", p.loss_scale()}});

@@ -418,5 +418,43 @@ TEST_F(StoreSeriesTest, RecentReportsAreThoseReceivedInTheWindow) {
   EXPECT_EQ(reader.recent_reports(webui_fixture::now_ns() - 30 * kSecond).size(), 0u);
 }
 
+TEST_F(StoreSeriesTest, AlertsWindowIsTheSameFoldedIntoTheSeriesOrScannedAlone) {
+  {
+    StoreWriter w(StoreOptions{path(), true});
+    write_web_run(w);
+  }
+  StoreReader reader(path());
+  const std::int64_t since = webui_fixture::now_ns() - 600 * kSecond;
+  const RecentReports alone = reader.recent_reports(since, "web").at("web");
+  EXPECT_EQ(alone.steps, 10);
+  // The whole run (folded into the series' scans), and ranges that do not hold the window
+  // (scanned alone).
+  for (const SeriesRequest& q : {SeriesRequest{}, SeriesRequest{std::nullopt, std::nullopt, 3},
+                                 SeriesRequest{2, 7, 4}, SeriesRequest{0, 5, 10}}) {
+    const std::optional<RunView> v = reader.run_series("web", q, since);
+    ASSERT_TRUE(v.has_value() && v->recent.has_value());
+    const RecentReports& r = *v->recent;
+    EXPECT_EQ(r.steps, alone.steps);
+    EXPECT_EQ(r.skipped_steps, alone.skipped_steps);
+    EXPECT_EQ(r.nonfinite_loss, alone.nonfinite_loss);
+    EXPECT_EQ(r.last_loss_scale, alone.last_loss_scale);
+    EXPECT_EQ(r.divergent_steps, alone.divergent_steps);
+    ASSERT_EQ(r.counts.size(), alone.counts.size());
+    for (std::size_t i = 0; i < r.counts.size(); ++i) {
+      EXPECT_EQ(r.counts[i].role, alone.counts[i].role);
+      EXPECT_EQ(r.counts[i].format, alone.counts[i].format);
+      EXPECT_EQ(r.counts[i].checked, alone.counts[i].checked);
+      EXPECT_EQ(r.counts[i].underflow, alone.counts[i].underflow);
+      EXPECT_EQ(r.counts[i].nonfinite, alone.counts[i].nonfinite);
+    }
+  }
+  EXPECT_FALSE(reader.run_series("web", SeriesRequest{})->recent.has_value());
+  const std::optional<RunView> late =
+      reader.run_series("web", SeriesRequest{}, webui_fixture::now_ns() + kSecond);
+  ASSERT_TRUE(late->recent.has_value());
+  EXPECT_EQ(late->recent->steps, 0);
+  EXPECT_TRUE(late->recent->counts.empty());
+}
+
 }  // namespace
 }  // namespace ampscope::server

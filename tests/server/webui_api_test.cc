@@ -163,6 +163,7 @@ TEST_F(WebApiTest, RunAnswerIsDownsampledToTheWidth) {
   EXPECT_EQ(run["steps"]["reports"][0], 19);
   run = get("/runs/web", {{"from", "2"}, {"to", "7"}});
   EXPECT_EQ(run["range"]["from"], 2);
+  EXPECT_EQ(run["run"]["alerts"].size(), 3u);  // the window, whatever the range
   EXPECT_EQ(run["steps"]["step"].size(), 6u);
 
   run = get("/runs/web");
