@@ -241,11 +241,11 @@ struct StepPoint {
   std::int64_t step = 0;       // the bucket's first step with a report
   std::int64_t last_step = 0;  // its last
   std::int64_t reports = 0;
-  std::optional<double> loss, loss_min, loss_max;  // finite losses only
-  std::optional<double> val_loss;                  // the latest in the bucket
+  std::optional<double> loss, loss_min, loss_max;       // finite losses only
+  std::optional<double> val_loss;                       // the latest in the bucket
   double scale_min = 0, scale_max = 0, scale_last = 0;  // loss_scale used
-  std::int64_t skipped = 0;    // distinct skipped steps
-  std::int64_t found_inf = 0;  // distinct steps with found_inf
+  std::int64_t skipped = 0;                             // distinct skipped steps
+  std::int64_t found_inf = 0;                           // distinct steps with found_inf
 };
 struct CountPoint {
   std::int64_t step = 0;  // the bucket's first step with a report
@@ -280,14 +280,14 @@ struct RunView {
   std::vector<StepPoint> steps;
   std::vector<CountSeries> counts;  // by role, then format
   std::vector<RankSeries> ranks;
-  std::vector<v1::SkippedStep> skips;          // in range, the latest kSeriesSkips, by step
-  std::vector<v1::ScalePoint> scale_changes;   // in range
-  std::vector<v1::PolicyDecision> decisions;   // the latest kSeriesDecisions, oldest first
-  std::vector<v1::OffenderEvent> offenders;    // in range, the latest kSeriesOffenders, by step
-  std::vector<v1::TensorRecord> tensors;       // the kSeriesTensors worst
+  std::vector<v1::SkippedStep> skips;         // in range, the latest kSeriesSkips, by step
+  std::vector<v1::ScalePoint> scale_changes;  // in range
+  std::vector<v1::PolicyDecision> decisions;  // the latest kSeriesDecisions, oldest first
+  std::vector<v1::OffenderEvent> offenders;   // in range, the latest kSeriesOffenders, by step
+  std::vector<v1::TensorRecord> tensors;      // the kSeriesTensors worst
   std::vector<v1::AgentInfo> agents;
   std::vector<v1::RankDivergence> divergences;  // the latest kSeriesDivergences, by step
-  std::optional<RecentReports> recent;  // when asked for: the alerts' window
+  std::optional<RecentReports> recent;          // when asked for: the alerts' window
 };
 inline constexpr std::uint32_t kSeriesSkips = 2000;
 inline constexpr std::uint32_t kSeriesDecisions = 1000;
@@ -311,7 +311,7 @@ struct TensorSeries {
   int phase = 0;  // v1::TensorPhase of the columns
   StepBuckets range;
   std::int64_t first_step = 0, last_step = 0;  // the run's
-  std::vector<TensorSample> columns;  // at most one per bucket, ascending
+  std::vector<TensorSample> columns;           // at most one per bucket, ascending
 };
 
 // Queries, from any thread (serialised on one read connection).
@@ -349,11 +349,10 @@ class StoreReader {
   // Shared by get_run and the web UI's series. Steps in [from, to]; `latest`: the last `limit`
   // rows (listed by step) rather than the first.
   std::vector<v1::AgentInfo> agents(std::int64_t run);
-  std::vector<v1::SkippedStep> skipped_steps(std::int64_t run, std::int64_t from,
-                                             std::int64_t to, std::uint32_t limit, bool latest);
+  std::vector<v1::SkippedStep> skipped_steps(std::int64_t run, std::int64_t from, std::int64_t to,
+                                             std::uint32_t limit, bool latest);
   std::vector<v1::OffenderEvent> first_offenders(std::int64_t run, std::int64_t from,
-                                                 std::int64_t to, std::uint32_t limit,
-                                                 bool latest);
+                                                 std::int64_t to, std::uint32_t limit, bool latest);
   // The changes of the lowest rank's loss scale in [from, to] (its first step's scale first),
   // the last kMaxScalePoints.
   std::vector<v1::ScalePoint> scale_timeline(std::int64_t run, std::int64_t from, std::int64_t to);

@@ -389,9 +389,8 @@ std::optional<v1::GetRunResponse> StoreReader::get_run(const std::string& run_id
   for (v1::ScalePoint& p : scale_timeline(*run, 0, all_steps)) {
     *out.add_scale_timeline() = std::move(p);
   }
-  for (v1::TensorRecord& t :
-       tensor_records(*run, "underflow > 0 ORDER BY underflow * 1.0 / \"values\" DESC, name",
-                      limit)) {
+  for (v1::TensorRecord& t : tensor_records(
+           *run, "underflow > 0 ORDER BY underflow * 1.0 / \"values\" DESC, name", limit)) {
     *out.add_worst_underflow() = std::move(t);
   }
   for (v1::TensorRecord& t : tensor_records(*run,

@@ -221,10 +221,11 @@ void fill_report_counts(Connection& c) {
   // In chunks read before writing: a statement still reading a table that its connection
   // changes may see rows twice or not at all.
   constexpr std::int64_t kChunk = 512;
-  Statement next = c.prepare("SELECT id, run, payload FROM reports WHERE id > ?1 ORDER BY id "
-                             "LIMIT ?2");
-  Statement columns = c.prepare(
-      "UPDATE reports SET val_loss = ?2, tensor_core_active_ratio = ?3 WHERE id = ?1");
+  Statement next = c.prepare(
+      "SELECT id, run, payload FROM reports WHERE id > ?1 ORDER BY id "
+      "LIMIT ?2");
+  Statement columns =
+      c.prepare("UPDATE reports SET val_loss = ?2, tensor_core_active_ratio = ?3 WHERE id = ?1");
   Statement counts = prepare_report_counts(c);
   std::vector<std::tuple<std::int64_t, std::int64_t, v1::StepReport>> chunk;
   for (std::int64_t after = 0, read = kChunk; read == kChunk; chunk.clear()) {

@@ -59,7 +59,8 @@ StepBuckets buckets_for(const StepExtent& extent, const SeriesRequest& q) {
 std::int64_t first_report_since(Connection& c, std::int64_t since_ns) {
   std::int64_t lo = c.query_int("SELECT coalesce(min(id), 0) FROM reports");
   std::int64_t hi = c.query_int("SELECT coalesce(max(id), 0) FROM reports") + 1;
-  Statement at = c.prepare("SELECT id, received_ns FROM reports WHERE id >= ?1 ORDER BY id LIMIT 1");
+  Statement at =
+      c.prepare("SELECT id, received_ns FROM reports WHERE id >= ?1 ORDER BY id LIMIT 1");
   while (lo < hi) {
     // Is the first report at or after `mid` recent (or is there none)? Ids that do not exist
     // between `mid` and the one found answer the same.
@@ -115,7 +116,8 @@ class WindowFold {
     auto it = std::find_if(recent_.counts.begin(), recent_.counts.end(), [&](const auto& c) {
       return c.role == row.role && c.format == row.format;
     });
-    if (it == recent_.counts.end()) it = recent_.counts.insert(it, ReportCounts{row.role, row.format});
+    if (it == recent_.counts.end())
+      it = recent_.counts.insert(it, ReportCounts{row.role, row.format});
     it->checked += row.checked;
     it->underflow += row.underflow;
     it->overflow += row.overflow;
@@ -368,9 +370,8 @@ StepBuckets StepBuckets::cut(std::int64_t from, std::int64_t to, std::int64_t wi
   return b;
 }
 
-std::optional<RunView> StoreReader::run_series(const std::string& run_id,
-                                                 const SeriesRequest& q,
-                                                 std::optional<std::int64_t> alerts_since_ns) {
+std::optional<RunView> StoreReader::run_series(const std::string& run_id, const SeriesRequest& q,
+                                               std::optional<std::int64_t> alerts_since_ns) {
   std::lock_guard lock(mu_);
   ReadSnapshot snapshot(*conn_);
   const std::optional<std::int64_t> run = run_key(run_id);
@@ -409,11 +410,11 @@ std::optional<RunView> StoreReader::run_series(const std::string& run_id,
     out.scale_changes = scale_timeline(*run, r.from, r.to);
   }
   out.decisions = decisions(*run, kSeriesDecisions);
-  out.tensors = tensor_records(
-      *run,
-      "1 ORDER BY nonfinite DESC, overflow * 1.0 / max(\"values\", 1) DESC, "
-      "underflow * 1.0 / max(\"values\", 1) DESC, name",
-      kSeriesTensors);
+  out.tensors =
+      tensor_records(*run,
+                     "1 ORDER BY nonfinite DESC, overflow * 1.0 / max(\"values\", 1) DESC, "
+                     "underflow * 1.0 / max(\"values\", 1) DESC, name",
+                     kSeriesTensors);
   out.agents = agents(*run);
   out.divergences = divergences(*run, kSeriesDivergences);
   if (window) {
@@ -469,9 +470,9 @@ std::optional<TensorSeries> StoreReader::tensor_series(const std::string& run_id
       if (!report.ParseFromArray(blob.data(), static_cast<int>(blob.size()))) continue;
       for (v1::TensorStats& t : *report.mutable_tensors()) {
         if (!matches(t)) continue;  // the last match of a phase in the step wins (offer)
-        offer(best, TensorSample{reports.column_int(0),
-                                 static_cast<std::uint32_t>(reports.column_int(1)), false,
-                                 std::move(t)});
+        offer(best,
+              TensorSample{reports.column_int(0), static_cast<std::uint32_t>(reports.column_int(1)),
+                           false, std::move(t)});
       }
     }
     reports.reset();
@@ -479,8 +480,8 @@ std::optional<TensorSeries> StoreReader::tensor_series(const std::string& run_id
     if (q.phase) history.bind(6, std::int64_t{*q.phase});
     history.bind(7, kProbeHistory);
     while (history.step()) {
-      TensorSample sample{history.column_int(0),
-                          static_cast<std::uint32_t>(history.column_int(1)), true, {}};
+      TensorSample sample{
+          history.column_int(0), static_cast<std::uint32_t>(history.column_int(1)), true, {}};
       const std::string_view blob = history.column_blob(2);
       if (!sample.stats.ParseFromArray(blob.data(), static_cast<int>(blob.size())) ||
           !matches(sample.stats)) {
@@ -516,9 +517,9 @@ std::map<std::string, RecentReports> StoreReader::recent_reports(
   ReadSnapshot snapshot(*conn_);
   const std::int64_t first_id = first_report_since(*conn_, since_ns);
   std::map<std::string, RecentReports> out;
-  Statement runs = conn_->prepare(
-      std::string("SELECT id, run_id FROM runs WHERE last_seen_ns >= ?1") +
-      (run_id ? " AND run_id = ?2" : ""));
+  Statement runs =
+      conn_->prepare(std::string("SELECT id, run_id FROM runs WHERE last_seen_ns >= ?1") +
+                     (run_id ? " AND run_id = ?2" : ""));
   runs.bind(1, since_ns);
   if (run_id) runs.bind(2, *run_id);
   while (runs.step()) {

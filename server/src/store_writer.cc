@@ -85,8 +85,8 @@ struct StoreWriter::Statements {
             "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)")) {}
 
   Statement upsert_run, run_id_of, touch_run, upsert_agent, agent_progress, agent_notice,
-      insert_report, insert_counts, add_tensor, insert_rejection, insert_decision, set_decision_update,
-      insert_merged, insert_divergence, upsert_application, save_policy;
+      insert_report, insert_counts, add_tensor, insert_rejection, insert_decision,
+      set_decision_update, insert_merged, insert_divergence, upsert_application, save_policy;
   // A run's rows, every table; the runs row last.
   Statement delete_reports, delete_applications, delete_agents, delete_notices, delete_tensors,
       delete_policy_state, delete_decisions, delete_merged, delete_divergences, delete_rejections,

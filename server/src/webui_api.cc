@@ -143,8 +143,8 @@ json alerts_of(const RecentReports& r) {
     const double ratio = static_cast<double>(c.underflow) / static_cast<double>(c.checked);
     if (ratio > T::kUnderflowRatio) {
       out.push_back(alert("AmpscopeUnderflowHigh", "warning",
-                          role_text(c.role) + " underflow in " + format_text(c.format) +
-                              " above " + percent(T::kUnderflowRatio) + ": " + percent(ratio)));
+                          role_text(c.role) + " underflow in " + format_text(c.format) + " above " +
+                              percent(T::kUnderflowRatio) + ": " + percent(ratio)));
     }
   }
   if (r.steps > 0 && r.skipped_steps > T::kSkippedMinimum &&
@@ -194,8 +194,9 @@ json run_row(const v1::RunSummary& s, const std::map<std::string, RecentReports>
 // --- One run -----------------------------------------------------------------------------------
 
 json range_json(const StepBuckets& r, std::int64_t first_step, std::int64_t last_step) {
-  return {{"first_step", first_step}, {"last_step", last_step},     {"from", r.from},
-          {"to", r.to},               {"bucket_steps", r.bucket_steps}, {"buckets", r.buckets}};
+  return {
+      {"first_step", first_step},       {"last_step", last_step}, {"from", r.from}, {"to", r.to},
+      {"bucket_steps", r.bucket_steps}, {"buckets", r.buckets}};
 }
 
 json steps_json(const std::vector<StepPoint>& points) {
@@ -217,10 +218,12 @@ json steps_json(const std::vector<StepPoint>& points) {
     skipped.push_back(p.skipped);
     found_inf.push_back(p.found_inf);
   }
-  return {{"step", step},           {"last_step", last_step}, {"reports", reports},
-          {"loss", loss},           {"loss_min", loss_min},   {"loss_max", loss_max},
-          {"val_loss", val_loss},   {"scale_min", scale_min}, {"scale_max", scale_max},
-          {"scale_last", scale_last}, {"skipped", skipped},   {"found_inf", found_inf}};
+  return {{"step", step},           {"last_step", last_step},
+          {"reports", reports},     {"loss", loss},
+          {"loss_min", loss_min},   {"loss_max", loss_max},
+          {"val_loss", val_loss},   {"scale_min", scale_min},
+          {"scale_max", scale_max}, {"scale_last", scale_last},
+          {"skipped", skipped},     {"found_inf", found_inf}};
 }
 
 json counts_json(const std::vector<CountSeries>& series) {
@@ -268,14 +271,14 @@ json ranks_json(const std::vector<RankSeries>& series) {
 json skips_json(const std::vector<v1::SkippedStep>& skips) {
   json out = json::array();
   for (const v1::SkippedStep& k : skips) {
-    out.push_back({{"step", k.step()},
-                   {"rank", k.rank()},
-                   {"loss_scale", k.loss_scale()},
-                   {"scale_after", k.scale_after()},
-                   {"found_inf", k.found_inf()},
-                   {"why", k.why()},
-                   {"offender", k.has_first_offender() ? json(k.first_offender().tensor())
-                                                       : json(nullptr)}});
+    out.push_back(
+        {{"step", k.step()},
+         {"rank", k.rank()},
+         {"loss_scale", k.loss_scale()},
+         {"scale_after", k.scale_after()},
+         {"found_inf", k.found_inf()},
+         {"why", k.why()},
+         {"offender", k.has_first_offender() ? json(k.first_offender().tensor()) : json(nullptr)}});
   }
   return out;
 }
@@ -301,8 +304,10 @@ json decisions_json(const std::vector<v1::PolicyDecision>& decisions) {
     const v1::PolicyUpdate& u = d.update();
     json applications = json::array();
     for (const v1::PolicyApplication& a : d.applications()) {
-      applications.push_back(
-          {{"rank", a.rank()}, {"step", a.step()}, {"applied", a.applied()}, {"reason", a.reason()}});
+      applications.push_back({{"rank", a.rank()},
+                              {"step", a.step()},
+                              {"applied", a.applied()},
+                              {"reason", a.reason()}});
     }
     out.push_back({{"policy_id", u.policy_id()},
                    {"effective_from_step", u.effective_from_step()},
@@ -489,8 +494,9 @@ ApiResponse WebApi::handle(const std::string& path, const Params& params) const 
     constexpr std::string_view kTensor = "/tensor";
     if (path.rfind(kRuns, 0) != 0) throw ApiError{404, "no such API: '" + path + "'"};
     std::string run_id = path.substr(kRuns.size());
-    const bool tensor = run_id.size() > kTensor.size() &&
-                        run_id.compare(run_id.size() - kTensor.size(), kTensor.size(), kTensor) == 0;
+    const bool tensor =
+        run_id.size() > kTensor.size() &&
+        run_id.compare(run_id.size() - kTensor.size(), kTensor.size(), kTensor) == 0;
     if (tensor) run_id.resize(run_id.size() - kTensor.size());
     if (run_id.empty() || run_id.find('/') != std::string::npos) {
       throw ApiError{404, "no such API: '" + path + "'"};
@@ -512,8 +518,7 @@ ApiResponse WebApi::run_answer(const std::string& run_id, const Params& params,
     if (!max_id) throw unknown_run(run_id);
     if (*max_id <= *since) return answer(200, {{"unchanged", true}, {"max_report_id", *max_id}});
   }
-  std::optional<RunView> s =
-      store_.run_series(run_id, q, now_ns - AlertThresholds::kWindowNs);
+  std::optional<RunView> s = store_.run_series(run_id, q, now_ns - AlertThresholds::kWindowNs);
   if (!s) throw unknown_run(run_id);
   const LiveFacts facts = live_facts(streams_, runs_, run_id);
   add_live_facts(facts, &s->summary);
@@ -562,16 +567,16 @@ ApiResponse WebApi::tensor_answer(const std::string& run_id, const Params& param
   json columns = json::array();
   for (const TensorSample& c : s->columns) columns.push_back(column_json(c));
   const v1::TensorStats* latest = s->columns.empty() ? nullptr : &s->columns.back().stats;
-  json body = {
-      {"name", q.name},
-      {"role", role_text(q.role)},
-      {"phase", phase_text(s->phase)},
-      {"dtype", latest ? json(format_text(latest->dtype())) : json(nullptr)},
-      {"format", latest && latest->targets_size() > 0 ? json(format_text(latest->targets(0).format()))
-                                                      : json(nullptr)},
-      {"range", range_json(s->range, s->first_step, s->last_step)},
-      {"formats", formats_json()},
-      {"columns", columns}};
+  json body = {{"name", q.name},
+               {"role", role_text(q.role)},
+               {"phase", phase_text(s->phase)},
+               {"dtype", latest ? json(format_text(latest->dtype())) : json(nullptr)},
+               {"format", latest && latest->targets_size() > 0
+                              ? json(format_text(latest->targets(0).format()))
+                              : json(nullptr)},
+               {"range", range_json(s->range, s->first_step, s->last_step)},
+               {"formats", formats_json()},
+               {"columns", columns}};
   return answer(200, body);
 }
 

@@ -26,10 +26,10 @@ struct ApiResponse {
 // The conditions of dashboards/prometheus/alerts.yml that the store can evaluate over a run's
 // recent reports, with the rules' thresholds (a test checks them against the file).
 struct AlertThresholds {
-  static constexpr double kUnderflowRatio = 0.05;    // AmpscopeUnderflowHigh: underflow/checked
-  static constexpr double kSkippedRatio = 0.05;      // AmpscopeSkippedStepsHigh: skipped/steps
-  static constexpr std::int64_t kSkippedMinimum = 2; // ... and more than this many skipped
-  static constexpr double kLossScaleFloor = 1.0;     // AmpscopeLossScaleCollapsed: scale below
+  static constexpr double kUnderflowRatio = 0.05;     // AmpscopeUnderflowHigh: underflow/checked
+  static constexpr double kSkippedRatio = 0.05;       // AmpscopeSkippedStepsHigh: skipped/steps
+  static constexpr std::int64_t kSkippedMinimum = 2;  // ... and more than this many skipped
+  static constexpr double kLossScaleFloor = 1.0;      // AmpscopeLossScaleCollapsed: scale below
   // The window of reports the alerts look at (server clock; the rules' longest range).
   static constexpr std::int64_t kWindowNs = 10LL * 60 * 1'000'000'000;
 };

@@ -42,8 +42,8 @@ v1::StepReport simple_report(const std::string& run, std::int64_t step, std::uin
   r.set_loss(1.0);
   r.set_loss_scale(1024.0);
   r.set_scale_after(1024.0);
-  *r.add_tensors() = testing::crafted_tensor("w.grad", v1::TENSOR_ROLE_WEIGHT_GRAD, -10,
-                                             {checked}, 1024.0, 0, 0, underflow);
+  *r.add_tensors() = testing::crafted_tensor("w.grad", v1::TENSOR_ROLE_WEIGHT_GRAD, -10, {checked},
+                                             1024.0, 0, 0, underflow);
   return r;
 }
 
@@ -100,8 +100,10 @@ class WebApiTest : public ::testing::Test {
 
 TEST_F(WebApiTest, RunsListHasStatusFromTheLiveStreams) {
   webui_fixture::write_web_run(writer_, 10 * kSecond);
-  write_run("quiet", 3, [](v1::StepReport&) {}, 120 * kSecond);
-  write_run("done", 3, [](v1::StepReport&) {}, 30 * kSecond);
+  write_run(
+      "quiet", 3, [](v1::StepReport&) {}, 120 * kSecond);
+  write_run(
+      "done", 3, [](v1::StepReport&) {}, 30 * kSecond);
   connect("web");
   connect("quiet");
   const json runs = get("/runs");
@@ -133,9 +135,8 @@ TEST_F(WebApiTest, RunsListHasStatusFromTheLiveStreams) {
     EXPECT_EQ(a["severity"], a["name"] == "AmpscopeUnderflowHigh" ? "warning" : "critical");
     EXPECT_FALSE(a["summary"].get<std::string>().empty());
   }
-  EXPECT_EQ(names, (std::multiset<std::string>{"AmpscopeNonFiniteValues",
-                                                "AmpscopeNonFiniteValues",
-                                                "AmpscopeUnderflowHigh"}));
+  EXPECT_EQ(names, (std::multiset<std::string>{"AmpscopeNonFiniteValues", "AmpscopeNonFiniteValues",
+                                               "AmpscopeUnderflowHigh"}));
 }
 
 TEST_F(WebApiTest, RunAnswerIsDownsampledToTheWidth) {
@@ -144,8 +145,12 @@ TEST_F(WebApiTest, RunAnswerIsDownsampledToTheWidth) {
   json run = get("/runs/web", {{"width", "10"}});
   EXPECT_EQ(run["run"]["run_id"], "web");
   EXPECT_EQ(run["run"]["alerts"].size(), 3u);  // as in the runs list
-  EXPECT_EQ(run["range"], json({{"first_step", 0}, {"last_step", 9}, {"from", 0}, {"to", 9},
-                                {"bucket_steps", 1}, {"buckets", 10}}));
+  EXPECT_EQ(run["range"], json({{"first_step", 0},
+                                {"last_step", 9},
+                                {"from", 0},
+                                {"to", 9},
+                                {"bucket_steps", 1},
+                                {"buckets", 10}}));
   const json& steps = run["steps"];
   ASSERT_EQ(steps["step"].size(), 10u);
   EXPECT_EQ(steps["step"][6], 6);
@@ -190,9 +195,13 @@ TEST_F(WebApiTest, RunAnswerIsDownsampledToTheWidth) {
   EXPECT_FALSE(run["skips"][0]["why"].get<std::string>().empty());
   EXPECT_EQ(run["scale_changes"].size(), 3u);
   ASSERT_EQ(run["offenders"].size(), 3u);
-  EXPECT_EQ(run["offenders"][2], json({{"step", 6}, {"rank", 1}, {"tensor", "h1.attn.out"},
-                                       {"role", "activation_grad"}, {"phase", "backward"},
-                                       {"order", 3}, {"micro_step", 0}}));
+  EXPECT_EQ(run["offenders"][2], json({{"step", 6},
+                                       {"rank", 1},
+                                       {"tensor", "h1.attn.out"},
+                                       {"role", "activation_grad"},
+                                       {"phase", "backward"},
+                                       {"order", 3},
+                                       {"micro_step", 0}}));
   ASSERT_EQ(run["decisions"].size(), 1u);
   const json& d = run["decisions"][0];
   EXPECT_EQ(d["effective_from_step"], 6);
@@ -238,10 +247,13 @@ TEST_F(WebApiTest, TensorColumnsAreInTheUnscaledDomain) {
   EXPECT_EQ(t["format"], "fp16");
   EXPECT_EQ(t["range"]["buckets"], 10);
   ASSERT_EQ(t["formats"].size(), 4u);
-  EXPECT_EQ(t["formats"][0], json({{"name", "fp16"}, {"max", 65504.0},
+  EXPECT_EQ(t["formats"][0], json({{"name", "fp16"},
+                                   {"max", 65504.0},
                                    {"min_normal", 6.103515625e-05},
-                                   {"min_subnormal", 5.960464477539063e-08}, {"max_exponent", 15},
-                                   {"min_normal_exponent", -14}, {"min_subnormal_exponent", -24}}));
+                                   {"min_subnormal", 5.960464477539063e-08},
+                                   {"max_exponent", 15},
+                                   {"min_normal_exponent", -14},
+                                   {"min_subnormal_exponent", -24}}));
   EXPECT_EQ(t["formats"][2]["name"], "e4m3");
   EXPECT_EQ(t["formats"][2]["max"], 448.0);
   const json& columns = t["columns"];
@@ -261,14 +273,16 @@ TEST_F(WebApiTest, TensorColumnsAreInTheUnscaledDomain) {
   EXPECT_EQ(columns[0]["histogram"]["counts"], json({10, 20, 30}));
   EXPECT_EQ(columns[0]["max_abs"], 0.375 / 65536.0);
   EXPECT_EQ(columns[0]["min_abs_nonzero"], 0.0625 / 65536.0);
-  EXPECT_EQ(columns[0]["targets"][0],
-            json({{"format", "fp16"}, {"scale_log2", 0}, {"overflow", 0}, {"underflow", 2},
-                  {"subnormal", 5}}));
+  EXPECT_EQ(columns[0]["targets"][0], json({{"format", "fp16"},
+                                            {"scale_log2", 0},
+                                            {"overflow", 0},
+                                            {"underflow", 2},
+                                            {"subnormal", 5}}));
   EXPECT_EQ(columns[0]["numel"], 63);
 
-  const json unscaled = get("/runs/web/tensor", {{"name", "h0.mlp.fc.weight"},
-                                                 {"role", "weight_grad"},
-                                                 {"phase", "after_unscale"}});
+  const json unscaled =
+      get("/runs/web/tensor",
+          {{"name", "h0.mlp.fc.weight"}, {"role", "weight_grad"}, {"phase", "after_unscale"}});
   EXPECT_EQ(unscaled["phase"], "after_unscale");
   ASSERT_EQ(unscaled["columns"].size(), 1u);
   EXPECT_EQ(unscaled["columns"][0]["histogram"]["min_exponent"], -20);
@@ -320,8 +334,10 @@ TEST_F(WebApiTest, StoreFailureIs500) {
 
 TEST_F(WebApiTest, AlertsFireAboveTheirThresholdsAndNotAtThem) {
   // Underflow: 6 of 100 checked values is above 5%, 5 of 100 is not.
-  write_run("uf-above", 1, [](v1::StepReport& r) { r.mutable_tensors(0)->mutable_targets(0)->set_underflow(6); });
-  write_run("uf-at", 1, [](v1::StepReport& r) { r.mutable_tensors(0)->mutable_targets(0)->set_underflow(5); });
+  write_run("uf-above", 1,
+            [](v1::StepReport& r) { r.mutable_tensors(0)->mutable_targets(0)->set_underflow(6); });
+  write_run("uf-at", 1,
+            [](v1::StepReport& r) { r.mutable_tensors(0)->mutable_targets(0)->set_underflow(5); });
   EXPECT_EQ(alerts_of("uf-above"), (std::set<std::string>{"AmpscopeUnderflowHigh"}));
   EXPECT_TRUE(alerts_of("uf-at").empty());
 

@@ -71,9 +71,10 @@ inline v1::StepReport web_report(std::uint32_t rank, std::int64_t step) {
   if (rank == 0 && step == 4) r.set_val_loss(7.5);
   if (rank == 0 && step == 9) r.set_val_loss(6.5);
   *r.add_tensors() = fc_weight(scale, step % 2 == 0);
-  v1::TensorStats attn = testing::crafted_tensor("h1.attn.out", v1::TENSOR_ROLE_ACTIVATION_GRAD,
-                                                 -10, {100}, scale, 0, rank == 0 && step == 5 ? 4 : 0,
-                                                 /*underflow=*/10, /*overflow=*/1);
+  v1::TensorStats attn =
+      testing::crafted_tensor("h1.attn.out", v1::TENSOR_ROLE_ACTIVATION_GRAD, -10, {100}, scale, 0,
+                              rank == 0 && step == 5 ? 4 : 0,
+                              /*underflow=*/10, /*overflow=*/1);
   attn.set_level(v1::STATS_LEVEL_COUNTS);
   attn.clear_histogram();
   *r.add_tensors() = attn;
@@ -135,12 +136,30 @@ inline void write_web_run(StoreWriter& w, std::int64_t age_ns = 60 * kSecond) {
   w.upsert_application(id, 1, 6, true, "");
   w.save_policy_state("web", "headroom", "{}", 0, 0, at);
   // Totals as the ingest thread would have added them (ranked for the "tensors" list).
-  TensorTotals ln{"web", "h0.ln.weight", v1::TENSOR_ROLE_WEIGHT, v1::FORMAT_BF16, 19, 950, 0, 0,
-                  2, 1.5, 9};
-  TensorTotals attn{"web", "h1.attn.out", v1::TENSOR_ROLE_ACTIVATION_GRAD, v1::FORMAT_FP16, 19,
-                    1900, 19, 190, 4, 0.1, 9};
-  TensorTotals fc{"web", "h0.mlp.fc.weight", v1::TENSOR_ROLE_WEIGHT_GRAD, v1::FORMAT_FP16, 19,
-                  1140, 0, 38, 0, 0.01, 9};
+  TensorTotals ln{
+      "web", "h0.ln.weight", v1::TENSOR_ROLE_WEIGHT, v1::FORMAT_BF16, 19, 950, 0, 0, 2, 1.5, 9};
+  TensorTotals attn{"web",
+                    "h1.attn.out",
+                    v1::TENSOR_ROLE_ACTIVATION_GRAD,
+                    v1::FORMAT_FP16,
+                    19,
+                    1900,
+                    19,
+                    190,
+                    4,
+                    0.1,
+                    9};
+  TensorTotals fc{"web",
+                  "h0.mlp.fc.weight",
+                  v1::TENSOR_ROLE_WEIGHT_GRAD,
+                  v1::FORMAT_FP16,
+                  19,
+                  1140,
+                  0,
+                  38,
+                  0,
+                  0.01,
+                  9};
   for (const TensorTotals& t : {ln, attn, fc}) w.add_tensor_totals(t);
   w.commit();
 }
