@@ -456,7 +456,8 @@ std::optional<TensorSeries> StoreReader::tensor_series(const std::string& run_id
   std::optional<TensorSample> latest;  // over every bucket and phase
   for (std::int64_t b = 0; b < r.buckets; ++b) {
     const std::int64_t lo = r.from + b * r.bucket_steps;
-    const std::int64_t hi = std::min(r.to, lo + (r.bucket_steps - 1));
+    // Compared as a distance: lo + bucket_steps - 1 may pass the largest int64 in the last one.
+    const std::int64_t hi = r.to - lo < r.bucket_steps - 1 ? r.to : lo + (r.bucket_steps - 1);
     PhaseSamples& best = buckets.emplace_back();
     const auto matches = [&](const v1::TensorStats& t) {
       return t.level() == v1::STATS_LEVEL_FULL && t.name() == q.name &&

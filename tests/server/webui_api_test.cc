@@ -288,6 +288,15 @@ TEST_F(WebApiTest, TensorColumnsAreInTheUnscaledDomain) {
   EXPECT_EQ(unscaled["columns"][0]["histogram"]["min_exponent"], -20);
   EXPECT_EQ(unscaled["format"], "fp32");
 
+  // The largest step there is: the buckets' arithmetic stays within int64.
+  const json far = get("/runs/web/tensor", {{"name", "h0.mlp.fc.weight"},
+                                            {"role", "weight_grad"},
+                                            {"to", "9223372036854775807"},
+                                            {"width", "10"}});
+  ASSERT_EQ(far["columns"].size(), 1u);  // every step of the run in the first bucket
+  EXPECT_EQ(far["columns"][0]["step"], 8);
+  EXPECT_EQ(get("/runs/web", {{"to", "9223372036854775807"}})["steps"]["reports"][0], 19);
+
   const json none = get("/runs/web/tensor", {{"name", "nothing"}, {"role", "weight"}});
   EXPECT_TRUE(none["columns"].empty());
   EXPECT_TRUE(none["dtype"].is_null());
