@@ -246,6 +246,24 @@ TEST_F(HttpListenerTest, ServesEveryAssetWithItsTypeAndTheSourceFilesBytes) {
   EXPECT_EQ(get("/assets/index.html").header("content-type"), "text/html; charset=utf-8");
 }
 
+// index.html names every module app.js imports (directly or not) as a modulepreload, so that
+// the browser fetches them with app.js instead of one import level after another.
+TEST(WebAssetsTest, IndexPreloadsEveryModule) {
+  const WebAsset* index = find_web_asset("index.html");
+  ASSERT_NE(index, nullptr);
+  const std::string html(index->bytes());
+  int modules = 0;
+  for (const WebAsset& asset : web_assets()) {
+    const std::string name(asset.name);
+    if (!name.ends_with(".js") || name.starts_with("uPlot.") || name == "app.js") continue;
+    ++modules;
+    EXPECT_NE(html.find("<link rel=\"modulepreload\" href=\"/assets/" + name + "\">"),
+              std::string::npos)
+        << name << " is not preloaded by index.html";
+  }
+  EXPECT_GE(modules, 5);
+}
+
 TEST_F(HttpListenerTest, AnUnchangedAssetIs304OnItsETag) {
   start();
   const Reply first = get("/assets/app.js");

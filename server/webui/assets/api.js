@@ -88,11 +88,15 @@ export function tensorHref(run_id, name, role, phase) {
   return `${runHref(run_id)}/tensors?${q}`;
 }
 
+// One formatter for every integer: Number.toLocaleString builds a new one per call (35 ms of a
+// 100,000-step run's page for its tables).
+const integers = new Intl.NumberFormat('en-US');
+
 // Numbers: null (the API's NaN/Inf) prints as an em dash.
 export function fmt(x, digits = 4) {
   if (x === null || x === undefined) return '—';
   if (typeof x !== 'number') return String(x);
-  if (Number.isInteger(x) && Math.abs(x) < 1e15) return x.toLocaleString('en-US');
+  if (Number.isInteger(x) && Math.abs(x) < 1e15) return integers.format(x);
   const a = Math.abs(x);
   if (a !== 0 && (a < 1e-3 || a >= 1e6)) return x.toExponential(2);
   return x.toPrecision(digits).replace(/\.?0+$/, '');
