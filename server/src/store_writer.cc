@@ -42,7 +42,10 @@ struct StoreWriter::Statements {
         add_tensor(c.prepare(
             "INSERT INTO tensor_totals (run, name, role, format, samples, \"values\", overflow, "
             "underflow, nonfinite, max_abs, last_step) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, "
-            "?9, ?10, ?11) ON CONFLICT (run, name, role) DO UPDATE SET format = ?4, "
+            "?9, ?10, ?11) ON CONFLICT (run, name, role) DO UPDATE SET "
+            // As add_totals: the latest format of a sample that had one; a batch whose samples
+            // had no target (a weight gradient after unscaling) keeps the stored one.
+            "format = CASE WHEN ?4 != 0 THEN ?4 ELSE format END, "
             "samples = samples + ?5, \"values\" = \"values\" + ?6, overflow = overflow + ?7, "
             "underflow = underflow + ?8, nonfinite = nonfinite + ?9, "
             "max_abs = max(max_abs, ?10), last_step = max(last_step, ?11)")),

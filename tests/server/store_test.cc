@@ -149,6 +149,45 @@ TEST_F(ServerStoreTest, RetentionBySizeKeepsTheStoreUnderTheLimitNewestFirst) {
   EXPECT_EQ(w.load_state().agents[0].last_seq, 2000u);
 }
 
+// A tensor's totals keep the format of its latest sample that had a target: samples without
+// one (a weight gradient measured after unscaling) add their counts and leave the format.
+TEST_F(ServerStoreTest, TensorTotalsKeepTheLatestTargetFormat) {
+  StoreWriter w(StoreOptions{path(), true});
+  w.begin();
+  w.upsert_run(make_hello("run"), kSecond);
+  w.upsert_agent(make_hello("run"), kSecond);
+  TensorTotals t;
+  t.run_id = "run";
+  t.name = "h0.w";
+  t.role = v1::TENSOR_ROLE_WEIGHT_GRAD;
+  t.format = v1::FORMAT_FP16;
+  t.samples = 1;
+  t.values = 100;
+  t.underflow = 7;
+  w.add_tensor_totals(t);
+  w.commit();
+  w.begin();
+  t.format = 0;
+  t.values = 0;
+  t.underflow = 0;
+  t.nonfinite = 3;
+  w.add_tensor_totals(t);
+  w.commit();
+  add_reports(w, "run", 1, 1, kSecond);
+
+  const RestoredState state = w.load_state();
+  ASSERT_EQ(state.tensors.size(), 1u);
+  EXPECT_EQ(state.tensors[0].format, v1::FORMAT_FP16);
+  EXPECT_EQ(state.tensors[0].samples, 2u);
+  EXPECT_EQ(state.tensors[0].nonfinite, 3u);
+  StoreReader reader(path());
+  const auto run = reader.get_run("run", 0);
+  ASSERT_TRUE(run.has_value());
+  ASSERT_GE(run->worst_underflow_size(), 1);
+  EXPECT_EQ(run->worst_underflow(0).format(), v1::FORMAT_FP16);
+  EXPECT_DOUBLE_EQ(run->worst_underflow(0).underflow_ratio(), 0.07);
+}
+
 TEST_F(ServerStoreTest, DeleteRunRemovesEveryRowOfThatRunOnly) {
   StoreWriter w(StoreOptions{path(), true});
   w.begin();
