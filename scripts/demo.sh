@@ -46,11 +46,15 @@ HTTP=$(sed -n 's/.*"http": *"\([^"]*\)".*/\1/p' "$WORK/ready.json")
 echo "gRPC on $GRPC, Prometheus metrics on http://$METRICS/metrics, web UI on http://$HTTP/"
 
 say "2. ampscope-train, amp-fp16, agent attached: initial scale 2^24 (too high), NaN at step 60"
+# --sample-count-roles: the NaN/Inf counts of every role every step (the default samples
+# activations and their gradients), so the first offender named at step 60 is the activation the
+# NaN went into rather than the loss it reached.
 echo "\$ ampscope-train --precision amp-fp16 --steps $STEPS --init-scale 16777216 \\"
-echo "    --inject-nan h0.mlp.fc@60 --server $GRPC --run-id demo"
+echo "    --inject-nan h0.mlp.fc@60 --sample-count-roles activation,activation_grad,weight_grad,loss \\"
+echo "    --server $GRPC --run-id demo"
 "$TRAIN" --precision amp-fp16 --steps "$STEPS" --init-scale 16777216 \
-  --inject-nan h0.mlp.fc@60 --eval-every 100 \
-  --server "$GRPC" --run-id demo --spool-dir "$WORK/spool" \
+  --inject-nan h0.mlp.fc@60 --sample-count-roles activation,activation_grad,weight_grad,loss \
+  --eval-every 100 --server "$GRPC" --run-id demo --spool-dir "$WORK/spool" \
   --log-json "$WORK/train.jsonl"
 
 say "3. What the server saw"
