@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -282,7 +283,7 @@ struct RunView {
   std::vector<RankSeries> ranks;
   std::vector<v1::SkippedStep> skips;         // in range, the latest kSeriesSkips, by step
   std::vector<v1::ScalePoint> scale_changes;  // in range
-  std::vector<v1::PolicyDecision> decisions;  // the latest kSeriesDecisions, oldest first
+  std::vector<v1::PolicyDecision> decisions;  // in the range: the latest kSeriesDecisions, oldest first
   std::vector<v1::OffenderEvent> offenders;   // in range, the latest kSeriesOffenders, by step
   std::vector<v1::TensorRecord> tensors;      // the kSeriesTensors worst
   std::vector<v1::AgentInfo> agents;
@@ -361,7 +362,10 @@ class StoreReader {
                                                std::uint32_t limit);
   std::vector<v1::RankDivergence> divergences(std::int64_t run, std::uint32_t limit);
   void fill_summary(std::int64_t run, v1::RunSummary* summary);
-  std::vector<v1::PolicyDecision> decisions(std::int64_t run, std::uint32_t limit);
+  // The latest `limit` decisions (oldest first) whose effective_from_step is in [from, to].
+  std::vector<v1::PolicyDecision> decisions(
+      std::int64_t run, std::uint32_t limit, std::int64_t from = 0,
+      std::int64_t to = std::numeric_limits<std::int64_t>::max());
   std::optional<std::int64_t> run_key(const std::string& run_id);
   std::mutex mu_;
   std::unique_ptr<Connection> conn_;

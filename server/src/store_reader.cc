@@ -191,13 +191,15 @@ std::vector<v1::RunSummary> StoreReader::list_runs(std::uint32_t limit) {
   return runs;
 }
 
-std::vector<v1::PolicyDecision> StoreReader::decisions(std::int64_t run, std::uint32_t limit) {
+std::vector<v1::PolicyDecision> StoreReader::decisions(std::int64_t run, std::uint32_t limit,
+                                                       std::int64_t from, std::int64_t to) {
   std::vector<v1::PolicyDecision> out;
   std::vector<std::int64_t> ids;
   {
     Statement s = conn_->prepare(
-        "SELECT id, \"update\" FROM policy_decisions WHERE run = ?1 ORDER BY id DESC LIMIT ?2");
-    s.bind(1, run).bind(2, std::int64_t{limit});
+        "SELECT id, \"update\" FROM policy_decisions WHERE run = ?1 AND "
+        "effective_from_step >= ?3 AND effective_from_step <= ?4 ORDER BY id DESC LIMIT ?2");
+    s.bind(1, run).bind(2, std::int64_t{limit}).bind(3, from).bind(4, to);
     while (s.step()) {
       v1::PolicyDecision d;
       parse_blob(s.column_blob(1), d.mutable_update());

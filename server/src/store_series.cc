@@ -408,8 +408,12 @@ std::optional<RunView> StoreReader::run_series(const std::string& run_id, const 
     out.skips = skipped_steps(*run, r.from, r.to, kSeriesSkips, /*latest=*/true);
     out.offenders = first_offenders(*run, r.from, r.to, kSeriesOffenders, /*latest=*/true);
     out.scale_changes = scale_timeline(*run, r.from, r.to);
+    // In the range, as the markers drawn on it: a long run's latest decisions would leave a
+    // zoomed-in earlier range without any.
+    out.decisions = decisions(*run, kSeriesDecisions, r.from, r.to);
+  } else {
+    out.decisions = decisions(*run, kSeriesDecisions);
   }
-  out.decisions = decisions(*run, kSeriesDecisions);
   out.tensors =
       tensor_records(*run,
                      "1 ORDER BY nonfinite DESC, overflow * 1.0 / max(\"values\", 1) DESC, "

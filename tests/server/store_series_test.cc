@@ -342,6 +342,27 @@ TEST_F(StoreSeriesTest, ListsOfTheRun) {
   EXPECT_FALSE(reader.run_series("nope", SeriesRequest{}).has_value());
 }
 
+// Decisions follow the range asked for (the page marks them on its charts): a long run's latest
+// ones would leave a zoomed-in earlier range without its own.
+TEST_F(StoreSeriesTest, DecisionsAreThoseEffectiveInTheRange) {
+  {
+    StoreWriter w(StoreOptions{path(), true});
+    write_web_run(w);  // one decision, effective from step 6
+  }
+  SeriesRequest up_to_6;
+  up_to_6.from = 0;
+  up_to_6.to = 6;
+  SeriesRequest after_6;
+  after_6.from = 7;
+  EXPECT_EQ(run(up_to_6).decisions.size(), 1u);
+  EXPECT_EQ(run(after_6).decisions.size(), 0u);
+  SeriesRequest only_6;
+  only_6.from = 6;
+  only_6.to = 6;
+  ASSERT_EQ(run(only_6).decisions.size(), 1u);
+  EXPECT_EQ(run(only_6).decisions[0].update().effective_from_step(), 6);
+}
+
 TEST_F(StoreSeriesTest, TensorColumnsAreTheLatestFullSampleOfEachBucket) {
   {
     StoreWriter w(StoreOptions{path(), true});
