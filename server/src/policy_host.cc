@@ -10,6 +10,7 @@
 #include "ampscope/proto/vocabulary_codec.h"
 #include "log.h"
 #include "policy_merge.h"
+#include "policy_wire.h"
 
 namespace ampscope::server {
 policy::ScalerConfig to_engine_scaler(const v1::ScalerConfig& s) {
@@ -69,17 +70,7 @@ PolicyHost::PolicyHost(policy::EngineConfig config, std::chrono::milliseconds sn
                        RunRegistry& runs)
     : config_(std::move(config)), snapshot_interval_(snapshot_interval), runs_(runs) {}
 
-v1::PolicyMode PolicyHost::mode() const {
-  switch (config_.mode) {
-    case policy::PolicyMode::kObserve:
-      return v1::POLICY_MODE_OBSERVE;
-    case policy::PolicyMode::kStaticParams:
-      return v1::POLICY_MODE_STATIC_PARAMS;
-    case policy::PolicyMode::kHeadroom:
-      return v1::POLICY_MODE_HEADROOM;
-  }
-  return v1::POLICY_MODE_UNSPECIFIED;
-}
+v1::PolicyMode PolicyHost::mode() const { return mode_to_wire(config_.mode); }
 
 RunPolicy& PolicyHost::policy_of(RunState& run) {
   if (!run.policy) run.policy = std::make_unique<RunPolicy>();

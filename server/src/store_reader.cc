@@ -8,6 +8,7 @@
 
 #include "ampscope/proto/flight_event.h"
 #include "policy_merge.h"
+#include "policy_wire.h"
 #include "store.h"
 
 namespace ampscope::server {
@@ -171,10 +172,12 @@ void StoreReader::fill_summary(std::int64_t run, v1::RunSummary* out) {
   {
     Statement s = conn_->prepare("SELECT mode FROM policy_state WHERE run = ?1");
     s.bind(1, run);
-    const std::string mode = s.step() ? s.column_text(0) : "";
-    if (mode == "observe") out->set_policy_mode(v1::POLICY_MODE_OBSERVE);
-    if (mode == "static-params") out->set_policy_mode(v1::POLICY_MODE_STATIC_PARAMS);
-    if (mode == "headroom") out->set_policy_mode(v1::POLICY_MODE_HEADROOM);
+    // The text policy::mode_name wrote (save_policy_state).
+    if (s.step()) {
+      if (const auto mode = policy::parse_mode(s.column_text(0))) {
+        out->set_policy_mode(mode_to_wire(*mode));
+      }
+    }
   }
 }
 

@@ -18,6 +18,7 @@
 #include "ampscope/proto/vocabulary_codec.h"
 #include "ampscope/vocabulary.h"
 #include "live_facts.h"
+#include "policy_wire.h"
 
 namespace ampscope::server {
 namespace {
@@ -60,16 +61,11 @@ std::string format_text(int wire) {
   const auto format = proto::from_proto(static_cast<v1::Format>(wire));
   return format ? std::string(format_name(*format)) : "none";
 }
-// The wire's enum name without its prefix, lower case: POLICY_MODE_STATIC_PARAMS ->
-// static_params.
+// The policy library's name of the mode ("static-params"), as the CLI and the server's log say
+// it; empty without a policy.
 std::string mode_text(v1::PolicyMode mode) {
-  if (mode == v1::POLICY_MODE_UNSPECIFIED) return "";
-  std::string name = v1::PolicyMode_Name(mode);
-  constexpr std::string_view kPrefix = "POLICY_MODE_";
-  if (name.rfind(kPrefix, 0) == 0) name = name.substr(kPrefix.size());
-  std::transform(name.begin(), name.end(), name.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return name;
+  const auto m = mode_from_wire(mode);
+  return m ? std::string(policy::mode_name(*m)) : std::string();
 }
 
 json optional_number(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }

@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "policy_wire.h"
 #include "webui_fixture.h"
 
 namespace ampscope::server {
@@ -427,6 +428,20 @@ double threshold(const std::string& alert, const std::string& pattern) {
   std::smatch m;
   EXPECT_TRUE(std::regex_search(rule, m, std::regex(pattern))) << alert << ": " << pattern;
   return m.empty() ? std::nan("") : std::stod(m[1].str());
+}
+
+// One mapping of the policy modes to the wire and back; the API, the CLI and the server's log
+// all say them with the policy library's names ("static-params").
+TEST(PolicyWireTest, EveryModeRoundTripsAndUnknownWireValuesAreNone) {
+  for (const policy::PolicyMode m : {policy::PolicyMode::kObserve,
+                                     policy::PolicyMode::kStaticParams,
+                                     policy::PolicyMode::kHeadroom}) {
+    EXPECT_NE(mode_to_wire(m), v1::POLICY_MODE_UNSPECIFIED) << policy::mode_name(m);
+    EXPECT_EQ(mode_from_wire(mode_to_wire(m)), m) << policy::mode_name(m);
+  }
+  EXPECT_EQ(mode_to_wire(policy::PolicyMode::kStaticParams), v1::POLICY_MODE_STATIC_PARAMS);
+  EXPECT_FALSE(mode_from_wire(v1::POLICY_MODE_UNSPECIFIED).has_value());
+  EXPECT_FALSE(mode_from_wire(static_cast<v1::PolicyMode>(99)).has_value());
 }
 
 TEST(WebApiAlertsTest, ThresholdsAreTheRulesOnes) {
