@@ -889,8 +889,8 @@ int fill_long_run(const Options& o, const std::string& address) {
   for (std::uint32_t i = 0; i < 16; ++i) {
     templates.push_back(realistic_report(o.tensors, o.elements, 4321 + i));
   }
-  const auto stubs = open_connections(address, 1);
-  LoadStream stream(stubs[0].get(), agent_hello(o.long_run_id, 0, 1), &templates);
+  const auto connection = open_connections(address, 1);
+  LoadStream stream(connection[0].get(), agent_hello(o.long_run_id, 0, 1), &templates);
   std::mt19937 rng(2026);
   std::normal_distribution<double> noise(0.0, 0.03);
   const double max_scale = 65536;
