@@ -26,7 +26,9 @@ void expect_round_trip(int count, NameFn name_of, ParseFn parse, int first = 0) 
   }
   EXPECT_EQ(name_of(static_cast<Enum>(count)), "unknown");
   EXPECT_FALSE(parse("").has_value());
-  if (first == 0) EXPECT_FALSE(parse("unknown").has_value());
+  if (first == 0) {
+    EXPECT_FALSE(parse("unknown").has_value());
+  }
   EXPECT_FALSE(parse(std::string(name_of(static_cast<Enum>(first))) + "x").has_value());
 }
 

@@ -661,7 +661,9 @@ TEST_F(AdversarialProtocolTest, SeqAbove2To63IsRefusedAndNothingIsLostAcrossARes
     }
     // No Ack names a seq the store cannot keep.
     for (const v1::ServerMessage& m : s.messages()) {
-      if (m.has_ack()) EXPECT_LE(m.ack().persisted_seq(), 5u);
+      if (m.has_ack()) {
+        EXPECT_LE(m.ack().persisted_seq(), 5u);
+      }
     }
     EXPECT_TRUE(s.finish().ok());
   }
@@ -832,7 +834,9 @@ TEST_F(AdversarialProtocolTest, HeadroomStepsNearInt64MaxAreRefusedNotOverflowed
   ASSERT_TRUE(s.wait_ack(2));
   EXPECT_TRUE(s.finish().ok());
   for (const v1::ServerMessage& m : s.messages()) {
-    if (m.has_policy()) EXPECT_GE(m.policy().effective_from_step(), kMaxStep);
+    if (m.has_policy()) {
+      EXPECT_GE(m.policy().effective_from_step(), kMaxStep);
+    }
   }
 }
 

@@ -149,7 +149,9 @@ TEST(ServerMetricsTest, FamiliesValuesAndCardinality) {
     const std::string type = (*it)[2];
     if (name.rfind("exposer_", 0) == 0) continue;  // prometheus-cpp's own
     EXPECT_EQ(name.rfind("ampscope_", 0), 0u) << name;
-    if (type == "counter") EXPECT_TRUE(name.ends_with("_total")) << name;
+    if (type == "counter") {
+      EXPECT_TRUE(name.ends_with("_total")) << name;
+    }
   }
   for (const Sample& s : m) {
     if (s.name.ends_with("_ratio") && !std::isnan(s.value)) {
