@@ -225,6 +225,13 @@ json steps_json(const std::vector<StepPoint>& points) {
 json counts_json(const std::vector<CountSeries>& series) {
   json out = json::array();
   for (const CountSeries& s : series) {
+    // A series of zeros says nothing (tensors without a target format, all finite): left out.
+    if (std::all_of(s.points.begin(), s.points.end(), [](const CountPoint& p) {
+          return p.checked == 0 && p.underflow == 0 && p.overflow == 0 && p.subnormal == 0 &&
+                 p.nonfinite == 0;
+        })) {
+      continue;
+    }
     json step = json::array(), checked = json::array(), underflow = json::array(),
          overflow = json::array(), subnormal = json::array(), nonfinite = json::array();
     for (const CountPoint& p : s.points) {

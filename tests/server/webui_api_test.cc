@@ -140,6 +140,44 @@ TEST_F(WebApiTest, RunsListHasStatusFromTheLiveStreams) {
                                                "AmpscopeUnderflowHigh"}));
 }
 
+TEST_F(WebApiTest, CountSeriesOfZerosAreLeftOut) {
+  // Tensors without a target format, all finite (weight gradients after unscaling), give a
+  // series of zeros under format "none": it says nothing, so it is not sent. The same tensors
+  // with a NaN are sent (the NaN is a count).
+  const std::int64_t at = webui_fixture::now_ns();
+  writer_.begin();
+  const v1::Hello hello = testing::make_hello("plain", 0, 1);
+  writer_.upsert_run(hello, at);
+  writer_.upsert_agent(hello, at);
+  for (std::int64_t step = 0; step < 3; ++step) {
+    v1::StepReport r = webui_fixture::web_report(0, step);
+    r.set_run_id("plain");
+    r.clear_tensors();
+    *r.add_tensors() = webui_fixture::fc_weight(1.0, true);
+    v1::TensorStats untargeted = webui_fixture::fc_weight(1.0, true);
+    untargeted.set_name("h0.mlp.fc.weight.unscaled");
+    untargeted.clear_targets();
+    *r.add_tensors() = untargeted;
+    if (step == 2) {
+      untargeted.set_role(v1::TENSOR_ROLE_ACTIVATION);
+      untargeted.set_name("h0.mlp.fc");
+      untargeted.set_nan(3);
+      *r.add_tensors() = untargeted;
+    }
+    writer_.insert_report(r, r.SerializeAsString(), at);
+  }
+  writer_.commit();
+  connect("plain");
+  const json run = get("/runs/plain");
+  ASSERT_EQ(run["counts"].size(), 2u) << run["counts"];
+  EXPECT_EQ(run["counts"][0]["role"], "activation");  // by role, then format
+  EXPECT_EQ(run["counts"][0]["format"], "none");
+  EXPECT_EQ(run["counts"][0]["step"], json({2}));
+  EXPECT_EQ(run["counts"][0]["nonfinite"], json({3}));
+  EXPECT_EQ(run["counts"][1]["role"], "weight_grad");
+  EXPECT_EQ(run["counts"][1]["format"], "fp16");
+}
+
 TEST_F(WebApiTest, RunAnswerIsDownsampledToTheWidth) {
   webui_fixture::write_web_run(writer_);
   connect("web", 1);
