@@ -30,7 +30,12 @@ namespace {
 constexpr std::uint64_t kMaxSeq = std::numeric_limits<std::int64_t>::max();  // 2^63-1
 constexpr std::int64_t kMaxStep = (std::int64_t{1} << 62) - 1;
 constexpr std::size_t kMaxMessageBytes = 1 << 20;  // the fixture's --max-message-bytes 1M
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)  // clang 14 does not define __SANITIZE_ADDRESS__
+#define AMPSCOPE_TEST_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(AMPSCOPE_TEST_ASAN)
 constexpr bool kAddressSanitizer = true;  // the server of this build too
 #else
 constexpr bool kAddressSanitizer = false;
