@@ -29,6 +29,12 @@ class AgentError(RuntimeError):
     """The agent could not be created (its message says why)."""
 
 
+def utf8(text):
+    """`text` as the agent's C API takes it: UTF-8, lone surrogates included (as their UTF-8
+    forms, which the agent sends escaped), so that no name or notice raises here."""
+    return text.encode("utf-8", "surrogatepass")
+
+
 def _encode(value, what):
     if isinstance(value, bool):
         return b"1" if value else b"0"
@@ -104,7 +110,8 @@ class Agent:
         """Creates and starts the agent. The environment (AMPSCOPE_SERVER, AMPSCOPE_RUN_ID,
         AMPSCOPE_SAMPLE_FULL_EVERY, ...) is applied first; run_id, server and `options` (the
         agent's option keys: "sample_full_every", "spool_dir", ...) override it. Raises
-        ValueError for a bad option (naming it) and AgentError when the agent cannot start."""
+        ValueError for a bad option or a configuration the agent refuses (naming the key: a bad
+        run_id, a server without a port) and AgentError when the agent cannot start."""
         self._lib = _capi.library()
         lib = self._lib
         config = ctypes.c_void_p()
@@ -125,9 +132,9 @@ class Agent:
                                                  _encode(value, f"options[{key!r}]")) != _capi.OK:
                     raise ValueError(f"options[{key!r}]: " + self._config_error(config))
             run = _capi.new(_capi.RunInfo)
-            run.host = socket.gethostname().encode()
-            run.trainer = trainer.encode()
-            run.precision = precision.encode()
+            run.host = utf8(socket.gethostname())
+            run.trainer = utf8(trainer)
+            run.precision = utf8(precision)
             run.compute_format = compute_format
             s = scaler_settings or {}
             run.scaler_kind = s.get("kind", _capi.SCALER_STATIC)
@@ -139,8 +146,12 @@ class Agent:
             run.max_scale = s.get("max_scale", 0.0)
             run.hysteresis = s.get("hysteresis", 0)
             handle = ctypes.c_void_p()
-            if lib.ampscope_agent_create(config, ctypes.byref(run),
-                                         ctypes.byref(handle)) != _capi.OK:
+            status = lib.ampscope_agent_create(config, ctypes.byref(run), ctypes.byref(handle))
+            if status == _capi.INVALID_ARGUMENT:
+                # The configuration broke one of the agent's rules; the message names the key
+                # ("run_id: must be ...", "server: expected host:port ...").
+                raise ValueError("ampscope: " + self._config_error(config))
+            if status != _capi.OK:
                 raise AgentError("ampscope: the agent could not start: " +
                                  self._config_error(config))
         finally:
@@ -197,7 +208,7 @@ class Agent:
     def attach_overrides(self, capable_layers, replace):
         """capable_layers: the layer names the FP32 fallback may use. replace(layers: list,
         from_step: int) -> None or a reason (str), called from begin_step of from_step."""
-        names = [n.encode() for n in capable_layers]
+        names = [utf8(n) for n in capable_layers]
         array = (ctypes.c_char_p * max(1, len(names)))(*names)
 
         def c_capable(_user, out, capacity):
@@ -307,7 +318,7 @@ class Agent:
             info.val_loss = val_loss
         layers = None
         if fp32_layers:
-            names = [n.encode() for n in fp32_layers]
+            names = [utf8(n) for n in fp32_layers]
             layers = (ctypes.c_char_p * len(names))(*names)
             info.fp32_layers = layers
             info.num_fp32_layers = len(names)
@@ -319,8 +330,7 @@ class Agent:
         """Reports `text` once (deduplicated), as ampscope show lists the agent's notices."""
         if self._closed or not text:
             return _capi.INVALID_ARGUMENT
-        data = text.encode("ascii", errors="replace")
-        return self._lib.ampscope_agent_add_notice(self._handle, data)
+        return self._lib.ampscope_agent_add_notice(self._handle, utf8(text))
 
     def policy_vote(self):
         """This rank's vote in the per-step policy agreement (option policy_agreement=per_step):
@@ -392,5 +402,5 @@ def _close_open_agents():
 def _write_reason(text, buffer, size):
     if not buffer or size == 0:
         return
-    data = text.encode("ascii", errors="replace")[: size - 1] + b"\0"
+    data = utf8(text)[: size - 1] + b"\0"
     ctypes.memmove(buffer, data, len(data))

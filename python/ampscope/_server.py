@@ -6,9 +6,11 @@ benchmark that wants a server of its own.
                           run_id="r1", server=server.address)
         ...
 
-The store (SQLite) and the server's log live in `workdir` (a temporary folder removed by stop()
-unless one was given). start() after stop() or kill() starts it again on the same address and
-store, as a restarted server would be."""
+The store (SQLite) and the server's log live in `workdir` (a temporary folder unless one was
+given). stop() and kill() end the process and keep the folder: start() after them starts it
+again on the same address and store, as a restarted server would be. close() (also the end of
+the `with` block, and interpreter exit for one never closed) stops it and removes the temporary
+folder; a workdir that was given is never removed."""
 
 import json
 import os
@@ -17,6 +19,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import weakref
 
 
 class LocalServer:
@@ -40,10 +43,22 @@ class LocalServer:
         self.proc = None
         self._starts = 0
         self._timeout = start_timeout_s
+        self._closed = False
+        # A LocalServer nobody closed still ends its process and removes its temporary folder
+        # (at collection or interpreter exit).
+        self._state = {"proc": None}
+        self._finalizer = weakref.finalize(self, _cleanup, self._state,
+                                           self.workdir if self._own_workdir else None)
 
     def start(self):
         """Starts the server (on a free port the first time, on the same one after that) and
-        returns self once it serves."""
+        returns self once it serves. After close() (or stop(remove=True)) its store is gone:
+        RuntimeError."""
+        if self._closed:
+            raise RuntimeError(f"this LocalServer was closed and its store {self.workdir} "
+                               "removed; make a new one")
+        if self.proc is not None and self.proc.poll() is None:
+            return self  # already serving
         self._starts += 1
         ready = os.path.join(self.workdir, f"ready{self._starts}.json")
         with open(self.log_path(), "wb") as log:
@@ -53,6 +68,7 @@ class LocalServer:
                  "--http-listen", "127.0.0.1:0",
                  "--db", self.db, "--ready-file", ready, *self.args],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        self._state["proc"] = self.proc
         deadline = time.monotonic() + self._timeout
         while not os.path.exists(ready):  # written under another name and renamed: whole
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -83,19 +99,38 @@ class LocalServer:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=30)
 
-    def stop(self, remove=True):
-        """Graceful shutdown (SIGTERM); the temporary workdir is removed when `remove`."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        if remove and self._own_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+    def stop(self, remove=False):
+        """Graceful shutdown (SIGTERM, SIGKILL after 30 s). The workdir and its store stay for
+        start(); remove=True also removes a temporary workdir, as close() does."""
+        _terminate(self.proc)
+        if remove:
+            self.close()
+
+    def close(self):
+        """Stops the server and removes its temporary workdir (not one that was given).
+        Idempotent; start() afterwards raises."""
+        _terminate(self.proc)
+        self._closed = True
+        self._finalizer()
 
     def __enter__(self):
         return self.start() if self.proc is None else self
 
     def __exit__(self, *exc):
-        self.stop()
+        self.close()
+
+
+def _terminate(proc):
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def _cleanup(state, temporary_workdir):
+    _terminate(state["proc"])
+    if temporary_workdir is not None:
+        shutil.rmtree(temporary_workdir, ignore_errors=True)

@@ -331,6 +331,17 @@ class MonitorTest(unittest.TestCase):
             (dict(compute_dtype=torch.int8), ValueError, "compute_dtype"),
             (dict(options={"sample_full_every": "often"}), ValueError, "sample_full_every"),
             (dict(start_step=-1), ValueError, "start_step"),
+            (dict(start_step=True), TypeError, "start_step"),
+            (dict(start_step=2.0), TypeError, "start_step"),
+            (dict(optimizer_steps=-3), ValueError, "optimizer_steps"),
+            (dict(master_weights="yes"), TypeError, "master_weights"),
+            # The agent's own rules, as ValueError naming the argument (not AgentError).
+            (dict(server="localhost"), ValueError, "server"),
+            (dict(server="127.0.0.1:notaport"), ValueError, "server"),
+            (dict(server="127.0.0.1:70000"), ValueError, "server"),
+            (dict(server=":50051"), ValueError, "server"),
+            (dict(run_id="a run/with spaces"), ValueError, "run_id"),
+            (dict(run_id="r" * 129), ValueError, "run_id"),
         ]
         for overrides, error, word in cases:
             args = dict(model=model, optimizer=opt, scaler=None, run_id="bad")
@@ -340,6 +351,18 @@ class MonitorTest(unittest.TestCase):
                     amps.attach(args.pop("model"), args.pop("optimizer"), args.pop("scaler"),
                                 **args)
                 self.assertIn(word, str(ctx.exception))
+        self.assertEqual(amps._monitor._SchedulerPatch._attached, {}, "nothing left attached")
+        self.assertEqual(torch.nn.modules.module._global_forward_hooks, {})
+
+    def test_numpy_integers_are_steps(self):
+        import numpy as np
+        server = self.server()
+        model, opt, data = setup()
+        scaler = amps.LossScaler(init_scale=1024.0)
+        mon = self.attach(server, model, opt, scaler, "np", start_step=np.int64(5))
+        train(mon, model, opt, scaler, data, 2)
+        self.assertTrue(mon.close(20), mon.notices())
+        self.assertEqual([r["step"] for r in server.reports("np")], [5, 6])
 
 
 if __name__ == "__main__":

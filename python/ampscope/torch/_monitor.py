@@ -1,18 +1,26 @@
 """The monitor: an ampscope agent attached to a PyTorch model, optimizer and loss scaler.
 
 What it hooks (all removed again by Monitor.close()):
-  - a forward pre-hook on the model: the first training forward after a step ended begins the
-    next step (agent begin_step); later forwards in the same step are micro-batches;
-  - a forward hook on every leaf module: its floating outputs are activations (named after the
-    module, `named_modules`), and a hook on each output that requires grad gives the activation
-    gradient ("NAME.grad");
+  - torch's global module forward pre-hook and forward hook (torch.nn.modules.module
+    register_module_forward_*_hook), which act only on the attached model and its leaf modules,
+    recognised by identity: nothing is put on the user's modules, so a model pickles
+    (torch.save(model)) and deep-copies as it would unattached, and a copy is not monitored.
+    The model's first training forward after a step ended begins the next step (agent
+    begin_step); later forwards in the same step are micro-batches. A leaf module's floating
+    outputs are activations (named after the module, `named_modules`), and a hook on each
+    output that requires grad gives the activation gradient ("NAME.grad"); that hook holds the
+    monitor weakly, so a graph the script keeps (a global `loss`) never keeps the monitor alive;
   - the scaler (ampscope.torch._scaler adapters): the loss at scale(), the weight gradients
     before (scaled) and after unscale_, found_inf, the scale before and after update(), which
     ends the step;
-  - optimizer.step: counts optimizer steps (and ends the step when there is no scaler);
-  - scheduler.step, when a scheduler is given: advances only when the optimizer stepped;
-  - module.forward of the layers the server moves to FP32 (installed when a PolicyUpdate names
-    them): outside autocast, floating inputs cast to FP32.
+  - optimizer.step, as a bound method on the optimizer (as torch's LR schedulers wrap it; the
+    optimizer's __getstate__ leaves it out of pickles and copies): counts optimizer steps (and
+    ends the step when there is no scaler);
+  - scheduler.step, when a scheduler is given, through its class (_SchedulerPatch; its
+    state_dict() is its __dict__, so nothing may be added there): advances only when the
+    optimizer stepped;
+  - the leaves the server moves to FP32 (when a PolicyUpdate names them): the global hooks run
+    them outside autocast, floating inputs cast to FP32.
 With a process group (several ranks), each step's end also runs the per-step policy agreement:
 one max all-reduce of (-received policy seq, fallback wish) over that group, so that every rank
 applies the server's updates, and falls back, at the same step (docs/multi-rank.md). Use a
@@ -29,14 +37,17 @@ memory in stream order) can change the memory under it.
 import contextlib
 import functools
 import itertools
+import operator
 import threading
 import time
+import types
+import warnings as _warnings
 import weakref
 
 import torch
 
 from .. import _capi
-from .._agent import Agent
+from .._agent import Agent, utf8
 from . import _scaler
 
 _FORMATS = {torch.float32: _capi.FORMAT_FP32, torch.float16: _capi.FORMAT_FP16,
@@ -72,7 +83,7 @@ class Monitor:
     close(). Nothing here raises into the training loop once attach() returned."""
 
     def __init__(self, model, optimizer, scaler, scheduler, agent, *, start_step, master_weights,
-                 named_params, process_group=None):
+                 named_params, process_group=None, optimizer_steps=0, warnings=()):
         self._model = model
         self._optimizer = optimizer
         self._scheduler = scheduler
@@ -90,31 +101,38 @@ class Monitor:
         self._order = itertools.count()
         self._t0 = 0.0
         self._losses = []
-        self._optimizer_steps = 0
+        self._optimizer_steps = optimizer_steps  # applied so far, the resumed run's included
+        self.warnings = list(warnings)  # what attach() found wrong with the setup (str each)
         self._last_skipped = False  # this step's optimizer step was skipped
         self._prev_skipped = False  # the step that ended last was skipped (for the scheduler)
         self._update = None  # (found_inf, scale_before, scale_after) of the step's update()
         self._fp32_active = set()
         self._policy_log = []  # what the agent applied, or was refused, and at which step
-        self._wrapped_forwards = set()  # names of the leaf modules whose forward is wrapped
         self._handles = []
         self._restores = []
         self._closed = False
         self._param_names = named_params  # id(param) -> (bytes name, held format or None)
-        # The leaf modules by qualified name: hooked, and offered to the FP32 fallback.
-        self._leaves = {name: module for name, module in model.named_modules()
-                        if name and not any(True for _ in module.children())}
+        # The leaf modules, observed and offered to the FP32 fallback: id -> (weak reference,
+        # qualified name). Identity, not an attribute on the module, says a module is ours.
+        self._leaf_ids = {id(module): (weakref.ref(module), name)
+                          for name, module in model.named_modules()
+                          if name and not any(True for _ in module.children())}
+        self._leaf_names = {name for _, name in self._leaf_ids.values()}
+        self._leaf_outputs = {}  # name -> (output names, their gradient hooks)
+        self._thread = threading.local()  # the FP32 fallback's autocast contexts, per thread
         self._encoded = {}
         self._group = process_group  # the agreement's torch.distributed group, or None
 
     # -- wiring --------------------------------------------------------------------------------
 
     def _install(self):
-        self._handles.append(self._model.register_forward_pre_hook(self._guard(
-            "forward pre-hook", self._on_root_forward)))
-        for name, module in self._leaves.items():
-            self._handles.append(module.register_forward_hook(self._guard(
-                "forward hook on " + name, self._make_forward_hook(name))))
+        # Module hooks go into torch's global registries, not onto the user's modules: a module
+        # then pickles (torch.save(model)) and deep-copies (an EMA copy) exactly as it would
+        # unattached, and a copy, whose modules are other objects, is not monitored. The hooks
+        # recognise the attached modules by identity.
+        hooks = torch.nn.modules.module
+        self._handles.append(hooks.register_module_forward_pre_hook(self._global_pre_hook))
+        self._handles.append(hooks.register_module_forward_hook(self._global_forward_hook))
         if self._adapter is not None:
             self._adapter.install(self)
             a = self._adapter
@@ -122,31 +140,81 @@ class Monitor:
             if status != _capi.OK:
                 self._notice("torch: the scaler could not be attached: " +
                              self._agent.last_error())
-        if self._leaves:
-            status = self._agent.attach_overrides(list(self._leaves), self._replace_fp32)
+        if self._leaf_names:
+            status = self._agent.attach_overrides(list(self._leaf_names), self._replace_fp32)
             if status != _capi.OK:
                 self._notice("torch: FP32 fallback unavailable: " + self._agent.last_error())
         if self._optimizer is not None:
-            self._wrap(self._optimizer, "step", self._optimizer_step)
+            self._wrap_optimizer_step()
         if self._scheduler is not None:
-            self._wrap(self._scheduler, "step", self._scheduler_step)
+            self._restores.append(_SchedulerPatch.attach(self._scheduler, self))
 
-    def _wrap(self, obj, attr, wrapper):
-        original = getattr(obj, attr)
-        had_own = attr in vars(obj)
+    def _global_pre_hook(self, module, inputs):
+        if self._closed:
+            return None
+        where = "forward pre-hook"
+        try:
+            if module is self._model:
+                if self._fp32_active:
+                    self._unwind_fp32()
+                self._on_root_forward(module, inputs)
+                return None
+            name = self._leaf_name(module)
+            if name is not None and name in self._fp32_active:
+                where = "FP32 fallback of " + name
+                return self._enter_fp32(inputs)
+        except Exception as e:  # the training loop never sees the monitor's failures
+            self.on_error(where, e)
+        return None
+
+    def _global_forward_hook(self, module, inputs, output):
+        if self._closed:
+            return None
+        name = self._leaf_name(module)
+        if name is None:
+            return None
+        where = "forward hook on " + name
+        try:
+            if name in self._fp32_active:
+                self._exit_fp32()
+            self._on_leaf_forward(name, output)
+        except Exception as e:
+            self.on_error(where, e)
+        return None
+
+    def _leaf_name(self, module):
+        entry = self._leaf_ids.get(id(module))
+        if entry is None or entry[0]() is not module:  # another object at a reused id
+            return None
+        return entry[1]
+
+    def _wrap_optimizer_step(self):
+        # A bound method of the optimizer on the instance, as torch's LR schedulers install
+        # theirs: a scheduler created later wraps it (it needs __self__/__func__), and the
+        # optimizer's own __getstate__ leaves it out of pickles and copies.
+        opt = self._optimizer
+        original = opt.step
+        had_own = "step" in vars(opt)
+        monitor = weakref.ref(self)
 
         @functools.wraps(original)  # keeps marks such as the LR scheduler's _with_counter
-        def call(*args, **kwargs):
-            return wrapper(original, *args, **kwargs)
+        def step(_opt, *args, **kwargs):
+            mon = monitor()
+            if mon is None or mon._closed:
+                return original(*args, **kwargs)
+            return mon._optimizer_step(original, *args, **kwargs)
 
-        setattr(obj, attr, call)
+        bound = types.MethodType(step, opt)
+        opt.step = bound
 
         def restore():
+            current = vars(opt).get("step")
+            if current is None or getattr(current, "__func__", None) is not step:
+                return  # wrapped again since (a scheduler made later): ours stays, inert
             if had_own:
-                setattr(obj, attr, original)
+                opt.step = original
             else:
-                with contextlib.suppress(AttributeError):
-                    delattr(obj, attr)
+                del opt.step
 
         self._restores.append(restore)
 
@@ -172,7 +240,7 @@ class Monitor:
     def _name(self, text):
         b = self._encoded.get(text)
         if b is None:
-            b = self._encoded[text] = text.encode()
+            b = self._encoded[text] = utf8(text)
         return b
 
     # -- steps ---------------------------------------------------------------------------------
@@ -286,37 +354,61 @@ class Monitor:
             else:
                 self._micro += 1
 
-    def _make_forward_hook(self, name):
-        names = []       # the k-th floating output's name: NAME, NAME.1, NAME.2, ...
-        grad_hooks = []  # and the guarded hook on its gradient (NAME.grad, NAME.1.grad, ...)
+    def _on_leaf_forward(self, name, output):
+        if not (self._in_step and self._wanted):
+            return
+        # The k-th floating output's name (NAME, NAME.1, NAME.2, ...) and the hook on its
+        # gradient (NAME.grad, NAME.1.grad, ...).
+        names, grad_hooks = self._leaf_outputs.setdefault(name, ([], []))
+        outputs = output if isinstance(output, (tuple, list)) else (output,)
+        k = 0
+        for t in outputs:
+            if not (isinstance(t, torch.Tensor) and t.dtype in _FORMATS):
+                continue
+            if len(names) <= k:
+                base = name if k == 0 else f"{name}.{k}"
+                names.append(self._name(base))
+                grad_hooks.append(_GradHook(self, "gradient hook on " + base,
+                                            self._name(base + ".grad")))
+            self._observe(names[k], _capi.ROLE_ACTIVATION, _capi.PHASE_FORWARD, t, 1.0)
+            if t.requires_grad:
+                t.register_hook(grad_hooks[k])
+            k += 1
 
-        def hook(module, inputs, output):
-            if not (self._in_step and self._wanted):
-                return None
-            outputs = output if isinstance(output, (tuple, list)) else (output,)
-            k = 0
-            for t in outputs:
-                if not (isinstance(t, torch.Tensor) and t.dtype in _FORMATS):
-                    continue
-                if len(names) <= k:
-                    base = name if k == 0 else f"{name}.{k}"
-                    names.append(self._name(base))
-                    grad_hooks.append(self._guard("gradient hook on " + base,
-                                                  self._make_grad_hook(self._name(base + ".grad"))))
-                self._observe(names[k], _capi.ROLE_ACTIVATION, _capi.PHASE_FORWARD, t, 1.0)
-                if t.requires_grad:
-                    t.register_hook(grad_hooks[k])
-                k += 1
-            return None
-        return hook
+    def _on_grad(self, gname, grad):
+        if self._in_step and self._wanted and grad is not None and grad.dtype in _FORMATS:
+            self._observe(gname, _capi.ROLE_ACTIVATION_GRAD, _capi.PHASE_BACKWARD, grad,
+                          self._scale_now())
 
-    def _make_grad_hook(self, gname):
-        def hook(grad):
-            if self._in_step and self._wanted and grad is not None and grad.dtype in _FORMATS:
-                self._observe(gname, _capi.ROLE_ACTIVATION_GRAD, _capi.PHASE_BACKWARD, grad,
-                              self._scale_now())
-            return None
-        return hook
+    def _enter_fp32(self, inputs):
+        """A leaf the server moved to FP32 begins its forward: autocast off and its floating
+        inputs in FP32 until its forward ends (_exit_fp32)."""
+        stack = contextlib.ExitStack()
+        if torch.is_autocast_enabled():
+            stack.enter_context(torch.autocast("cuda", enabled=False))
+        if torch.is_autocast_cpu_enabled():
+            stack.enter_context(torch.autocast("cpu", enabled=False))
+        self._fp32_stack().append(stack)
+        return _to_fp32(inputs)
+
+    def _exit_fp32(self):
+        stack = self._fp32_stack()
+        if stack:
+            stack.pop().close()
+
+    def _fp32_stack(self):
+        s = getattr(self._thread, "fp32", None)
+        if s is None:
+            s = self._thread.fp32 = []
+        return s
+
+    def _unwind_fp32(self):
+        # A forward that raised never reached its forward hook: autocast comes back on at the
+        # next step's first forward (or at close) rather than staying off for the rest of the run.
+        stack = self._fp32_stack()
+        while stack:
+            with contextlib.suppress(Exception):
+                stack.pop().close()
 
     def _observe(self, name, role, phase, t, scale, held=None):
         t = t.detach()
@@ -441,39 +533,14 @@ class Monitor:
         return reason
 
     def _replace_fp32(self, layers, from_step):
-        unknown = [n for n in layers if n not in self._leaves]
+        unknown = [n for n in layers if n not in self._leaf_names]
         if unknown:
             return "not a leaf module of the model: " + ", ".join(unknown[:4])
-        for name in layers:
-            if name not in self._wrapped_forwards:
-                self._wrap_fp32(name, self._leaves[name])
+        # The global hooks run these leaves outside autocast from now on (_enter_fp32).
         self._fp32_active = set(layers)
         self._policy_log.append({"step": from_step, "fp32_layers": sorted(layers),
                                  "refused": None})
         return None
-
-    def _wrap_fp32(self, name, module):
-        original = module.forward
-        monitor = self
-
-        def forward(*args, **kwargs):
-            if name not in monitor._fp32_active:
-                return original(*args, **kwargs)
-            with contextlib.ExitStack() as stack:
-                if torch.is_autocast_enabled():
-                    stack.enter_context(torch.autocast("cuda", enabled=False))
-                if torch.is_autocast_cpu_enabled():
-                    stack.enter_context(torch.autocast("cpu", enabled=False))
-                return original(*_to_fp32(args), **_to_fp32(kwargs))
-
-        module.forward = forward
-        self._wrapped_forwards.add(name)
-
-        def restore():
-            with contextlib.suppress(AttributeError):
-                del module.forward
-
-        self._restores.append(restore)
 
     # -- public --------------------------------------------------------------------------------
 
@@ -487,6 +554,13 @@ class Monitor:
         (the step they govern from), "scaler" (the fields changed) or "fp32_layers" (the new FP32
         set), and "refused" (None, or why the scaler refused)."""
         return list(self._policy_log)
+
+    @property
+    def optimizer_steps(self):
+        """The optimizer steps applied so far (skipped steps are not), a resumed run's earlier
+        ones included: save it with a checkpoint and give it to attach(optimizer_steps=) on
+        resume, as the reports' optimizer_steps then continue exactly."""
+        return self._optimizer_steps
 
     def flush(self, timeout_s=10.0):
         """Waits until the server acknowledged everything so far; True when it did."""
@@ -507,6 +581,7 @@ class Monitor:
             with contextlib.suppress(Exception):
                 self._end()
             self._closed = True
+        self._unwind_fp32()
         for h in self._handles:
             with contextlib.suppress(Exception):
                 h.remove()
@@ -517,6 +592,78 @@ class Monitor:
             with contextlib.suppress(Exception):
                 self._adapter.uninstall()
         return self._agent.close(timeout_s)
+
+
+class _GradHook:
+    """The hook on an activation's gradient. It lives in the autograd graph of the user's
+    tensors (a `loss` kept as a global keeps it alive), so it holds the monitor weakly: the
+    graph never keeps the monitor, and through it the model, optimizer and scheduler, alive."""
+
+    __slots__ = ("_monitor", "_where", "_gname")
+
+    def __init__(self, monitor, where, gname):
+        self._monitor = weakref.ref(monitor)
+        self._where = where
+        self._gname = gname
+
+    def __call__(self, grad):
+        mon = self._monitor()
+        if mon is None or mon._closed:
+            return None
+        try:
+            mon._on_grad(self._gname, grad)
+        except Exception as e:
+            mon.on_error(self._where, e)
+        return None
+
+
+class _SchedulerPatch:
+    """scheduler.step advancing only on steps the optimizer took, without a single attribute on
+    the scheduler: state_dict() is a copy of the scheduler's __dict__, so anything put there
+    would be saved (and fail to pickle) with every checkpoint. Instead the scheduler's class
+    gets a step that looks the scheduler up by identity and passes every other instance (a
+    deep copy, a scheduler nobody attached) straight to the class's own step. The class's step
+    is restored when the last monitored scheduler of that class is detached, unless something
+    replaced it since."""
+
+    _patched = {}    # class -> (the class's own step or None, the installed step)
+    _attached = {}   # id(scheduler) -> (weak reference to it, weak reference to its monitor)
+
+    @classmethod
+    def attach(cls, scheduler, monitor):
+        klass = type(scheduler)
+        if klass not in cls._patched:
+            own = klass.__dict__.get("step")
+            inherited = getattr(klass, "step")
+            attached = cls._attached
+
+            @functools.wraps(inherited)
+            def step(self, *args, **kwargs):
+                entry = attached.get(id(self))
+                mon = entry[1]() if entry is not None and entry[0]() is self else None
+                if mon is None or mon._closed:
+                    return inherited(self, *args, **kwargs)
+                return mon._scheduler_step(functools.partial(inherited, self), *args, **kwargs)
+
+            klass.step = step
+            cls._patched[klass] = (own, step)
+        key = id(scheduler)
+        cls._attached[key] = (weakref.ref(scheduler), weakref.ref(monitor))
+
+        def detach():
+            entry = cls._attached.get(key)
+            if entry is not None and entry[1]() in (monitor, None):
+                del cls._attached[key]
+            if any(type(ref()) is klass for ref, _ in cls._attached.values()):
+                return
+            own, installed = cls._patched.pop(klass, (None, None))
+            if klass.__dict__.get("step") is not installed:
+                return  # replaced since: leave it (ours passes through)
+            if own is None:
+                delattr(klass, "step")
+            else:
+                klass.step = own
+        return detach
 
 
 def _to_fp32(value):
@@ -534,9 +681,43 @@ def _to_fp32(value):
 _live = weakref.WeakSet()
 
 
+def _count(what, value):
+    """An int >= 0 below 2^63 (the C API's int64), from anything that is an integer
+    (operator.index: numpy integers too), never a bool."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        raise TypeError(f"{what} must be an int >= 0, got the bool {value!r}")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int >= 0, got {type(value).__name__} "
+                        f"{value!r}") from None
+    if not 0 <= n < 2 ** 63:
+        raise ValueError(f"{what} must be an int >= 0 (and below 2^63), got {n}")
+    return n
+
+
+def _check_port(server):
+    """The agent takes any 'host:port' (it refuses a server without ':'); one whose port is not
+    a port would only retry forever, so attach refuses it here."""
+    host, sep, port = server.rpartition(":")
+    if not sep:
+        return  # the agent's own message (server: expected host:port)
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"server: expected host:port with a port in 1..65535, got {server!r}")
+
+
+def _disabled_by_torch(scaler):
+    """A CUDA GradScaler that torch disabled itself for want of CUDA (the user asked for it
+    enabled, or did not say), as opposed to one made with enabled=False on a CUDA machine."""
+    if scaler.is_enabled():
+        return False
+    device = getattr(scaler, "_device", "cuda")
+    return str(device).startswith("cuda") and not torch.cuda.is_available()
+
+
 def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, options=None,
            compute_dtype=None, scheduler=None, master_weights=False, start_step=0,
-           process_group=None):
+           optimizer_steps=None, process_group=None):
     """Attaches an ampscope agent to a training loop and returns its Monitor.
 
     model          torch.nn.Module (its modules' qualified names name the tensors)
@@ -551,15 +732,20 @@ def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, opti
                    float16 with a GradScaler, float32 without a scaler
     scheduler      an LR scheduler that should advance only when the optimizer stepped
     master_weights also report the FP32 parameters at the start of each measured step
-    start_step     the number of the first step (a resumed run's)
+    start_step     the number of the first step (a resumed run's); an int >= 0 (numpy
+                   integers too)
+    optimizer_steps the optimizer steps a resumed run had applied before start_step
+                   (Monitor.optimizer_steps saved with its checkpoint); default start_step
     process_group  a torch.distributed group of the data-parallel ranks (a gloo group, so the
                    agreement stays on the CPU): sets the agent's rank and world_size from it
                    and runs the per-step policy agreement over it at the end of every step;
                    every rank must attach with it. None: one rank (or, with several ranks and
                    no group, the agents refuse loss-scale changes)
 
-    Raises TypeError or ValueError naming the bad argument, ampscope.AgentError when the agent
-    cannot start; after that, nothing the monitor does raises into the loop."""
+    Raises TypeError or ValueError naming the bad argument (the agent's own rules for run_id
+    and server included), ampscope.AgentError when the agent cannot start; after that, nothing
+    the monitor does raises into the loop. Monitor.warnings lists what is attached but will not
+    work as a user expects (a GradScaler torch disabled), each also sent as a notice."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
@@ -572,12 +758,18 @@ def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, opti
         raise ValueError("run_id must not be empty")
     if server is not None and not isinstance(server, str):
         raise TypeError(f"server must be a str ('host:port'), got {type(server).__name__}")
+    if server is not None:
+        _check_port(server)
     if options is not None and not isinstance(options, dict):
         raise TypeError(f"options must be a dict, got {type(options).__name__}")
     if scheduler is not None and not callable(getattr(scheduler, "step", None)):
         raise TypeError(f"scheduler must have a step() method, got {type(scheduler).__name__}")
-    if not isinstance(start_step, int) or isinstance(start_step, bool) or start_step < 0:
-        raise ValueError(f"start_step must be an int >= 0, got {start_step!r}")
+    start_step = _count("start_step", start_step)
+    optimizer_steps = start_step if optimizer_steps is None else _count("optimizer_steps",
+                                                                         optimizer_steps)
+    if not isinstance(master_weights, bool):
+        raise TypeError(f"master_weights must be a bool, got {type(master_weights).__name__} "
+                        f"{master_weights!r}")
     if compute_dtype is None:
         compute_dtype = torch.float16 if adapter is not None else torch.float32
     if compute_dtype not in _PRECISIONS:
@@ -597,6 +789,12 @@ def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, opti
         group = process_group if world > 1 else None
     opts.update(options or {})
     settings = adapter.settings() if adapter is not None else None
+    warnings_ = []
+    if isinstance(scaler, _scaler._gradscaler_types()) and _disabled_by_torch(scaler):
+        warnings_.append(
+            "torch: the GradScaler is disabled (torch turns a CUDA GradScaler off where CUDA is "
+            "not available): nothing is scaled and a step with Inf/NaN gradients is not "
+            "skipped; ampscope.torch.LossScaler scales and skips on the CPU too")
     agent = Agent(run_id=run_id, server=server, options=opts,
                   trainer=f"torch {torch.__version__} (ampscope.torch)", precision=precision,
                   compute_format=compute_format, scaler_settings=settings)
@@ -608,10 +806,14 @@ def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, opti
     for name, p in model.named_parameters():
         held = _capi.FORMAT_FP32 if (id(p) in fp32_params or compute_format ==
                                      _capi.FORMAT_FP32) else None
-        named[id(p)] = (name.encode(), held)
+        named[id(p)] = (utf8(name), held)
     monitor = Monitor(model, optimizer, adapter, scheduler, agent, start_step=start_step,
-                      master_weights=bool(master_weights), named_params=named,
-                      process_group=group)
+                      master_weights=master_weights, named_params=named,
+                      process_group=group, optimizer_steps=optimizer_steps,
+                      warnings=warnings_)
+    for text in warnings_:
+        monitor._notice(text)
+        _warnings.warn("ampscope: " + text, RuntimeWarning, stacklevel=2)
     try:
         monitor._install()
     except Exception:
