@@ -731,7 +731,7 @@ def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, opti
     compute_dtype  the autocast dtype (torch.float16 / torch.bfloat16 / torch.float32); default
                    float16 with a GradScaler, float32 without a scaler
     scheduler      an LR scheduler that should advance only when the optimizer stepped
-    master_weights also report the FP32 parameters at the start of each measured step
+    master_weights a bool: also report the FP32 parameters at the start of each measured step
     start_step     the number of the first step (a resumed run's); an int >= 0 (numpy
                    integers too)
     optimizer_steps the optimizer steps a resumed run had applied before start_step
