@@ -6,7 +6,8 @@
 // AttachReactor does. Ingest's thread takes them; stop() commits everything queued, so a run is
 // deterministic.
 // Properties:
-//   - the store holds exactly the reports that passed validation, each as sent;
+//   - the store holds exactly the reports that passed validation, each as sent less the parts
+//     validation refused alone;
 //   - the stream is settled up to its highest seq, and the store never fails;
 //   - every policy decision takes effect after the step it saw, with a loss scale that is a
 //     power of two within its bounds;
@@ -80,10 +81,11 @@ struct Server {
   }
   ~Server() { ingest.stop(); }
 
-  // Submits the stream: returns the reports that passed, or nothing without a valid Hello.
-  std::vector<const v1::StepReport*> send(const std::vector<v1::AgentMessage>& stream,
-                                          const std::shared_ptr<RecordingSink>& sink) {
-    std::vector<const v1::StepReport*> accepted;
+  // Submits the stream: returns the reports that passed, less their refused parts, or nothing
+  // without a valid Hello.
+  std::vector<v1::StepReport> send(const std::vector<v1::AgentMessage>& stream,
+                                   const std::shared_ptr<RecordingSink>& sink) {
+    std::vector<v1::StepReport> accepted;
     std::optional<StreamIdentity> identity;
     for (const v1::AgentMessage& m : stream) {
       if (!identity) {
@@ -96,10 +98,11 @@ struct Server {
         continue;
       }
       if (!m.has_report()) continue;
-      const v1::StepReport& r = m.report();
+      v1::StepReport r = m.report();
       IngestItem item = item_for(*identity, sink);
       item.seq = r.seq();
-      if (std::optional<Violation> v = validate_report(r, *identity)) {
+      ReportVerdict verdict = validate_report(r, *identity);
+      if (std::optional<Violation>& v = verdict.rejected) {
         item.kind = IngestItem::Kind::kReject;
         item.violation = std::move(*v);
         // A seq the store cannot hold (above INT64_MAX) settles nothing, as in the reactor.
@@ -110,7 +113,8 @@ struct Server {
         item.kind = IngestItem::Kind::kReport;
         item.payload = r.SerializeAsString();
         item.report = std::make_unique<v1::StepReport>(r);
-        accepted.push_back(&r);
+        for (Refusal& refusal : verdict.refused) item.notices.push_back(std::move(refusal.notice));
+        accepted.push_back(std::move(r));
       }
       FUZZ_CHECK(ingest.submit(std::move(item)), "ingest refused an item");
     }
@@ -137,7 +141,7 @@ struct Server {
 };
 
 void check_stored(const std::string& db, const std::string& run_id,
-                  const std::vector<const v1::StepReport*>& accepted) {
+                  const std::vector<v1::StepReport>& accepted) {
   StoreReader reader(db);
   v1::GetReportsRequest q;
   q.set_run_id(run_id);
@@ -151,7 +155,7 @@ void check_stored(const std::string& db, const std::string& run_id,
              std::to_string(n) + " stored, " + std::to_string(accepted.size()) + " accepted");
   for (int i = 0; i < n; ++i) {
     // Compared serialised: a NaN loss is valid, and equal to nothing field by field.
-    FUZZ_CHECK(stored->reports(i).report().SerializeAsString() == accepted[i]->SerializeAsString(),
+    FUZZ_CHECK(stored->reports(i).report().SerializeAsString() == accepted[i].SerializeAsString(),
                "stored report " + std::to_string(i) + " differs from the one sent");
   }
   const std::optional<v1::GetPolicyResponse> policy = reader.get_policy(run_id);
@@ -182,7 +186,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::filesystem::remove(db.string() + suffix);
   }
 
-  std::vector<const v1::StepReport*> accepted;
+  std::vector<v1::StepReport> accepted;
   std::string run_id;
   {
     Server server(db.string(), metrics);
@@ -198,7 +202,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
     }
     if (!accepted.empty()) {
-      FUZZ_CHECK(sink->persisted_seq_ >= accepted.back()->seq(), "the stream was not settled");
+      FUZZ_CHECK(sink->persisted_seq_ >= accepted.back().seq(), "the stream was not settled");
     }
   }
   if (run_id.empty()) return 0;

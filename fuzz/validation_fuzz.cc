@@ -5,12 +5,18 @@
 // Properties:
 //   - a violation names a field, carries a reason of kRejectReasons and one line that starts
 //     with the field;
-//   - a message that passes re-serialises to a message that is equal and passes again;
+//   - a rejected report is left as it came;
+//   - a part refused alone is a part of its own (a tensor, a notice, a layer name, a policy
+//     outcome, the first offender's name), and its notice is one line of clean text within the
+//     notice limit;
+//   - a message that passes (without its refused parts) re-serialises to a message that is
+//     equal and passes again with nothing refused;
 //   - a report passes only with the stream's identity and a seq above the previous one.
 #include <algorithm>
 #include <optional>
 
 #include "support.h"
+#include "ampscope/text.h"
 #include "validation.h"
 
 namespace ampscope::fuzz {
@@ -50,17 +56,39 @@ void check_hello(const v1::Hello& hello) {
   FUZZ_CHECK(!server::check_run_id(hello.run_id(), "hello.run_id"), hello.run_id());
 }
 
+bool refusable(const std::string& field) {
+  for (std::string_view part : {"report.tensors[", "report.fp32_layers[",
+                                "report.policy_outcomes[", "report.notices["}) {
+    if (field.starts_with(part)) return true;
+  }
+  if (field == "report.first_offender.tensor") return true;
+  return field.starts_with("report.history[") && field.find("].tensors[") != std::string::npos;
+}
+
 // Returns whether the report passed.
-bool check_report(const v1::StepReport& report, const StreamIdentity& stream) {
-  const auto v = server::validate_report(report, stream);
-  if (v) {
-    check_violation(*v);
+bool check_report(const v1::StepReport& sent, const StreamIdentity& stream) {
+  v1::StepReport report = sent;
+  server::ReportVerdict verdict = server::validate_report(report, stream);
+  if (verdict.rejected) {
+    check_violation(*verdict.rejected);
+    FUZZ_CHECK(verdict.refused.empty(), "a rejected report had parts refused");
+    FUZZ_CHECK(report.SerializeAsString() == sent.SerializeAsString(),
+               "a rejected report was changed");
     return false;
+  }
+  for (const server::Refusal& r : verdict.refused) {
+    check_violation(r.violation);
+    FUZZ_CHECK(refusable(r.violation.field), r.violation.field);
+    FUZZ_CHECK(one_line(r.notice), r.notice);
+    FUZZ_CHECK(text::is_clean_text(r.notice), r.notice);
+    FUZZ_CHECK(r.notice.size() <= text::kNoticeMaxBytes, r.notice);
   }
   FUZZ_CHECK(report.run_id() == stream.run_id && report.rank() == stream.rank,
              "a report of another stream passed");
   FUZZ_CHECK(report.seq() > stream.previous_seq, "a report with an old seq passed");
-  FUZZ_CHECK(!server::validate_report(reparsed(report), stream),
+  v1::StepReport again = reparsed(report);
+  const server::ReportVerdict second = server::validate_report(again, stream);
+  FUZZ_CHECK(!second.rejected && second.refused.empty(),
              "a valid report fails after a round trip");
   for (int i = 0; i < report.tensors_size(); ++i) {
     const std::string field = "report.tensors[" + std::to_string(i) + "]";

@@ -129,7 +129,8 @@ void AttachReactor::handle_hello(const v1::Hello& hello) {
 }
 
 void AttachReactor::handle_report(std::unique_ptr<v1::StepReport> report) {
-  if (std::optional<Violation> v = validate_report(*report, identity_)) {
+  ReportVerdict verdict = validate_report(*report, identity_);
+  if (std::optional<Violation>& v = verdict.rejected) {
     deps_.metrics->rejected(v->reason);
     v1::ServerMessage m;
     v1::Reject* reject = m.mutable_reject();
@@ -153,6 +154,10 @@ void AttachReactor::handle_report(std::unique_ptr<v1::StepReport> report) {
   IngestItem item;
   item.kind = IngestItem::Kind::kReport;
   item.seq = report->seq();
+  for (Refusal& r : verdict.refused) {
+    deps_.metrics->refused_part(r.violation.reason);
+    item.notices.push_back(std::move(r.notice));
+  }
   item.payload = report->SerializeAsString();
   item.report = std::move(report);
   submit(std::move(item));

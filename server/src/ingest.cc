@@ -317,6 +317,9 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
         for (const std::string& notice : r.notices()) {
           store_.add_agent_notice(item.run_id, item.rank, notice);
         }
+        for (const std::string& notice : item.notices) {
+          store_.add_agent_notice(item.run_id, item.rank, notice);
+        }
         for (const TensorDigest& t : stored.digest.tensors) {
           delta_key.assign(item.run_id).append(1, '\0').append(t.name).append(1, '\0');
           delta_key.push_back(static_cast<char>('0' + t.role));

@@ -70,6 +70,7 @@ struct IngestItem {
   std::unique_ptr<v1::Hello> hello;        // kHello
   std::unique_ptr<v1::StepReport> report;  // kReport
   std::string payload;                     // kReport: the report serialised
+  std::vector<std::string> notices;        // kReport: the server's, on parts refused alone
   Violation violation;                     // kReject
   std::string notice;                      // kRefusal
   std::function<void(const DeleteOutcome&)> deleted;  // kDelete: called on the ingest thread

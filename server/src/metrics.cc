@@ -67,6 +67,11 @@ struct MetricFamilies {
                      .Name("ampscope_reports_rejected_total")
                      .Help("Messages refused by validation, by rule")
                      .Register(*registry)),
+        refused_parts(BuildCounter()
+                          .Name("ampscope_report_parts_refused_total")
+                          .Help("Parts of reports (a tensor, a name, a notice) refused by "
+                                "validation, by rule; the rest of each report was stored")
+                          .Register(*registry)),
         duplicates(BuildCounter()
                        .Name("ampscope_reports_duplicate_total")
                        .Help("Replayed reports dropped because (run, rank, seq) was stored")
@@ -261,6 +266,7 @@ struct MetricFamilies {
   Family<Counter>& streams_opened;
   Family<Counter>& auth_failures;
   Family<Counter>& rejected;
+  Family<Counter>& refused_parts;
   Family<Counter>& duplicates;
   Family<Counter>& seq_gaps;
   Family<Histogram>& ack_delay;
@@ -526,6 +532,8 @@ Metrics::Metrics(std::string version)
   auth_failures_ = &f_->auth_failures.Add({});
   for (std::string_view reason : kRejectReasons) {
     rejected_.emplace(std::string(reason), &f_->rejected.Add({{"reason", std::string(reason)}}));
+    refused_parts_.emplace(std::string(reason),
+                           &f_->refused_parts.Add({{"reason", std::string(reason)}}));
   }
   ack_delay_ = &f_->ack_delay.Add({}, Histogram::BucketBoundaries{0.001, 0.0025, 0.005, 0.01, 0.025,
                                                                   0.05, 0.1, 0.25, 0.5, 1, 2.5});
@@ -553,6 +561,10 @@ void Metrics::auth_failure() { auth_failures_->Increment(); }
 
 void Metrics::rejected(std::string_view reason) {
   if (auto it = rejected_.find(reason); it != rejected_.end()) it->second->Increment();
+}
+
+void Metrics::refused_part(std::string_view reason) {
+  if (auto it = refused_parts_.find(reason); it != refused_parts_.end()) it->second->Increment();
 }
 
 void Metrics::ack_delay(double seconds) { ack_delay_->Observe(seconds); }

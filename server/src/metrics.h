@@ -53,6 +53,8 @@ class Metrics {
   void stream_closed();
   void auth_failure();
   void rejected(std::string_view reason);
+  // A part of a report (a tensor, a name, a notice) refused alone; the rest was stored.
+  void refused_part(std::string_view reason);
   void ack_delay(double seconds);
 
   // Ingest thread.
@@ -88,6 +90,7 @@ class Metrics {
   prometheus::Counter* streams_opened_;
   prometheus::Counter* auth_failures_;
   std::map<std::string, prometheus::Counter*, std::less<>> rejected_;
+  std::map<std::string, prometheus::Counter*, std::less<>> refused_parts_;
   prometheus::Histogram* ack_delay_;
   prometheus::Histogram* commit_seconds_;
   prometheus::Counter* commits_;

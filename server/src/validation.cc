@@ -1,5 +1,7 @@
 // One function per rule; validate_hello / validate_report run them in field order and return
 // the first violation, so a message is described by the first field a reader would look at.
+// validate_report checks the report's own rules first and takes refused parts out only of a
+// report that passed them, so that a rejected report is left as it came.
 #include "validation.h"
 
 #include <cmath>
@@ -25,43 +27,6 @@ std::string indexed(const std::string& field, int i) {
   return field + "[" + std::to_string(i) + "]";
 }
 
-// Length of the UTF-8 sequence starting at s[i], or 0 when it is not a valid one (overlong
-// forms, surrogates and code points above U+10FFFF are invalid).
-std::size_t utf8_sequence(std::string_view s, std::size_t i) {
-  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = byte(i);
-  if (c < 0x80) return 1;
-  std::size_t n = 0;
-  unsigned char lo = 0x80;
-  unsigned char hi = 0xbf;
-  if (c >= 0xc2 && c <= 0xdf) {
-    n = 2;
-  } else if (c >= 0xe0 && c <= 0xef) {
-    n = 3;
-    if (c == 0xe0) lo = 0xa0;
-    if (c == 0xed) hi = 0x9f;
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    n = 4;
-    if (c == 0xf0) lo = 0x90;
-    if (c == 0xf4) hi = 0x8f;
-  } else {
-    return 0;
-  }
-  if (i + n > s.size()) return 0;
-  if (byte(i + 1) < lo || byte(i + 1) > hi) return 0;
-  for (std::size_t k = 2; k < n; ++k) {
-    if (byte(i + k) < 0x80 || byte(i + k) > 0xbf) return 0;
-  }
-  return n;
-}
-
-bool printable_ascii(std::string_view s) {
-  for (unsigned char c : s) {
-    if (c < 0x20 || c > 0x7e) return false;
-  }
-  return true;
-}
-
 Result check_string(std::string_view value, const std::string& field, std::size_t max_bytes,
                     bool required) {
   if (required && value.empty()) return violation(field, "string", "must not be empty");
@@ -69,8 +34,8 @@ Result check_string(std::string_view value, const std::string& field, std::size_
     return violation(field, "string", "is ", value.size(), " bytes, at most ", max_bytes,
                      " allowed");
   }
-  if (!printable_ascii(value)) {
-    return violation(field, "string", "must be printable ASCII");
+  if (!text::is_clean_text(value)) {
+    return violation(field, "string", "must be valid UTF-8 without control characters");
   }
   return std::nullopt;
 }
@@ -197,13 +162,10 @@ Result check_step_scalars(const v1::StepReport& r) {
   return std::nullopt;
 }
 
+// The first offender's role and phase; its name is a part of its own (refuse_parts).
 Result check_first_offender(const v1::StepReport& r) {
   if (!r.has_first_offender()) return std::nullopt;
   const v1::FirstOffender& f = r.first_offender();
-  if (auto v =
-          check_string(f.tensor(), "report.first_offender.tensor", limits::kNameMaxBytes, true)) {
-    return v;
-  }
   if (!v1::TensorRole_IsValid(f.role())) {
     return violation("report.first_offender.role", "enum", "unknown value ",
                      static_cast<int>(f.role()));
@@ -215,23 +177,26 @@ Result check_first_offender(const v1::StepReport& r) {
   return std::nullopt;
 }
 
-Result check_policy_outcomes(const v1::StepReport& r) {
+Result check_list_sizes(const v1::StepReport& r) {
+  if (auto v = check_count(r.tensors_size(), "report.tensors", limits::kMaxTensorsPerReport)) {
+    return v;
+  }
+  if (auto v = check_count(r.fp32_layers_size(), "report.fp32_layers", limits::kMaxLayerNames)) {
+    return v;
+  }
   if (auto v = check_count(r.policy_outcomes_size(), "report.policy_outcomes",
                            limits::kMaxPolicyOutcomes)) {
     return v;
   }
-  for (int i = 0; i < r.policy_outcomes_size(); ++i) {
-    const std::string field = indexed("report.policy_outcomes", i);
-    const v1::PolicyOutcome& o = r.policy_outcomes(i);
-    if (auto v =
-            check_string(o.policy_id(), field + ".policy_id", limits::kShortStringMaxBytes, true)) {
-      return v;
-    }
-    if (auto v = check_string(o.reason(), field + ".reason", limits::kNoticeMaxBytes, false)) {
-      return v;
-    }
+  return check_count(r.notices_size(), "report.notices", limits::kMaxNotices);
+}
+
+Result check_policy_outcome(const v1::PolicyOutcome& o, const std::string& field) {
+  if (auto v =
+          check_string(o.policy_id(), field + ".policy_id", limits::kShortStringMaxBytes, true)) {
+    return v;
   }
-  return std::nullopt;
+  return check_string(o.reason(), field + ".reason", limits::kNoticeMaxBytes, false);
 }
 
 // --- TensorStats rules ------------------------------------------------------------------------
@@ -387,9 +352,10 @@ Result check_hello_seqs(const v1::Hello& h) {
   return std::nullopt;
 }
 
-// StepReport.history: past steps in increasing order below the report's step, each tensor at
-// the full level and valid as report.tensors are; flight_event set exactly with a history.
-Result check_history(const v1::StepReport& r) {
+// StepReport.history: past steps in increasing order below the report's step, flight_event set
+// exactly with a history, within the bounds on steps and tensors. Each history tensor (at the
+// full level, valid as report.tensors are) is a part of its own (refuse_parts).
+Result check_history_shape(const v1::StepReport& r) {
   if (!v1::FlightEvent_IsValid(r.flight_event())) {
     return violation("report.flight_event", "enum", "unknown value ",
                      static_cast<int>(r.flight_event()));
@@ -416,15 +382,105 @@ Result check_history(const v1::StepReport& r) {
       return violation(field + ".tensors", "too_many", "the history holds more than ",
                        limits::kMaxHistoryTensors, " tensors");
     }
-    for (int k = 0; k < h.tensors_size(); ++k) {
-      const std::string tf = indexed(field + ".tensors", k);
-      if (h.tensors(k).level() != v1::STATS_LEVEL_FULL) {
-        return violation(tf + ".level", "history", "must be STATS_LEVEL_FULL");
-      }
-      if (auto v = check_tensor_stats(h.tensors(k), tf)) return v;
-    }
   }
   return std::nullopt;
+}
+
+Result check_history_tensor(const v1::TensorStats& t, const std::string& field) {
+  if (t.level() != v1::STATS_LEVEL_FULL) {
+    return violation(field + ".level", "history", "must be STATS_LEVEL_FULL");
+  }
+  return check_tensor_stats(t, field);
+}
+
+// Keeps the entries of `list` that `check(entry, field)` passes; for each other one, appends a
+// Refusal whose notice is `notice(entry, violation)`. Fields name the index as sent.
+template <typename T, typename Check, typename Notice>
+void keep_valid(google::protobuf::RepeatedPtrField<T>* list, const std::string& field,
+                const Check& check, const Notice& notice, std::vector<Refusal>& refused) {
+  int kept = 0;
+  for (int i = 0; i < list->size(); ++i) {
+    if (Result v = check(list->Get(i), indexed(field, i))) {
+      std::string line = notice(list->Get(i), *v);
+      refused.push_back(Refusal{std::move(*v), std::move(line)});
+      continue;
+    }
+    if (kept != i) list->SwapElements(kept, i);
+    ++kept;
+  }
+  while (list->size() > kept) list->RemoveLast();
+}
+
+// A refused part's notice: which part, and the rule it broke by the field inside the part and
+// the reason token (no numbers of this step, so that the same part refused again is the same
+// notice).
+std::string part_notice(std::string_view part, std::string_view name, const Violation& v,
+                        std::string_view list_field) {
+  std::string where = v.field;
+  if (where.starts_with(list_field)) {
+    const std::size_t close = where.find(']', list_field.size());
+    where = close == std::string::npos ? std::string() : where.substr(close + 1);
+    if (where.starts_with(".")) where.erase(0, 1);
+  }
+  std::string line = "server: refused " + std::string(part) + " '" + quote(name) + "' alone (" +
+                     v.reason + (where.empty() ? "" : " at " + where) +
+                     "); the rest of its step is stored";
+  return text::clean_text(line, limits::kNoticeMaxBytes);
+}
+
+// Takes out of a report that passed the report's own rules every part that breaks a rule of its
+// own.
+std::vector<Refusal> refuse_parts(v1::StepReport& r) {
+  std::vector<Refusal> refused;
+  const auto tensor_notice = [](std::string_view list) {
+    return [list](const v1::TensorStats& t, const Violation& v) {
+      return part_notice("tensor", t.name(), v, list);
+    };
+  };
+  keep_valid(r.mutable_tensors(), "report.tensors", check_tensor_stats,
+             tensor_notice("report.tensors"), refused);
+  for (int i = 0; i < r.history_size(); ++i) {
+    const std::string field = indexed("report.history", i) + ".tensors";
+    keep_valid(r.mutable_history(i)->mutable_tensors(), field, check_history_tensor,
+               tensor_notice(field), refused);
+  }
+  if (r.has_first_offender()) {
+    v1::FirstOffender& f = *r.mutable_first_offender();
+    if (Result v = check_string(f.tensor(), "report.first_offender.tensor", limits::kNameMaxBytes,
+                                true)) {
+      std::string stored =
+          f.tensor().empty() ? "(unnamed)" : text::clean_text(f.tensor(), limits::kNameMaxBytes);
+      std::string line = "server: first offender '" + quote(f.tensor()) + "' (" + v->reason +
+                         "): stored as '" + stored + "'";
+      refused.push_back(Refusal{std::move(*v), text::clean_text(line, limits::kNoticeMaxBytes)});
+      f.set_tensor(std::move(stored));
+    }
+  }
+  keep_valid(
+      r.mutable_fp32_layers(), "report.fp32_layers",
+      [](const std::string& name, const std::string& field) {
+        return check_string(name, field, limits::kNameMaxBytes, true);
+      },
+      [](const std::string& name, const Violation& v) {
+        return part_notice("fp32 layer", name, v, "report.fp32_layers");
+      },
+      refused);
+  keep_valid(r.mutable_policy_outcomes(), "report.policy_outcomes", check_policy_outcome,
+             [](const v1::PolicyOutcome& o, const Violation& v) {
+               return part_notice("outcome of policy", o.policy_id(), v,
+                                  "report.policy_outcomes");
+             },
+             refused);
+  keep_valid(
+      r.mutable_notices(), "report.notices",
+      [](const std::string& notice, const std::string& field) {
+        return check_string(notice, field, limits::kNoticeMaxBytes, true);
+      },
+      [](const std::string& notice, const Violation& v) {
+        return part_notice("notice", notice, v, "report.notices");
+      },
+      refused);
+  return refused;
 }
 
 }  // namespace
@@ -433,12 +489,12 @@ std::string quote(std::string_view text) {
   std::string out;
   std::size_t i = 0;
   while (i < text.size()) {
-    const std::size_t n = utf8_sequence(text, i);
+    const std::size_t n = text::clean_char(text, i);
     if (out.size() + std::max<std::size_t>(n, 1) > limits::kQuoteMaxBytes) break;
-    const auto c = static_cast<unsigned char>(text[i]);
-    if (n == 0 || (n == 1 && (c < 0x20 || c == 0x7f))) {
+    if (n == 0) {
+      // One '?' per control character, and per byte that starts no valid sequence.
       out.push_back('?');
-      ++i;
+      i += std::max<std::size_t>(text::utf8_sequence(text, i), 1);
     } else {
       out.append(text.substr(i, n));
       i += n;
@@ -502,27 +558,19 @@ std::optional<Violation> validate_hello(const v1::Hello& h) {
                            limits::kMaxLayerNames, limits::kNameMaxBytes);
 }
 
-std::optional<Violation> validate_report(const v1::StepReport& r, const StreamIdentity& stream) {
-  if (auto v = check_identity(r, stream)) return v;
-  if (auto v = check_seq(r.seq(), stream)) return v;
-  if (auto v = check_step_scalars(r)) return v;
-  if (auto v = check_first_offender(r)) return v;
-  if (auto v = check_count(r.tensors_size(), "report.tensors", limits::kMaxTensorsPerReport)) {
-    return v;
-  }
-  for (int i = 0; i < r.tensors_size(); ++i) {
-    if (auto v = check_tensor_stats(r.tensors(i), indexed("report.tensors", i))) return v;
-  }
-  if (auto v = check_string_list(r.fp32_layers(), "report.fp32_layers", limits::kMaxLayerNames,
-                                 limits::kNameMaxBytes)) {
-    return v;
-  }
-  if (auto v = check_policy_outcomes(r)) return v;
-  if (auto v = check_string_list(r.notices(), "report.notices", limits::kMaxNotices,
-                                 limits::kNoticeMaxBytes)) {
-    return v;
-  }
-  return check_history(r);
+ReportVerdict validate_report(v1::StepReport& r, const StreamIdentity& stream) {
+  const auto report_rules = [&]() -> Result {
+    if (auto v = check_identity(r, stream)) return v;
+    if (auto v = check_seq(r.seq(), stream)) return v;
+    if (auto v = check_step_scalars(r)) return v;
+    if (auto v = check_first_offender(r)) return v;
+    if (auto v = check_list_sizes(r)) return v;
+    return check_history_shape(r);
+  };
+  ReportVerdict verdict;
+  verdict.rejected = report_rules();
+  if (!verdict.rejected) verdict.refused = refuse_parts(r);
+  return verdict;
 }
 
 }  // namespace ampscope::server

@@ -1,8 +1,11 @@
 // Validation of every message an agent sends. Each rule is one function
-// that names the offending field and a stable reason token; a report that breaks any rule is
-// rejected whole. The reason tokens are the `reason` label of
-// ampscope_reports_rejected_total and Reject.reason on the wire, so they form a closed set
-// (kRejectReasons) and never change meaning.
+// that names the offending field and a stable reason token. A report that breaks a rule of the
+// report itself (identity, seq, step scalars, a bound on a list, the history's shape) is
+// rejected whole; a part that breaks a rule of its own (one tensor, one notice, one layer name,
+// one policy outcome, the first offender's name) is refused alone and the rest of the step is
+// stored, so that one bad name never costs a step. The reason tokens are the `reason` label of
+// ampscope_reports_rejected_total and ampscope_report_parts_refused_total and Reject.reason on
+// the wire, so they form a closed set (kRejectReasons) and never change meaning.
 //
 // Thread safety: pure functions.
 #pragma once
@@ -14,6 +17,9 @@
 #include <string>
 #include <string_view>
 
+#include <vector>
+
+#include "ampscope/text.h"
 #include "ampscope/v1/telemetry.pb.h"
 
 namespace ampscope::server {
@@ -22,9 +28,10 @@ namespace ampscope::server {
 namespace limits {
 inline constexpr std::size_t kRunIdMaxBytes = 128;
 inline constexpr std::uint32_t kMaxWorldSize = 65536;
-inline constexpr std::size_t kShortStringMaxBytes = 64;  // precision, agent_version
-inline constexpr std::size_t kNameMaxBytes = 256;        // host, trainer, tensor and layer names
-inline constexpr std::size_t kNoticeMaxBytes = 512;      // notices, outcome reasons
+// Text: clean text (ampscope/text.h) of at most so many bytes.
+inline constexpr std::size_t kShortStringMaxBytes = text::kShortTextMaxBytes;  // precision, ...
+inline constexpr std::size_t kNameMaxBytes = text::kNameMaxBytes;  // host, trainer, names
+inline constexpr std::size_t kNoticeMaxBytes = text::kNoticeMaxBytes;  // notices, reasons
 inline constexpr int kMaxTensorsPerReport = 4096;
 inline constexpr int kMaxLayerNames = 4096;
 inline constexpr int kMaxShapeDims = 8;
@@ -66,7 +73,8 @@ inline constexpr std::array<std::string_view, 17> kRejectReasons = {
     "seq_order",            // seq 0 or not above the previous seq of the stream
     "range",                // a number outside its documented range
     "non_finite",           // NaN/Inf where a finite value is required
-    "string",               // a string too long, empty where required, or not printable
+    "string",               // a string too long, empty where required, or not clean text
+                            // (valid UTF-8 without control characters)
     "too_many",             // a repeated field above its bound
     "enum",                 // an enum value unspecified or unknown
     "shape",                // shape rank or product inconsistent with numel
@@ -86,12 +94,28 @@ struct StreamIdentity {
   std::uint64_t previous_seq = 0;  // highest seq seen on this stream, 0 before any
 };
 
-std::optional<Violation> validate_hello(const v1::Hello& hello);
-std::optional<Violation> validate_report(const v1::StepReport& report,
-                                         const StreamIdentity& stream);
+// A part of a report refused alone: the rule it broke, and one line for the run's notices
+// that names the part (stable from step to step, so that a part refused every step is noted
+// once).
+struct Refusal {
+  Violation violation;
+  std::string notice;
+};
 
-// Client text as a message may quote it: valid UTF-8 without control characters (an invalid
-// byte or a control character becomes '?', so that a message stays one line), at most
+// What validation made of a report: rejected whole (`rejected`; the report is left as it came),
+// or accepted once the parts in `refused` were taken out of it (a refused tensor, notice, layer
+// name or policy outcome is removed; a first offender's name that is not clean text is escaped
+// with text::clean_text, or "(unnamed)" when empty).
+struct ReportVerdict {
+  std::optional<Violation> rejected;
+  std::vector<Refusal> refused;
+};
+
+std::optional<Violation> validate_hello(const v1::Hello& hello);
+ReportVerdict validate_report(v1::StepReport& report, const StreamIdentity& stream);
+
+// Client text as a message may quote it: clean text (an invalid byte or a control character
+// becomes '?', so that a message stays one line), at most
 // limits::kQuoteMaxBytes bytes cut on a character boundary, and then marked
 // "...(truncated, N bytes)".
 std::string quote(std::string_view text);

@@ -1,5 +1,6 @@
-// One test per validation rule: a valid report, broken in exactly one way, is refused with the
-// field named and the rule's reason token.
+// One test per validation rule: a valid report, broken in exactly one way, is rejected whole
+// (a rule of the report) or has one part refused alone (a rule of a tensor, a name, a notice),
+// with the field named and the rule's reason token.
 #include "validation.h"
 
 #include <gtest/gtest.h>
@@ -25,6 +26,25 @@ StreamIdentity stream_of(const char* run = "run-v", std::uint32_t rank = 0,
 
 v1::StepReport valid() { return make_report("run-v", 0, 1, 0, 2); }
 
+// validate_report on a copy of `r`: the violation that rejects it whole.
+std::optional<Violation> rejection(v1::StepReport r, const StreamIdentity& stream) {
+  return validate_report(r, stream).rejected;
+}
+
+// validate_report on a copy of `r`: the one part refused alone (none when the report is
+// rejected whole or more than one part is refused).
+std::optional<Violation> refusal(v1::StepReport r, const StreamIdentity& stream) {
+  ReportVerdict v = validate_report(r, stream);
+  if (v.rejected || v.refused.size() != 1) return std::nullopt;
+  return v.refused[0].violation;
+}
+
+// True when validate_report takes a copy of `r` whole: nothing rejected, nothing refused.
+bool passes_whole(v1::StepReport r, const StreamIdentity& stream) {
+  ReportVerdict v = validate_report(r, stream);
+  return !v.rejected && v.refused.empty();
+}
+
 void expect_violation(const std::optional<Violation>& v, const std::string& field,
                       const std::string& reason) {
   ASSERT_TRUE(v.has_value()) << "expected a violation of " << field;
@@ -37,19 +57,21 @@ void expect_violation(const std::optional<Violation>& v, const std::string& fiel
 
 TEST(ServerValidationTest, ValidMessagesPass) {
   EXPECT_FALSE(validate_hello(make_hello("run-v")).has_value());
-  EXPECT_FALSE(validate_report(valid(), stream_of()).has_value());
+  EXPECT_TRUE(passes_whole(valid(), stream_of()));
 }
 
 TEST(ServerValidationTest, QuotedClientTextKeepsAMessageOnOneLine) {
   EXPECT_EQ(quote("a\nb\tc\x7f" "d \xc3\xa9\xff"), "a?b?c?d \xc3\xa9?");
+  // A C1 control character (U+0085) is one character, and one '?'.
+  EXPECT_EQ(quote("a\xc2\x85" "b"), "a?b");
   auto r = valid();
   r.set_run_id("seed\rrun\nx");
-  const auto v = validate_report(r, stream_of());
+  const auto v = rejection(r, stream_of());
   ASSERT_TRUE(v.has_value());
   EXPECT_EQ(v->message.find_first_of("\r\n"), std::string::npos) << v->message;
   EXPECT_NE(v->message.find("'seed?run?x'"), std::string::npos) << v->message;
   // The stream's side is quoted too, whatever identity the caller hands in.
-  const auto w = validate_report(valid(), stream_of("seed\rrun"));
+  const auto w = rejection(valid(), stream_of("seed\rrun"));
   ASSERT_TRUE(w.has_value());
   EXPECT_EQ(w->message.find_first_of("\r\n"), std::string::npos) << w->message;
 }
@@ -92,82 +114,85 @@ TEST(ServerValidationTest, HelloStringsAndLists) {
 TEST(ServerValidationTest, ReportIdentityMustMatchTheHello) {
   v1::StepReport r = valid();
   r.set_run_id("other");
-  expect_violation(validate_report(r, stream_of()), "report.run_id", "identity");
+  expect_violation(rejection(r, stream_of()), "report.run_id", "identity");
   r = valid();
   r.set_rank(1);
-  expect_violation(validate_report(r, stream_of()), "report.rank", "identity");
+  expect_violation(rejection(r, stream_of()), "report.rank", "identity");
 }
 
 TEST(ServerValidationTest, SeqStrictlyIncreasingPerStream) {
   v1::StepReport r = valid();
   r.set_seq(0);
-  expect_violation(validate_report(r, stream_of()), "report.seq", "seq_order");
+  expect_violation(rejection(r, stream_of()), "report.seq", "seq_order");
   r.set_seq(5);
-  expect_violation(validate_report(r, stream_of("run-v", 0, 5)), "report.seq", "seq_order");
-  EXPECT_FALSE(validate_report(r, stream_of("run-v", 0, 4)).has_value());
+  expect_violation(rejection(r, stream_of("run-v", 0, 5)), "report.seq", "seq_order");
+  EXPECT_TRUE(passes_whole(r, stream_of("run-v", 0, 4)));
 }
 
 TEST(ServerValidationTest, StepScalarsRangesAndFiniteness) {
   v1::StepReport r = valid();
   r.set_step(-1);
-  expect_violation(validate_report(r, stream_of()), "report.step", "range");
+  expect_violation(rejection(r, stream_of()), "report.step", "range");
   r = valid();
   r.set_loss_scale(0);
-  expect_violation(validate_report(r, stream_of()), "report.loss_scale", "range");
+  expect_violation(rejection(r, stream_of()), "report.loss_scale", "range");
   r = valid();
   r.set_scale_after(kNaN);
-  expect_violation(validate_report(r, stream_of()), "report.scale_after", "non_finite");
+  expect_violation(rejection(r, stream_of()), "report.scale_after", "non_finite");
   r = valid();
   r.set_grad_norm(kInf);
-  expect_violation(validate_report(r, stream_of()), "report.grad_norm", "non_finite");
+  expect_violation(rejection(r, stream_of()), "report.grad_norm", "non_finite");
   r.set_found_inf(true);  // then a non-finite norm is the expected outcome
-  EXPECT_FALSE(validate_report(r, stream_of()).has_value());
+  EXPECT_TRUE(passes_whole(r, stream_of()));
   r = valid();
   r.set_loss(kNaN);  // a diverged loss is data, not a malformed report
-  EXPECT_FALSE(validate_report(r, stream_of()).has_value());
+  EXPECT_TRUE(passes_whole(r, stream_of()));
   r = valid();
   r.set_tensor_core_active_ratio(1.5);
-  expect_violation(validate_report(r, stream_of()), "report.tensor_core_active_ratio", "range");
+  expect_violation(rejection(r, stream_of()), "report.tensor_core_active_ratio", "range");
   r = valid();
   r.set_lr(-1);
-  expect_violation(validate_report(r, stream_of()), "report.lr", "range");
+  expect_violation(rejection(r, stream_of()), "report.lr", "range");
 }
 
-TEST(ServerValidationTest, FirstOffenderNeedsATensorName) {
+TEST(ServerValidationTest, FirstOffenderWithoutANameIsStoredUnnamed) {
   v1::StepReport r = valid();
   r.mutable_first_offender()->set_order(3);
-  expect_violation(validate_report(r, stream_of()), "report.first_offender.tensor", "string");
+  expect_violation(refusal(r, stream_of()), "report.first_offender.tensor", "string");
+  ASSERT_FALSE(validate_report(r, stream_of()).rejected);
+  EXPECT_EQ(r.first_offender().tensor(), "(unnamed)");
+  EXPECT_EQ(r.first_offender().order(), 3u);
 }
 
 TEST(ServerValidationTest, TensorCountBounded) {
   v1::StepReport r = valid();
   const v1::TensorStats t = r.tensors(0);
   for (int i = 0; i < 4095; ++i) *r.add_tensors() = t;
-  expect_violation(validate_report(r, stream_of()), "report.tensors", "too_many");
+  expect_violation(rejection(r, stream_of()), "report.tensors", "too_many");
 }
 
 TEST(ServerValidationTest, TensorNameRoleDtypeLevel) {
   v1::StepReport r = valid();
   r.mutable_tensors(1)->set_name("");
-  expect_violation(validate_report(r, stream_of()), "report.tensors[1].name", "string");
+  expect_violation(refusal(r, stream_of()), "report.tensors[1].name", "string");
   r = valid();
   r.mutable_tensors(0)->set_role(v1::TENSOR_ROLE_UNSPECIFIED);
-  expect_violation(validate_report(r, stream_of()), "report.tensors[0].role", "enum");
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].role", "enum");
   r = valid();
   r.mutable_tensors(0)->set_dtype(v1::FORMAT_E4M3);
-  expect_violation(validate_report(r, stream_of()), "report.tensors[0].dtype", "enum");
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].dtype", "enum");
   r = valid();
   r.mutable_tensors(0)->set_held(v1::FORMAT_UNSPECIFIED);
-  expect_violation(validate_report(r, stream_of()), "report.tensors[0].held", "enum");
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].held", "enum");
   r = valid();
   r.mutable_tensors(0)->set_held(static_cast<v1::Format>(99));
-  expect_violation(validate_report(r, stream_of()), "report.tensors[0].held", "enum");
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].held", "enum");
   r = valid();
   r.mutable_tensors(0)->set_held(v1::FORMAT_FP32);
-  EXPECT_FALSE(validate_report(r, stream_of()).has_value());
+  EXPECT_TRUE(passes_whole(r, stream_of()));
   r = valid();
   r.mutable_tensors(0)->set_level(v1::STATS_LEVEL_UNSPECIFIED);
-  expect_violation(validate_report(r, stream_of()), "report.tensors[0].level", "enum");
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].level", "enum");
 }
 
 TEST(ServerValidationTest, CountsAddUpToAtMostNumel) {
@@ -175,63 +200,63 @@ TEST(ServerValidationTest, CountsAddUpToAtMostNumel) {
   v1::TensorStats* t = r.mutable_tensors(0);
   t->set_zeros(t->numel());
   t->set_nan(1);
-  expect_violation(validate_report(r, stream_of()), "report.tensors[0].numel",
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].numel",
                    "counts_exceed_numel");
   // Wrap-around cannot hide it.
   t->set_zeros(std::numeric_limits<std::uint64_t>::max());
   t->set_nan(2);
-  expect_violation(validate_report(r, stream_of()), "report.tensors[0].numel",
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].numel",
                    "counts_exceed_numel");
 }
 
 TEST(ServerValidationTest, ShapeMustMatchNumel) {
   v1::StepReport r = valid();
   r.mutable_tensors(0)->add_shape(3);
-  expect_violation(validate_report(r, stream_of()), "report.tensors[0].shape", "shape");
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].shape", "shape");
   r = valid();
   r.mutable_tensors(0)->set_shape(0, -1);
-  expect_violation(validate_report(r, stream_of()), "report.tensors[0].shape[0]", "shape");
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].shape[0]", "shape");
 }
 
 TEST(ServerValidationTest, MagnitudesFiniteAndOrdered) {
   v1::StepReport r = valid();
   r.mutable_tensors(0)->set_max_abs(kInf);
-  expect_violation(validate_report(r, stream_of()), "report.tensors[0].max_abs", "non_finite");
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].max_abs", "non_finite");
   r = valid();
   r.mutable_tensors(0)->set_min_abs_nonzero(r.tensors(0).max_abs() * 2);
-  expect_violation(validate_report(r, stream_of()), "report.tensors[0].min_abs_nonzero", "range");
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].min_abs_nonzero", "range");
   r = valid();
   r.mutable_tensors(0)->set_sum(kNaN);
-  expect_violation(validate_report(r, stream_of()), "report.tensors[0].sum", "non_finite");
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].sum", "non_finite");
   r = valid();
   r.mutable_tensors(0)->set_scale(0);
-  expect_violation(validate_report(r, stream_of()), "report.tensors[0].scale", "range");
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].scale", "range");
 }
 
 TEST(ServerValidationTest, HistogramPresentExactlyWithFullLevel) {
   v1::StepReport r = valid();
   r.mutable_tensors(0)->clear_histogram();
-  expect_violation(validate_report(r, stream_of()), "report.tensors[0].histogram",
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].histogram",
                    "histogram_presence");
   r = valid();
   r.mutable_tensors(0)->set_level(v1::STATS_LEVEL_COUNTS);
-  expect_violation(validate_report(r, stream_of()), "report.tensors[0].histogram",
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].histogram",
                    "histogram_presence");
 }
 
 TEST(ServerValidationTest, HistogramExponentRangeBounded) {
   v1::StepReport r = valid();
   r.mutable_tensors(0)->mutable_histogram()->set_min_exponent(-150);
-  expect_violation(validate_report(r, stream_of()), "report.tensors[0].histogram.min_exponent",
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].histogram.min_exponent",
                    "histogram_range");
   r = valid();
   v1::BinadeHistogram* h = r.mutable_tensors(0)->mutable_histogram();
   h->set_min_exponent(127 - h->counts_size() + 2);
-  expect_violation(validate_report(r, stream_of()), "report.tensors[0].histogram.min_exponent",
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].histogram.min_exponent",
                    "histogram_range");
   r = valid();
   for (int i = 0; i < 300; ++i) r.mutable_tensors(0)->mutable_histogram()->add_counts(0);
-  expect_violation(validate_report(r, stream_of()), "report.tensors[0].histogram.counts",
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].histogram.counts",
                    "histogram_range");
 }
 
@@ -239,7 +264,7 @@ TEST(ServerValidationTest, HistogramSumsToFiniteNonzero) {
   v1::StepReport r = valid();
   v1::BinadeHistogram* h = r.mutable_tensors(0)->mutable_histogram();
   h->set_counts(0, h->counts(0) + 1);
-  expect_violation(validate_report(r, stream_of()), "report.tensors[0].histogram.counts",
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].histogram.counts",
                    "histogram_total");
 }
 
@@ -247,24 +272,24 @@ TEST(ServerValidationTest, TargetCountsBounded) {
   v1::StepReport r = valid();
   v1::TargetCounts* c = r.mutable_tensors(0)->mutable_targets(0);
   c->set_underflow(r.tensors(0).numel() + 1);
-  expect_violation(validate_report(r, stream_of()), "report.tensors[0].targets[0]",
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].targets[0]",
                    "target_counts");
   r = valid();
   r.mutable_tensors(0)->mutable_targets(0)->set_scale_log2(300);
-  expect_violation(validate_report(r, stream_of()), "report.tensors[0].targets[0].scale_log2",
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].targets[0].scale_log2",
                    "range");
   r = valid();
   r.mutable_tensors(0)->mutable_targets(0)->set_format(v1::FORMAT_UNSPECIFIED);
-  expect_violation(validate_report(r, stream_of()), "report.tensors[0].targets[0].format", "enum");
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].targets[0].format", "enum");
 }
 
 TEST(ServerValidationTest, NoticesAndOutcomesBounded) {
   v1::StepReport r = valid();
   for (int i = 0; i < 17; ++i) r.add_notices("n");
-  expect_violation(validate_report(r, stream_of()), "report.notices", "too_many");
+  expect_violation(rejection(r, stream_of()), "report.notices", "too_many");
   r = valid();
   r.add_policy_outcomes()->set_applied(true);
-  expect_violation(validate_report(r, stream_of()), "report.policy_outcomes[0].policy_id",
+  expect_violation(refusal(r, stream_of()), "report.policy_outcomes[0].policy_id",
                    "string");
 }
 
@@ -280,34 +305,143 @@ TEST(ServerValidationTest, HistoryStepsOrderedBelowTheStepWithFullTensorsAndAnEv
     h->set_loss_scale(65536.0);
     *h->add_tensors() = base.tensors(0);
   }
-  EXPECT_FALSE(validate_report(base, stream_of()).has_value());
+  EXPECT_TRUE(passes_whole(base, stream_of()));
 
   v1::StepReport r = base;
   r.clear_flight_event();
-  expect_violation(validate_report(r, stream_of()), "report.flight_event", "history");
+  expect_violation(rejection(r, stream_of()), "report.flight_event", "history");
   r = base;
   r.clear_history();
-  expect_violation(validate_report(r, stream_of()), "report.flight_event", "history");
+  expect_violation(rejection(r, stream_of()), "report.flight_event", "history");
   r = base;
   r.set_flight_event(static_cast<v1::FlightEvent>(99));
-  expect_violation(validate_report(r, stream_of()), "report.flight_event", "enum");
+  expect_violation(rejection(r, stream_of()), "report.flight_event", "enum");
   r = base;
   r.mutable_history(2)->set_step(10);  // not below the report's step
-  expect_violation(validate_report(r, stream_of()), "report.history[2].step", "range");
+  expect_violation(rejection(r, stream_of()), "report.history[2].step", "range");
   r = base;
   r.mutable_history(1)->set_step(6);  // not increasing
-  expect_violation(validate_report(r, stream_of()), "report.history[1].step", "range");
+  expect_violation(rejection(r, stream_of()), "report.history[1].step", "range");
   r = base;
   r.mutable_history(0)->set_loss_scale(0.0);
-  expect_violation(validate_report(r, stream_of()), "report.history[0].loss_scale", "range");
+  expect_violation(rejection(r, stream_of()), "report.history[0].loss_scale", "range");
   r = base;
   r.mutable_history(1)->mutable_tensors(0)->set_level(v1::STATS_LEVEL_COUNTS);
-  expect_violation(validate_report(r, stream_of()), "report.history[1].tensors[0].level",
+  expect_violation(refusal(r, stream_of()), "report.history[1].tensors[0].level",
                    "history");
   r = base;
   r.mutable_history(1)->mutable_tensors(0)->set_name("");
-  expect_violation(validate_report(r, stream_of()), "report.history[1].tensors[0].name",
+  expect_violation(refusal(r, stream_of()), "report.history[1].tensors[0].name",
                    "string");
+}
+
+// Names are UTF-8: any Unicode without control characters is taken as written.
+constexpr const char* kUnicodeName = "encoder.temp\xc3\xa9rature.\xe7\xba\xbf\xe6\x80\xa7";
+
+TEST(ServerValidationTest, UnicodeNamesNoticesAndMetadataPassAsWritten) {
+  v1::StepReport r = valid();
+  r.mutable_tensors(0)->set_name(kUnicodeName);
+  r.mutable_first_offender()->set_tensor(kUnicodeName);
+  r.add_fp32_layers(kUnicodeName);
+  r.add_notices(std::string("trainer: ") + kUnicodeName + " \xf0\x9f\x94\xa5");
+  const std::string sent = r.SerializeAsString();
+  EXPECT_TRUE(passes_whole(r, stream_of()));
+  ASSERT_FALSE(validate_report(r, stream_of()).rejected);
+  EXPECT_EQ(r.SerializeAsString(), sent);
+
+  v1::Hello h = make_hello("run-v");
+  h.set_host("h\xc3\xb4te-\xe4\xb8\x80");
+  h.set_trainer(kUnicodeName);
+  h.add_fp32_capable_layers(kUnicodeName);
+  EXPECT_FALSE(validate_hello(h).has_value());
+  h.set_host("bad\x1b[31mhost");
+  expect_violation(validate_hello(h), "hello.host", "string");
+  h = make_hello("run-v");
+  h.set_trainer("t\xc2\x9b");  // C1 control character CSI
+  expect_violation(validate_hello(h), "hello.trainer", "string");
+}
+
+TEST(ServerValidationTest, OneBadTensorIsRefusedAloneAndNamedInANotice) {
+  v1::StepReport r = make_report("run-v", 0, 1, 0, 3);
+  r.mutable_tensors(1)->set_name("bad\x01name");
+  const std::string good0 = r.tensors(0).SerializeAsString();
+  const std::string good2 = r.tensors(2).SerializeAsString();
+  const ReportVerdict v = validate_report(r, stream_of());
+  ASSERT_FALSE(v.rejected) << v.rejected->message;
+  ASSERT_EQ(v.refused.size(), 1u);
+  expect_violation(v.refused[0].violation, "report.tensors[1].name", "string");
+  EXPECT_EQ(v.refused[0].notice,
+            "server: refused tensor 'bad?name' alone (string at name); the rest of its step is "
+            "stored");
+  ASSERT_EQ(r.tensors_size(), 2);
+  EXPECT_EQ(r.tensors(0).SerializeAsString(), good0);
+  EXPECT_EQ(r.tensors(1).SerializeAsString(), good2);
+
+  // Too long a name, and a broken histogram, are refused alike; each notice is the same from
+  // step to step.
+  r = make_report("run-v", 0, 1, 0, 3);
+  r.mutable_tensors(0)->set_name(std::string(257, 'n'));
+  v1::BinadeHistogram* h = r.mutable_tensors(2)->mutable_histogram();
+  h->set_counts(0, h->counts(0) + 1);
+  const ReportVerdict w = validate_report(r, stream_of());
+  ASSERT_FALSE(w.rejected);
+  ASSERT_EQ(w.refused.size(), 2u);
+  expect_violation(w.refused[0].violation, "report.tensors[0].name", "string");
+  expect_violation(w.refused[1].violation, "report.tensors[2].histogram.counts",
+                   "histogram_total");
+  EXPECT_NE(w.refused[1].notice.find("(histogram_total at histogram.counts)"), std::string::npos)
+      << w.refused[1].notice;
+  ASSERT_EQ(r.tensors_size(), 1);
+  EXPECT_EQ(r.tensors(0).name(), make_report("run-v", 0, 1, 0, 3).tensors(1).name());
+}
+
+TEST(ServerValidationTest, FirstOffenderNameIsEscapedAndTheStepKept) {
+  v1::StepReport r = valid();
+  r.mutable_first_offender()->set_tensor("h0\x1b[2Jattn");
+  const ReportVerdict v = validate_report(r, stream_of());
+  ASSERT_FALSE(v.rejected);
+  ASSERT_EQ(v.refused.size(), 1u);
+  expect_violation(v.refused[0].violation, "report.first_offender.tensor", "string");
+  EXPECT_EQ(r.first_offender().tensor(), "h0\\x1b[2Jattn");
+  EXPECT_EQ(v.refused[0].notice,
+            "server: first offender 'h0?[2Jattn' (string): stored as 'h0\\x1b[2Jattn'");
+  EXPECT_EQ(r.tensors_size(), valid().tensors_size());
+}
+
+TEST(ServerValidationTest, BadNoticesLayersAndOutcomesAreRefusedAlone) {
+  v1::StepReport r = valid();
+  r.add_notices("fine");
+  r.add_notices("two\nlines");
+  r.add_fp32_layers("h0.mlp");
+  r.add_fp32_layers("");
+  v1::PolicyOutcome* o = r.add_policy_outcomes();
+  o->set_policy_id("7");
+  o->set_reason("why\tnot");
+  const ReportVerdict v = validate_report(r, stream_of());
+  ASSERT_FALSE(v.rejected);
+  ASSERT_EQ(v.refused.size(), 3u);
+  expect_violation(v.refused[0].violation, "report.fp32_layers[1]", "string");
+  expect_violation(v.refused[1].violation, "report.policy_outcomes[0].reason", "string");
+  expect_violation(v.refused[2].violation, "report.notices[1]", "string");
+  EXPECT_EQ(v.refused[2].notice,
+            "server: refused notice 'two?lines' alone (string); the rest of its step is stored");
+  ASSERT_EQ(r.notices_size(), 1);
+  EXPECT_EQ(r.notices(0), "fine");
+  ASSERT_EQ(r.fp32_layers_size(), 1);
+  EXPECT_EQ(r.fp32_layers(0), "h0.mlp");
+  EXPECT_EQ(r.policy_outcomes_size(), 0);
+  EXPECT_EQ(r.tensors_size(), valid().tensors_size());
+}
+
+TEST(ServerValidationTest, ARejectedReportIsLeftAsItCame) {
+  v1::StepReport r = valid();
+  r.set_seq(0);
+  r.mutable_tensors(0)->set_name("bad\x01");
+  const std::string sent = r.SerializeAsString();
+  const ReportVerdict v = validate_report(r, stream_of());
+  expect_violation(v.rejected, "report.seq", "seq_order");
+  EXPECT_TRUE(v.refused.empty());
+  EXPECT_EQ(r.SerializeAsString(), sent);
 }
 
 }  // namespace
