@@ -573,8 +573,9 @@ class Monitor:
         return self._agent.notices()
 
     def close(self, timeout_s=None):
-        """Removes every hook and wrapper, ends a step left open, flushes for up to timeout_s
-        (default: the agent's flush_timeout_ms, 10 s unless set) and stops the agent. Idempotent; True when everything was acknowledged."""
+        """Removes its hooks and wrappers (never the user's), ends a step left open, flushes
+        for up to timeout_s (default: the agent's flush_timeout_ms, 10 s unless set) and stops
+        the agent. Idempotent; True when everything was acknowledged."""
         if self._closed:
             return True
         with self._lock:
