@@ -178,7 +178,7 @@ void print_run_text(std::ostream& out, const v1::GetRunResponse& run) {
   for (const v1::OffenderEvent& e : run.first_offenders()) {
     out << "  step " << std::left << std::setw(8) << e.step() << " rank " << std::setw(4)
         << e.rank() << e.offender().tensor() << " (" << role_name(e.offender().role()) << ", order "
-        << e.offender().order() << ")\n";
+        << e.offender().order() << ", micro-step " << e.offender().micro_step() << ")\n";
   }
   out << "\nscale timeline (" << run.scale_timeline_size() << " changes):\n";
   for (const v1::ScalePoint& p : run.scale_timeline()) {
@@ -246,8 +246,13 @@ void print_run_json(std::ostream& out, const v1::GetRunResponse& run) {
     e["loss_scale"] = json_number(k.loss_scale());
     e["scale_after"] = json_number(k.scale_after());
     e["found_inf"] = k.found_inf();
-    e["first_offender"] =
-        k.has_first_offender() ? offender_json(k.first_offender()) : ordered_json(nullptr);
+    ordered_json offender(nullptr);
+    if (k.has_first_offender()) {
+      // The step's merged first offender and the rank that reported it.
+      offender = offender_json(k.first_offender());
+      offender["rank"] = k.offender_rank();
+    }
+    e["first_offender"] = std::move(offender);
     e["why"] = k.why();
     skipped.push_back(std::move(e));
   }

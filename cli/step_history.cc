@@ -77,7 +77,8 @@ std::string describe_report(const v1::StepReport& r) {
   if (r.skipped()) os << ", skipped";
   if (r.has_first_offender()) {
     os << "; first offender " << r.first_offender().tensor() << " ("
-       << role_name(r.first_offender().role()) << ", order " << r.first_offender().order() << ")";
+       << role_name(r.first_offender().role()) << ", order " << r.first_offender().order()
+       << ", micro-step " << r.first_offender().micro_step() << ")";
   }
   if (r.flight_event() != v1::FLIGHT_EVENT_UNSPECIFIED) {
     os << "; flight recorder sent its history (" << flight_event_text(r.flight_event()) << ")";
@@ -88,9 +89,9 @@ std::string describe_report(const v1::StepReport& r) {
 void print_line(std::ostream& out, const std::string& step, const v1::TensorStats& s, int lo,
                 int hi, const std::string& source) {
   const int shift = scale_shift(s);
-  out << "  " << std::left << std::setw(10) << step << std::setw(12) << binade_range(s) << "|"
-      << sparkline(s.histogram(), lo + shift, hi + shift) << "|  " << std::setw(10)
-      << number(s.max_abs() / s.scale()) << std::setw(10)
+  out << "  " << std::left << std::setw(10) << step << std::setw(7) << s.micro_step()
+      << std::setw(12) << binade_range(s) << "|" << sparkline(s.histogram(), lo + shift, hi + shift)
+      << "|  " << std::setw(10) << number(s.max_abs() / s.scale()) << std::setw(10)
       << number(s.min_abs_nonzero() / s.scale());
   const std::uint64_t nonfinite = s.nan() + s.pos_inf() + s.neg_inf();
   if (nonfinite > 0) {
@@ -102,9 +103,10 @@ void print_line(std::ostream& out, const std::string& step, const v1::TensorStat
 void print_tensor(std::ostream& out, const v1::StepTensor& t, std::int64_t step,
                   const v1::GetStepHistoryResponse& h) {
   const v1::TensorStats& at = t.stats();
-  out << "\n" << at.name() << "  (" << role_name(at.role()) << ", " << phase_text(at.phase())
-      << ", " << format_name(at.dtype()) << ", rank " << t.rank() << ")"
-      << (t.why().empty() ? "" : ": " + t.why()) << "\n";
+  out << "\n"
+      << at.name() << "  (" << role_name(at.role()) << ", " << phase_text(at.phase()) << ", "
+      << format_name(at.dtype()) << ", rank " << t.rank() << ", micro-step " << at.micro_step()
+      << ")" << (t.why().empty() ? "" : ": " + t.why()) << "\n";
   const std::vector<const v1::HistorySample*> past = samples_of(t, h);
   // One binade range for every line, so that a shift shows as a shift.
   int lo = std::numeric_limits<int>::max();
@@ -120,9 +122,11 @@ void print_tensor(std::ostream& out, const v1::StepTensor& t, std::int64_t step,
   if (lo > hi) lo = hi = 0;
   out << "  x / loss scale; histogram between the bars, one character per binade of log2|x| "
       << lo << ".." << hi << "\n";
-  out << "  " << std::left << std::setw(10) << "STEP" << std::setw(12) << "BINADES" << "|"
-      << std::string(static_cast<std::size_t>(hi - lo + 1), ' ') << "|  " << std::setw(10)
-      << "MAX|x|" << std::setw(10) << "MIN|x|>0" << "\n";
+  out << "  " << std::left << std::setw(10) << "STEP" << std::setw(7) << "MICRO" << std::setw(12)
+      << "BINADES"
+      << "|" << std::string(static_cast<std::size_t>(hi - lo + 1), ' ') << "|  " << std::setw(10)
+      << "MAX|x|" << std::setw(10) << "MIN|x|>0"
+      << "\n";
   for (const v1::HistorySample* s : past) {
     print_line(out, std::to_string(s->step()), s->stats(), lo, hi,
                s->from_flight_recorder() ? "recorder" : "report");
@@ -130,15 +134,16 @@ void print_tensor(std::ostream& out, const v1::StepTensor& t, std::int64_t step,
   if (at.level() == v1::STATS_LEVEL_FULL) {
     print_line(out, std::to_string(step) + " <-", at, lo, hi, "this step");
   } else {
-    out << "  " << std::left << std::setw(10) << std::to_string(step) + " <-"
-        << "counts only: numel " << at.numel() << ", nan " << at.nan() << ", +inf "
-        << at.pos_inf() << ", -inf " << at.neg_inf() << ", max|x| "
+    out << "  " << std::left << std::setw(10) << std::to_string(step) + " <-" << std::setw(7)
+        << at.micro_step() << "counts only: numel " << at.numel() << ", nan " << at.nan()
+        << ", +inf " << at.pos_inf() << ", -inf " << at.neg_inf() << ", max|x| "
         << number(at.max_abs() / at.scale()) << "\n";
   }
 }
 
 ordered_json stats_json(const v1::TensorStats& s) {
   ordered_json j;
+  j["micro_step"] = s.micro_step();
   j["numel"] = s.numel();
   j["zeros"] = s.zeros();
   j["nan"] = s.nan();
@@ -206,8 +211,8 @@ void print_step_text(std::ostream& out, const std::string& run_id, std::int64_t 
   for (std::size_t i = 0; i < without.size() && i < limit; ++i) {
     const v1::StepTensor* t = without[i];
     out << "  " << t->stats().name() << "  (" << role_name(t->stats().role()) << ", "
-        << phase_text(t->stats().phase()) << ", rank " << t->rank() << ")"
-        << (t->why().empty() ? "" : ": " + t->why()) << "\n";
+        << phase_text(t->stats().phase()) << ", rank " << t->rank() << ", micro-step "
+        << t->stats().micro_step() << ")" << (t->why().empty() ? "" : ": " + t->why()) << "\n";
   }
   if (without.size() > limit) out << "  ... " << without.size() - limit << " more\n";
 }
@@ -228,6 +233,11 @@ void print_step_json(std::ostream& out, const std::string& run_id, std::int64_t 
     e["skipped"] = r.skipped();
     e["first_offender"] = r.has_first_offender() ? ordered_json(r.first_offender().tensor())
                                                  : ordered_json(nullptr);
+    if (r.has_first_offender()) {
+      e["first_offender_role"] = role_name(r.first_offender().role());
+      e["first_offender_order"] = r.first_offender().order();
+      e["first_offender_micro_step"] = r.first_offender().micro_step();
+    }
     e["flight_event"] = flight_event_text(r.flight_event());
     reports.push_back(std::move(e));
   }

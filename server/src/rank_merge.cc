@@ -210,8 +210,13 @@ std::vector<v1::RankDivergence> divergences(const std::vector<RankStep>& ranks,
   compare(ranks, step, "skipped", [](const RankStep& r) { return bool_text(r.input.skipped); }, &out);
   compare(ranks, step, "policy_seq",
           [](const RankStep& r) { return std::to_string(r.policy_seq); }, &out);
-  compare(ranks, step, "policy_outcomes", [](const RankStep& r) { return r.policy_outcomes; },
-          &out);
+  // A rank that handled no update at the step says so rather than showing an empty value.
+  compare(
+      ranks, step, "policy_outcomes",
+      [](const RankStep& r) {
+        return r.policy_outcomes.empty() ? std::string("none") : r.policy_outcomes;
+      },
+      &out);
   if (!gradients_sharded) compare_weight_grads(ranks, step, &out);
   return out;
 }

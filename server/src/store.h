@@ -30,7 +30,7 @@
 
 namespace ampscope::server {
 
-inline constexpr int kSchemaVersion = 4;
+inline constexpr int kSchemaVersion = 5;
 
 struct StoreOptions {
   std::string path;

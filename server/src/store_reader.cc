@@ -36,7 +36,8 @@ std::string describe_skip(const v1::SkippedStep& s) {
     if (role.rfind("TENSOR_ROLE_", 0) == 0) role = role.substr(12);
     std::transform(role.begin(), role.end(), role.begin(), ::tolower);
     why += "; first offender " + f.tensor() + " (" + role + ", order " + std::to_string(f.order()) +
-           ")";
+           ", micro-step " + std::to_string(f.micro_step()) + ") on rank " +
+           std::to_string(s.offender_rank());
   }
   if (s.scale_after() != s.loss_scale()) {
     why += "; scale -> " + std::to_string(static_cast<long long>(s.scale_after()));
@@ -263,6 +264,41 @@ std::vector<v1::AgentInfo> StoreReader::agents(std::int64_t run) {
 std::vector<v1::SkippedStep> StoreReader::skipped_steps(std::int64_t run, std::int64_t from,
                                                         std::int64_t to, std::uint32_t limit,
                                                         bool latest) {
+  // The step's merged first offender (rank_merge.h: earliest in execution order, then lowest
+  // rank), the one the policy engine saw: its rank and the ids of the merged reports. The
+  // latest merge of the step (a step run again after a resume is merged again).
+  Statement merged = conn_->prepare(
+      "SELECT offender_rank, ranks, report_ids FROM merged_steps INDEXED BY "
+      "merged_steps_offender WHERE run = ?1 AND step = ?2 AND offender_rank IS NOT NULL "
+      "ORDER BY id DESC LIMIT 1");
+  Statement payload_of = conn_->prepare("SELECT payload FROM reports WHERE id = ?1");
+  const auto merged_offender = [&](std::int64_t step, v1::SkippedStep* k) {
+    merged.bind(1, run).bind(2, step);
+    std::optional<std::int64_t> report;
+    std::uint32_t offender_rank = 0;
+    if (merged.step()) {
+      offender_rank = static_cast<std::uint32_t>(merged.column_int(0));
+      std::istringstream ranks(merged.column_text(1));
+      std::istringstream ids(merged.column_text(2));
+      std::uint32_t r = 0;
+      std::int64_t id = 0;
+      while (ranks >> r && ids >> id) {
+        if (r == offender_rank) report = id;
+      }
+    }
+    merged.reset();
+    if (!report) return false;
+    payload_of.bind(1, *report);
+    v1::StepReport r;
+    const bool found =
+        payload_of.step() && parse_blob(payload_of.column_blob(0), &r) && r.has_first_offender();
+    payload_of.reset();
+    if (!found) return false;
+    *k->mutable_first_offender() = r.first_offender();
+    k->set_offender_rank(offender_rank);
+    return true;
+  };
+
   // The lowest rank that skipped each step.
   Statement s = conn_->prepare(
       // The partial indexes hold only the rows asked for; without them SQLite prefers the
@@ -281,9 +317,14 @@ std::vector<v1::SkippedStep> StoreReader::skipped_steps(std::int64_t run, std::i
     k.set_loss_scale(s.column_double(2));
     k.set_scale_after(s.column_double(3));
     k.set_found_inf(s.column_int(4) != 0);
-    v1::StepReport r;
-    if (parse_blob(s.column_blob(5), &r) && r.has_first_offender()) {
-      *k.mutable_first_offender() = r.first_offender();
+    // Without a merge that found one (a store older than merged steps, a step still waiting
+    // for its ranks): the skipping rank's own.
+    if (!merged_offender(k.step(), &k)) {
+      v1::StepReport r;
+      if (parse_blob(s.column_blob(5), &r) && r.has_first_offender()) {
+        *k.mutable_first_offender() = r.first_offender();
+        k.set_offender_rank(k.rank());
+      }
     }
     k.set_why(describe_skip(k));
   }

@@ -215,6 +215,12 @@ CREATE TRIGGER reports_take_counts AFTER DELETE ON reports BEGIN
 END;
 )sql";
 
+// Version 4 -> 5: a step's merged first offender found by step (a skipped step's explanation
+// names it, and the rank that reported it). Partial: only merged steps that had one.
+constexpr const char* kMigration5 = R"sql(
+CREATE INDEX merged_steps_offender ON merged_steps (run, step) WHERE offender_rank IS NOT NULL;
+)sql";
+
 // Version 3 -> 4, after its SQL: the new columns and rows of every stored report, from its
 // payload, in the migration's transaction (nothing is lost on upgrade).
 void fill_report_counts(Connection& c) {
@@ -249,11 +255,11 @@ void fill_report_counts(Connection& c) {
   }
 }
 
-constexpr std::array<const char*, kSchemaVersion> kMigrations = {kMigration1, kMigration2,
-                                                                 kMigration3, kMigration4};
+constexpr std::array<const char*, kSchemaVersion> kMigrations = {
+    kMigration1, kMigration2, kMigration3, kMigration4, kMigration5};
 // The C++ step of a migration, run after its SQL in the same transaction; null: none.
 constexpr std::array<void (*)(Connection&), kSchemaVersion> kMigrationSteps = {
-    nullptr, nullptr, nullptr, fill_report_counts};
+    nullptr, nullptr, nullptr, fill_report_counts, nullptr};
 
 }  // namespace
 

@@ -30,6 +30,10 @@ struct StoreWriter::Statements {
         agent_progress(
             c.prepare("UPDATE agents SET last_seq = max(last_seq, ?3), last_seen_ns = ?4, "
                       "counters = coalesce(?5, counters) WHERE run = ?1 AND rank = ?2")),
+        // The policy seq an agent holds: its Hello's, then the highest its reports say it
+        // applied (StepReport.policy_seq), so that a run's agents list follows the updates.
+        agent_policy_seq(c.prepare("UPDATE agents SET last_policy_seq = max(last_policy_seq, ?3) "
+                                   "WHERE run = ?1 AND rank = ?2")),
         agent_notice(c.prepare(
             "INSERT OR IGNORE INTO agent_notices (run, rank, text) SELECT ?1, ?2, ?3 "
             "WHERE (SELECT count(*) FROM agent_notices WHERE run = ?1 AND rank = ?2) < 16")),
@@ -87,8 +91,8 @@ struct StoreWriter::Statements {
             "INSERT INTO tensor_history (report, run, rank, step, name, role, phase, stats) "
             "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)")) {}
 
-  Statement upsert_run, run_id_of, touch_run, upsert_agent, agent_progress, agent_notice,
-      insert_report, insert_counts, add_tensor, insert_rejection, insert_decision,
+  Statement upsert_run, run_id_of, touch_run, upsert_agent, agent_progress, agent_policy_seq,
+      agent_notice, insert_report, insert_counts, add_tensor, insert_rejection, insert_decision,
       set_decision_update, insert_merged, insert_divergence, upsert_application, save_policy;
   // A run's rows, every table; the runs row last.
   Statement delete_reports, delete_applications, delete_agents, delete_notices, delete_tensors,
@@ -417,6 +421,12 @@ std::int64_t StoreWriter::insert_report(const v1::StepReport& r, const std::stri
   const std::int64_t run = run_key(r.run_id());
   insert_report_counts(st_->insert_counts, id, run, r);
   if (r.history_size() > 0) insert_history(run, id, r);
+  if (r.policy_seq() > 0) {
+    st_->agent_policy_seq.bind(1, run)
+        .bind(2, std::int64_t{r.rank()})
+        .bind(3, static_cast<std::int64_t>(r.policy_seq()))
+        .run();
+  }
   return id;
 }
 

@@ -1,11 +1,13 @@
 // Multi-rank runs through the real server: two agent streams of one run (world_size 2). A step
 // that only one rank reports within the deadline is merged as partial (stored, counted, shown);
 // ranks that disagree on a step are counted once per field and named by `ampscope show`; a step
-// waiting for a rank when the server restarts still waits for it afterwards.
+// waiting for a rank when the server restarts still waits for it afterwards; a skipped step is
+// explained by the first offender merged over the ranks, with its rank.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
+#include "ampscope/testing/net.h"
 #include "server_harness.h"
 
 #ifndef AMPSCOPE_CLI_BINARY
@@ -39,6 +41,12 @@ class ServerMultiRankTest : public ::testing::Test {
     r.set_step_time_s(rank == 0 ? 0.05 : 0.25);
     ASSERT_TRUE(streams_[rank]->send(r));
     ASSERT_TRUE(streams_[rank]->wait_ack(r.seq(), 5s).has_value());
+  }
+
+  // Sends a report built by the test and waits for its Ack.
+  void send(const v1::StepReport& r) {
+    ASSERT_TRUE(streams_[r.rank()]->send(r));
+    ASSERT_TRUE(streams_[r.rank()]->wait_ack(r.seq(), 5s).has_value());
   }
 
   // Polls GetRun until `done` holds (5 s at most).
@@ -130,6 +138,102 @@ TEST_F(ServerMultiRankTest, RanksDisagreeingOnScaleAfterAreCountedOnceAndNamedBy
   EXPECT_EQ(j["rank_divergence"][0].at("step"), 2);
   EXPECT_EQ(j["rank_divergence"][0].at("field"), "scale_after");
   EXPECT_EQ(j["rank_divergence"][0].at("values").size(), 2u);
+}
+
+// A NaN born on rank 1: its loss (execution order 40) is its first non-finite tensor, while rank 0
+// sees the NaN only in the all-reduced gradient of wte (order 69). The skipped step is explained
+// by the merged first offender, rank 1's loss, as the policy engine saw it: in `show`, `show
+// --json` and the web UI's API alike, each naming the rank. The same run's agents hold the
+// policy seq their reports say they applied, and a rank that handled no policy update at a step
+// where another did is shown as "none".
+TEST_F(ServerMultiRankTest, ASkippedStepNamesTheMergedFirstOffenderAndItsRank) {
+  start("3000");
+  connect(0);
+  connect(1);
+  report(0, 0);
+  report(1, 0);
+  for (std::uint32_t rank : {0u, 1u}) {
+    v1::StepReport r = make_report(kRun, rank, 2, 1, 1);
+    r.set_found_inf(true);
+    r.set_skipped(true);
+    r.set_scale_after(32768.0);
+    v1::FirstOffender* f = r.mutable_first_offender();
+    if (rank == 0) {
+      f->set_tensor("wte");
+      f->set_role(v1::TENSOR_ROLE_WEIGHT_GRAD);
+      f->set_phase(v1::TENSOR_PHASE_BACKWARD);
+      f->set_order(69);
+    } else {
+      r.set_loss(std::nan(""));
+      f->set_tensor("loss");
+      f->set_role(v1::TENSOR_ROLE_LOSS);
+      f->set_phase(v1::TENSOR_PHASE_FORWARD);
+      f->set_order(40);
+    }
+    send(r);
+  }
+  for (std::uint32_t rank : {0u, 1u}) {
+    v1::StepReport r = make_report(kRun, rank, 3, 2, 1, 32768.0);
+    r.set_policy_seq(3);
+    if (rank == 0) {
+      v1::PolicyOutcome* o = r.add_policy_outcomes();
+      o->set_policy_id("external-7");
+      o->set_applied(true);
+    }
+    send(r);
+  }
+
+  const v1::GetRunResponse run = run_when([](const v1::GetRunResponse& r) {
+    return r.skipped_steps_size() == 1 && r.skipped_steps(0).first_offender().tensor() == "loss" &&
+           r.summary().divergent_steps() > 0;
+  });
+  ASSERT_EQ(run.skipped_steps_size(), 1);
+  const v1::SkippedStep& skip = run.skipped_steps(0);
+  EXPECT_EQ(skip.step(), 1);
+  EXPECT_EQ(skip.first_offender().tensor(), "loss");
+  EXPECT_EQ(skip.first_offender().order(), 40u);
+  EXPECT_EQ(skip.offender_rank(), 1u);
+  // Both ranks' own first offenders are still listed.
+  ASSERT_EQ(run.first_offenders_size(), 2);
+  EXPECT_EQ(run.first_offenders(0).offender().tensor(), "wte");
+  EXPECT_EQ(run.first_offenders(1).offender().tensor(), "loss");
+  ASSERT_EQ(run.agents_size(), 2);
+  EXPECT_EQ(run.agents(0).last_policy_seq(), 3u);
+  EXPECT_EQ(run.agents(1).last_policy_seq(), 3u);
+
+  const std::string why = "first offender loss (loss, order 40, micro-step 0) on rank 1";
+  const CommandResult text = show(false);
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find("step 1        rank 0   found_inf at scale 65536; " + why),
+            std::string::npos)
+      << text.out;
+  EXPECT_EQ(text.out.find("found_inf at scale 65536; first offender wte"), std::string::npos)
+      << text.out;
+  EXPECT_NE(text.out.find("holds policy seq 3"), std::string::npos) << text.out;
+  EXPECT_EQ(text.out.find("holds policy seq 0"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("policy_outcomes rank 0 external-7:applied, rank 1 none"),
+            std::string::npos)
+      << text.out;
+
+  const CommandResult js = show(true);
+  ASSERT_EQ(js.code, 0) << js.err;
+  const nlohmann::json j = nlohmann::json::parse(js.out);
+  ASSERT_EQ(j.at("skipped_steps").size(), 1u);
+  const nlohmann::json& offender = j["skipped_steps"][0].at("first_offender");
+  EXPECT_EQ(offender.at("tensor"), "loss");
+  EXPECT_EQ(offender.at("role"), "loss");
+  EXPECT_EQ(offender.at("order"), 40);
+  EXPECT_EQ(offender.at("rank"), 1);
+  EXPECT_NE(j["skipped_steps"][0].at("why").get<std::string>().find(why), std::string::npos);
+
+  std::string body;
+  ASSERT_EQ(http_get("http://" + server_->http_address() + "/api/runs/" + kRun, &body), 200)
+      << body;
+  const nlohmann::json web = nlohmann::json::parse(body);
+  ASSERT_EQ(web.at("skips").size(), 1u);
+  EXPECT_EQ(web["skips"][0].at("offender"), "loss");
+  EXPECT_EQ(web["skips"][0].at("offender_rank"), 1);
+  EXPECT_NE(web["skips"][0].at("why").get<std::string>().find(why), std::string::npos);
 }
 
 TEST_F(ServerMultiRankTest, AStepWaitingForARankAtARestartStillWaitsForItAfterwards) {

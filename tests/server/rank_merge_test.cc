@@ -147,6 +147,18 @@ TEST(RankMergeTest, ReplicatedGradientsAreComparedWhereEveryRankMeasuredThem) {
   EXPECT_EQ(m.divergences[0].values(1).value().find("v.grad"), std::string::npos);
 }
 
+TEST(RankMergeTest, ARankWithoutPolicyOutcomesIsShownAsNone) {
+  RankStep a = report(0, 4, 1);
+  RankStep b = report(1, 4, 2);
+  a.policy_outcomes = "3:applied";
+  const MergedStep m = merge_ranks({a, b}, false, false);
+  ASSERT_EQ(m.divergences.size(), 1u);
+  EXPECT_EQ(m.divergences[0].field(), "policy_outcomes");
+  ASSERT_EQ(m.divergences[0].values_size(), 2);
+  EXPECT_EQ(m.divergences[0].values(0).value(), "3:applied");
+  EXPECT_EQ(m.divergences[0].values(1).value(), "none");
+}
+
 TEST(RankMergeTest, FirstOffenderIsTheEarliestInOrderThenTheLowestRank) {
   RankStep r0 = report(0, 5, 1);
   RankStep r1 = report(1, 5, 2);

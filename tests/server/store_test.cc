@@ -41,6 +41,19 @@ TEST_F(ServerStoreTest, FreshStoreIsMigratedToTheCurrentVersion) {
   EXPECT_EQ(c.query_int("PRAGMA auto_vacuum"), 2);  // incremental
 }
 
+TEST_F(ServerStoreTest, AVersion4StoreGetsTheMergedOffenderIndex) {
+  { StoreWriter w(StoreOptions{path(), true}); }
+  {
+    Connection c(path(), false, false);
+    c.exec("DROP INDEX merged_steps_offender; PRAGMA user_version = 4;");
+  }
+  { StoreWriter w(StoreOptions{path(), true}); }
+  Connection c(path(), false, true);
+  EXPECT_EQ(schema_version(c), kSchemaVersion);
+  EXPECT_EQ(c.query_int("SELECT count(*) FROM sqlite_master WHERE name = 'merged_steps_offender'"),
+            1);
+}
+
 TEST_F(ServerStoreTest, StoreFromANewerServerIsRefused) {
   { StoreWriter w(StoreOptions{path(), true}); }
   {
