@@ -9,6 +9,7 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <string_view>
 
 namespace ampscope::agent {
 namespace {
@@ -281,6 +282,28 @@ const std::vector<Option>& options() {
   return kOptions;
 }
 
+// A gRPC target is "host:port" ("[::1]:50051", a name with several addresses) or a URI gRPC
+// resolves itself ("dns:///host:port", "unix:/path"). A port that is not 1..65535 would only
+// have the agent retry forever, so it is refused here, where every door (the C and C++ APIs,
+// AMPSCOPE_SERVER, ampscope-train --server, ampscope.torch) passes. Empty: the address is fine.
+std::string check_server_address(const std::string& target) {
+  for (const char* scheme : {"unix:", "unix-abstract:", "vsock:"}) {
+    if (target.rfind(scheme, 0) == 0) return "";
+  }
+  std::string_view rest(target);
+  if (const auto sep = rest.find(":///"); sep != std::string_view::npos) rest.remove_prefix(sep + 4);
+  const auto colon = rest.rfind(':');
+  if (colon == std::string_view::npos) return "expected host:port, got '" + target + "'";
+  const std::string_view host = rest.substr(0, colon), port = rest.substr(colon + 1);
+  unsigned value = 0;
+  const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+  if (host.empty() || port.empty() || ec != std::errc() || end != port.data() + port.size() ||
+      value < 1 || value > 65535) {
+    return "expected host:port with a port in 1..65535, got '" + target + "'";
+  }
+  return "";
+}
+
 bool valid_run_id(const std::string& id) {
   if (id.empty() || id.size() > 128) return false;
   return std::all_of(id.begin(), id.end(), [](char c) {
@@ -341,8 +364,8 @@ std::string validate(const AgentConfig& c) {
     return "policy_agreement: single is for one rank; world_size is " +
            std::to_string(c.world_size) + " (per_step, none or independent)";
   }
-  if (!c.server.empty() && c.server.find(':') == std::string::npos) {
-    return "server: expected host:port, got '" + c.server + "'";
+  if (!c.server.empty()) {
+    if (std::string why = check_server_address(c.server); !why.empty()) return "server: " + why;
   }
   if (c.tls_cert_pem.empty() != c.tls_key_pem.empty()) {
     return "tls_cert_file and tls_key_file go together: give both or neither";

@@ -124,6 +124,24 @@ TEST(AgentConfigTest, ValidateNamesTheField) {
   EXPECT_NE(validate(c).find("flight_recorder_bytes"), std::string::npos);
 }
 
+// A port that is not a port would have the agent retry forever: every door refuses it here.
+TEST(AgentConfigTest, ServerIsHostAndPortOrAGrpcUri) {
+  AgentConfig c;
+  c.run_id = "ok";
+  for (const char* good : {"127.0.0.1:50051", "localhost:1", "[::1]:65535", "a.b:50051",
+                           "dns:///a.example:443", "ipv4:127.0.0.1:9", "unix:/tmp/sock",
+                           "unix-abstract:ampscope"}) {
+    c.server = good;
+    EXPECT_EQ(validate(c), "") << good;
+  }
+  for (const char* bad : {"localhost", "127.0.0.1:notaport", "127.0.0.1:0", "127.0.0.1:65536",
+                          ":50051", "127.0.0.1:", "[::1]", "host:50051x", "dns:///a.example"}) {
+    c.server = bad;
+    const std::string why = validate(c);
+    EXPECT_EQ(why.rfind("server: expected host:port", 0), 0u) << bad << ": " << why;
+  }
+}
+
 TEST(AgentConfigTest, FlightRecorderOptionsAndBounds) {
   AgentConfig c;
   EXPECT_EQ(c.flight_recorder_steps, 16u);

@@ -697,16 +697,6 @@ def _count(what, value):
     return n
 
 
-def _check_port(server):
-    """The agent takes any 'host:port' (it refuses a server without ':'); one whose port is not
-    a port would only retry forever, so attach refuses it here."""
-    host, sep, port = server.rpartition(":")
-    if not sep:
-        return  # the agent's own message (server: expected host:port)
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"server: expected host:port with a port in 1..65535, got {server!r}")
-
-
 def _disabled_by_torch(scaler):
     """A CUDA GradScaler that torch disabled itself for want of CUDA (the user asked for it
     enabled, or did not say), as opposed to one made with enabled=False on a CUDA machine."""
@@ -759,8 +749,6 @@ def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, opti
         raise ValueError("run_id must not be empty")
     if server is not None and not isinstance(server, str):
         raise TypeError(f"server must be a str ('host:port'), got {type(server).__name__}")
-    if server is not None:
-        _check_port(server)
     if options is not None and not isinstance(options, dict):
         raise TypeError(f"options must be a dict, got {type(options).__name__}")
     if scheduler is not None and not callable(getattr(scheduler, "step", None)):
