@@ -8,8 +8,8 @@
 // Properties:
 //   - every update received once gets exactly one outcome; one already handled gets none;
 //   - validate_update answers one line; an outcome keeps to the server's rules for a report
-//     (policy_id 1..64 printable bytes, reason at most 512 printable bytes), whatever the
-//     update held;
+//     (policy_id 1..64 bytes, reason at most 512, both clean text: valid UTF-8 without control
+//     characters), whatever the update held;
 //   - the scaler's settings stay valid: after every step min <= max, the scale a power of two,
 //     growth_factor >= 1, backoff_factor in (0, 1], growth_interval >= 1, and a loss scale an
 //     update applied lies within the bounds in force after it;
@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "ampscope/text.h"
 #include "notices.h"
 #include "policy.h"
 #include "support.h"
@@ -74,9 +75,7 @@ class AcceptingOverrides : public agent::PrecisionOverrides {
   std::vector<std::string> applied_;
 };
 
-bool printable(const std::string& s) {
-  return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c <= 0x7e; });
-}
+bool printable(const std::string& s) { return text::is_clean_text(s); }
 
 bool power_of_two(double x) {
   int e = 0;

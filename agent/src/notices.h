@@ -11,17 +11,17 @@
 #include <string>
 #include <vector>
 
+#include "ampscope/text.h"
+
 namespace ampscope::agent {
 
 class Notices {
  public:
-  // Raises `text` (cut to 512 bytes, printable ASCII) unless `key` was raised before. Returns
-  // true when it is new.
+  // Raises `text` unless `key` was raised before. Returns true when it is new. A notice quotes
+  // names and messages from the trainer: it is sent as text::clean_text makes it (valid UTF-8
+  // without control characters, at most 512 bytes), so that it never costs its report.
   bool raise(const std::string& key, std::string text) {
-    if (text.size() > kMaxBytes) text.resize(kMaxBytes);
-    for (char& c : text) {
-      if (c < 0x20 || c > 0x7e) c = ' ';
-    }
+    text = text::clean_text(text, kMaxBytes);
     std::lock_guard lock(mu_);
     if (!keys_.insert(key).second) return false;
     all_.push_back(text);
@@ -58,7 +58,7 @@ class Notices {
     return all_;
   }
 
-  static constexpr std::size_t kMaxBytes = 512;
+  static constexpr std::size_t kMaxBytes = text::kNoticeMaxBytes;
   static constexpr std::size_t kMaxPerReport = 16;
 
  private:

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "ampscope/text.h"
 #include "spool.h"
 
 namespace ampscope::agent {
@@ -21,26 +22,21 @@ bool power_of_two(double v) {
   return std::frexp(v, &e) == 0.5;
 }
 
-// An outcome goes back to the server in a report, whose rules (server/src/validation.h) take a
-// PolicyOutcome's policy_id as 1..64 printable ASCII bytes and its reason as at most 512: one
-// that breaks them gets the whole report rejected. The update's own text (its ids, run id,
-// tensor names) and the trainer's exception text are therefore cut and made printable where they
-// enter a reason or an outcome.
-constexpr std::size_t kOutcomeIdMaxBytes = 64;
-constexpr std::size_t kOutcomeReasonMaxBytes = 512;
+// An outcome goes back to the server in a report, whose rules take a PolicyOutcome's policy_id
+// and reason as clean text (ampscope/text.h) of at most 64 and 512 bytes: one that breaks them
+// is refused. The update's own text (its ids, run id, tensor names) and the trainer's exception
+// text are therefore made clean text (escaped, cut) where they enter a reason or an outcome.
+constexpr std::size_t kOutcomeIdMaxBytes = text::kShortTextMaxBytes;
+constexpr std::size_t kOutcomeReasonMaxBytes = text::kNoticeMaxBytes;
 constexpr std::size_t kQuotedMaxBytes = 128;
 
-std::string printable(std::string_view text, std::size_t max_bytes) {
-  std::string out(text.substr(0, max_bytes));
-  for (char& c : out) {
-    if (c < 0x20 || c > 0x7e) c = '?';
-  }
-  return out;
+std::string clean(std::string_view s, std::size_t max_bytes) {
+  return text::clean_text(s, max_bytes);
 }
 
 // An update without an id still gets its outcome (refused), under the id "(none)".
 std::string outcome_id(std::string_view policy_id) {
-  return policy_id.empty() ? "(none)" : printable(policy_id, kOutcomeIdMaxBytes);
+  return policy_id.empty() ? "(none)" : clean(policy_id, kOutcomeIdMaxBytes);
 }
 
 std::string num(double v) {
@@ -86,13 +82,13 @@ std::string fp32_layers_of(const v1::PolicyUpdate& u, const PrecisionOverrides& 
   for (int i = 0; i < u.fp32_tensors_size(); ++i) {
     const std::string& name = u.fp32_tensors(i);
     const std::string where =
-        "fp32_tensors[" + std::to_string(i) + "]: '" + printable(name, kQuotedMaxBytes) + "'";
+        "fp32_tensors[" + std::to_string(i) + "]: '" + clean(name, kQuotedMaxBytes) + "'";
     std::string layer;
     // The trainer's code, on the reader thread too, where nothing else would catch.
     try {
       layer = overrides.layer_of(name);
     } catch (const std::exception& e) {
-      return where + ": mapping it to a layer failed: " + printable(e.what(), kQuotedMaxBytes);
+      return where + ": mapping it to a layer failed: " + clean(e.what(), kQuotedMaxBytes);
     } catch (...) {
       return where + ": mapping it to a layer failed";
     }
@@ -110,7 +106,7 @@ std::string validate_update(const v1::PolicyUpdate& u, const std::string& run_id
                             std::vector<std::string>* fp32_layers) {
   if (u.policy_id().empty()) return "policy_id: must not be empty";
   if (!u.run_id().empty() && u.run_id() != run_id) {
-    return "run_id: '" + printable(u.run_id(), kQuotedMaxBytes) + "' is not this run ('" + run_id +
+    return "run_id: '" + clean(u.run_id(), kQuotedMaxBytes) + "' is not this run ('" + run_id +
            "')";
   }
   if (u.effective_from_step() < 0) {
@@ -335,7 +331,7 @@ void PolicyApplier::refuse(const Pending& p, std::string reason,
                            std::vector<PolicyOutcome>* out) {
   PolicyOutcome o;
   o.policy_id = outcome_id(p.update.policy_id());
-  o.reason = printable(reason, kOutcomeReasonMaxBytes);
+  o.reason = clean(reason, kOutcomeReasonMaxBytes);
   refused_.fetch_add(1);
   out->push_back(std::move(o));
 }
@@ -359,7 +355,7 @@ void PolicyApplier::apply(const v1::PolicyUpdate& u, std::int64_t step,
     applied_.fetch_add(1);
     if (changes_config(u)) scaler_changed_.store(true);
   } else {
-    o.reason = printable(err, kOutcomeReasonMaxBytes);
+    o.reason = clean(err, kOutcomeReasonMaxBytes);
     refused_.fetch_add(1);
   }
   out->push_back(std::move(o));

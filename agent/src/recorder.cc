@@ -5,6 +5,7 @@
 #include <span>
 #include <string>
 
+#include "ampscope/text.h"
 #include "delivery.h"
 #include "measure.h"
 #include "nvtx.h"
@@ -276,7 +277,7 @@ bool Recorder::start_sample(const TensorView& t, TensorSample& s, bool stats_giv
     current_.dropped_tensors += 1;
     return false;
   }
-  s.name.assign(t.name);
+  s.name = wire_name(t.name);
   s.role = t.role;
   s.phase = t.phase;
   s.dtype = t.dtype;
@@ -294,6 +295,19 @@ bool Recorder::start_sample(const TensorView& t, TensorSample& s, bool stats_giv
     return false;
   }
   return true;
+}
+
+// A tensor's name as it leaves the process: any name is taken (a PyTorch module name may be any
+// Unicode, a C caller's any bytes), and one that is not clean text within the wire's limit is
+// sent escaped (ampscope/text.h), said once in a notice, so that a name never costs a report.
+std::string Recorder::wire_name(std::string_view name) {
+  if (name.size() <= text::kNameMaxBytes && text::is_clean_text(name)) return std::string(name);
+  std::string sent = text::clean_text(name, text::kNameMaxBytes);
+  notices_->raise("name-escaped",
+                  "agent: tensor names that are not valid UTF-8, hold control characters or "
+                  "exceed 256 bytes are sent escaped (\\xHH, cut with ~hash); the first: '" +
+                      sent + "'");
+  return sent;
 }
 
 // Takes the caller's statistics of `t` as the sample's measurement: what measure_into() would

@@ -96,6 +96,7 @@ class Recorder {
   bool measure_here(const void* data, TensorSample& s, bool upgrade_on_nonfinite,
                     bool* nonfinite = nullptr);
   void drop_sample(const std::string& why);
+  std::string wire_name(std::string_view name);
   bool copy_for_worker(const void* data, TensorSample& s);
   bool on_nvtx_thread() const { return std::this_thread::get_id() == nvtx_thread_; }
   void nvtx_phase_to(TensorPhase phase);

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "ampscope/proto/wire_time.h"
+#include "ampscope/text.h"
 
 #include "ampscope/proto/stats_codec.h"
 #include "ampscope/proto/vocabulary_codec.h"
@@ -118,7 +119,7 @@ void encode_report(const StepRecord& record, const ReportContext& context, v1::S
   out->set_optimizer_steps(static_cast<std::uint64_t>(std::max<std::int64_t>(0, i.optimizer_steps)));
   out->set_time_unix_ns(context.time_unix_ns);
   if (i.val_loss) out->set_val_loss(*i.val_loss);
-  for (const auto& l : i.fp32_layers) out->add_fp32_layers(l);
+  for (const auto& l : i.fp32_layers) out->add_fp32_layers(text::clean_text(l, text::kNameMaxBytes));
   if (record.tensor_core_active_ratio) {
     out->set_tensor_core_active_ratio(*record.tensor_core_active_ratio);
   }
@@ -164,9 +165,10 @@ void encode_hello(const AgentConfig& config, const RunInfo& run, const ScalerSet
   out->set_run_id(config.run_id);
   out->set_rank(config.rank);
   out->set_world_size(config.world_size);
-  out->set_host(run.host);
-  out->set_trainer(run.trainer);
-  out->set_precision(run.precision);
+  // What the trainer and the system say about the run, sent as clean text (ampscope/text.h).
+  out->set_host(text::clean_text(run.host, text::kNameMaxBytes));
+  out->set_trainer(text::clean_text(run.trainer, text::kNameMaxBytes));
+  out->set_precision(text::clean_text(run.precision, text::kShortTextMaxBytes));
   out->set_compute_format(to_proto(run.compute_format));
   auto* s = out->mutable_scaler();
   s->set_kind(to_proto(scaler.kind));
@@ -178,9 +180,11 @@ void encode_hello(const AgentConfig& config, const RunInfo& run, const ScalerSet
   s->set_hysteresis(static_cast<std::uint32_t>(std::max(0, scaler.hysteresis)));
   s->set_min_scale(scaler.min_scale);
   s->set_max_scale(scaler.max_scale);
-  out->set_agent_version(agent_version);
+  out->set_agent_version(text::clean_text(agent_version, text::kShortTextMaxBytes));
   out->set_resume_from_seq(resume_from);
-  for (const auto& l : fp32_capable_layers) out->add_fp32_capable_layers(l);
+  for (const auto& l : fp32_capable_layers) {
+    out->add_fp32_capable_layers(text::clean_text(l, text::kNameMaxBytes));
+  }
   out->set_data_parallel_size(config.data_parallel_size);
   out->set_gradients_sharded(config.gradients_sharded);
   out->set_policy_agreement(agreement_to_proto(resolved_agreement(config)));

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "ampscope/testing/files.h"
+#include "ampscope/text.h"
 #include "spool.h"
 
 namespace ampscope::agent {
@@ -253,8 +254,9 @@ TEST_F(PolicyApplierTest, RefusesOnArrivalAndReportsAtTheNextStep) {
   EXPECT_EQ(applier.refused(), 1u);
 }
 
-// What the server sent comes back in a report, which the server rejects whole when an outcome
-// breaks its rules (policy_id 1..64 printable bytes, reason at most 512 printable bytes).
+// What the server sent comes back in a report, whose rules take an outcome's policy_id as 1..64
+// bytes and its reason as at most 512, both clean text (ampscope/text.h); the server refuses an
+// outcome that breaks them.
 TEST_F(PolicyApplierTest, OutcomesKeepToTheReportsRulesWhateverTheUpdateHeld) {
   auto other_run = update("4", 10);
   other_run.set_run_id("other\nrun");
@@ -267,9 +269,7 @@ TEST_F(PolicyApplierTest, OutcomesKeepToTheReportsRulesWhateverTheUpdateHeld) {
   std::vector<PolicyOutcome> out;
   applier.begin_step(10, &out);
   ASSERT_EQ(out.size(), 4u);
-  const auto printable = [](const std::string& s) {
-    return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c <= 0x7e; });
-  };
+  const auto printable = [](const std::string& s) { return text::is_clean_text(s); };
   for (const PolicyOutcome& o : out) {
     EXPECT_FALSE(o.applied);
     EXPECT_FALSE(o.policy_id.empty());
@@ -282,10 +282,13 @@ TEST_F(PolicyApplierTest, OutcomesKeepToTheReportsRulesWhateverTheUpdateHeld) {
       return o.policy_id == id && o.reason.starts_with(reason_start);
     });
   };
-  EXPECT_TRUE(has("4", "run_id: 'other?run' is not this run ('run')"));
-  EXPECT_TRUE(has(std::string(64, '7'), "loss_scale: must be a finite power of two"));
+  EXPECT_TRUE(has("4", "run_id: 'other\\x0arun' is not this run ('run')"));
+  // Cut to the limit with a hash of the whole (text::clean_text), so long ids stay apart.
+  const std::string long_id_sent = text::clean_text(std::string(1000, '7'), 64);
+  EXPECT_EQ(long_id_sent.substr(0, 56), std::string(55, '7') + "~");
+  EXPECT_TRUE(has(long_id_sent, "loss_scale: must be a finite power of two"));
   EXPECT_TRUE(has("(none)", "policy_id: must not be empty"));
-  EXPECT_TRUE(has("5", "fp32_tensors[0]: '" + std::string(128, 'x') + "'"));
+  EXPECT_TRUE(has("5", "fp32_tensors[0]: '" + std::string(119, 'x') + "~"));
 }
 
 TEST_F(PolicyApplierTest, RefusesAnUpdateWhoseStepHasPassed) {
