@@ -1,7 +1,10 @@
 // The ampscope command-line tool. Subcommands live in their own files and register themselves
 // through one add_*_command() each; this file owns the process boundary: every failure becomes
 // one line on stderr and an exit code (command.h), never an uncaught exception.
+#include <grpc/support/log.h>
+
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <string>
@@ -86,6 +89,10 @@ int run(CLI::App& app, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // gRPC's own log lines ("Handshake failed with fatal error ...") would come before the one
+  // line this tool prints for the same failure, which names it better; GRPC_VERBOSITY, set to
+  // debug a connection, keeps them.
+  if (std::getenv("GRPC_VERBOSITY") == nullptr) gpr_set_log_function([](gpr_log_func_args*) {});
   try {
     CLI::App app{"ampscope: numerical-stability diagnostics for mixed-precision training"};
     build_app(app);

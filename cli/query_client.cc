@@ -6,10 +6,13 @@
 #include <cctype>
 #include <cmath>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
+#include "ampscope/proto/tls_failure.h"
 #include "ampscope/proto/vocabulary_codec.h"
 #include "ampscope/proto/wire_time.h"
+#include "ampscope/secret_file.h"
 #include "command.h"
 
 namespace ampscope::cli {
@@ -21,6 +24,13 @@ std::string read_file(const std::string& path, const char* option) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// A file holding a secret that others may read: a warning, the command still runs.
+void warn_if_exposed(const std::string& path, const char* option) {
+  if (const std::string exposed = secret_file_exposure(path); !exposed.empty()) {
+    std::cerr << "ampscope: warning: " << option << " '" << path << "': " << exposed << "\n";
+  }
 }
 
 std::string first_line_trimmed(const std::string& text) {
@@ -60,6 +70,7 @@ QueryClient::QueryClient(const ServerArgs& args)
       timeout_(static_cast<std::int64_t>(std::max(0.1, args.timeout_s) * 1000)) {
   if (!args.token_file.empty()) {
     token_ = first_line_trimmed(read_file(args.token_file, "--token-file"));
+    warn_if_exposed(args.token_file, "--token-file");
     if (token_.empty()) throw ServerError("--token-file '" + args.token_file + "': no token");
   }
   if (args.tls_cert.empty() != args.tls_key.empty()) {
@@ -73,8 +84,10 @@ QueryClient::QueryClient(const ServerArgs& args)
     if (!args.tls_cert.empty()) {
       ssl.pem_cert_chain = read_file(args.tls_cert, "--tls-cert");
       ssl.pem_private_key = read_file(args.tls_key, "--tls-key");
+      warn_if_exposed(args.tls_key, "--tls-key");
     }
     creds = grpc::SslCredentials(ssl);
+    tls_ = true;
   } else {
     creds = grpc::InsecureChannelCredentials();
   }
@@ -91,6 +104,10 @@ void QueryClient::prepare(grpc::ClientContext* context) const {
 
 void QueryClient::fail(const grpc::Status& status, const std::string& what) const {
   const std::string detail = status.error_message();
+  if (const std::string tls = proto::tls_failure(status, tls_); !tls.empty()) {
+    throw ServerError("cannot connect to ampscope-server at " + address_ + ": " + tls +
+                      (tls_ ? " (--tls-ca, --tls-cert, --tls-key)" : " (--tls-ca)"));
+  }
   switch (status.error_code()) {
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED:

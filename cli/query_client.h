@@ -54,6 +54,7 @@ class QueryClient {
 
   std::string address_;
   std::string token_;
+  bool tls_ = false;  // TLS credentials (--tls-ca or --tls-cert)
   std::chrono::milliseconds timeout_;
   std::unique_ptr<v1::Query::Stub> stub_;
 };

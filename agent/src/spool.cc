@@ -55,6 +55,39 @@ std::string segment_name(std::uint64_t first_seq) {
   return buf;
 }
 
+// Reports hold tensor names, losses and the run's configuration: only the user who trains may
+// read them. Directories the spool creates are 0700 and its files 0600, whatever the umask;
+// a directory that exists already is left as its owner made it, except the spool's own.
+constexpr mode_t kDirMode = 0700;
+constexpr mode_t kFileMode = 0600;
+
+// create_directories with kDirMode for every level it creates.
+bool make_private_dirs(const fs::path& dir, std::error_code& ec) {
+  fs::path at;
+  for (const fs::path& part : dir) {
+    at /= part;
+    if (::mkdir(at.c_str(), kDirMode) != 0 && errno != EEXIST) {
+      const int err = errno;
+      if (std::error_code ignored; fs::is_directory(at, ignored)) continue;
+      ec = std::error_code(err, std::generic_category());
+      return false;
+    }
+  }
+  if (!fs::is_directory(dir, ec)) {
+    if (!ec) ec = std::make_error_code(std::errc::not_a_directory);
+    return false;
+  }
+  return true;
+}
+
+// Opens (creating with kFileMode) and makes sure a file made by an earlier version, with the
+// umask's mode, is private too.
+int open_private(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC, kFileMode);
+  if (fd >= 0) (void)::fchmod(fd, kFileMode);
+  return fd;
+}
+
 bool pread_all(int fd, void* buf, std::size_t len, std::uint64_t offset) {
   auto* p = static_cast<unsigned char*>(buf);
   while (len > 0) {
@@ -79,14 +112,15 @@ std::unique_ptr<Spool> Spool::open(const SpoolOptions& options, std::string* err
     return nullptr;
   }
   std::error_code ec;
-  fs::create_directories(options.dir, ec);
-  if (ec) {
+  if (!make_private_dirs(options.dir, ec)) {
     *error = "spool: cannot create '" + options.dir + "': " + ec.message();
     return nullptr;
   }
+  // Ours alone (this run and rank's): made private even when an earlier version made it.
+  (void)::chmod(options.dir.c_str(), kDirMode);
   std::unique_ptr<Spool> s(new Spool(options));
   const std::string lock_path = (fs::path(options.dir) / "lock").string();
-  s->lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  s->lock_fd_ = open_private(lock_path, O_RDWR | O_CREAT);
   if (s->lock_fd_ < 0) {
     *error = errno_text("spool: cannot open '" + lock_path + "'");
     return nullptr;
@@ -154,7 +188,7 @@ bool Spool::scan(std::string* error, std::vector<std::string>* notices) {
             [](const Segment& a, const Segment& b) { return a.first_seq < b.first_seq; });
   for (std::size_t i = 0; i < found.size(); ++i) {
     Segment& seg = found[i];
-    seg.fd = ::open(seg.path.c_str(), O_RDWR | O_CLOEXEC);
+    seg.fd = open_private(seg.path, O_RDWR);
     if (seg.fd < 0) {
       *error = errno_text("spool: cannot open '" + seg.path + "'");
       for (auto& s : found) close_segment(s);
@@ -252,7 +286,7 @@ bool Spool::roll_over(std::uint64_t first_seq, std::string* error) {
   Segment seg;
   seg.first_seq = first_seq;
   seg.path = (fs::path(options_.dir) / segment_name(first_seq)).string();
-  seg.fd = ::open(seg.path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  seg.fd = open_private(seg.path, O_RDWR | O_CREAT | O_TRUNC);
   if (seg.fd < 0) {
     *error = errno_text("spool: cannot create '" + seg.path + "'");
     return false;
@@ -417,10 +451,12 @@ void Spool::persist_ack_locked(bool force) {
   const fs::path dir(options_.dir);
   const std::string tmp = (dir / "acked.tmp").string();
   const std::string path = (dir / "acked").string();
-  if (FILE* f = std::fopen(tmp.c_str(), "w")) {
-    std::fprintf(f, "%llu\n", static_cast<unsigned long long>(acked_));
-    const bool ok = std::fclose(f) == 0;
-    if (ok && std::rename(tmp.c_str(), path.c_str()) == 0) persisted_ack_ = acked_;
+  if (const int fd = open_private(tmp, O_WRONLY | O_CREAT | O_TRUNC); fd >= 0) {
+    const std::string text = std::to_string(acked_) + "\n";
+    const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    if ((::close(fd) == 0 && ok) && std::rename(tmp.c_str(), path.c_str()) == 0) {
+      persisted_ack_ = acked_;
+    }
   }
   ack_written_ = now;
 }
@@ -458,8 +494,12 @@ bool Spool::policy_seen(const std::string& id) const {
 void Spool::record_policy(const std::string& id) {
   std::lock_guard lock(mu_);
   if (!policies_.insert(id).second) return;
-  std::ofstream out(fs::path(options_.dir) / "policies", std::ios::app);
-  out << id << '\n';
+  const int fd = open_private((fs::path(options_.dir) / "policies").string(),
+                              O_WRONLY | O_CREAT | O_APPEND);
+  if (fd < 0) return;
+  const std::string line = id + "\n";
+  [[maybe_unused]] const ssize_t written = ::write(fd, line.data(), line.size());
+  ::close(fd);
 }
 
 }  // namespace ampscope::agent

@@ -1,11 +1,14 @@
 #include "transport.h"
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <future>
 #include <random>
 #include <vector>
 
+#include "ampscope/proto/tls_failure.h"
 #include "ampscope/v1/telemetry.grpc.pb.h"
 #include "nvtx.h"
 
@@ -43,6 +46,23 @@ std::shared_ptr<grpc::Channel> make_channel(const AgentConfig& c) {
   ssl.pem_cert_chain = c.tls_cert_pem;
   ssl.pem_private_key = c.tls_key_pem;
   return grpc::CreateCustomChannel(c.server, grpc::SslCredentials(ssl), args);
+}
+
+// Why `channel` did not connect, as gRPC tells a call: one that does not wait for the channel
+// ends at once with the last connection error. The health service's method: harmless should
+// the channel connect meanwhile.
+grpc::Status connect_error(const std::shared_ptr<grpc::Channel>& channel) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  grpc::Slice empty;
+  grpc::ByteBuffer request(&empty, 1);
+  grpc::ByteBuffer response;
+  auto done = std::make_shared<std::promise<grpc::Status>>();
+  std::future<grpc::Status> status = done->get_future();
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [done](grpc::Status s) { done->set_value(std::move(s)); });
+  return status.get();
 }
 
 std::string status_text(const grpc::Status& s) {
@@ -222,7 +242,18 @@ Transport::StreamEnd Transport::stream_once() {
   StreamEnd end;
   auto channel = make_channel(config_);
   if (!connect(*channel)) {
-    if (!stopping()) end.failure = "cannot connect to " + config_.server;
+    if (stopping()) return end;
+    end.failure = "cannot connect to " + config_.server;
+    if (const std::string tls = proto::tls_failure(connect_error(channel), config_.tls);
+        !tls.empty()) {
+      // Not a passing outage: nothing arrives until the certificates change, and the person
+      // training would otherwise see only "reports not acknowledged" at the end.
+      end.failure += ": " + tls +
+                     "; training goes on, reports stay in the spool (tls_ca_file, tls_cert_file, "
+                     "tls_key_file)";
+      // Under the key run() raises it with next: one notice, and one line on stderr.
+      notices_->raise_loud("transport: " + end.failure, end.failure);
+    }
     return end;
   }
   auto client = v1::Telemetry::NewStub(channel);

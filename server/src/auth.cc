@@ -1,12 +1,11 @@
 #include "auth.h"
 
-#include <sys/stat.h>
-
 #include <fstream>
 #include <optional>
 #include <sstream>
 
 #include "ampscope/check.h"
+#include "ampscope/secret_file.h"
 #include "log.h"
 #include "validation.h"
 
@@ -143,10 +142,8 @@ std::vector<TokenGrant> read_token_file(const std::string& path) {
   if (!in) throw Error(origin + ": cannot read it");
   std::stringstream text;
   text << in.rdbuf();
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & (S_IRGRP | S_IROTH)) != 0) {
-    log_warning(origin, ": group or others may read it (mode ", std::oct, st.st_mode & 0777,
-                std::dec, "); chmod 600 it");
+  if (const std::string exposed = secret_file_exposure(path); !exposed.empty()) {
+    log_warning(origin, ": ", exposed);
   }
   return parse_token_file(text.str(), origin);
 }
@@ -180,12 +177,12 @@ grpc::Status Authenticator::authorize(const grpc::ServerContextBase& context, st
   if (grant == nullptr) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid bearer token");
   }
+  *who = Principal{grant->role, grant->run_id_prefix};  // also when refused: for the log
   if (grant->role != AccessRole::kAdmin && grant->role != needed) {
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                         std::string(rpc) + " needs " + tokens_allowed(needed) + "; this is " +
                             token_of(grant->role));
   }
-  *who = Principal{grant->role, grant->run_id_prefix};
   return grpc::Status::OK;
 }
 
@@ -215,6 +212,18 @@ std::optional<AccessRole> Authenticator::role_of_authorization(
   if (!enabled()) return AccessRole::kAdmin;
   if (header_value.substr(0, kBearer.size()) != kBearer) return std::nullopt;
   return role_of(header_value.substr(kBearer.size()));
+}
+
+std::string describe_caller(const grpc::ServerContextBase& context, const Principal& who,
+                            const Authenticator& auth) {
+  std::string text = auth.enabled() ? token_of(who.role) : "no token (tokens are off)";
+  if (const std::shared_ptr<const grpc::AuthContext> tls = context.auth_context()) {
+    for (const grpc::string_ref& subject :
+         tls->FindPropertyValues(GRPC_X509_SUBJECT_PROPERTY_NAME)) {
+      text += ", certificate subject '" + std::string(subject.data(), subject.size()) + "'";
+    }
+  }
+  return text + ", from " + context.peer();
 }
 
 }  // namespace ampscope::server

@@ -61,8 +61,9 @@ class Authenticator {
   bool enabled() const { return !grants_.empty(); }
 
   // For `rpc` (its name, for the message), which an admin or a `needed` token may make: OK
-  // with the caller in *who; UNAUTHENTICATED when the call carries no token or an unknown one;
-  // PERMISSION_DENIED naming the role needed ("DeleteRun needs an admin token").
+  // with the caller in *who (also set for PERMISSION_DENIED); UNAUTHENTICATED when the call
+  // carries no token or an unknown one; PERMISSION_DENIED naming the role needed ("DeleteRun
+  // needs an admin token").
   grpc::Status authorize(const grpc::ServerContextBase& context, std::string_view rpc,
                          AccessRole needed, Principal* who) const;
 
@@ -87,6 +88,12 @@ class Authenticator {
 
   std::vector<TokenGrant> grants_;
 };
+
+// Who made a call, for the log (never the token): "an admin token, certificate subject
+// 'CN=ops-1', from ipv4:10.0.0.7:51234". `who` is the caller authorize() recognised; with
+// tokens off, "no token (tokens are off)". The certificate subject is there under mutual TLS.
+std::string describe_caller(const grpc::ServerContextBase& context, const Principal& who,
+                            const Authenticator& auth);
 
 // Equality of a presented value with a secret, in a time that depends only on the presented
 // value's length: neither where the first difference is nor the secret's length shows.

@@ -1,10 +1,12 @@
 #include "log.h"
 
+#include <grpc/support/log.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <ctime>
+#include <mutex>
 
 namespace ampscope::server {
 namespace {
@@ -35,6 +37,64 @@ void log_line(LogLevel level, std::string_view message) {
   line += '\n';
   // One write per line keeps lines whole when several threads log at once.
   [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, line.data(), line.size());
+}
+
+namespace {
+
+std::mutex g_grpc_mu;
+std::function<void()> g_on_tls_refusal;  // guarded by g_grpc_mu
+
+void grpc_log(gpr_log_func_args* args) {
+  const std::string_view message(args->message);
+  if (std::string text = tls_refusal_text(message); !text.empty()) {
+    log_line(LogLevel::kWarning, text);
+    std::lock_guard lock(g_grpc_mu);
+    if (g_on_tls_refusal) g_on_tls_refusal();
+    return;
+  }
+  const LogLevel level =
+      args->severity == GPR_LOG_SEVERITY_ERROR ? LogLevel::kWarning : LogLevel::kDebug;
+  if (!log_enabled(level)) return;
+  std::string line = "grpc: ";
+  line += message;
+  log_line(level, line);
+}
+
+}  // namespace
+
+std::string tls_refusal_text(std::string_view message) {
+  constexpr std::string_view kFailed = "Handshake failed with fatal error";
+  if (message.substr(0, kFailed.size()) != kFailed) return "";
+  // OpenSSL's reason follows "routines::" ("SSL_ERROR_SSL: error:0A0000C7:SSL routines::peer
+  // did not return a certificate.").
+  std::string_view reason = message.substr(kFailed.size());
+  if (const auto at = reason.find("routines::"); at != std::string_view::npos) {
+    reason = reason.substr(at + 10);
+  } else if (const auto colon = reason.rfind(':'); colon != std::string_view::npos) {
+    reason = reason.substr(colon + 1);
+  }
+  while (!reason.empty() && (reason.front() == ' ')) reason.remove_prefix(1);
+  while (!reason.empty() && (reason.back() == '.' || reason.back() == ' ')) reason.remove_suffix(1);
+  std::string text = "TLS handshake refused: ";
+  if (reason == "peer did not return a certificate") {
+    return text + "the client sent no certificate (mutual TLS: --tls-client-ca)";
+  }
+  text += reason;
+  if (reason == "certificate verify failed") {
+    text += " (a client certificate that --tls-client-ca did not sign, that has expired, or "
+            "without the clientAuth extended key usage)";
+  } else if (reason == "wrong version number" || reason == "http request") {
+    text += " (a plaintext client on the TLS port)";
+  }
+  return text;
+}
+
+void route_grpc_log(std::function<void()> on_tls_refusal) {
+  {
+    std::lock_guard lock(g_grpc_mu);
+    g_on_tls_refusal = std::move(on_tls_refusal);
+  }
+  gpr_set_log_function(grpc_log);
 }
 
 }  // namespace ampscope::server

@@ -1,6 +1,7 @@
 #include "spool.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -244,6 +245,56 @@ TEST(SpoolTest, OneProcessAtATime) {
   // process would.
   EXPECT_FALSE(Spool::open(o, &error, &notices));
   EXPECT_NE(error.find("in use"), std::string::npos) << error;
+}
+
+fs::perms mode_of(const fs::path& p) { return fs::status(p).permissions() & fs::perms::all; }
+
+// Reports hold tensor names and losses: under the usual umask 022 every directory the spool
+// makes is 0700 and every file 0600, and files an earlier version left 0644 become 0600.
+TEST(SpoolTest, OnlyItsOwnerMayReadIt) {
+  const mode_t old_umask = ::umask(022);
+  TempDir dir;
+  SpoolOptions o;
+  o.dir = (dir / "base" / "run-1" / "rank-0").string();
+  {
+    std::string error;
+    std::vector<std::string> notices;
+    auto s = Spool::open(o, &error, &notices);
+    ASSERT_TRUE(s) << error;
+    ASSERT_EQ(s->append(payload(1), 1, &error), 1u) << error;
+    s->record_policy("7");
+    s->ack(1);  // the mark is written when the spool closes
+  }
+  constexpr fs::perms kDir = fs::perms::owner_all;
+  constexpr fs::perms kFile = fs::perms::owner_read | fs::perms::owner_write;
+  for (const fs::path& d : {dir / "base", dir / "base" / "run-1", fs::path(o.dir)}) {
+    EXPECT_EQ(mode_of(d), kDir) << d;
+  }
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(o.dir)) {
+    files.push_back(e.path().filename().string());
+    EXPECT_EQ(mode_of(e.path()), kFile) << e.path();
+  }
+  EXPECT_GE(files.size(), 4u);  // lock, a segment, policies, acked
+
+  // A spool an earlier version made readable to everyone is made private when opened.
+  fs::permissions(o.dir, fs::perms::owner_all | fs::perms::group_read | fs::perms::others_read |
+                             fs::perms::group_exec | fs::perms::others_exec);
+  for (const auto& e : fs::directory_iterator(o.dir)) {
+    fs::permissions(e.path(), kFile | fs::perms::group_read | fs::perms::others_read);
+  }
+  {
+    std::string error;
+    std::vector<std::string> notices;
+    auto s = Spool::open(o, &error, &notices);
+    ASSERT_TRUE(s) << error;
+  }
+  EXPECT_EQ(mode_of(o.dir), kDir);
+  for (const auto& e : fs::directory_iterator(o.dir)) {
+    const std::string name = e.path().filename().string();
+    if (name == "lock" || name.rfind("seg-", 0) == 0) EXPECT_EQ(mode_of(e.path()), kFile) << name;
+  }
+  ::umask(old_umask);
 }
 
 TEST(SpoolTest, RemembersHandledPolicies) {

@@ -96,7 +96,8 @@ grpc::Status delete_run(const std::string& address, const std::string& run,
   v1::DeleteRunRequest req;
   req.set_run_id(run);
   v1::DeleteRunResponse resp;
-  const grpc::Status s = v1::Query::NewStub(make_channel(address))->DeleteRun(&ctx, req, &resp);
+  const grpc::Status s =
+      v1::Query::NewStub(make_channel(address, options))->DeleteRun(&ctx, req, &resp);
   if (out != nullptr) *out = resp;
   return s;
 }
