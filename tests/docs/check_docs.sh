@@ -26,5 +26,29 @@ for f in README.md docs/*.md; do
     [ -e "$dir/$path" ] || say "$f links to $target, which does not exist"
   done < <(grep -oE '\]\([^) ]+\)' "$f" | sed -E 's/^\]\((.*)\)$/\1/')
 done
+# Prometheus and Alertmanager as the docs start them, run literally from a checkout: loopback
+# only (their defaults listen on every interface) and their data outside the working directory
+# (their default is ./data); Alertmanager alone, without its cluster port.
+commands=$(for f in docs/*.md dashboards/prometheus/prometheus.yml \
+             dashboards/alertmanager/alertmanager.yml; do
+  sed -e 's/^#  *//' -e ':a' -e '/\\$/N; s/\\\n[# ]*//; ta' "$f" |
+    grep -E '^(prometheus|prometheus-alertmanager) --config\.file' | sed "s|^|$f: |"
+done)
+[ -n "$commands" ] || say "no prometheus or prometheus-alertmanager command found in docs/"
+while IFS= read -r line; do
+  [ -z "$line" ] && continue
+  case "$line" in
+    *": prometheus-alertmanager "*)
+      for flag in '--web.listen-address=127.0.0.1:' '--storage.path=' '--cluster.listen-address= '; do
+        case "$line " in *"$flag"*) ;; *) say "${line%%:*}: Alertmanager without $flag: ${line#*: }" ;; esac
+      done ;;
+    *)
+      for flag in '--web.listen-address=127.0.0.1:' '--storage.tsdb.path='; do
+        case "$line" in *"$flag"*) ;; *) say "${line%%:*}: Prometheus without $flag: ${line#*: }" ;; esac
+      done ;;
+  esac
+  case "$line" in *'path=./'* | *'path=data'*) say "${line%%:*}: data in the working directory: ${line#*: }" ;; esac
+done <<< "$commands"
+
 [ "$fail" -eq 0 ] && echo "check_docs: README.md ($lines lines) and docs/ are in order"
 exit "$fail"
