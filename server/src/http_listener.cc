@@ -1,115 +1,56 @@
-// The web UI's HTTP listener (http_listener.h): routing, tokens and sessions on cpp-httplib.
+// The HTTP listener on libmicrohttpd (http_listener.h): the event thread, the worker pool, the
+// request deadline and mutual TLS.
 #include "http_listener.h"
 
-#include <httplib.h>
+#include <arpa/inet.h>
+#include <gnutls/gnutls.h>
+#include <gnutls/x509.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <cstdarg>
+#include <cstdio>
 #include <deque>
-#include <functional>
 #include <mutex>
 #include <optional>
 #include <set>
-#include <string_view>
-#include <vector>
+#include <thread>
 
 #include "ampscope/check.h"
 #include "log.h"
-#include "webui_api.h"
-#include "webui_assets.h"
 
 namespace ampscope::server {
 namespace {
 
-// Workers: a browser opens up to six connections to one server and a worker serves one
-// connection at a time (keep-alive included), so eight serve a page's parallel requests at once.
-constexpr std::size_t kThreads = 8;
-// Accepted connections waiting for a worker; beyond them the accept loop waits and new
-// connections wait in the kernel's backlog, not in memory.
-constexpr std::size_t kMaxQueuedConnections = 64;
-// The largest request body (the login form is the only one read): a token and a path.
-constexpr std::size_t kMaxRequestBody = 16 * 1024;
-constexpr int kReadTimeoutS = 5;
-constexpr int kWriteTimeoutS = 5;
-// An idle keep-alive connection holds a worker this long; stop() waits for it as well.
-constexpr int kKeepAliveS = 1;
-constexpr std::size_t kKeepAliveMaxRequests = 100;
+using Clock = std::chrono::steady_clock;
 
-constexpr std::string_view kCookieName = "ampscope_session";
-constexpr std::string_view kErrorMarker = "<!--ampscope:error-->";
-constexpr std::string_view kNextMarker = "__NEXT__";
-constexpr const char* kJson = "application/json";
-constexpr const char* kHtml = "text/html; charset=utf-8";
 constexpr const char* kText = "text/plain; charset=utf-8";
-constexpr const char* kAgentRefused = "the web UI needs a reader or admin token";
-
-// httplib's ThreadPool queues connections without limit; this pool makes the accept loop wait
-// while `max_queued` connections wait for a worker. Thread safety: mu_ guards jobs_ and
-// shutdown_; the workers are joined by shutdown(), which httplib calls once its accept loop
-// ended.
-class BoundedPool final : public httplib::TaskQueue {
- public:
-  BoundedPool(std::size_t threads, std::size_t max_queued) : max_queued_(max_queued) {
-    for (std::size_t i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
-  }
-
-  void enqueue(std::function<void()> fn) override {
-    {
-      std::unique_lock lock(mu_);
-      room_.wait(lock, [&] { return jobs_.size() < max_queued_ || shutdown_; });
-      jobs_.push_back(std::move(fn));
-    }
-    ready_.notify_one();
-  }
-
-  void shutdown() override {
-    {
-      std::lock_guard lock(mu_);
-      shutdown_ = true;
-    }
-    ready_.notify_all();
-    room_.notify_all();
-    for (std::thread& t : workers_) t.join();
-  }
-
- private:
-  // Runs jobs until shutdown() and the queue is empty (a queued connection is still closed by
-  // its job, which sees the listener stopped).
-  void work() {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::unique_lock lock(mu_);
-        ready_.wait(lock, [&] { return !jobs_.empty() || shutdown_; });
-        if (jobs_.empty()) return;
-        fn = std::move(jobs_.front());
-        jobs_.pop_front();
-      }
-      room_.notify_one();
-      fn();
-    }
-  }
-
-  const std::size_t max_queued_;
-  std::mutex mu_;
-  std::condition_variable ready_;  // a job or shutdown
-  std::condition_variable room_;   // the queue has room
-  std::deque<std::function<void()>> jobs_;
-  bool shutdown_ = false;
-  std::vector<std::thread> workers_;
-};
+constexpr int kListenBacklog = 1024;
+// The deadline is checked this often (and at least 8 times per deadline).
+constexpr std::chrono::milliseconds kSweepInterval{250};
+// The library's own messages (a connection limit reached, a TLS handshake failed) come in
+// bursts under load: at most one line per this interval, with the count of those left out.
+constexpr std::chrono::seconds kLibraryLogInterval{10};
 
 struct ListenAddress {
-  std::string host;  // as httplib binds it: without IPv6 brackets
+  std::string host;  // as getaddrinfo takes it: without IPv6 brackets
   std::string text;  // as given, without the port
-  int port = 0;
+  std::string port;
 };
 
 // "127.0.0.1:9465", "[::1]:0", "0.0.0.0:8080"
-ListenAddress parse_listen(const std::string& listen) {
+ListenAddress parse_listen(const std::string& listen, const std::string& flag) {
   const auto fail = [&]() -> ListenAddress {
-    throw Error("--http-listen '" + listen + "': expected HOST:PORT (port 0: any free port)");
+    throw Error(flag + " '" + listen + "': expected HOST:PORT (port 0: any free port)");
   };
   const auto colon = listen.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == listen.size()) return fail();
@@ -120,398 +61,551 @@ ListenAddress parse_listen(const std::string& listen) {
     if (a.host.size() < 3 || a.host.back() != ']') return fail();
     a.host = a.host.substr(1, a.host.size() - 2);
   }
-  const std::string port = listen.substr(colon + 1);
-  if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) return fail();
-  a.port = std::stoi(port);
-  if (a.port > 65535) return fail();
+  a.port = listen.substr(colon + 1);
+  if (a.port.size() > 5 || a.port.find_first_not_of("0123456789") != std::string::npos) {
+    return fail();
+  }
+  if (std::stoi(a.port) > 65535) return fail();
   return a;
 }
 
-std::string html_escape(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out += c;
+// A listening socket (non-blocking: the event thread accepts until EAGAIN) and its port, or -1.
+int bind_listen_socket(const ListenAddress& where, int* port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(where.host.empty() ? nullptr : where.host.c_str(), where.port.c_str(), &hints,
+                    &found) != 0) {
+    return -1;
+  }
+  int fd = -1;
+  for (addrinfo* ai = found; ai != nullptr && fd < 0; ai = ai->ai_next) {
+    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+    if (fd < 0) continue;
+    // SO_REUSEADDR only: with SO_REUSEPORT a second server would bind the same port and the
+    // kernel would split the connections between them.
+    const int yes = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd, kListenBacklog) != 0) {
+      ::close(fd);
+      fd = -1;
     }
   }
-  return out;
+  ::freeaddrinfo(found);
+  if (fd < 0) return -1;
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  *port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                            : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  return fd;
 }
 
-std::string replace_all(std::string text, std::string_view from, std::string_view to) {
-  for (auto at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
-    text.replace(at, from.size(), to);
+std::string address_text(const sockaddr* addr) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (addr == nullptr) return text;
+  if (addr->sa_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(addr)->sin_addr, text, sizeof(text));
+  } else if (addr->sa_family == AF_INET6) {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(addr)->sin6_addr, text,
+                sizeof(text));
   }
   return text;
 }
 
-// Where a sign-in may send the browser: a path of this server. "//host" and "/\host" are
-// other hosts to a browser, and a scheme ("http://x") is another site: those go to "/".
-std::string safe_next(std::string_view next) {
-  const bool local = !next.empty() && next.front() == '/' &&
-                     (next.size() < 2 || (next[1] != '/' && next[1] != '\\')) &&
-                     std::none_of(next.begin(), next.end(), [](char c) {
-                       return c == '\\' || static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
-                     });
-  return local ? std::string(next) : "/";
+bool compressible(std::string_view type) {
+  return (type.starts_with("text/") && !type.starts_with("text/event-stream")) ||
+         type.starts_with("application/json") || type.starts_with("application/javascript") ||
+         type.starts_with("application/xml") || type.starts_with("image/svg+xml");
 }
 
-// The value of the session cookie in the request's Cookie header ("a=1; ampscope_session=..").
-std::optional<std::string> session_cookie(const httplib::Request& req) {
-  const std::string header = req.get_header_value("Cookie");
-  std::string_view rest = header;
-  while (!rest.empty()) {
-    const auto semi = rest.find(';');
-    std::string_view pair = rest.substr(0, semi);
-    rest = semi == std::string_view::npos ? std::string_view() : rest.substr(semi + 1);
-    while (!pair.empty() && pair.front() == ' ') pair.remove_prefix(1);
-    if (pair.starts_with(kCookieName) && pair.substr(kCookieName.size()).starts_with('=')) {
-      return std::string(pair.substr(kCookieName.size() + 1));
-    }
+// gzip at zlib's default level (about 10 ms for a 600 KB API answer on a slow core).
+std::optional<std::string> gzip(std::string_view data) {
+  z_stream z{};
+  if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) {
+    return std::nullopt;
   }
-  return std::nullopt;
+  std::string out(deflateBound(&z, data.size()), '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  z.avail_in = static_cast<uInt>(data.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  const int rc = deflate(&z, Z_FINISH);
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  if (rc != Z_STREAM_END) return std::nullopt;
+  return out;
 }
 
-std::string session_cookie_header(std::string_view id, long max_age_s, bool secure) {
-  return std::string(kCookieName) + "=" + std::string(id) +
-         "; Path=/; HttpOnly; SameSite=Strict; Max-Age=" + std::to_string(max_age_s) +
-         (secure ? "; Secure" : "");
+// One connection, from the library's "started" to its "closed" notification.
+struct Connection {
+  MHD_Connection* mhd = nullptr;
+  int fd = -1;
+  std::string remote;  // the client's address
+  // Guarded by Impl::conn_mu: whether a request is awaited, since when, and whether the sweep
+  // cut the connection already.
+  bool awaiting = true;
+  Clock::time_point since;
+  bool cut = false;
+  // Event thread only.
+  std::string uri;      // the raw request target, from the URI log callback
+  int tls_verdict = 0;  // mutual TLS: 0 not checked yet, 1 allowed, -1 refused
+};
+
+// One request, from the first call of the access handler to the "completed" notification.
+struct Request {
+  HttpRequest req;
+  Connection* conn = nullptr;
+  MHD_Connection* mhd = nullptr;
+  bool dispatched = false;
+  bool too_large = false;
+  // Written by a worker before it resumes the connection, read by the event thread after.
+  std::optional<HttpResponse> response;
+};
+
+Connection* connection_of(MHD_Connection* c) {
+  const MHD_ConnectionInfo* info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  return info == nullptr ? nullptr : static_cast<Connection*>(info->socket_context);
 }
 
-// If-None-Match: "*", or a list of entity tags, weak ones (W/"...") included.
-bool etag_matches(std::string_view if_none_match, std::string_view etag) {
-  while (!if_none_match.empty()) {
-    const auto comma = if_none_match.find(',');
-    std::string_view tag = if_none_match.substr(0, comma);
-    if_none_match =
-        comma == std::string_view::npos ? std::string_view() : if_none_match.substr(comma + 1);
-    while (!tag.empty() && tag.front() == ' ') tag.remove_prefix(1);
-    while (!tag.empty() && tag.back() == ' ') tag.remove_suffix(1);
-    if (tag.starts_with("W/")) tag.remove_prefix(2);
-    if (tag == "*" || tag == etag) return true;
-  }
-  return false;
-}
-
-// The paths the page itself routes (app.js): /, /runs, /runs/<id>, /runs/<id>/tensors (those
-// two with or without a trailing slash), /compare.
-bool is_page(std::string_view path) {
-  if (path == "/" || path == "/runs" || path == "/compare") return true;
-  if (!path.starts_with("/runs/")) return false;
-  std::string_view run = path.substr(6);
-  if (run.ends_with('/')) run.remove_suffix(1);
-  if (run.ends_with("/tensors")) run.remove_suffix(8);
-  return !run.empty() && run.find('/') == std::string_view::npos;
-}
-
-// The assets a page refers to ("/assets/app.css"): the login page's are served without a token.
-std::set<std::string, std::less<>> assets_of(std::string_view html) {
-  constexpr std::string_view kPrefix = "/assets/";
-  std::set<std::string, std::less<>> names;
-  for (auto at = html.find(kPrefix); at != std::string_view::npos; at = html.find(kPrefix, at)) {
-    at += kPrefix.size();
-    const auto end = html.find_first_of("\"' >", at);
-    names.emplace(html.substr(at, end - at));
-  }
-  return names;
-}
-
-// A browser's form post carries Origin; one from another site is refused (login CSRF). A client
-// without Origin (curl, scripts) is not a browser on another site.
-bool same_origin(const httplib::Request& req, bool tls) {
-  if (!req.has_header("Origin")) return true;
-  return req.get_header_value("Origin") ==
-         (tls ? "https://" : "http://") + req.get_header_value("Host");
-}
-
-void send_asset(const httplib::Request& req, httplib::Response& res, const WebAsset& asset) {
-  res.set_header("ETag", std::string(asset.etag));
-  res.set_header("Cache-Control", "no-cache");
-  if (etag_matches(req.get_header_value("If-None-Match"), asset.etag)) {
-    res.status = 304;
-    return;
-  }
-  res.set_content(asset.bytes().data(), asset.size, std::string(asset.content_type).c_str());
-}
-
-// Debian's cpp-httplib compresses a response with brotli whenever the client accepts it
-// (browsers always do), at brotli's default quality 11: about 1.2 s for a 600 KB API answer on
-// a 2-core machine, while gzip at zlib's default level takes about 10 ms for a similar size.
-// httplib offers no setting for it, so the request it reads the header from stops offering
-// "br" before routing. The object is not const (httplib's connection loop owns it and hands it
-// out as const), so the cast is defined.
-void gzip_not_brotli(const httplib::Request& req) {
-  auto it = req.headers.find("Accept-Encoding");
-  if (it == req.headers.end() || it->second.find("br") == std::string::npos) return;
-  std::string kept;
-  std::string_view rest = it->second;
-  while (!rest.empty()) {
-    const std::size_t comma = rest.find(',');
-    std::string_view item = rest.substr(0, comma);
-    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-    if (item.starts_with("br")) continue;
-    if (!kept.empty()) kept += ", ";
-    kept += item;
-  }
-  const_cast<std::string&>(it->second) = kept;
-}
-
-void method_not_allowed(const httplib::Request& req, httplib::Response& res) {
-  res.status = 405;
-  res.set_header("Allow", req.path == "/login"    ? "GET, HEAD, POST"
-                          : req.path == "/logout" ? "POST"
-                                                  : "GET, HEAD");
-  res.set_content("method not allowed\n", kText);
-}
-
-void not_found(httplib::Response& res) {
-  res.status = 404;
-  res.set_content("not found\n", kText);
+MHD_Result collect_header(void* cls, MHD_ValueKind, const char* key, const char* value) {
+  static_cast<std::vector<std::pair<std::string, std::string>>*>(cls)->emplace_back(
+      key, value == nullptr ? "" : value);
+  return MHD_YES;
 }
 
 }  // namespace
 
-HttpListener::HttpListener(HttpOptions options, const Authenticator& auth, const WebApi& api)
-    : options_(std::move(options)),
-      auth_(auth),
-      api_(api),
-      sessions_(options_.clock),
-      tls_(!options_.tls_cert_file.empty()) {
-  const WebAsset* login_page = find_web_asset("login.html");
-  AMPSCOPE_CHECK(find_web_asset("index.html") != nullptr && login_page != nullptr,
-                 "expected index.html and login.html among the web UI's assets");
-  const ListenAddress where = parse_listen(options_.listen);
-  if (tls_) {
-    const std::string& ca = options_.tls_client_ca_file;
-    auto ssl = std::make_unique<httplib::SSLServer>(options_.tls_cert_file.c_str(),
-                                                    options_.tls_key_file.c_str(),
-                                                    ca.empty() ? nullptr : ca.c_str());
-    if (!ssl->is_valid()) {
-      throw Error("--tls-cert '" + options_.tls_cert_file + "', --tls-key '" +
-                  options_.tls_key_file + "'" +
-                  (ca.empty() ? "" : ", --tls-client-ca '" + ca + "'") +
-                  ": the web UI's HTTPS listener cannot load them");
+struct HttpListener::Impl {
+  HttpOptions options;
+  Handler handler;
+  bool tls = false;
+  std::string address;
+  int listen_fd = -1;
+  MHD_Daemon* daemon = nullptr;
+  std::atomic<bool> stopped{false};
+
+  // The worker pool: jobs are suspended connections' requests. The queue is bounded by the
+  // connection limit (one request per connection at a time).
+  std::mutex pool_mu;
+  std::condition_variable pool_cv;
+  std::deque<Request*> jobs;
+  bool accepting = true;
+  std::vector<std::thread> workers;
+
+  // Open connections, for the request deadline.
+  std::mutex conn_mu;
+  std::condition_variable sweep_cv;
+  std::set<Connection*> conns;
+  bool sweeping = true;
+  std::thread sweeper;
+
+  std::mutex log_mu;
+  Clock::time_point last_library_log{};
+  std::size_t library_logs_left_out = 0;
+  std::string last_library_message;  // for the error when the library cannot start
+
+  // --- The library's callbacks (event thread) ---
+
+  static void on_connection(void* cls, MHD_Connection* c, void** socket_context,
+                            MHD_ConnectionNotificationCode code) {
+    auto* self = static_cast<Impl*>(cls);
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+      auto* conn = new Connection;
+      conn->mhd = c;
+      if (const MHD_ConnectionInfo* fd =
+              MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD)) {
+        conn->fd = fd->connect_fd;
+      }
+      if (const MHD_ConnectionInfo* a =
+              MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS)) {
+        conn->remote = address_text(a->client_addr);
+      }
+      conn->since = Clock::now();
+      *socket_context = conn;
+      std::lock_guard lock(self->conn_mu);
+      self->conns.insert(conn);
+      return;
     }
-    server_ = std::move(ssl);
-  } else {
-    server_ = std::make_unique<httplib::Server>();
+    auto* conn = static_cast<Connection*>(*socket_context);
+    if (conn == nullptr) return;
+    {
+      // The library closes the descriptor after this returns: the sweep, which shuts
+      // descriptors down under this lock, never touches one that is closed or reused.
+      std::lock_guard lock(self->conn_mu);
+      self->conns.erase(conn);
+    }
+    delete conn;
+    *socket_context = nullptr;
   }
 
-  httplib::Server& s = *server_;
-  s.new_task_queue = [] { return new BoundedPool(kThreads, kMaxQueuedConnections); };
-  s.set_read_timeout(kReadTimeoutS, 0);
-  s.set_write_timeout(kWriteTimeoutS, 0);
-  s.set_keep_alive_timeout(kKeepAliveS);
-  s.set_keep_alive_max_count(kKeepAliveMaxRequests);
-  s.set_payload_max_length(kMaxRequestBody);
-  s.set_tcp_nodelay(true);
-  // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second server binds
-  // the same port and the kernel splits the connections between them.
-  s.set_socket_options([](int sock) {
-    const int yes = 1;
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
-  s.set_default_headers({{"Content-Security-Policy", "default-src 'self'"},
-                         {"X-Content-Type-Options", "nosniff"},
-                         {"X-Frame-Options", "DENY"}});
-  const std::set<std::string, std::less<>> public_assets = assets_of(login_page->bytes());
-  s.Get(".*", [this, public_assets](const httplib::Request& req, httplib::Response& res) {
-    if (req.path.starts_with("/assets/")) {
-      const WebAsset* asset = find_web_asset(std::string_view(req.path).substr(8));
-      if (asset == nullptr) return not_found(res);
-      if (!public_assets.contains(asset->name) && !authorize(req, res, false)) return;
-      return send_asset(req, res, *asset);
+  static void* on_uri(void* cls, const char* uri, MHD_Connection* c) {
+    (void)cls;
+    if (Connection* conn = connection_of(c)) conn->uri = uri == nullptr ? "" : uri;
+    return nullptr;
+  }
+
+  static void on_completed(void* cls, MHD_Connection* c, void** req_cls,
+                           MHD_RequestTerminationCode) {
+    auto* self = static_cast<Impl*>(cls);
+    delete static_cast<Request*>(*req_cls);
+    *req_cls = nullptr;
+    if (Connection* conn = connection_of(c)) {
+      std::lock_guard lock(self->conn_mu);
+      conn->awaiting = true;
+      conn->since = Clock::now();
     }
-    route(req, res);
-  });
-  s.Post("/login",
-         [this](const httplib::Request& req, httplib::Response& res) { login(req, res); });
-  s.Post("/logout",
-         [this](const httplib::Request& req, httplib::Response& res) { logout(req, res); });
-  // After the routes above, which match first; httplib reads (and bounds) the body first.
-  s.Post(".*", method_not_allowed);
-  // Every other method before its body is read (httplib refuses a PUT without Content-Length
-  // only after its read timeout): 405, and the connection closes rather than read on.
-  s.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (req.method == "GET" || req.method == "HEAD" || req.method == "POST") {
-      gzip_not_brotli(req);
-      return httplib::Server::HandlerResponse::Unhandled;
-    }
-    method_not_allowed(req, res);
-    res.set_header("Connection", "close");
-    return httplib::Server::HandlerResponse::Handled;
-  });
-  s.set_exception_handler(
-      [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-        std::string what = "unknown exception";
-        try {
-          std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
+  }
+
+  static void on_log(void* cls, const char* format, va_list ap) {
+    char line[512];
+    std::vsnprintf(line, sizeof(line), format, ap);
+    std::string_view text(line);
+    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.remove_suffix(1);
+    static_cast<Impl*>(cls)->library_log(text);
+  }
+
+  static MHD_Result on_request(void* cls, MHD_Connection* c, const char* url, const char* method,
+                               const char*, const char* upload, std::size_t* upload_size,
+                               void** req_cls) {
+    auto* self = static_cast<Impl*>(cls);
+    auto* r = static_cast<Request*>(*req_cls);
+    if (r == nullptr) {
+      Connection* conn = connection_of(c);
+      if (conn == nullptr || !self->client_allowed(c, conn)) return MHD_NO;
+      r = new Request;
+      *req_cls = r;
+      r->conn = conn;
+      r->mhd = c;
+      r->req.method = method;
+      r->req.target = conn->uri.empty() ? std::string(url) : std::move(conn->uri);
+      conn->uri.clear();
+      MHD_get_connection_values(c, MHD_HEADER_KIND, collect_header, &r->req.headers);
+      r->req.remote_address = conn->remote;
+      r->req.tls = self->tls;
+      // The library keeps a connection alive only for an answer queued after the whole
+      // request was read (a later call). Other methods are answered before their body, and
+      // their connection closes.
+      if (r->req.method == "GET" || r->req.method == "HEAD") return MHD_YES;
+      if (r->req.method != "POST") return self->dispatch(r);
+      // A body announced above the limit is refused before it is read.
+      if (const std::optional<std::string_view> length = r->req.header("Content-Length")) {
+        const std::string digits(*length);
+        if (digits.size() > 18 ||
+            std::strtoull(digits.c_str(), nullptr, 10) > self->options.max_body_bytes) {
+          r->too_large = true;
+          return self->queue(c, self->too_large());
         }
-        log_error("web UI: ", req.method, " ", req.path, ": ", what);
-        res.status = 500;
-        res.set_content("internal error\n", kText);
-      });
-  s.set_logger([](const httplib::Request& req, const httplib::Response& res) {
-    log(LogLevel::kDebug, "web UI: ", req.method, " ", req.path, " ", res.status);
-  });
+      }
+      return MHD_YES;  // the body follows
+    }
+    if (*upload_size != 0) {
+      if (r->req.method == "POST" && !r->too_large) {
+        if (r->req.body.size() + *upload_size > self->options.max_body_bytes) {
+          r->too_large = true;
+          r->req.body.clear();
+        } else {
+          r->req.body.append(upload, *upload_size);
+        }
+      }
+      *upload_size = 0;
+      return MHD_YES;
+    }
+    if (r->response) return self->queue(c, *r->response);
+    if (r->too_large) return self->queue(c, self->too_large());
+    if (!r->dispatched) return self->dispatch(r);
+    return MHD_YES;
+  }
 
-  int port = where.port;
-  if (port == 0) {
-    port = s.bind_to_any_port(where.host);
-  } else if (!s.bind_to_port(where.host, port)) {
-    port = -1;
+  // --- Event thread ---
+
+  // Mutual TLS: whether the connection's client certificate was signed by the client CA and
+  // may authenticate a client; decided once per connection.
+  bool client_allowed(MHD_Connection* c, Connection* conn) {
+    if (!tls || options.tls_client_ca_pem.empty()) return true;
+    if (conn->tls_verdict != 0) return conn->tls_verdict > 0;
+    std::string why;
+    const MHD_ConnectionInfo* info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+    auto session = info == nullptr ? nullptr : static_cast<gnutls_session_t>(info->tls_session);
+    if (session == nullptr) {
+      why = "no TLS session";
+    } else {
+      gnutls_typed_vdata_st purpose{};
+      purpose.type = GNUTLS_DT_KEY_PURPOSE_OID;
+      purpose.data = reinterpret_cast<unsigned char*>(const_cast<char*>(GNUTLS_KP_TLS_WWW_CLIENT));
+      unsigned status = 0;
+      const int rc = gnutls_certificate_verify_peers(session, &purpose, 1, &status);
+      if (rc == GNUTLS_E_NO_CERTIFICATE_FOUND) {
+        why = "it sent no client certificate";
+      } else if (rc < 0) {
+        why = gnutls_strerror(rc);
+      } else if (status != 0) {
+        gnutls_datum_t text{};
+        if (gnutls_certificate_verification_status_print(status, GNUTLS_CRT_X509, &text, 0) == 0) {
+          why.assign(reinterpret_cast<const char*>(text.data), text.size);
+          gnutls_free(text.data);
+          while (!why.empty() && why.back() == ' ') why.pop_back();
+        } else {
+          why = "its certificate is not valid";
+        }
+      }
+    }
+    conn->tls_verdict = why.empty() ? 1 : -1;
+    if (!why.empty()) {
+      log_warning(options.name, ": refused a TLS client at ", conn->remote,
+                  " (--tls-client-ca): ", why);
+      if (options.on_tls_refusal) options.on_tls_refusal();
+    }
+    return why.empty();
   }
-  if (port <= 0) {
-    throw Error("--http-listen '" + options_.listen + "': cannot bind (address in use or invalid)");
+
+  // Hands the request to a worker; the connection sleeps until the worker resumes it.
+  MHD_Result dispatch(Request* r) {
+    r->dispatched = true;
+    {
+      std::lock_guard lock(conn_mu);
+      r->conn->awaiting = false;
+    }
+    std::lock_guard lock(pool_mu);
+    if (!accepting) return MHD_NO;  // stopping: close the connection
+    MHD_suspend_connection(r->mhd);
+    jobs.push_back(r);
+    pool_cv.notify_one();
+    return MHD_YES;
   }
-  address_ = where.text + ":" + std::to_string(port);
-  thread_ = std::thread([this] {
-    server_->listen_after_bind();
-    ended_ = true;
-  });
-  // httplib's stop() does nothing before the accept loop runs: wait for it.
-  while (!server_->is_running() && !ended_) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+
+  MHD_Result queue(MHD_Connection* c, const HttpResponse& res) {
+    MHD_Response* m = MHD_create_response_from_buffer(
+        res.body.size(), const_cast<char*>(res.body.data()), MHD_RESPMEM_MUST_COPY);
+    if (m == nullptr) return MHD_NO;
+    if (!res.content_type.empty()) {
+      MHD_add_response_header(m, "Content-Type", res.content_type.c_str());
+    }
+    for (const auto& [name, value] : options.default_headers) {
+      if (res.header(name).empty()) MHD_add_response_header(m, name.c_str(), value.c_str());
+    }
+    for (const auto& [name, value] : res.headers) {
+      MHD_add_response_header(m, name.c_str(), value.c_str());
+    }
+    if (res.close) MHD_add_response_header(m, "Connection", "close");
+    const MHD_Result rc = MHD_queue_response(c, static_cast<unsigned>(res.status), m);
+    MHD_destroy_response(m);
+    return rc;
   }
-  if (!server_->is_running()) {
-    thread_.join();
-    throw Error("--http-listen '" + options_.listen + "': cannot serve on it");
+
+  HttpResponse too_large() const {
+    HttpResponse res;
+    res.status = 413;
+    res.set_content(
+        "request body too large: at most " + std::to_string(options.max_body_bytes) + " bytes\n",
+        kText);
+    res.close = true;
+    return res;
   }
+
+  void library_log(std::string_view text) {
+    std::lock_guard lock(log_mu);
+    last_library_message = text;
+    const Clock::time_point now = Clock::now();
+    if (now - last_library_log < kLibraryLogInterval) {
+      ++library_logs_left_out;
+      return;
+    }
+    if (library_logs_left_out > 0) {
+      log_warning(options.name, " listener: ", text, " (and ", library_logs_left_out,
+                  " more messages in the last ", kLibraryLogInterval.count(), " s)");
+    } else {
+      log_warning(options.name, " listener: ", text);
+    }
+    last_library_log = now;
+    library_logs_left_out = 0;
+  }
+
+  // --- Workers ---
+
+  void work() {
+    for (;;) {
+      Request* r = nullptr;
+      {
+        std::unique_lock lock(pool_mu);
+        pool_cv.wait(lock, [&] { return !jobs.empty() || !accepting; });
+        if (jobs.empty()) return;
+        r = jobs.front();
+        jobs.pop_front();
+      }
+      r->response = answer(r->req);
+      // The event thread owns the request again from here (and may free it at once).
+      MHD_resume_connection(r->mhd);
+    }
+  }
+
+  HttpResponse answer(const HttpRequest& req) const {
+    HttpResponse res;
+    try {
+      res = handler(req);
+    } catch (const std::exception& e) {
+      log_error(options.name, ": ", req.method, " ", req.target, ": ", e.what());
+      res = HttpResponse();
+      res.status = 500;
+      res.set_content("internal error\n", kText);
+    }
+    if (!res.body.empty() && compressible(res.content_type) &&
+        accepts_gzip(req.header_or_empty("Accept-Encoding"))) {
+      if (std::optional<std::string> packed = gzip(res.body)) {
+        res.body = std::move(*packed);
+        res.set_header("Content-Encoding", "gzip");
+        res.set_header("Vary", "Accept-Encoding");
+      }
+    }
+    log(LogLevel::kDebug, options.name, ": ", req.method, " ", req.target, " ", res.status);
+    return res;
+  }
+
+  // --- The request deadline ---
+
+  void sweep() {
+    const auto deadline = options.limits.request_deadline;
+    const auto interval = std::min<std::chrono::milliseconds>(
+        kSweepInterval,
+        std::max<std::chrono::milliseconds>(deadline / 8, std::chrono::milliseconds(10)));
+    std::unique_lock lock(conn_mu);
+    while (sweeping) {
+      sweep_cv.wait_for(lock, interval);
+      const Clock::time_point now = Clock::now();
+      for (Connection* conn : conns) {
+        if (conn->awaiting && !conn->cut && now - conn->since > deadline && conn->fd >= 0) {
+          // The event thread sees the end of the stream and closes the connection.
+          ::shutdown(conn->fd, SHUT_RDWR);
+          conn->cut = true;
+          log(LogLevel::kDebug, options.name, ": cut a connection from ", conn->remote,
+              ": no whole request within ", deadline.count(), " ms");
+        }
+      }
+    }
+  }
+
+  void start(Handler h) {
+    handler = std::move(h);
+    tls = !options.tls_cert_pem.empty();
+    const ListenAddress where = parse_listen(options.listen, options.flag);
+    int port = 0;
+    listen_fd = bind_listen_socket(where, &port);
+    if (listen_fd < 0) {
+      throw Error(options.flag + " '" + options.listen +
+                  "': cannot bind (address in use or invalid)");
+    }
+    address = where.text + ":" + std::to_string(port);
+
+    const auto timeout_s = static_cast<unsigned>(
+        std::max<long long>(1, (options.limits.request_deadline.count() + 999) / 1000));
+    std::vector<MHD_OptionItem> items = {
+        // First, so that the library's messages about the other options come here too.
+        {MHD_OPTION_EXTERNAL_LOGGER, reinterpret_cast<intptr_t>(&Impl::on_log), this},
+        {MHD_OPTION_LISTEN_SOCKET, listen_fd, nullptr},
+        {MHD_OPTION_CONNECTION_LIMIT, static_cast<intptr_t>(options.limits.max_connections),
+         nullptr},
+        {MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+         static_cast<intptr_t>(options.limits.max_connections_per_address), nullptr},
+        // Inactivity: a client that stops reading its answer.
+        {MHD_OPTION_CONNECTION_TIMEOUT, static_cast<intptr_t>(timeout_s), nullptr},
+        {MHD_OPTION_NOTIFY_CONNECTION, reinterpret_cast<intptr_t>(&Impl::on_connection), this},
+        {MHD_OPTION_NOTIFY_COMPLETED, reinterpret_cast<intptr_t>(&Impl::on_completed), this},
+        {MHD_OPTION_URI_LOG_CALLBACK, reinterpret_cast<intptr_t>(&Impl::on_uri), this},
+    };
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+                     MHD_USE_ERROR_LOG;
+    if (tls) {
+      flags |= MHD_USE_TLS;
+      items.push_back(
+          {MHD_OPTION_HTTPS_MEM_CERT, 0, const_cast<char*>(options.tls_cert_pem.c_str())});
+      items.push_back(
+          {MHD_OPTION_HTTPS_MEM_KEY, 0, const_cast<char*>(options.tls_key_pem.c_str())});
+      if (!options.tls_client_ca_pem.empty()) {
+        items.push_back(
+            {MHD_OPTION_HTTPS_MEM_TRUST, 0, const_cast<char*>(options.tls_client_ca_pem.c_str())});
+      }
+    }
+    items.push_back({MHD_OPTION_END, 0, nullptr});
+
+    for (std::size_t i = 0; i < std::max<std::size_t>(1, options.workers); ++i) {
+      workers.emplace_back([this] { work(); });
+    }
+    sweeper = std::thread([this] { sweep(); });
+    daemon = MHD_start_daemon(flags, 0, nullptr, nullptr, &Impl::on_request, this, MHD_OPTION_ARRAY,
+                              items.data(), MHD_OPTION_END);
+    if (daemon == nullptr) {
+      stop_threads();
+      ::close(listen_fd);
+      listen_fd = -1;
+      if (tls) {
+        throw Error("--tls-cert, --tls-key" +
+                    std::string(options.tls_client_ca_pem.empty() ? "" : ", --tls-client-ca") +
+                    ": the " + options.name + "'s HTTPS listener (" + options.flag +
+                    ") cannot start with them: " + last_library_message);
+      }
+      throw Error(options.flag + " '" + options.listen + "': cannot serve on it");
+    }
+  }
+
+  void stop_threads() {
+    {
+      std::lock_guard lock(pool_mu);
+      accepting = false;
+    }
+    pool_cv.notify_all();
+    for (std::thread& t : workers) t.join();
+    workers.clear();
+    {
+      std::lock_guard lock(conn_mu);
+      sweeping = false;
+    }
+    sweep_cv.notify_all();
+    if (sweeper.joinable()) sweeper.join();
+  }
+
+  void stop() {
+    if (stopped.exchange(true) || daemon == nullptr) return;
+    // No new connections; the requests on the workers finish and resume their connections
+    // (the library refuses to stop while one is suspended); then every connection closes.
+    MHD_quiesce_daemon(daemon);
+    stop_threads();
+    MHD_stop_daemon(daemon);
+    daemon = nullptr;
+    if (listen_fd >= 0) ::close(listen_fd);
+    listen_fd = -1;
+  }
+};
+
+HttpListener::HttpListener(HttpOptions options, Handler handler) : impl_(std::make_unique<Impl>()) {
+  impl_->options = std::move(options);
+  impl_->start(std::move(handler));
 }
 
 HttpListener::~HttpListener() { stop(); }
 
-void HttpListener::stop() {
-  if (stopped_.exchange(true)) return;
-  server_->stop();
-  if (thread_.joinable()) thread_.join();
+const std::string& HttpListener::address() const { return impl_->address; }
+bool HttpListener::tls() const { return impl_->tls; }
+
+std::size_t HttpListener::connections() const {
+  if (impl_->daemon == nullptr) return 0;
+  const MHD_DaemonInfo* info =
+      MHD_get_daemon_info(impl_->daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+  return info == nullptr ? 0 : info->num_connections;
 }
 
-void HttpListener::route(const httplib::Request& req, httplib::Response& res) {
-  const std::string& path = req.path;
-  if (path == "/login") {
-    if (!auth_.enabled()) return res.set_redirect("/", 303);
-    return serve_login_form(res, 200, safe_next(req.get_param_value("next")), "");
-  }
-  if (path == "/logout") return method_not_allowed(req, res);
-  if (path == "/api" || path.starts_with("/api/")) {
-    if (!authorize(req, res, true)) return;
-    const ApiResponse answer = api_.handle(path.substr(4), req.params);
-    res.status = answer.status;
-    res.set_header("Cache-Control", "no-store");
-    res.set_content(answer.body, kJson);
-    return;
-  }
-  if (is_page(path)) {
-    if (!authorize(req, res, false)) return;
-    return send_asset(req, res, *find_web_asset("index.html"));
-  }
-  not_found(res);
-}
+void HttpListener::stop() { impl_->stop(); }
 
-bool HttpListener::authorize(const httplib::Request& req, httplib::Response& res, bool api) {
-  if (!auth_.enabled()) return true;
-  std::optional<AccessRole> role;
-  if (req.has_header("Authorization")) {
-    role = auth_.role_of_authorization(req.get_header_value("Authorization"));
-  } else if (const std::optional<std::string> id = session_cookie(req)) {
-    role = sessions_.find(*id);
+std::uint64_t raise_open_file_limit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlimit raised = rl;
+    raised.rlim_cur = rl.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
   }
-  if (role == AccessRole::kReader || role == AccessRole::kAdmin) return true;
-  if (role == AccessRole::kAgent) {
-    res.status = 403;
-    if (api) {
-      res.set_content(std::string("{\"error\": \"") + kAgentRefused + "\"}", kJson);
-    } else {
-      res.set_content(std::string(kAgentRefused) + "\n", kText);
-    }
-    return false;
-  }
-  if (api) {
-    res.status = 401;
-    res.set_header("WWW-Authenticate", "Bearer realm=\"ampscope\"");
-    res.set_header("Cache-Control", "no-store");
-    res.set_content(
-        "{\"error\": \"a reader or admin token is needed: 'Authorization: Bearer <token>' or a "
-        "session from /login\"}",
-        kJson);
-  } else {
-    res.set_redirect("/login?next=" + httplib::detail::encode_query_param(req.target), 303);
-  }
-  return false;
-}
-
-void HttpListener::login(const httplib::Request& req, httplib::Response& res) {
-  // The form's fields from the body only: a token in the URL would end up in logs and history.
-  httplib::Params form;
-  if (req.get_header_value("Content-Type").starts_with("application/x-www-form-urlencoded")) {
-    httplib::detail::parse_query_text(req.body, form);
-  }
-  const auto field = [&form](const std::string& name) {
-    const auto it = form.find(name);
-    return it == form.end() ? std::string() : it->second;
-  };
-  const std::string next = safe_next(field("next"));
-  if (!same_origin(req, tls_)) {
-    res.status = 403;
-    res.set_content("a sign-in from another site is refused\n", kText);
-    return;
-  }
-  if (!auth_.enabled()) return res.set_redirect(next, 303);
-  const std::optional<AccessRole> role = auth_.role_of(field("token"));
-  if (!role) {
-    log_warning("web UI: refused a sign-in from ", req.remote_addr, ": not a known token");
-    return serve_login_form(res, 401, next, "token refused");
-  }
-  if (*role == AccessRole::kAgent) {
-    log_warning("web UI: refused a sign-in from ", req.remote_addr, ": an agent token");
-    return serve_login_form(res, 403, next, kAgentRefused);
-  }
-  const std::string id = sessions_.create(*role);
-  res.set_header("Set-Cookie", session_cookie_header(id, sessions_.lifetime().count(), tls_));
-  res.set_redirect(next, 303);
-}
-
-void HttpListener::logout(const httplib::Request& req, httplib::Response& res) {
-  if (!same_origin(req, tls_)) {
-    res.status = 403;
-    res.set_content("a sign-out from another site is refused\n", kText);
-    return;
-  }
-  if (const std::optional<std::string> id = session_cookie(req)) sessions_.remove(*id);
-  res.set_header("Set-Cookie", session_cookie_header("", 0, tls_));
-  res.set_redirect(auth_.enabled() ? "/login" : "/", 303);
-}
-
-void HttpListener::serve_login_form(httplib::Response& res, int status, const std::string& next,
-                                    const std::string& error) {
-  // login.html holds <p class="error"><!--ampscope:error--></p> and value="__NEXT__".
-  std::string page(find_web_asset("login.html")->bytes());
-  page = replace_all(std::move(page), kErrorMarker, html_escape(error));
-  page = replace_all(std::move(page), kNextMarker, html_escape(next));
-  res.status = status;
-  res.set_header("Cache-Control", "no-store");
-  res.set_content(page, kHtml);
+  return rl.rlim_cur;
 }
 
 }  // namespace ampscope::server

@@ -1,93 +1,93 @@
-// The web UI's HTTP listener (--http-listen): the pages and assets compiled into the server
-// (webui_assets.h), the login form and its sessions (web_sessions.h), and GET /api/...
-// answered by WebApi. cpp-httplib serves it on a bounded pool of worker threads; with
-// --tls-cert/--tls-key it speaks HTTPS with the gRPC port's certificate (and asks for client
-// certificates with --tls-client-ca, as the gRPC port does).
+// The server's HTTP listeners: the web UI (--http-listen, web_routes.h) and /metrics
+// (--metrics-listen, metrics_endpoint.h) are two instances of this class, each with its own
+// routing function (request in, response out: http_message.h).
 //
-// Routes (docs/webui.md, "Serving and security"):
-//   GET  /assets/<name>        an embedded file; ETag, 304 on If-None-Match
-//   GET  /, /runs, /runs/<id>, /runs/<id>/tensors, /compare
-//                              index.html (the page routes on location.pathname)
-//   GET  /api/<path>           WebApi::handle("/<path>", query parameters), JSON
-//   GET  /login, POST /login   the form; a reader or admin token starts a session
-//   POST /logout               ends it
-// Anything else is 404; another method 405. With tokens, everything but the login form and the
-// stylesheet it uses needs a reader or admin token: "Authorization: Bearer <token>" or the
-// session cookie. Every response carries Content-Security-Policy "default-src 'self'",
-// X-Content-Type-Options nosniff and X-Frame-Options DENY.
+// Why libmicrohttpd (Debian's libmicrohttpd-dev) in its epoll mode: one event thread reads every
+// connection, so a connection that is idle, kept alive or sends its request one byte at a time
+// costs memory (a small buffer) and a file descriptor, never a thread; the library itself
+// bounds connections in total and per client address, parses HTTP and speaks TLS (GnuTLS,
+// client certificates included). A thread per connection (the listener this one replaced, and
+// prometheus-cpp's exposer) let 79 half-sent requests lock every user out. Boost.Beast would
+// do the same on Asio with more of the HTTP handling written here.
 //
-// Lifecycle: the constructor binds and serves; stop() (or the destructor) refuses new
-// connections and waits for the workers, each of which notices within the keep-alive timeout.
-// Thread safety: stop() may be called from any thread; the listener reads `auth` and `api` from
-// its worker threads, so both must outlive it.
+// A request runs on a small pool of worker threads: the event thread suspends the connection
+// (MHD_suspend_connection), a worker calls the routing function, gzips the answer when the
+// client accepts gzip (never brotli: at its default quality it took 1.2 s for a 600 KB API
+// answer) and resumes it. A slow query therefore never holds up another connection's reads.
+//
+// Bounds (HttpLimits, flags --http-max-connections, --http-max-connections-per-address,
+// --http-request-deadline): connections beyond them are closed as they are accepted; a request
+// (header and body) must arrive whole within the deadline, counted from the connection's start
+// or the previous answer on a kept-alive connection, else the connection is cut, so a client
+// that trickles a byte every few seconds does not keep it; a POST body is at most 16 KiB (413).
+//
+// With TLS (cert and key as PEM text): HTTPS; with a client CA: a request is served only over
+// a connection whose client certificate that CA signed (and usable for client authentication);
+// any other connection is closed without an answer, logged with the client's address and
+// counted (on_tls_refusal).
+//
+// Lifecycle: the constructor binds and serves; stop() (or the destructor) stops accepting, lets
+// the requests on the workers finish, then closes every connection. Thread safety: stop() may
+// be called from any thread; the handler is called from the worker threads, concurrently.
 #pragma once
 
-#include <atomic>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
-#include <thread>
+#include <utility>
+#include <vector>
 
-#include "auth.h"
-#include "web_sessions.h"
-
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-}  // namespace httplib
+#include "ampscope/server/server.h"
+#include "http_message.h"
 
 namespace ampscope::server {
 
-class WebApi;
-
 struct HttpOptions {
-  std::string listen;  // host:port; port 0: any free port
-  // Both set: HTTPS with this certificate chain and key (PEM files).
-  std::string tls_cert_file;
-  std::string tls_key_file;
-  // With TLS: client certificates signed by these CAs are required (mutual TLS).
-  std::string tls_client_ca_file;
-  // The sessions' clock (tests move it); empty: std::chrono::steady_clock::now.
-  WebSessions::Clock clock;
+  std::string listen;                  // host:port; port 0: any free port
+  std::string flag = "--http-listen";  // names the address in errors
+  std::string name = "web UI";         // in log lines
+  // Both set: HTTPS with this certificate chain (leaf first) and key, PEM text.
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
+  // With TLS: client certificates signed by these CAs (PEM) are required (mutual TLS).
+  std::string tls_client_ca_pem;
+  HttpLimits limits;
+  std::size_t workers = 8;                 // a browser opens up to six connections to one server
+  std::size_t max_body_bytes = 16 * 1024;  // POST bodies: the login form (a token and a path)
+  // Set on every answer, the listener's own (413, 500) included.
+  std::vector<std::pair<std::string, std::string>> default_headers;
+  std::function<void()> on_tls_refusal;  // a client certificate refused
 };
 
 class HttpListener {
  public:
-  // Binds `options.listen` and serves. Throws ampscope::Error naming --http-listen when the
-  // address is invalid or taken, naming --tls-cert when the certificate cannot be loaded.
-  HttpListener(HttpOptions options, const Authenticator& auth, const WebApi& api);
+  using Handler = std::function<HttpResponse(const HttpRequest&)>;
+
+  // Binds `options.listen` and serves. Throws ampscope::Error naming options.flag when the
+  // address is invalid or taken, naming --tls-cert/--tls-key when TLS cannot start with them.
+  HttpListener(HttpOptions options, Handler handler);
   ~HttpListener();
   HttpListener(const HttpListener&) = delete;
   HttpListener& operator=(const HttpListener&) = delete;
 
   // host:port actually bound.
-  const std::string& address() const { return address_; }
-  bool tls() const { return tls_; }
+  const std::string& address() const;
+  bool tls() const;
+  // Connections open now.
+  std::size_t connections() const;
   // Idempotent.
   void stop();
 
-  WebSessions& sessions() { return sessions_; }
+  struct Impl;
 
  private:
-  void route(const httplib::Request& req, httplib::Response& res);
-  void login(const httplib::Request& req, httplib::Response& res);
-  void logout(const httplib::Request& req, httplib::Response& res);
-  // Whether the request may read pages, assets or the API; when not, the refusal is in `res`.
-  bool authorize(const httplib::Request& req, httplib::Response& res, bool api);
-  void serve_login_form(httplib::Response& res, int status, const std::string& next,
-                        const std::string& error);
-
-  const HttpOptions options_;
-  const Authenticator& auth_;
-  const WebApi& api_;
-  WebSessions sessions_;
-  const bool tls_;
-  std::unique_ptr<httplib::Server> server_;
-  std::string address_;
-  std::thread thread_;              // httplib's accept loop (listen_after_bind)
-  std::atomic<bool> ended_{false};  // the accept loop returned
-  std::atomic<bool> stopped_{false};
+  std::unique_ptr<Impl> impl_;
 };
+
+// Raises this process's soft limit on open files to its hard limit (each connection is a file
+// descriptor; the soft limit is often 1024); returns the soft limit now.
+std::uint64_t raise_open_file_limit();
 
 }  // namespace ampscope::server

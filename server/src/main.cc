@@ -33,6 +33,7 @@ struct Flags {
   std::string retention_interval = "60s";
   std::string max_message_bytes = "16M";
   std::string shutdown_timeout = "10s";
+  std::string http_request_deadline = "10s";
   std::int64_t rank_merge_deadline_ms = 3000;
   std::string ready_file;
   std::string log_level = "info";
@@ -56,6 +57,19 @@ void add_flags(CLI::App& app, Flags& f) {
       ->capture_default_str();
   app.add_option("--http-listen", o.http_listen,
                  "Web UI address host:port (HTTPS with --tls-cert); empty to turn off")
+      ->capture_default_str();
+  app.add_option("--http-max-connections", o.http_limits.max_connections,
+                 "Connections open at once on each HTTP listener (web UI, /metrics); more are "
+                 "closed as they come")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--http-max-connections-per-address", o.http_limits.max_connections_per_address,
+                 "Connections open at once from one client address on each HTTP listener")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--http-request-deadline", f.http_request_deadline,
+                 "An HTTP request (header and body) must arrive whole within this from the "
+                 "connection's start or its previous answer, or the connection is cut")
       ->capture_default_str();
   app.add_option("--db", o.db_path, "SQLite store file (created when missing)")
       ->capture_default_str();
@@ -172,6 +186,12 @@ void finish_options(Flags& f) {
     o.retention_max_bytes = parse_bytes(f.retention_max_bytes, "--retention-max-bytes");
   }
   o.retention_interval = parse_duration(f.retention_interval, "--retention-interval");
+  o.http_limits.request_deadline =
+      parse_duration(f.http_request_deadline, "--http-request-deadline");
+  if (o.http_limits.request_deadline.count() < 100) {
+    throw ampscope::Error("--http-request-deadline '" + f.http_request_deadline +
+                          "': must be at least 100ms");
+  }
   if (o.retention_interval.count() < 100) {
     throw ampscope::Error("--retention-interval: must be at least 100ms");
   }

@@ -61,7 +61,8 @@ struct MetricFamilies {
                            .Register(*registry)),
         auth_failures(BuildCounter()
                           .Name("ampscope_auth_failures_total")
-                          .Help("Calls refused with UNAUTHENTICATED")
+                          .Help("Callers refused for a missing or wrong token or client "
+                                "certificate, by surface (grpc, webui, metrics)")
                           .Register(*registry)),
         rejected(BuildCounter()
                      .Name("ampscope_reports_rejected_total")
@@ -529,7 +530,9 @@ Metrics::Metrics(std::string version)
   f_->build_info.Add({{"version", std::move(version)}}).Set(1);
   streams_active_ = &f_->streams_active.Add({});
   streams_opened_ = &f_->streams_opened.Add({});
-  auth_failures_ = &f_->auth_failures.Add({});
+  auth_failures_ = {&f_->auth_failures.Add({{"surface", "grpc"}}),
+                    &f_->auth_failures.Add({{"surface", "webui"}}),
+                    &f_->auth_failures.Add({{"surface", "metrics"}})};
   for (std::string_view reason : kRejectReasons) {
     rejected_.emplace(std::string(reason), &f_->rejected.Add({{"reason", std::string(reason)}}));
     refused_parts_.emplace(std::string(reason),
@@ -557,7 +560,9 @@ void Metrics::stream_opened() {
 
 void Metrics::stream_closed() { streams_active_->Decrement(); }
 
-void Metrics::auth_failure() { auth_failures_->Increment(); }
+void Metrics::auth_failure(AuthSurface surface) {
+  auth_failures_[static_cast<std::size_t>(surface)]->Increment();
+}
 
 void Metrics::rejected(std::string_view reason) {
   if (auto it = rejected_.find(reason); it != rejected_.end()) it->second->Increment();

@@ -41,6 +41,11 @@ namespace ampscope::server {
 // The families, shared by Metrics and every RunSeries (which removes its series from them).
 struct MetricFamilies;
 
+// Where a caller was refused (the `surface` label of ampscope_auth_failures_total): the gRPC
+// port, the web UI's listener or /metrics; a missing or wrong token or, with mutual TLS, a
+// refused client certificate.
+enum class AuthSurface { grpc, webui, metrics };
+
 class Metrics {
  public:
   explicit Metrics(std::string version);
@@ -51,7 +56,7 @@ class Metrics {
   // Any thread.
   void stream_opened();
   void stream_closed();
-  void auth_failure();
+  void auth_failure(AuthSurface surface);
   void rejected(std::string_view reason);
   // A part of a report (a tensor, a name, a notice) refused alone; the rest was stored.
   void refused_part(std::string_view reason);
@@ -88,7 +93,7 @@ class Metrics {
   // Server-level series, created up front.
   prometheus::Gauge* streams_active_;
   prometheus::Counter* streams_opened_;
-  prometheus::Counter* auth_failures_;
+  std::array<prometheus::Counter*, 3> auth_failures_{};  // by AuthSurface
   std::map<std::string, prometheus::Counter*, std::less<>> rejected_;
   std::map<std::string, prometheus::Counter*, std::less<>> refused_parts_;
   prometheus::Histogram* ack_delay_;

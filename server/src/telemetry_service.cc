@@ -11,7 +11,9 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* TelemetryService::A
   // there (Authenticator::authorize_run).
   AttachReactor::Deps deps = deps_;
   grpc::Status refusal = auth_.authorize(*context, "Attach", AccessRole::kAgent, &deps.principal);
-  if (refusal.error_code() == grpc::StatusCode::UNAUTHENTICATED) deps_.metrics->auth_failure();
+  if (refusal.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+    deps_.metrics->auth_failure(AuthSurface::grpc);
+  }
   std::lock_guard lock(mu_);
   if (refusal.ok() && draining_) {
     refusal = grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is shutting down");

@@ -242,7 +242,9 @@ TEST_F(RolesTest, EachRoleMakesItsOwnCalls) {
                          "/metrics",
                      &body),
             200);
-  EXPECT_EQ(sample_value(parse_samples(body), "ampscope_auth_failures_total"), 2.0);
+  EXPECT_EQ(
+      sample_value(parse_samples(body), "ampscope_auth_failures_total", {{"surface", "grpc"}}),
+      2.0);
 }
 
 TEST_F(RolesTest, MetricsNeedAReaderOrAdminTokenAsBasicAuthPassword) {

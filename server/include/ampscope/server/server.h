@@ -14,6 +14,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -22,6 +23,16 @@
 #include "ampscope/policy/policy_engine.h"
 
 namespace ampscope::server {
+
+// Bounds of each HTTP listener (the web UI's, /metrics'): a connection costs memory, never a
+// thread, so these bound the memory and the file descriptors that clients can hold.
+struct HttpLimits {
+  std::size_t max_connections = 1024;              // open at once; more are closed at accept
+  std::size_t max_connections_per_address = 64;    // from one client address
+  // A request's header and body must arrive within this from the connection's start (or the
+  // previous answer on a kept-alive one), however slowly they trickle in: a slow client is cut.
+  std::chrono::milliseconds request_deadline{10000};
+};
 
 struct ServerOptions {
   std::string listen = "127.0.0.1:50051";         // gRPC; port 0: any free port
@@ -38,6 +49,7 @@ struct ServerOptions {
   // With TLS: the PEM CA certificates that client certificates must be signed by (mutual TLS);
   // a client without one is refused at the handshake. Empty: no client certificate asked for.
   std::string tls_client_ca_file;
+  HttpLimits http_limits;  // each of the web UI's and /metrics' listeners
   bool sync_full = true;                       // fsync every group commit
   std::size_t max_message_bytes = 16u << 20;   // per gRPC message
   std::size_t max_in_flight_per_stream = 256;  // reports awaiting commit per stream
