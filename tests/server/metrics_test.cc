@@ -50,7 +50,7 @@ TEST(ServerMetricsTest, FamiliesValuesAndCardinality) {
     ASSERT_TRUE(agent.send_hello(hello));
     for (std::uint64_t seq = 1; seq <= 3; ++seq) ASSERT_TRUE(agent.send(scripted(rank, seq)));
     v1::StepReport bad = scripted(rank, 4);
-    bad.mutable_tensors(0)->mutable_histogram()->set_counts(0, 11);
+    bad.set_loss_scale(0);  // a rule of the report: rejected whole
     ASSERT_TRUE(agent.send(bad));
     ASSERT_TRUE(agent.wait_ack(4).has_value());
     EXPECT_TRUE(agent.finish().ok());
@@ -103,7 +103,7 @@ TEST(ServerMetricsTest, FamiliesValuesAndCardinality) {
   EXPECT_DOUBLE_EQ(sample_value(m, "ampscope_underflow_ratio",
                                 with({{"role", "weight_grad"}, {"format", "fp16"}})),
                    15.0 / 600.0);
-  EXPECT_EQ(sample_value(m, "ampscope_reports_rejected_total", {{"reason", "histogram_total"}}), 2);
+  EXPECT_EQ(sample_value(m, "ampscope_reports_rejected_total", {{"reason", "range"}}), 2);
 
   // Gradient magnitudes, unscaled, power-of-two buckets: the activation grad's 60 values sit
   // in binades -30..-28, so le=2^-29 holds 10, le=2^-28 30, le=2^-27 and above 60 (per report).
@@ -276,6 +276,46 @@ TEST(ServerMetricsTest, HistoryFeedsNoMetric) {
   EXPECT_EQ(sample_value(m, "ampscope_tensor_stats_total", {{"run", "run-hist"}}), 1);
   EXPECT_EQ(sample_value(m, "ampscope_nonfinite_values_total",
                          {{"run", "run-hist"}, {"role", "activation_grad"}, {"kind", "nan"}}),
+            2);
+}
+
+// Label values are the names as written: UTF-8 as it came, and a backslash or double quote as
+// the text exposition escapes them (\\ and \").
+TEST(ServerMetricsTest, TensorLabelValuesAreTheNamesAsWritten) {
+  TempDir dir;
+  ServerProcess server(dir.path(), dir / "store.db");
+  AgentStream agent(make_channel(server.address()));
+  ASSERT_TRUE(agent.send_hello(make_hello("run-names")));
+  const std::string unicode = "encoder.temp\xc3\xa9rature.\xe7\xba\xbf\xe6\x80\xa7";
+  const std::string quoted = "q\"uote\\back";
+  v1::StepReport r = make_report("run-names", 0, 1, 0, 0, kScale);
+  *r.add_tensors() = crafted_tensor(unicode, v1::TENSOR_ROLE_ACTIVATION_GRAD, -20, {10, 20, 30},
+                                    kScale, /*nan=*/2, /*pos_inf=*/0, /*underflow=*/10);
+  *r.add_tensors() = crafted_tensor(quoted, v1::TENSOR_ROLE_WEIGHT_GRAD, -5, {100}, kScale, 0, 0,
+                                    /*underflow=*/5);
+  ASSERT_TRUE(agent.send(r));
+  ASSERT_TRUE(agent.wait_ack(1).has_value());
+  EXPECT_TRUE(agent.finish().ok());
+  // Per-tensor series are refreshed about once a second.
+  std::string text;
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  do {
+    std::this_thread::sleep_for(100ms);
+    text = scrape(server.metrics_address());
+  } while (find_samples(parse_samples(text), "ampscope_tensor_underflow_ratio",
+                        {{"run", "run-names"}})
+                   .size() < 2 &&
+           std::chrono::steady_clock::now() < deadline);
+  EXPECT_NE(text.find("tensor=\"" + unicode + "\""), std::string::npos) << text;
+  EXPECT_NE(text.find("tensor=\"q\\\"uote\\\\back\""), std::string::npos) << text;
+  const std::vector<Sample> m = parse_samples(text);
+  std::set<std::string> names;
+  for (const Sample& s : find_samples(m, "ampscope_tensor_underflow_ratio", {{"run", "run-names"}})) {
+    names.insert(s.labels.at("tensor"));
+  }
+  EXPECT_EQ(names, (std::set<std::string>{unicode, quoted}));
+  EXPECT_EQ(sample_value(m, "ampscope_tensor_nonfinite_values",
+                         {{"run", "run-names"}, {"tensor", unicode}}),
             2);
 }
 

@@ -1,6 +1,7 @@
 // The stream protocol as an agent sees it, against the real server: a malformed report is
 // answered with a Reject naming the field and the stream goes on (nothing of the report is
-// stored); a bad or missing Hello ends the stream with INVALID_ARGUMENT; an oversized message
+// stored); one bad tensor is refused alone (the step stored without it, a notice, a count),
+// and names are UTF-8 stored as written; a bad or missing Hello ends the stream with INVALID_ARGUMENT; an oversized message
 // ends it with RESOURCE_EXHAUSTED; the health service answers.
 #include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
@@ -26,16 +27,16 @@ TEST_F(ServerProtocolTest, MalformedReportIsRejectedWholeAndTheStreamGoesOn) {
   ASSERT_TRUE(agent.send_hello(make_hello("run-r")));
   ASSERT_TRUE(agent.send(make_report("run-r", 0, 1, 0, 2)));
   v1::StepReport bad = make_report("run-r", 0, 2, 1, 2);
-  bad.mutable_tensors(1)->set_zeros(bad.tensors(1).numel() + 1);
+  bad.set_scale_after(0);
   ASSERT_TRUE(agent.send(bad));
   ASSERT_TRUE(agent.send(make_report("run-r", 0, 3, 2, 2)));
 
   const std::optional<v1::Reject> reject = agent.wait_reject(2);
   ASSERT_TRUE(reject.has_value());
   EXPECT_EQ(reject->code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
-  EXPECT_EQ(reject->field(), "report.tensors[1].numel");
-  EXPECT_EQ(reject->reason(), "counts_exceed_numel");
-  EXPECT_NE(reject->message().find("report.tensors[1].numel"), std::string::npos);
+  EXPECT_EQ(reject->field(), "report.scale_after");
+  EXPECT_EQ(reject->reason(), "range");
+  EXPECT_NE(reject->message().find("report.scale_after"), std::string::npos);
   // The rejected seq is settled: the next Ack covers it, and the stream carries on.
   ASSERT_TRUE(agent.wait_ack(3).has_value());
   EXPECT_TRUE(agent.finish().ok());
@@ -55,6 +56,64 @@ TEST_F(ServerProtocolTest, MalformedReportIsRejectedWholeAndTheStreamGoesOn) {
   grpc::ClientContext run_ctx;
   ASSERT_TRUE(v1::Query::NewStub(channel())->GetRun(&run_ctx, run_q, &run).ok());
   EXPECT_EQ(run.summary().rejected_reports(), 1u);
+}
+
+TEST_F(ServerProtocolTest, UnicodeNamesAreStoredAsWrittenAndOneBadTensorIsRefusedAlone) {
+  const std::string unicode = "encoder.temp\xc3\xa9rature.\xe7\xba\xbf\xe6\x80\xa7";
+  AgentStream agent(channel());
+  v1::Hello hello = make_hello("run-u");
+  hello.set_host("h\xc3\xb4te");
+  ASSERT_TRUE(agent.send_hello(hello));
+  v1::StepReport first = make_report("run-u", 0, 1, 0, 3);
+  first.mutable_tensors(0)->set_name(unicode);
+  first.mutable_first_offender()->set_tensor(unicode);
+  first.add_notices("trainer: " + unicode);
+  ASSERT_TRUE(agent.send(first));
+  v1::StepReport second = make_report("run-u", 0, 2, 1, 3);
+  second.mutable_tensors(0)->set_name(unicode);
+  second.mutable_tensors(1)->set_name("h0.bad");
+  second.mutable_tensors(1)->set_zeros(second.tensors(1).numel() + 1);
+  second.mutable_first_offender()->set_tensor("h0\x1b[2J");
+  ASSERT_TRUE(agent.send(second));
+  ASSERT_TRUE(agent.wait_ack(2).has_value());
+  EXPECT_TRUE(agent.finish().ok());
+  for (const v1::ServerMessage& m : agent.messages()) EXPECT_FALSE(m.has_reject());
+
+  const std::vector<v1::StepReport> stored = stored_reports(server_->address(), "run-u");
+  ASSERT_EQ(stored.size(), 2u);
+  // Read back exactly as sent.
+  EXPECT_EQ(stored[0].SerializeAsString(), first.SerializeAsString());
+  EXPECT_EQ(stored[0].tensors(0).name(), unicode);
+  EXPECT_EQ(stored[0].first_offender().tensor(), unicode);
+  // The second without its bad tensor, its first offender's name escaped.
+  ASSERT_EQ(stored[1].tensors_size(), 2);
+  EXPECT_EQ(stored[1].tensors(0).SerializeAsString(), second.tensors(0).SerializeAsString());
+  EXPECT_EQ(stored[1].tensors(1).SerializeAsString(), second.tensors(2).SerializeAsString());
+  EXPECT_EQ(stored[1].first_offender().tensor(), "h0\\x1b[2J");
+
+  const std::optional<v1::GetRunResponse> run = get_run(server_->address(), "run-u");
+  ASSERT_TRUE(run.has_value());
+  EXPECT_EQ(run->summary().rejected_reports(), 0u);
+  ASSERT_EQ(run->agents_size(), 1);
+  EXPECT_EQ(run->agents(0).host(), "h\xc3\xb4te");
+  const auto& notices = run->agents(0).notices();
+  const auto has = [&](const std::string& n) {
+    return std::find(notices.begin(), notices.end(), n) != notices.end();
+  };
+  EXPECT_TRUE(has("trainer: " + unicode));
+  EXPECT_TRUE(has("server: refused tensor 'h0.bad' alone (counts_exceed_numel at numel); the "
+                  "rest of its step is stored"));
+  EXPECT_TRUE(has("server: first offender 'h0?[2J' (string): stored as 'h0\\x1b[2J'"));
+
+  const auto samples = parse_samples(scrape(server_->metrics_address()));
+  EXPECT_EQ(sample_value(samples, "ampscope_report_parts_refused_total",
+                         {{"reason", "counts_exceed_numel"}}),
+            1);
+  EXPECT_EQ(sample_value(samples, "ampscope_report_parts_refused_total", {{"reason", "string"}}),
+            1);
+  EXPECT_EQ(sample_value(samples, "ampscope_reports_rejected_total",
+                         {{"reason", "counts_exceed_numel"}}),
+            0);
 }
 
 TEST_F(ServerProtocolTest, OutOfOrderSeqOnAStreamIsRejected) {
