@@ -196,6 +196,27 @@ async function checkRunPage(browser, base) {
   await page.screenshot({ path: path.join(SHOTS, 'run_decision_hover.png') });
   await page.mouse.move(1, 1);
 
+  // Hovering the NaN's skipped step names its first offender and the rank that reported it, as
+  // the skips table does.
+  const nanSkip = run.skips.find((s) => s.step === 60);
+  check(nanSkip && nanSkip.offender === 'h0.mlp.fc' && nanSkip.offender_rank === 0 &&
+        nanSkip.why.includes('first offender h0.mlp.fc (') && nanSkip.why.includes(') on rank 0'),
+        `the API's skip at step 60 without its first offender and rank: ${JSON.stringify(nanSkip)}`);
+  const dot = await page.evaluate((s) => {
+    const u = window.ampscope.charts.scale;
+    const r = u.over.getBoundingClientRect();
+    return [r.left + u.valToPos(s.step, 'x'), r.top + u.valToPos(s.loss_scale, 'y')];
+  }, nanSkip);
+  await page.mouse.move(dot[0], dot[1]);
+  const skipTip = await page.$eval('[data-chart="scale"] .tip', (t) => (t.hidden ? '' : t.textContent));
+  check(skipTip.includes('Skipped step 60') && skipTip.includes(nanSkip.why),
+        `skip tooltip at step 60 without the first offender and its rank: "${skipTip}"`);
+  await page.mouse.move(1, 1);
+  const skipRows = await page.$$eval('table[data-table="skips"] tbody tr',
+    (rows) => rows.map((r) => [...r.cells].map((c) => c.textContent)));
+  check(skipRows.some((cells) => cells[0] === '60' && cells[6] === 'h0.mlp.fc (rank 0)'),
+        `skips table: no row naming h0.mlp.fc (rank 0) at step 60: ${JSON.stringify(skipRows)}`);
+
   await checkZoom(page, run, apiSkips, apiDecisions);
 
   for (const name of ['offenders', 'skips', 'decisions', 'tensors', 'agents']) {
@@ -212,6 +233,29 @@ async function checkRunPage(browser, base) {
   await page.waitForSelector('body[data-ready="1"]');
   await checkHeatmap(page, 'tensor page of h0.mlp.fc (from the offenders table)');
   await page.close();
+}
+
+// A run of four steps: every chart's step axis ticks at whole steps (not 0.5, 1.5, ...), and a
+// linear y axis whose data are all 0 spans 0..1 (uPlot's own range for it is 0..100).
+async function checkShortRunAxes(browser, base) {
+  const page = await openPage(browser);
+  await loadPage(page, `${base}/runs/tiny`);
+  noErrors(page, 'run page of a 4-step run');
+  const axes = await page.evaluate(() => Object.entries(window.ampscope.charts).map(([name, u]) => ({
+    name, ticks: u.axes[0]._splits || [], zero: u.scales.y && typeof u.scales.y.range === 'function' && u.scales.y.distr === 1
+      ? u.scales.y.range(u, 0, 0, 'y') : null,
+  })));
+  check(axes.length >= 3, `4-step run: only ${axes.length} charts drawn`);
+  for (const { name, ticks } of axes) {
+    check(ticks.length >= 2 && ticks.every((t) => Number.isInteger(t)),
+          `4-step run: the step axis of ${name} ticks at ${JSON.stringify(ticks)}, not whole steps`);
+  }
+  const stepTime = axes.find((a) => a.name === 'step_time');
+  check(stepTime && JSON.stringify(stepTime.zero) === '[0,1]',
+        `step time chart: an all-zero series spans ${JSON.stringify(stepTime && stepTime.zero)}, not 0..1`);
+  await screenshot(page, 'run_short');
+  await page.close();
+  return axes.map((a) => `${a.name} ${a.ticks.join(',')}`).join('; ');
 }
 
 // A drag across the scale chart from step 40 to step 80 asks the server for that range: the
@@ -398,6 +442,8 @@ async function main() {
   log('demo run trained (200 steps)');
   await trainToEnd(server.grpc, 'short', 40, ['--eval-every', '20']);
   log('short run trained (40 steps)');
+  await trainToEnd(server.grpc, 'tiny', 4, ['--eval-every', '0']);
+  log('tiny run trained (4 steps)');
   const browser = await launchBrowser(NODE_MODULES);
   try {
     await checkRunsPage(browser, server.base);
@@ -406,6 +452,7 @@ async function main() {
     log('run page: ok (offender, skip and decision markers, hover, zoom, offender link to the heatmap)');
     const [columns, recorded] = await checkTensorPage(browser, server.base);
     log(`tensor page: ok (${columns} columns drawn; after unscaling, with the flight recorder's: ${recorded})`);
+    log(`4-step run: whole-step ticks (${await checkShortRunAxes(browser, server.base)})`);
     await checkComparePage(browser, server.base);
     log('compare page: ok');
     const [from, to, updates] = await checkLive(browser, server.base, server.grpc);

@@ -12,6 +12,17 @@ export const DECISION_COLOUR = '#7b3fbf';
 // A y axis in powers of two (loss scales, binades).
 export const LOG2 = { distr: 3, log: 2 };
 export const LOG10 = { distr: 3, log: 10 };
+// Steps are whole numbers: the step axis ticks at 1, 2, 5, 10, 20, 50, ... steps apart, never at
+// uPlot's fractional increments (0.2, 0.25, 0.5) on a run of a few steps.
+export const STEP_INCRS = Array.from({ length: 16 }, (_, e) => [1, 2, 5].map((m) => m * 10 ** e)).flat();
+
+// A linear y axis whose data are all 0 (a step time no trainer reported) spans 0..1, not
+// uPlot's 0..100; anything else keeps uPlot's own padded range.
+export const zeroSafeRange = (u, min, max) => {
+  if (min == null || max == null) return [null, null];
+  return min === 0 && max === 0 ? [0, 1] : uPlot.rangeNum(min, max, 0.1, true);
+};
+
 export const pow2Labels = (u, splits) => splits.map((v) => (v > 0 ? `2^${Math.round(Math.log2(v))}` : ''));
 export const expLabels = (u, splits) => splits.map((v) => (v > 0 ? v.toExponential(0) : ''));
 
@@ -72,8 +83,8 @@ export class Chart {
       },
       legend: { live: true },
       scales: { x: { time: false, range: spec.xRange ? () => padRange(spec.xRange()) : undefined },
-                ...(spec.scales || {}) },
-      axes: [{ label: 'step' }, ...(spec.axes || [{}])],
+                y: { range: zeroSafeRange }, ...(spec.scales || {}) },
+      axes: [{ label: 'step', incrs: STEP_INCRS }, ...(spec.axes || [{}])],
       series: [{ label: 'step', value: (u, v) => fmt(v) }, ...series.map((s) => ({
         spanGaps: false, width: 1.5, value: (u, v) => fmt(v), ...s,
       }))],
