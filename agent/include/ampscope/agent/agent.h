@@ -193,8 +193,10 @@ class Agent {
   Status shutdown(std::chrono::milliseconds timeout) noexcept;
 
   // A notice from the host (the trainer or a binding such as the PyTorch package): reported
-  // once in the next report, like the agent's own ("torch: hook on h0.mlp failed: ..."); cut to
-  // 512 bytes of printable ASCII. Any thread, any time. kInvalidArgument when empty.
+  // once in the next report, like the agent's own ("torch: hook on h0.mlp failed: ..."); any
+  // bytes, sent as UTF-8 text of at most 512 bytes (docs/agent.md, "Names and text": invalid
+  // UTF-8 and control characters escaped as \xHH). Any thread, any time. kInvalidArgument when
+  // empty.
   Status add_notice(const std::string& text) noexcept;
 
   Counters counters() const noexcept;

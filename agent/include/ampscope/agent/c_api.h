@@ -172,7 +172,7 @@ typedef struct ampscope_run_info {
  * and numel set. */
 typedef struct ampscope_tensor_view {
   uint32_t struct_size;  /* AMPSCOPE_TENSOR_VIEW_INIT */
-  const char* name;
+  const char* name;      /* NUL-terminated, any bytes: escaped where not UTF-8 text */
   int32_t role;          /* ampscope_role */
   int32_t phase;         /* ampscope_phase */
   int32_t dtype;         /* ampscope_format */
@@ -438,8 +438,9 @@ AMPSCOPE_API size_t ampscope_agent_notice_count(const ampscope_agent* agent);
 AMPSCOPE_API const char* ampscope_agent_notice(ampscope_agent* agent, size_t index);
 AMPSCOPE_API const char* ampscope_agent_last_error(const ampscope_agent* agent);
 /* ABI 3. A notice from the caller ("torch: hook on h0.mlp failed: ..."), reported once in the
- * next report and listed by ampscope show, like the agent's own; cut to 512 bytes of printable
- * ASCII. Any thread. AMPSCOPE_INVALID_ARGUMENT when NULL or empty. */
+ * next report and listed by ampscope show, like the agent's own; any bytes, sent as UTF-8 text
+ * of at most 512 bytes (invalid UTF-8 and control characters escaped as \xHH, as tensor names
+ * are). Any thread. AMPSCOPE_INVALID_ARGUMENT when NULL or empty. */
 AMPSCOPE_API ampscope_status ampscope_agent_add_notice(ampscope_agent* agent, const char* text);
 
 /* ABI 4. The per-step policy agreement of a multi-rank run (option policy_agreement=per_step;

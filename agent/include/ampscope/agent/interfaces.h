@@ -28,6 +28,8 @@ namespace ampscope::agent {
 // 16-bit patterns for FP16/BF16), dense, valid only during the call. On Device::kCuda it is a
 // device pointer and `stream` the cudaStream_t the data is ordered on.
 struct TensorView {
+  // Any bytes: sent as written when it is valid UTF-8 without control characters within 256
+  // bytes, escaped otherwise (docs/agent.md, "Names and text").
   std::string_view name;
   TensorRole role = TensorRole::kActivation;
   TensorPhase phase = TensorPhase::kUnknown;
