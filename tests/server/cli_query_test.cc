@@ -301,5 +301,46 @@ TEST_F(CliQueryTest, ShowStepPrintsTheOffendersHistogramOverTheStepsBefore) {
   EXPECT_TRUE(flight.finish().ok());
 }
 
+// Names are UTF-8 and shown as written: a Unicode tensor name, first offender, notice and host
+// in `show`, `show --step` and their --json.
+TEST_F(CliQueryTest, ShowPrintsUnicodeNamesAsWritten) {
+  const std::string name = "encoder.temp\xc3\xa9rature.\xe7\xba\xbf\xe6\x80\xa7";
+  AgentStream utf8(make_channel(server_->address()));
+  v1::Hello hello = make_hello("run-utf8");
+  hello.set_host("h\xc3\xb4te");
+  ASSERT_TRUE(utf8.send_hello(hello));
+  v1::StepReport r = make_report("run-utf8", 0, 1, 0, 0);
+  *r.add_tensors() =
+      crafted_tensor(name, v1::TENSOR_ROLE_ACTIVATION_GRAD, -10, {5, 6}, 65536.0, /*nan=*/2);
+  r.set_found_inf(true);
+  r.set_skipped(true);
+  r.set_scale_after(32768);
+  r.mutable_first_offender()->set_tensor(name);
+  r.mutable_first_offender()->set_role(v1::TENSOR_ROLE_ACTIVATION_GRAD);
+  r.add_notices("trainer: " + name);
+  ASSERT_TRUE(utf8.send(r));
+  ASSERT_TRUE(utf8.wait_ack(1).has_value());
+
+  const CommandResult show = cli({"show", "run-utf8"});
+  ASSERT_EQ(show.code, 0) << show.err;
+  EXPECT_NE(show.out.find("first offender " + name + " (activation_grad"), std::string::npos)
+      << show.out;
+  EXPECT_NE(show.out.find("  " + name + " "), std::string::npos) << show.out;  // tensor table
+  EXPECT_NE(show.out.find("trainer: " + name), std::string::npos) << show.out;
+  EXPECT_NE(show.out.find("h\xc3\xb4te"), std::string::npos) << show.out;
+
+  const CommandResult step = cli({"show", "run-utf8", "--step", "0"});
+  ASSERT_EQ(step.code, 0) << step.err;
+  EXPECT_NE(step.out.find(name + "  (activation_grad"), std::string::npos) << step.out;
+
+  const CommandResult show_json = cli({"show", "run-utf8", "--json"});
+  ASSERT_EQ(show_json.code, 0) << show_json.err;
+  const json j = json::parse(show_json.out);
+  ASSERT_EQ(j.at("skipped_steps").size(), 1u);
+  EXPECT_EQ(j["skipped_steps"][0]["first_offender"].at("tensor"), name);
+  EXPECT_NE(show_json.out.find(name), std::string::npos);
+  EXPECT_TRUE(utf8.finish().ok());
+}
+
 }  // namespace
 }  // namespace ampscope::testing
