@@ -74,6 +74,8 @@ struct Ingest::Batch {
     RunState* run;
     bool partial;
     std::vector<v1::RankDivergence> divergences;
+    std::uint32_t offender_rank = 0;
+    int offender_role = 0;  // v1::TensorRole of the step's first offender; 0: none
   };
   struct Gap {
     RunState* run;
@@ -407,7 +409,9 @@ void Ingest::settle_merged(RunState& run, MergedStep& step, Batch& batch, std::i
     batch.decisions.emplace_back(&run, std::move(e.update));
   }
   if (run.merge.world_size() > 1) {
-    batch.merged.push_back(Batch::Merged{&run, step.partial, std::move(step.divergences)});
+    batch.merged.push_back(Batch::Merged{
+        &run, step.partial, std::move(step.divergences), step.offender_rank.value_or(0),
+        step.first_offender ? static_cast<int>(step.first_offender->role()) : 0});
   }
 }
 
@@ -415,7 +419,7 @@ void Ingest::publish(Batch& batch, std::int64_t now_ns) {
   (void)now_ns;
   for (const Batch::Stored& s : batch.stored) metrics_.on_report(*s.run, *s.report, s.digest);
   for (const Batch::Merged& m : batch.merged) {
-    metrics_.merged_step(*m.run, m.partial, m.divergences);
+    metrics_.merged_step(*m.run, m.partial, m.divergences, m.offender_rank, m.offender_role);
     for (const v1::RankDivergence& d : m.divergences) {
       log_warning("ranks: run '", m.run->id, "' step ", d.step(), ": the ranks disagree on ",
                   d.field());

@@ -651,8 +651,11 @@ void Metrics::on_report(RunState& state, const v1::StepReport& r, const ReportDi
     rank.agent_dropped_seen = dropped;
     rank.spool_bytes->Set(static_cast<double>(r.agent().spool_bytes()));
   }
-  if (d.first_offender_role != 0)
+  // A run of several ranks counts the first offender of each merged step once (merged_step):
+  // a NaN born on one rank reaches the others through the all-reduce, later in the step.
+  if (d.first_offender_role != 0 && state.merge.world_size() <= 1) {
     run.role(rank, d.first_offender_role).first_offenders->Increment();
+  }
   increment(run.tensor_stats, r.tensors_size());
 
   for (int role = 1; role < kRoleSlots; ++role) {
@@ -723,10 +726,14 @@ void Metrics::set_agents_connected(RunState& run, std::size_t n) {
 }
 
 void Metrics::merged_step(RunState& state, bool partial,
-                          const std::vector<v1::RankDivergence>& divergences) {
+                          const std::vector<v1::RankDivergence>& divergences,
+                          std::uint32_t offender_rank, int offender_role) {
   RunSeries* exported = run_series(state);
   if (exported == nullptr) return;
   RunSeries& run = *exported;
+  if (offender_role > 0 && offender_role < kRoleSlots) {
+    run.role(run.rank(offender_rank), offender_role).first_offenders->Increment();
+  }
   if (run.partial_steps == nullptr) run.partial_steps = &f_->partial_steps.Add({{"run", state.id}});
   if (partial) run.partial_steps->Increment();
   for (const v1::RankDivergence& d : divergences) {

@@ -75,9 +75,11 @@ class Metrics {
   void on_hello(RunState& run, const v1::Hello& hello);
   // A stored report and its digest (report_digest.h).
   void on_report(RunState& run, const v1::StepReport& report, const ReportDigest& digest);
-  // A step of the run merged over its ranks (rank_merge.h): partial or not, and where its ranks
-  // disagreed (one increment per field).
-  void merged_step(RunState& run, bool partial, const std::vector<v1::RankDivergence>& divergences);
+  // A step of a run of several ranks merged over them (rank_merge.h): partial or not, where its
+  // ranks disagreed (one increment per field), and its first offender, counted once for the
+  // step under the rank that reported it (`offender_role`: a v1::TensorRole, 0 when none).
+  void merged_step(RunState& run, bool partial, const std::vector<v1::RankDivergence>& divergences,
+                   std::uint32_t offender_rank = 0, int offender_role = 0);
   void set_top_tensors(RunState& run, const std::vector<TensorTotals>& top);
   void set_agents_connected(RunState& run, std::size_t n);
   void policy_decision(RunState& run, std::string_view mode, std::string_view kind,

@@ -143,9 +143,9 @@ TEST_F(ServerMultiRankTest, RanksDisagreeingOnScaleAfterAreCountedOnceAndNamedBy
 // A NaN born on rank 1: its loss (execution order 40) is its first non-finite tensor, while rank 0
 // sees the NaN only in the all-reduced gradient of wte (order 69). The skipped step is explained
 // by the merged first offender, rank 1's loss, as the policy engine saw it: in `show`, `show
-// --json` and the web UI's API alike, each naming the rank. The same run's agents hold the
-// policy seq their reports say they applied, and a rank that handled no policy update at a step
-// where another did is shown as "none".
+// --json`, the web UI's API and ampscope_first_offenders_total alike, each naming the rank. The
+// same run's agents hold the policy seq their reports say they applied, and a rank that handled
+// no policy update at a step where another did is shown as "none".
 TEST_F(ServerMultiRankTest, ASkippedStepNamesTheMergedFirstOffenderAndItsRank) {
   start("3000");
   connect(0);
@@ -200,6 +200,15 @@ TEST_F(ServerMultiRankTest, ASkippedStepNamesTheMergedFirstOffenderAndItsRank) {
   ASSERT_EQ(run.agents_size(), 2);
   EXPECT_EQ(run.agents(0).last_policy_seq(), 3u);
   EXPECT_EQ(run.agents(1).last_policy_seq(), 3u);
+
+  // Counted once for the step, under the rank and role of the merged first offender.
+  const std::vector<Sample> m = parse_samples(scrape(server_->metrics_address()));
+  EXPECT_EQ(sample_value(m, "ampscope_first_offenders_total",
+                         {{"run", kRun}, {"rank", "1"}, {"role", "loss"}}),
+            1.0);
+  for (const Sample& s : find_samples(m, "ampscope_first_offenders_total", {{"run", kRun}})) {
+    if (s.labels.at("role") != "loss") EXPECT_EQ(s.value, 0.0) << s.labels.at("role");
+  }
 
   const std::string why = "first offender loss (loss, order 40, micro-step 0) on rank 1";
   const CommandResult text = show(false);
