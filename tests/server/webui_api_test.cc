@@ -341,6 +341,40 @@ TEST_F(WebApiTest, TensorColumnsAreInTheUnscaledDomain) {
   EXPECT_TRUE(none["dtype"].is_null());
 }
 
+// Names are UTF-8 and the JSON carries them as written: the tensors list, a skipped step's and
+// the first offenders' tensor, the tensor page asked by that name, the agent's host.
+TEST_F(WebApiTest, UnicodeNamesAreInTheJsonAsWritten) {
+  const std::string name = "encoder.temp\xc3\xa9rature.\xe7\xba\xbf\xe6\x80\xa7";
+  write_run("utf8", 3, [&](v1::StepReport& r) {
+    r.mutable_tensors(0)->set_name(name);
+    if (r.step() == 1) {
+      r.set_found_inf(true);
+      r.set_skipped(true);
+      r.mutable_first_offender()->set_tensor(name);
+      r.mutable_first_offender()->set_role(v1::TENSOR_ROLE_WEIGHT_GRAD);
+    }
+  });
+  TensorTotals totals{"utf8", name, v1::TENSOR_ROLE_WEIGHT_GRAD, v1::FORMAT_FP16, 3, 300, 0, 0,
+                      0, 1.0, 2};
+  writer_.begin();
+  writer_.add_tensor_totals(totals);
+  writer_.commit();
+
+  const json run = get("/runs/utf8");
+  ASSERT_EQ(run["tensors"].size(), 1u) << run.dump();
+  EXPECT_EQ(run["tensors"][0]["name"], name);
+  ASSERT_EQ(run["skips"].size(), 1u) << run.dump();
+  EXPECT_EQ(run["skips"][0]["offender"], name);
+  ASSERT_EQ(run["offenders"].size(), 1u) << run.dump();
+  EXPECT_EQ(run["offenders"][0]["tensor"], name);
+  // The body itself holds the UTF-8 bytes (not \u escapes, not replacement characters).
+  EXPECT_NE(api().handle("/runs/utf8", {}).body.find("\"" + name + "\""), std::string::npos);
+
+  const json t = get("/runs/utf8/tensor", {{"name", name}, {"role", "weight_grad"}});
+  EXPECT_EQ(t["name"], name);
+  EXPECT_EQ(t["columns"].size(), 3u);
+}
+
 TEST_F(WebApiTest, BadParametersAreNamedAndUnknownRunsAre404) {
   webui_fixture::write_web_run(writer_);
   const auto error = [&](const std::string& path, const Params& params, int status) {
