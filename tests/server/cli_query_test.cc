@@ -301,6 +301,83 @@ TEST_F(CliQueryTest, ShowStepPrintsTheOffendersHistogramOverTheStepsBefore) {
   EXPECT_TRUE(flight.finish().ok());
 }
 
+// A step of two micro-batches shows each tensor twice: `show`, `show --step S` and their --json
+// say which micro-batch each sample and first offender belongs to (two rows of step 0 alike
+// otherwise).
+TEST_F(CliQueryTest, ShowNamesTheMicroStepOfSamplesAndFirstOffenders) {
+  AgentStream micro(make_channel(server_->address()));
+  ASSERT_TRUE(micro.send_hello(make_hello("run-micro")));
+  v1::StepReport first = make_report("run-micro", 0, 1, 0, 0);
+  for (std::uint32_t m = 0; m < 2; ++m) {
+    v1::TensorStats t = synthetic_tensor("enc.fc.grad", v1::TENSOR_ROLE_ACTIVATION_GRAD,
+                                         -20 + static_cast<int>(m), -14, 65536.0, 256, m + 1);
+    t.set_micro_step(m);
+    t.set_order(3 + 10 * m);
+    *first.add_tensors() = t;
+  }
+  ASSERT_TRUE(micro.send(first));
+  v1::StepReport event = make_report("run-micro", 0, 2, 1, 0);
+  event.set_found_inf(true);
+  event.set_skipped(true);
+  event.set_scale_after(32768);
+  v1::TensorStats bad =
+      crafted_tensor("enc.fc.grad", v1::TENSOR_ROLE_ACTIVATION_GRAD, -10, {5, 6}, 65536.0, 2);
+  bad.set_micro_step(1);
+  bad.set_order(13);
+  *event.add_tensors() = bad;
+  v1::FirstOffender* f = event.mutable_first_offender();
+  f->set_tensor("enc.fc.grad");
+  f->set_role(v1::TENSOR_ROLE_ACTIVATION_GRAD);
+  f->set_phase(v1::TENSOR_PHASE_BACKWARD);
+  f->set_order(13);
+  f->set_micro_step(1);
+  ASSERT_TRUE(micro.send(event));
+  ASSERT_TRUE(micro.wait_ack(2).has_value());
+
+  const CommandResult step = cli({"show", "run-micro", "--step", "1"});
+  ASSERT_EQ(step.code, 0) << step.err;
+  EXPECT_NE(step.out.find("first offender enc.fc.grad (activation_grad, order 13, micro-step 1)"),
+            std::string::npos)
+      << step.out;
+  EXPECT_NE(step.out.find("enc.fc.grad  (activation_grad, backward, fp16, rank 0, micro-step 1)"),
+            std::string::npos)
+      << step.out;
+  EXPECT_NE(step.out.find("STEP      MICRO  BINADES"), std::string::npos) << step.out;
+  EXPECT_NE(step.out.find("\n  0         0      [-20, -14]"), std::string::npos) << step.out;
+  EXPECT_NE(step.out.find("\n  0         1      [-19, -14]"), std::string::npos) << step.out;
+  EXPECT_NE(step.out.find("\n  1 <-      1      "), std::string::npos) << step.out;
+
+  const CommandResult step_json = cli({"show", "run-micro", "--step", "1", "--json"});
+  ASSERT_EQ(step_json.code, 0) << step_json.err;
+  const json sj = json::parse(step_json.out);
+  EXPECT_EQ(sj["reports"][0].at("first_offender_micro_step"), 1);
+  ASSERT_EQ(sj.at("tensors").size(), 1u);
+  EXPECT_EQ(sj["tensors"][0]["at_step"].at("micro_step"), 1);
+  const json& history = sj["tensors"][0].at("history");
+  ASSERT_EQ(history.size(), 2u);
+  EXPECT_EQ(history[0].at("step"), 0);
+  EXPECT_EQ(history[0].at("micro_step"), 0);
+  EXPECT_EQ(history[1].at("step"), 0);
+  EXPECT_EQ(history[1].at("micro_step"), 1);
+
+  const CommandResult run = cli({"show", "run-micro"});
+  ASSERT_EQ(run.code, 0) << run.err;
+  EXPECT_NE(run.out.find("rank 0   enc.fc.grad (activation_grad, order 13, micro-step 1)"),
+            std::string::npos)
+      << run.out;
+  EXPECT_NE(run.out.find("first offender enc.fc.grad (activation_grad, order 13, micro-step 1) "
+                         "on rank 0"),
+            std::string::npos)
+      << run.out;
+  const CommandResult run_json = cli({"show", "run-micro", "--json"});
+  ASSERT_EQ(run_json.code, 0) << run_json.err;
+  const json rj = json::parse(run_json.out);
+  ASSERT_EQ(rj.at("skipped_steps").size(), 1u);
+  EXPECT_EQ(rj["skipped_steps"][0]["first_offender"].at("micro_step"), 1);
+  EXPECT_EQ(rj["skipped_steps"][0]["first_offender"].at("rank"), 0);
+  EXPECT_TRUE(micro.finish().ok());
+}
+
 // Names are UTF-8 and shown as written: a Unicode tensor name, first offender, notice and host
 // in `show`, `show --step` and their --json.
 TEST_F(CliQueryTest, ShowPrintsUnicodeNamesAsWritten) {

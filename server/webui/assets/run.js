@@ -116,9 +116,9 @@ class RunPage {
 
   describe(kind, mark) {
     if (kind === 'skip') {
+      // `why` names the step's first offender merged over the ranks, and the rank that held it.
       return [el('b', {}, `Skipped step ${mark.step} (rank ${mark.rank})`),
-              el('div', {}, `scale ${fmtScale(mark.loss_scale)} → ${fmtScale(mark.scale_after)}; ${mark.why}`,
-                 mark.offender ? `; first offender ${mark.offender}` : '')];
+              el('div', {}, `scale ${fmtScale(mark.loss_scale)} → ${fmtScale(mark.scale_after)}; ${mark.why}`)];
     }
     return [el('b', {}, `Decision ${mark.policy_id} (${mark.mode}), effective from step ${mark.effective_from_step}`),
             el('div', {}, updateText(mark.update)),
@@ -209,8 +209,9 @@ class RunPage {
          { label: 'found_inf', value: (s) => (s.found_inf ? 'yes' : 'no'), sort: (s) => s.found_inf },
          { label: 'Why', value: (s) => s.why, sort: (s) => s.why },
          { label: 'First offender', sort: (s) => s.offender, value: (s) => {
-           const o = offenderRole.get(`${s.step}/${s.rank}/${s.offender}`);
-           return o ? tensorLink(s.offender, o.role, o.phase) : (s.offender || '—');
+           if (!s.offender) return '—';
+           const o = offenderRole.get(`${s.step}/${s.offender_rank}/${s.offender}`);
+           return [o ? tensorLink(s.offender, o.role, o.phase) : s.offender, ` (rank ${s.offender_rank})`];
          } }], d.skips, { sortBy: latestFirst })],
       ['Policy decisions', null, table('decisions', [
          { label: 'Id', value: (p) => fmt(p.policy_id), sort: (p) => p.policy_id, num: true },
