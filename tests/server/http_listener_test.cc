@@ -1021,6 +1021,30 @@ TEST_F(HttpListenerTest, MutualTlsNeedsAClientCertificateOfTheCa) {
   EXPECT_EQ(tls_refusals_.load(), 2) << "each refused client certificate is counted";
 }
 
+// A certificate made for servers only (extendedKeyUsage serverAuth) is not a client's, even
+// signed by the client CA.
+TEST_F(HttpListenerTest, MutualTlsRefusesACertificateForServersOnly) {
+  const std::string server = self_signed(dir_, "server");
+  const std::string base = (dir_ / "servers-only").string();
+  std::string log;
+  ASSERT_EQ(
+      testing::run_to_completion({"/usr/bin/env", "openssl", "req", "-x509", "-newkey", "ec",
+                                  "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
+                                  base + ".key", "-out", base + ".pem", "-days", "1", "-subj",
+                                  "/CN=servers-only", "-addext", "extendedKeyUsage=serverAuth"},
+                                 &log),
+      0)
+      << log;
+  HttpOptions o;
+  o.tls_cert_pem = testing::read_text(server + ".pem");
+  o.tls_key_pem = testing::read_text(server + ".key");
+  o.tls_client_ca_pem = testing::read_text(base + ".pem");
+  start({}, o);
+  EXPECT_EQ(send("GET", base_ + "/api/runs", {}, "", server + ".pem", base).status, 0)
+      << "served a client certificate made for servers only";
+  EXPECT_EQ(tls_refusals_.load(), 1);
+}
+
 // --- Sessions on their own -----------------------------------------------------------------------
 
 TEST(WebSessionsTest, IdsAre128RandomBitsInHex) {

@@ -254,11 +254,23 @@ TEST_F(RolesTest, MetricsNeedAReaderOrAdminTokenAsBasicAuthPassword) {
   EXPECT_EQ(scrape_as(url_encode(kReader) + "@"), 401);  // the token as user name, no password
   EXPECT_EQ(scrape_as("prometheus:" + url_encode(kReader) + "@"), 200);
   EXPECT_EQ(scrape_as("anyone:" + url_encode(kAdmin) + "@"), 200);
+  // Each 401 is counted, apart from gRPC's refusals.
+  std::string body;
+  ASSERT_EQ(http_get("http://p:" + url_encode(kReader) + "@" + server_->metrics_address() +
+                         "/metrics",
+                     &body),
+            200);
+  const std::vector<Sample> m = parse_samples(body);
+  EXPECT_EQ(sample_value(m, "ampscope_auth_failures_total", {{"surface", "metrics"}}), 4.0);
+  EXPECT_EQ(sample_value(m, "ampscope_auth_failures_total", {{"surface", "grpc"}}), 0.0);
 }
 
 TEST_F(RolesTest, CliExplainsARefusedRoleInOneLine) {
   write_text(dir_ / "reader", std::string(kReader) + "\n");
   write_text(dir_ / "admin", std::string(kAdmin) + "\n");
+  // Private, as token files should be (the CLI warns about others' access on a line of its own).
+  ::chmod((dir_ / "reader").c_str(), 0600);
+  ::chmod((dir_ / "admin").c_str(), 0600);
   ASSERT_TRUE(stream_one(kAgent, "run-cli").ok());
   const CommandResult listed =
       run_process({AMPSCOPE_CLI_BINARY, "runs", "--json", "--server", server_->address(),
