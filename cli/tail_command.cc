@@ -100,7 +100,8 @@ void print_report_text(std::ostream& out, const v1::StoredReport& stored) {
   if (r.skipped()) out << "  SKIPPED";
   if (r.has_first_offender()) {
     out << "  first offender " << r.first_offender().tensor() << " ("
-        << role_name(r.first_offender().role()) << ")";
+        << role_name(r.first_offender().role()) << ", order " << r.first_offender().order()
+        << ", micro-step " << r.first_offender().micro_step() << ")";
   }
   for (const v1::PolicyOutcome& o : r.policy_outcomes()) {
     out << "  policy " << o.policy_id() << (o.applied() ? " applied" : " refused");
@@ -158,7 +159,8 @@ void print_report_json(std::ostream& out, const v1::StoredReport& stored, bool t
   if (r.has_first_offender()) {
     j["first_offender"] = ordered_json{{"tensor", r.first_offender().tensor()},
                                        {"role", role_name(r.first_offender().role())},
-                                       {"order", r.first_offender().order()}};
+                                       {"order", r.first_offender().order()},
+                                       {"micro_step", r.first_offender().micro_step()}};
   } else {
     j["first_offender"] = nullptr;
   }

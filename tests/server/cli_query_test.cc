@@ -375,6 +375,15 @@ TEST_F(CliQueryTest, ShowNamesTheMicroStepOfSamplesAndFirstOffenders) {
   ASSERT_EQ(rj.at("skipped_steps").size(), 1u);
   EXPECT_EQ(rj["skipped_steps"][0]["first_offender"].at("micro_step"), 1);
   EXPECT_EQ(rj["skipped_steps"][0]["first_offender"].at("rank"), 0);
+
+  const CommandResult tail = cli({"tail", "run-micro", "-n", "1"});
+  ASSERT_EQ(tail.code, 0) << tail.err;
+  EXPECT_NE(tail.out.find("first offender enc.fc.grad (activation_grad, order 13, micro-step 1)"),
+            std::string::npos)
+      << tail.out;
+  const CommandResult tail_json = cli({"tail", "run-micro", "-n", "1", "--json"});
+  ASSERT_EQ(tail_json.code, 0) << tail_json.err;
+  EXPECT_EQ(json::parse(tail_json.out)["first_offender"].at("micro_step"), 1) << tail_json.out;
   EXPECT_TRUE(micro.finish().ok());
 }
 
