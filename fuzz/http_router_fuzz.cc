@@ -72,6 +72,14 @@ struct World {
       writer.set_agent_progress("demo", 0, static_cast<std::uint64_t>(seq), now_ns, nullptr);
     }
     writer.commit();
+    // The store answers: a property below that holds only because everything is 404 is no
+    // property.
+    HttpRequest probe;
+    probe.method = "GET";
+    probe.target = "/api/runs/demo";
+    probe.headers = {{"Authorization", std::string("Bearer ") + kReader}};
+    const HttpResponse demo = routes.handle(probe);
+    FUZZ_CHECK(demo.status == 200, demo.body);
   }
 
   std::string db;
