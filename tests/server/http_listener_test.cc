@@ -297,7 +297,7 @@ TEST_F(HttpListenerTest, AnUnchangedAssetIs304OnItsETag) {
   EXPECT_NE(get("/assets/app.css").header("etag"), etag);
 }
 
-// Brotli at httplib's quality 11 took 1.2 s for a 600 KB API answer: the listener never offers
+// Brotli at its default quality 11 took 1.2 s for a 600 KB API answer: the listener never offers
 // it, gzip (zlib's default level) or nothing instead.
 TEST_F(HttpListenerTest, ResponsesAreGzipNeverBrotli) {
   start();
@@ -1135,6 +1135,16 @@ TEST(HttpListenerServerTest, TheBinaryServesTheWebUiAndStopsCleanly) {
   EXPECT_EQ(runs.status, 200) << runs.body;
   EXPECT_NE(server.log().find("web UI http://" + server.http_address() + "/"), std::string::npos)
       << server.log();
+  // A refusal counts for the web UI; the redirect to the sign-in form above does not.
+  EXPECT_EQ(send("GET", base + "/api/runs").status, 401);
+  std::string metrics;
+  ASSERT_EQ(testing::http_get(
+                "http://p:" + std::string(kReader) + "@" + server.metrics_address() + "/metrics",
+                &metrics),
+            200);
+  EXPECT_EQ(testing::sample_value(testing::parse_samples(metrics), "ampscope_auth_failures_total",
+                                  {{"surface", "webui"}}),
+            1.0);
   EXPECT_EQ(server.terminate(), 0) << server.log();
   EXPECT_EQ(send("GET", base + "/").status, 0);
 }
