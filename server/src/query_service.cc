@@ -15,7 +15,9 @@ grpc::Status authorize(grpc::CallbackServerContext* context, const Authenticator
                        Metrics& metrics, std::string_view rpc, AccessRole needed) {
   Principal who;
   grpc::Status status = auth.authorize(*context, rpc, needed, &who);
-  if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) metrics.auth_failure();
+  if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+    metrics.auth_failure(AuthSurface::grpc);
+  }
   return status;
 }
 
@@ -165,16 +167,27 @@ grpc::ServerUnaryReactor* QueryService::DeleteRun(grpc::CallbackServerContext* c
                                                   const v1::DeleteRunRequest* request,
                                                   v1::DeleteRunResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  grpc::Status status = authorize(context, auth_, metrics_, "DeleteRun", AccessRole::kAdmin);
+  Principal who;
+  grpc::Status status = auth_.authorize(*context, "DeleteRun", AccessRole::kAdmin, &who);
+  if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+    metrics_.auth_failure(AuthSurface::grpc);
+  }
+  // Deleting is the one call that destroys data: the log says who asked, refused or not.
+  if (status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+    log_warning("runs: DeleteRun of '", request->run_id(), "' refused (", status.error_message(),
+                ") for ", describe_caller(*context, who, auth_));
+  }
   if (status.ok()) status = check_run_id_arg(request->run_id());
   if (!status.ok()) {
     reactor->Finish(status);
     return reactor;
   }
   const std::string run_id = request->run_id();
-  auto answer = [reactor, response, run_id](const DeleteOutcome& o) {
+  const std::string caller = describe_caller(*context, who, auth_);
+  auto answer = [reactor, response, run_id, caller](const DeleteOutcome& o) {
     switch (o.result) {
       case DeleteOutcome::Result::kDeleted:
+        log_info("runs: run '", run_id, "' deleted at the request of ", caller);
         response->set_deleted_reports(static_cast<std::uint64_t>(o.reports));
         response->set_streams_ended(static_cast<std::uint32_t>(o.streams_ended));
         reactor->Finish(grpc::Status::OK);

@@ -4,11 +4,8 @@
 #include <grpcpp/ext/health_check_service_server_builder_option.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
-#include <prometheus/exposer.h>
 
 #include <condition_variable>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "auth.h"
@@ -16,24 +13,19 @@
 #include "ingest.h"
 #include "log.h"
 #include "metrics.h"
+#include "metrics_endpoint.h"
 #include "policy_host.h"
 #include "query_service.h"
 #include "run_registry.h"
 #include "store.h"
 #include "streams.h"
 #include "telemetry_service.h"
+#include "tls_files.h"
+#include "web_routes.h"
 #include "webui_api.h"
 
 namespace ampscope::server {
 namespace {
-
-std::string read_file(const std::string& path, const char* flag) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(std::string(flag) + " '" + path + "': cannot read it");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // "127.0.0.1:0" + 41234 -> "127.0.0.1:41234"
 std::string with_port(const std::string& address, int port) {
@@ -50,6 +42,7 @@ constexpr const char* kServiceNames[] = {"ampscope.v1.Telemetry", "ampscope.v1.Q
 struct Server::Impl {
   ServerOptions options;
   Authenticator auth;
+  TlsFiles tls;  // read and checked once, at create()
   std::unique_ptr<Metrics> metrics;
   // After metrics: a run's series are removed from the families when the registry goes.
   std::unique_ptr<RunRegistry> runs;
@@ -62,10 +55,12 @@ struct Server::Impl {
   std::unique_ptr<TelemetryService> telemetry;
   std::unique_ptr<QueryService> query;
   std::unique_ptr<grpc::Server> grpc_server;
-  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint;
+  std::unique_ptr<HttpListener> metrics_http;  // after the endpoint it calls
   // Destroyed in reverse order: the listener before the WebApi it calls, both before the store,
   // the registry and the streams they read.
   std::unique_ptr<WebApi> web_api;
+  std::unique_ptr<WebRoutes> web_routes;
   std::unique_ptr<HttpListener> http;
 
   std::mutex mu;
@@ -93,7 +88,12 @@ std::unique_ptr<Server> Server::create(ServerOptions options) {
   if (options.metrics_max_runs == 0) throw Error("--metrics-max-runs: must be >= 1");
   Authenticator auth(options.auth_token_file.empty() ? std::vector<TokenGrant>()
                                                      : read_token_file(options.auth_token_file));
+  TlsFiles tls;
+  if (!options.tls_cert_file.empty()) {
+    tls = load_tls_files(options.tls_cert_file, options.tls_key_file, options.tls_client_ca_file);
+  }
   auto impl = std::make_unique<Impl>(std::move(options), std::move(auth));
+  impl->tls = std::move(tls);
   const ServerOptions& o = impl->options;
   impl->metrics = std::make_unique<Metrics>(o.version);
   impl->runs = std::make_unique<RunRegistry>(
@@ -122,6 +122,7 @@ Server::~Server() {
     need_shutdown = impl_->started && !impl_->stopping;
   }
   if (need_shutdown) shutdown(std::chrono::milliseconds(0));
+  route_grpc_log({});  // its refusal counter is ours
   if (impl_->failure_thread.joinable()) impl_->failure_thread.join();
   if (impl_->ingest) impl_->ingest->stop();
 }
@@ -149,10 +150,9 @@ BoundAddresses Server::start() {
   std::shared_ptr<grpc::ServerCredentials> creds;
   if (!o.tls_cert_file.empty()) {
     grpc::SslServerCredentialsOptions ssl;
-    ssl.pem_key_cert_pairs.push_back(
-        {read_file(o.tls_key_file, "--tls-key"), read_file(o.tls_cert_file, "--tls-cert")});
+    ssl.pem_key_cert_pairs.push_back({s.tls.key_pem, s.tls.cert_pem});
     if (!o.tls_client_ca_file.empty()) {
-      ssl.pem_root_certs = read_file(o.tls_client_ca_file, "--tls-client-ca");
+      ssl.pem_root_certs = s.tls.client_ca_pem;
       ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
     }
     creds = grpc::SslServerCredentials(ssl);
@@ -160,6 +160,8 @@ BoundAddresses Server::start() {
     creds = grpc::InsecureServerCredentials();
   }
 
+  // gRPC's log lines into ours; a refused TLS handshake counts as a refused caller.
+  route_grpc_log([metrics = s.metrics.get()] { metrics->auth_failure(AuthSurface::grpc); });
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
@@ -187,40 +189,62 @@ BoundAddresses Server::start() {
 
   BoundAddresses bound;
   bound.grpc = with_port(o.listen, port);
+  // Each connection is a file descriptor: the listeners' bounds need more than the usual
+  // soft limit of 1024.
+  const std::uint64_t files = raise_open_file_limit();
+  const std::size_t listeners =
+      (o.metrics_listen.empty() ? 0 : 1) + (o.http_listen.empty() ? 0 : 1);
+  if (files < listeners * o.http_limits.max_connections + 256) {
+    log_warning("the open-file limit (", files, ") is below what ", listeners,
+                " HTTP listener(s) of --http-max-connections ", o.http_limits.max_connections,
+                " need: raise it (ulimit -n) or lower the flag");
+  }
+  const auto fail = [&s] {
+    s.http.reset();
+    s.metrics_http.reset();
+    s.grpc_server->Shutdown();
+    s.ingest->stop();
+  };
   if (!o.metrics_listen.empty()) {
+    s.metrics_endpoint = std::make_unique<MetricsEndpoint>(
+        s.metrics->registry(), s.auth,
+        [m = s.metrics.get()] { m->auth_failure(AuthSurface::metrics); });
+    HttpOptions http;
+    http.listen = o.metrics_listen;
+    http.flag = "--metrics-listen";
+    http.name = "/metrics";
+    http.limits = o.http_limits;
+    http.workers = 2;
     try {
-      s.exposer = std::make_unique<prometheus::Exposer>(o.metrics_listen, 2);
-    } catch (const std::exception& e) {
-      s.grpc_server->Shutdown();
-      s.ingest->stop();
-      throw Error("--metrics-listen '" + o.metrics_listen + "': cannot bind: " + e.what());
+      s.metrics_http = std::make_unique<HttpListener>(
+          std::move(http),
+          [e = s.metrics_endpoint.get()](const HttpRequest& req) { return e->handle(req); });
+    } catch (const std::exception&) {
+      fail();
+      throw;
     }
-    s.exposer->RegisterCollectable(s.metrics->registry());
-    if (s.auth.enabled()) {
-      // HTTP basic auth, the one scheme prometheus-cpp's exposer checks: the password is a
-      // reader or admin token, the user name is not checked.
-      s.exposer->RegisterAuth(
-          [&auth = s.auth](const std::string&, const std::string& password) {
-            return auth.allows_metrics(password);
-          },
-          "ampscope");
-    }
-    const std::vector<int> ports = s.exposer->GetListeningPorts();
-    bound.metrics = with_port(o.metrics_listen, ports.empty() ? 0 : ports.front());
+    bound.metrics = s.metrics_http->address();
   }
   if (!o.http_listen.empty()) {
     s.web_api = std::make_unique<WebApi>(*s.reader, s.streams, *s.runs);
+    Metrics* metrics = s.metrics.get();
+    s.web_routes = std::make_unique<WebRoutes>(
+        s.auth, *s.web_api, WebSessions::Clock(),
+        [metrics] { metrics->auth_failure(AuthSurface::webui); });
     HttpOptions http;
     http.listen = o.http_listen;
-    http.tls_cert_file = o.tls_cert_file;
-    http.tls_key_file = o.tls_key_file;
-    http.tls_client_ca_file = o.tls_client_ca_file;
+    http.tls_cert_pem = s.tls.cert_pem;
+    http.tls_key_pem = s.tls.key_pem;
+    http.tls_client_ca_pem = s.tls.client_ca_pem;
+    http.limits = o.http_limits;
+    http.default_headers = web_security_headers();
+    http.on_tls_refusal = [metrics] { metrics->auth_failure(AuthSurface::webui); };
     try {
-      s.http = std::make_unique<HttpListener>(std::move(http), s.auth, *s.web_api);
+      s.http = std::make_unique<HttpListener>(
+          std::move(http),
+          [r = s.web_routes.get()](const HttpRequest& req) { return r->handle(req); });
     } catch (const std::exception&) {
-      s.exposer.reset();
-      s.grpc_server->Shutdown();
-      s.ingest->stop();
+      fail();
       throw;
     }
     bound.http = s.http->address();
@@ -257,9 +281,11 @@ void Server::shutdown(std::chrono::milliseconds deadline) {
   }
   // Streams settle what they received, send their last Ack and end with UNAVAILABLE; gRPC's
   // Shutdown refuses new calls, waits for them up to the deadline, then cancels the rest.
-  // The metrics endpoint's web server takes up to a second to stop (its poll interval), the web
-  // UI's listener as long (its keep-alive timeout): stop both while the streams drain.
-  std::thread exposer_stop([&s] { s.exposer.reset(); });
+  // The HTTP listeners wait for the requests their workers run: stop both while the streams
+  // drain.
+  std::thread exposer_stop([&s] {
+    if (s.metrics_http) s.metrics_http->stop();
+  });
   std::thread http_stop([&s] {
     if (s.http) s.http->stop();
   });

@@ -4,6 +4,9 @@
 // (mutual TLS), here with certificates made by the openssl command at test time.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
+
 #include "server_harness.h"
 
 #ifndef AMPSCOPE_CLI_BINARY
@@ -58,7 +61,7 @@ TEST(ServerSecurityTest, EveryRpcNeedsTheBearerToken) {
   const std::vector<Sample> metrics =
       parse_samples(scrape("prometheus:" + std::string(kToken) + "@" + server.metrics_address()));
   // Two refused queries and two refused streams.
-  EXPECT_EQ(sample_value(metrics, "ampscope_auth_failures_total"), 4.0);
+  EXPECT_EQ(sample_value(metrics, "ampscope_auth_failures_total", {{"surface", "grpc"}}), 4.0);
 }
 
 TEST(ServerSecurityTest, DeleteRunNeedsTheBearerToken) {
@@ -82,13 +85,23 @@ TEST(ServerSecurityTest, DeleteRunNeedsTheBearerToken) {
   const grpc::Status ok = delete_run(server.address(), "run-keep", right, &deleted);
   EXPECT_TRUE(ok.ok()) << ok.error_message();
   EXPECT_EQ(deleted.deleted_reports(), 1u);
+  // The log says who deleted it (never the token).
+  const std::string log = server.log();
+  EXPECT_NE(log.find("runs: run 'run-keep' deleted at the request of an admin token, from "
+                     "ipv4:127.0.0.1:"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(log.find(kToken), std::string::npos);
 }
 
 // A throwaway CA (ca.pem), a server certificate for "localhost" and 127.0.0.1 (server.pem,
-// server.key) and a client certificate (client.pem, client.key), both signed by the CA.
+// server.key) and a client certificate (client.pem, client.key), both signed by the CA, each
+// with the one extended key usage of its side (serverAuth, clientAuth), as docs/security.md
+// makes them.
 bool make_certificates(const TempDir& dir, std::string* log) {
   const std::string d = dir.path().string();
-  write_text(dir / "san.cnf", "subjectAltName=DNS:localhost,IP:127.0.0.1\n");
+  write_text(dir / "san.cnf",
+             "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n");
   write_text(dir / "client.cnf", "extendedKeyUsage=clientAuth\n");
   const std::vector<std::vector<std::string>> steps = {
       {"openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
@@ -212,6 +225,10 @@ TEST(ServerSecurityTest, MutualTlsNeedsAClientCertificateOfItsCa) {
     EXPECT_EQ(agent.wait_end().error_code(), grpc::StatusCode::UNAVAILABLE);
   }
   EXPECT_EQ(list_runs(make_channel(address), {}).error_code(), grpc::StatusCode::UNAVAILABLE);
+  // Each refused handshake is counted as a refusal of the gRPC surface (the plaintext client
+  // too); gRPC may retry a connection within one call, so at least four.
+  const std::vector<Sample> metrics = parse_samples(scrape(tls->server->metrics_address()));
+  EXPECT_GE(sample_value(metrics, "ampscope_auth_failures_total", {{"surface", "grpc"}}), 4.0);
   // Only the run of the client with a good certificate was stored.
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + 10s);
@@ -219,6 +236,13 @@ TEST(ServerSecurityTest, MutualTlsNeedsAClientCertificateOfItsCa) {
   ASSERT_TRUE(v1::Query::NewStub(secure)->ListRuns(&ctx, v1::ListRunsRequest(), &listed).ok());
   ASSERT_EQ(listed.runs_size(), 1);
   EXPECT_EQ(listed.runs(0).run_id(), "run-mtls");
+  // Whoever deletes it is named by the subject of their certificate too.
+  ASSERT_TRUE(delete_run(address, "run-mtls", good).ok());
+  const std::string log = tls->server->log();
+  EXPECT_NE(log.find("runs: run 'run-mtls' deleted at the request of no token (tokens are off), "
+                     "certificate subject 'CN=ampscope-cli', from ipv4:127.0.0.1:"),
+            std::string::npos)
+      << log;
 }
 
 TEST(ServerSecurityTest, CliPresentsItsClientCertificate) {
@@ -239,12 +263,34 @@ TEST(ServerSecurityTest, CliPresentsItsClientCertificate) {
   EXPECT_EQ(ok.code, 0) << ok.err;
   EXPECT_NE(ok.out.find("\"runs\""), std::string::npos) << ok.out;
 
+  // Refused by mutual TLS: one line that names TLS (not "is it running?"), and none of gRPC's.
   const CommandResult without = runs({});
   EXPECT_EQ(without.code, 1);
-  EXPECT_NE(without.err.find("cannot reach ampscope-server"), std::string::npos) << without.err;
+  EXPECT_NE(without.err.find("cannot connect to ampscope-server at " + address + ": the server "
+                             "closed the connection after the TLS handshake"),
+            std::string::npos)
+      << without.err;
+  EXPECT_EQ(std::count(without.err.begin(), without.err.end(), '\n'), 1) << without.err;
   const CommandResult foreign = runs({"--tls-cert", (other / "client.pem").string(), "--tls-key",
                                       (other / "client.key").string()});
   EXPECT_EQ(foreign.code, 1) << foreign.err;
+  EXPECT_NE(foreign.err.find("mutual TLS"), std::string::npos) << foreign.err;
+  // A CLI that does not trust the server's CA says so.
+  const CommandResult untrusted = run_process(
+      {AMPSCOPE_CLI_BINARY, "runs", "--server", address, "--tls-ca", (other / "ca.pem").string()},
+      30s);
+  EXPECT_EQ(untrusted.code, 1);
+  EXPECT_NE(untrusted.err.find("TLS handshake failed: certificate verify failed (the server's "
+                               "certificate is not signed by the CA this client trusts"),
+            std::string::npos)
+      << untrusted.err;
+  // The server logged each refusal as one line of its own log, with the reason.
+  const std::string log = tls->server->log();
+  EXPECT_NE(log.find("TLS handshake refused: the client sent no certificate"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("TLS handshake refused: certificate verify failed"), std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("ssl_transport_security.cc"), std::string::npos) << log;
   const CommandResult half = runs({"--tls-cert", (dir / "client.pem").string()});
   EXPECT_EQ(half.code, 2);
   EXPECT_NE(half.err.find("--tls-cert and --tls-key go together"), std::string::npos) << half.err;
@@ -276,6 +322,11 @@ TEST(ServerSecurityTest, AgentStreamsOverMutualTls) {
   ASSERT_EQ(good.code, 0) << good.err;
   const CommandResult foreign = train("agent-foreign", other);
   EXPECT_EQ(foreign.code, 0) << foreign.err;
+  // The person training is told why nothing arrives, not only that reports were not acknowledged.
+  EXPECT_NE(foreign.err.find("ampscope agent: cannot connect to " + address +
+                             ": the server closed the connection after the TLS handshake"),
+            std::string::npos)
+      << foreign.err;
 
   const ClientOptions client = tls_client(dir, &dir);
   grpc::ClientContext ctx;
@@ -309,6 +360,103 @@ TEST(ServerSecurityTest, AgentCertificateWithoutKeyIsRefused) {
       30s);
   EXPECT_NE(not_pem.code, 0);
   EXPECT_NE(not_pem.err.find("tls_ca_file"), std::string::npos) << not_pem.err;
+}
+
+// The server's certificate carries only serverAuth: presented as a client certificate it is
+// refused (without extended key usages, a certificate is good for either side).
+TEST(ServerSecurityTest, TheServersCertificateIsNotAClientCertificate) {
+  const auto tls = start_mutual_tls();
+  ASSERT_NE(tls, nullptr);
+  const TempDir& dir = tls->dir;
+  ClientOptions as_server = tls_client(dir, nullptr);
+  as_server.tls_cert = read_text(dir / "server.pem");
+  as_server.tls_key = read_text(dir / "server.key");
+  EXPECT_EQ(list_runs(make_channel(tls->address, as_server), as_server).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  const ClientOptions good = tls_client(dir, &dir);
+  EXPECT_TRUE(list_runs(make_channel(tls->address, good), good).ok());
+}
+
+// Each TLS file is checked before the server binds anything: the flag, the file and what is
+// wrong with it, in one line, exit status 2 (not "cannot bind" after gRPC's own log lines).
+TEST(ServerSecurityTest, AWrongTlsFileIsNamedWithTheReason) {
+  TempDir dir;
+  std::string log;
+  ASSERT_TRUE(make_certificates(dir, &log)) << "openssl failed:\n" << log;
+  write_text(dir / "empty.pem", "");
+  const auto f = [&](const char* name) { return (dir / name).string(); };
+  struct Case {
+    std::vector<std::string> flags;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"--tls-cert", f("server.pem"), "--tls-key", f("client.key")},
+       "--tls-key '" + f("client.key") + "': does not match the certificate of --tls-cert '" +
+           f("server.pem") + "'"},
+      {{"--tls-cert", f("server.pem"), "--tls-key", f("server.pem")},
+       "--tls-key '" + f("server.pem") + "': no PEM private key in it (it holds a certificate"},
+      {{"--tls-cert", f("server.key"), "--tls-key", f("server.key")},
+       "--tls-cert '" + f("server.key") + "': no PEM certificate in it (it holds a private key"},
+      {{"--tls-cert", f("server.pem"), "--tls-key", f("server.key"), "--tls-client-ca",
+        f("empty.pem")},
+       "--tls-client-ca '" + f("empty.pem") + "': no PEM certificate in it (the file is empty)"},
+      {{"--tls-cert", f("server.pem"), "--tls-key", f("missing.key")},
+       "--tls-key '" + f("missing.key") + "': cannot read it (No such file or directory)"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {AMPSCOPE_SERVER_BINARY, "--listen",     "127.0.0.1:0",
+                                     "--metrics-listen",     "",             "--http-listen",
+                                     "",                     "--db",         f("store.db")};
+    argv.insert(argv.end(), c.flags.begin(), c.flags.end());
+    const CommandResult r = run_process(argv, 30s);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("cannot bind"), std::string::npos) << r.err;
+  }
+}
+
+// A private key that group or others may read is served, with a warning naming it.
+TEST(ServerSecurityTest, AReadableTlsKeyIsWarnedAbout) {
+  TempDir dir;
+  std::string log;
+  ASSERT_TRUE(make_certificates(dir, &log)) << "openssl failed:\n" << log;
+  std::filesystem::permissions(dir / "server.key", std::filesystem::perms::others_read,
+                               std::filesystem::perm_options::add);
+  ServerProcess server(
+      dir.path(), dir / "store.db",
+      {"--tls-cert", (dir / "server.pem").string(), "--tls-key", (dir / "server.key").string()});
+  EXPECT_NE(server.log().find("--tls-key '" + (dir / "server.key").string() +
+                              "': group or others may read it"),
+            std::string::npos)
+      << server.log();
+}
+
+// The CLI warns, as the server does for its token file, when others may read its token.
+TEST(ServerSecurityTest, CliWarnsAboutATokenFileOthersMayRead) {
+  TempDir dir;
+  write_text(dir / "token", std::string(kToken) + "\n");
+  ServerProcess server(dir.path(), dir / "store.db",
+                       {"--auth-token-file", (dir / "token").string()});
+  const std::string token_file = (dir / "token").string();
+  auto runs = [&] {
+    return run_process({AMPSCOPE_CLI_BINARY, "runs", "--server", server.address(),
+                        "--token-file", token_file},
+                       30s);
+  };
+  std::filesystem::permissions(dir / "token", std::filesystem::perms::owner_read |
+                                                  std::filesystem::perms::owner_write |
+                                                  std::filesystem::perms::others_read);
+  const CommandResult readable = runs();
+  EXPECT_EQ(readable.code, 0) << readable.err;
+  EXPECT_NE(readable.err.find("ampscope: warning: --token-file '" + token_file +
+                              "': group or others may read it (mode 604); chmod 600 it"),
+            std::string::npos)
+      << readable.err;
+  std::filesystem::permissions(dir / "token", std::filesystem::perms::owner_read |
+                                                  std::filesystem::perms::owner_write);
+  const CommandResult private_file = runs();
+  EXPECT_EQ(private_file.code, 0) << private_file.err;
+  EXPECT_EQ(private_file.err, "");
 }
 
 TEST(ServerSecurityTest, ClientCaWithoutTlsIsABadCommandLine) {
