@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "display_width.h"
 #include "query_client.h"
 #include "step_history.h"
 
@@ -117,7 +118,7 @@ void print_tensors(std::ostream& out, const char* title,
   for (const v1::TensorRecord& t : tensors) {
     std::ostringstream max_abs;
     max_abs << std::setprecision(4) << t.max_abs();
-    out << "  " << std::left << std::setw(36) << t.name() << std::setw(17) << role_name(t.role())
+    out << "  " << pad_columns(t.name(), 36) << std::left << std::setw(17) << role_name(t.role())
         << std::setw(12) << format_name(t.format()) << std::setw(11) << percent(t.underflow_ratio())
         << std::setw(11) << percent(t.overflow_ratio()) << std::setw(11) << t.nonfinite()
         << max_abs.str() << "\n";
@@ -201,7 +202,7 @@ void print_run_text(std::ostream& out, const v1::GetRunResponse& run) {
   }
   out << "\nagents (" << run.agents_size() << "):\n";
   for (const v1::AgentInfo& a : run.agents()) {
-    out << "  rank " << std::left << std::setw(5) << a.rank() << std::setw(20) << a.host()
+    out << "  rank " << std::left << std::setw(5) << a.rank() << pad_columns(a.host(), 20)
         << (a.connected() ? "connected   " : "disconnected") << "  last seq " << a.last_seq()
         << ", seen " << format_time_ago(a.last_seen_unix_ns());
     if (a.counters().dropped_reports() > 0) {
