@@ -19,6 +19,7 @@
 #include "ampscope/vocabulary.h"
 #include "live_facts.h"
 #include "policy_wire.h"
+#include "validation.h"
 
 namespace ampscope::server {
 namespace {
@@ -46,7 +47,11 @@ struct ApiError {
   std::string message;
 };
 
-ApiResponse answer(int status, const json& body) { return {status, body.dump()}; }
+// Text a request brought (a run id, a parameter) is quoted in errors as it came: bytes that are
+// not UTF-8 become U+FFFD there rather than make the answer fail.
+ApiResponse answer(int status, const json& body) {
+  return {status, body.dump(-1, ' ', false, json::error_handler_t::replace)};
+}
 ApiResponse error(const ApiError& e) { return answer(e.status, json{{"error", e.message}}); }
 
 std::string role_text(int wire) {
@@ -281,7 +286,9 @@ json skips_json(const std::vector<v1::SkippedStep>& skips) {
          {"scale_after", k.scale_after()},
          {"found_inf", k.found_inf()},
          {"why", k.why()},
-         {"offender", k.has_first_offender() ? json(k.first_offender().tensor()) : json(nullptr)}});
+         {"offender", k.has_first_offender() ? json(k.first_offender().tensor()) : json(nullptr)},
+         // The rank whose report held the step's merged first offender.
+         {"offender_rank", k.has_first_offender() ? json(k.offender_rank()) : json(nullptr)}});
   }
   return out;
 }
@@ -503,6 +510,10 @@ ApiResponse WebApi::handle(const std::string& path, const Params& params) const 
     if (tensor) run_id.resize(run_id.size() - kTensor.size());
     if (run_id.empty() || run_id.find('/') != std::string::npos) {
       throw ApiError{404, "no such API: '" + path + "'"};
+    }
+    // Every stored run passed the same rule at its Hello: another id is a bad request.
+    if (const std::optional<Violation> bad = check_run_id(run_id, "run id")) {
+      throw ApiError{400, bad->message};
     }
     return tensor ? tensor_answer(run_id, params) : run_answer(run_id, params, now_ns);
   } catch (const ApiError& e) {
