@@ -8,6 +8,8 @@
 #include <ctime>
 #include <mutex>
 
+#include "ampscope/proto/tls_failure.h"
+
 namespace ampscope::server {
 namespace {
 std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
@@ -65,16 +67,7 @@ void grpc_log(gpr_log_func_args* args) {
 std::string tls_refusal_text(std::string_view message) {
   constexpr std::string_view kFailed = "Handshake failed with fatal error";
   if (message.substr(0, kFailed.size()) != kFailed) return "";
-  // OpenSSL's reason follows "routines::" ("SSL_ERROR_SSL: error:0A0000C7:SSL routines::peer
-  // did not return a certificate.").
-  std::string_view reason = message.substr(kFailed.size());
-  if (const auto at = reason.find("routines::"); at != std::string_view::npos) {
-    reason = reason.substr(at + 10);
-  } else if (const auto colon = reason.rfind(':'); colon != std::string_view::npos) {
-    reason = reason.substr(colon + 1);
-  }
-  while (!reason.empty() && (reason.front() == ' ')) reason.remove_prefix(1);
-  while (!reason.empty() && (reason.back() == '.' || reason.back() == ' ')) reason.remove_suffix(1);
+  const std::string_view reason = proto::openssl_reason(message.substr(kFailed.size()));
   std::string text = "TLS handshake refused: ";
   if (reason == "peer did not return a certificate") {
     return text + "the client sent no certificate (mutual TLS: --tls-client-ca)";

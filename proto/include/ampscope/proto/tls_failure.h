@@ -16,6 +16,22 @@
 
 namespace ampscope::proto {
 
+// OpenSSL's reason in a gRPC message that quotes an OpenSSL error ("... SSL_ERROR_SSL:
+// error:0A000086:SSL routines::certificate verify failed." -> "certificate verify failed"):
+// the text after "routines::" (or after the last ':'), to the end of its line or a '{', without
+// trailing dots and spaces. The server's log and the clients read it the same way.
+inline std::string_view openssl_reason(std::string_view text) {
+  if (const auto r = text.find("routines::"); r != std::string_view::npos) {
+    text.remove_prefix(r + 10);
+  } else if (const auto c = text.rfind(':'); c != std::string_view::npos) {
+    text.remove_prefix(c + 1);
+  }
+  text = text.substr(0, text.find_first_of("{\n"));
+  while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
+  while (!text.empty() && (text.back() == ' ' || text.back() == '.')) text.remove_suffix(1);
+  return text;
+}
+
 // "" when `status` is not a connection failure that TLS explains. Otherwise one phrase, e.g.
 // "TLS handshake failed: certificate verify failed (the server's certificate is not signed by
 // the CA this client trusts)". `tls`: whether this client speaks TLS.
@@ -24,15 +40,7 @@ inline std::string tls_failure(const grpc::Status& status, bool tls) {
   const std::string& m = status.error_message();
   const auto has = [&m](std::string_view s) { return m.find(s) != std::string::npos; };
   if (const auto at = m.find("Ssl handshake failed"); at != std::string::npos) {
-    // OpenSSL's reason is the text after its "routines::" (or the last ':').
-    std::string reason = m.substr(at);
-    if (const auto r = reason.find("routines::"); r != std::string::npos) {
-      reason = reason.substr(r + 10);
-    } else if (const auto c = reason.rfind(':'); c != std::string::npos) {
-      reason = reason.substr(c + 1);
-    }
-    reason = reason.substr(0, reason.find_first_of("{\n"));
-    while (!reason.empty() && (reason.back() == ' ' || reason.back() == '.')) reason.pop_back();
+    const std::string reason(openssl_reason(std::string_view(m).substr(at)));
     std::string why;
     if (reason.find("certificate verify failed") != std::string::npos) {
       why = " (the server's certificate is not signed by the CA this client trusts, or has "
