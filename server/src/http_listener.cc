@@ -19,6 +19,7 @@
 #include <condition_variable>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -395,6 +396,13 @@ struct HttpListener::Impl {
     return rc;
   }
 
+  static HttpResponse internal_error() {
+    HttpResponse res;
+    res.status = 500;
+    res.set_content("internal error\n", kText);
+    return res;
+  }
+
   HttpResponse too_large() const {
     HttpResponse res;
     res.status = 413;
@@ -447,9 +455,10 @@ struct HttpListener::Impl {
       res = handler(req);
     } catch (const std::exception& e) {
       log_error(options.name, ": ", req.method, " ", req.target, ": ", e.what());
-      res = HttpResponse();
-      res.status = 500;
-      res.set_content("internal error\n", kText);
+      res = internal_error();
+    } catch (...) {
+      log_error(options.name, ": ", req.method, " ", req.target, ": an unknown exception");
+      res = internal_error();
     }
     if (!res.body.empty() && compressible(res.content_type) &&
         accepts_gzip(req.header_or_empty("Accept-Encoding"))) {
