@@ -92,6 +92,20 @@ void stream_seeds(const fs::path& corpus) {
   rejects.push_back(report_message(bad_scale));
   rejects.push_back(report_message(make_report(run, 0, 3, 3, 1)));
   streams.push_back({"rejects", rejects});
+  // Names as PyTorch writes them (UTF-8), and parts refused alone: a tensor whose counts exceed
+  // its numel, a first offender and a notice with control characters; the steps are stored.
+  const std::string unicode = "encoder.temp\xc3\xa9rature.\xe7\xba\xbf\xe6\x80\xa7";
+  std::vector<v1::AgentMessage> parts = {hello_message(hello)};
+  v1::StepReport named = make_report(run, 0, 1, 1, 2);
+  named.mutable_tensors(0)->set_name(unicode);
+  named.add_notices("trainer: " + unicode);
+  parts.push_back(report_message(named));
+  v1::StepReport partial = make_report(run, 0, 2, 2, 3);
+  partial.mutable_tensors(1)->set_zeros(partial.tensors(1).numel() + 1);
+  partial.mutable_first_offender()->set_tensor("h0\x1b[2J");
+  partial.add_notices("two\nlines");
+  parts.push_back(report_message(partial));
+  streams.push_back({"unicode-and-parts", parts});
   // Two ranks of a sharded run, rank 1's stream.
   v1::Hello rank1 = make_hello(run, 1, 2);
   rank1.set_gradients_sharded(true);
