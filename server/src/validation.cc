@@ -446,8 +446,8 @@ std::vector<Refusal> refuse_parts(v1::StepReport& r) {
   }
   if (r.has_first_offender()) {
     v1::FirstOffender& f = *r.mutable_first_offender();
-    if (Result v = check_string(f.tensor(), "report.first_offender.tensor", limits::kNameMaxBytes,
-                                true)) {
+    if (Result v =
+            check_string(f.tensor(), "report.first_offender.tensor", limits::kNameMaxBytes, true)) {
       std::string stored =
           f.tensor().empty() ? "(unnamed)" : text::clean_text(f.tensor(), limits::kNameMaxBytes);
       std::string line = "server: first offender '" + quote(f.tensor()) + "' (" + v->reason +
@@ -465,12 +465,12 @@ std::vector<Refusal> refuse_parts(v1::StepReport& r) {
         return part_notice("fp32 layer", name, v, "report.fp32_layers");
       },
       refused);
-  keep_valid(r.mutable_policy_outcomes(), "report.policy_outcomes", check_policy_outcome,
-             [](const v1::PolicyOutcome& o, const Violation& v) {
-               return part_notice("outcome of policy", o.policy_id(), v,
-                                  "report.policy_outcomes");
-             },
-             refused);
+  keep_valid(
+      r.mutable_policy_outcomes(), "report.policy_outcomes", check_policy_outcome,
+      [](const v1::PolicyOutcome& o, const Violation& v) {
+        return part_notice("outcome of policy", o.policy_id(), v, "report.policy_outcomes");
+      },
+      refused);
   keep_valid(
       r.mutable_notices(), "report.notices",
       [](const std::string& notice, const std::string& field) {

@@ -16,7 +16,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-
 #include <vector>
 
 #include "ampscope/text.h"
@@ -30,7 +29,7 @@ inline constexpr std::size_t kRunIdMaxBytes = 128;
 inline constexpr std::uint32_t kMaxWorldSize = 65536;
 // Text: clean text (ampscope/text.h) of at most so many bytes.
 inline constexpr std::size_t kShortStringMaxBytes = text::kShortTextMaxBytes;  // precision, ...
-inline constexpr std::size_t kNameMaxBytes = text::kNameMaxBytes;  // host, trainer, names
+inline constexpr std::size_t kNameMaxBytes = text::kNameMaxBytes;      // host, trainer, names
 inline constexpr std::size_t kNoticeMaxBytes = text::kNoticeMaxBytes;  // notices, reasons
 inline constexpr int kMaxTensorsPerReport = 4096;
 inline constexpr int kMaxLayerNames = 4096;

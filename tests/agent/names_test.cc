@@ -31,8 +31,7 @@ constexpr const char* kUnicode = "encoder.temp\xc3\xa9rature.\xe7\xba\xbf\xe6\x8
 constexpr const char* kInvalid = "bad\xff.\xed\xa0\x80.a\\b\x1b[2J";
 constexpr const char* kInvalidSent = "bad\\xff.\\xed\\xa0\\x80.a\\x5cb\\x1b[2J";
 
-bool contains(const google::protobuf::RepeatedPtrField<std::string>& list,
-              const std::string& s) {
+bool contains(const google::protobuf::RepeatedPtrField<std::string>& list, const std::string& s) {
   return std::find(list.begin(), list.end(), s) != list.end();
 }
 
@@ -42,8 +41,7 @@ TEST(AgentNamesTest, UnicodeIsStoredAsWrittenAndAnythingElseEscapedWithoutLosing
   AgentConfig c = base_config(dir, "names");
   c.server = server.address();
   c.flush_timeout = 20s;
-  ASSERT_EQ(set_option(c, "sample_count_roles", "activation,activation_grad,weight_grad,loss"),
-            "");
+  ASSERT_EQ(set_option(c, "sample_count_roles", "activation,activation_grad,weight_grad,loss"), "");
   const std::string long_name = std::string(250, 'w') + "\xe7\xba\xbf.grad";
   {
     RunInfo run;
@@ -55,9 +53,9 @@ TEST(AgentNamesTest, UnicodeIsStoredAsWrittenAndAnythingElseEscapedWithoutLosing
     ASSERT_TRUE(agent->add_notice("trainer: caf\xc3\xa9 \xc3").ok());
     for (int step = 0; step < 3; ++step) {
       auto tensors = make_step_tensors();
-      tensors[2].name = kUnicode;   // activation
-      tensors[4].name = kInvalid;   // activation gradient
-      tensors[6].name = long_name;  // weight gradient, 259 bytes
+      tensors[2].name = kUnicode;                  // activation
+      tensors[4].name = kInvalid;                  // activation gradient
+      tensors[6].name = long_name;                 // weight gradient, 259 bytes
       if (step == 1) tensors[4].fp16[7] = 0x7e00;  // a NaN: the first offender
       ASSERT_TRUE(agent->begin_step(step));
       int order = 0;
@@ -109,8 +107,7 @@ TEST(AgentNamesTest, UnicodeIsStoredAsWrittenAndAnythingElseEscapedWithoutLosing
 TEST(AgentNamesTest, EverySpooledStringIsCleanText) {
   TempDir dir;
   AgentConfig c = base_config(dir, "names-spool");
-  ASSERT_EQ(set_option(c, "sample_count_roles", "activation,activation_grad,weight_grad,loss"),
-            "");
+  ASSERT_EQ(set_option(c, "sample_count_roles", "activation,activation_grad,weight_grad,loss"), "");
   {
     RunInfo run;
     run.trainer = "t";

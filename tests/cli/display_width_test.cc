@@ -9,12 +9,14 @@ namespace {
 TEST(DisplayWidthTest, ColumnsNotBytes) {
   EXPECT_EQ(display_width(""), 0u);
   EXPECT_EQ(display_width("h0.attn.qkv"), 11u);
-  EXPECT_EQ(display_width("temp\xc3\xa9rature"), 11u);          // é: 2 bytes, 1 column
-  EXPECT_EQ(display_width("\xe7\xba\xbf\xe6\x80\xa7"), 4u);     // 线性: wide, 2 columns each
-  EXPECT_EQ(display_width("e\xcc\x81"), 1u);                    // e + combining acute
-  EXPECT_EQ(display_width("\xf0\x9f\x94\xa5"), 2u);             // an emoji
-  EXPECT_EQ(display_width("a\xff" "b"), 3u);                     // a byte that does not decode
-  EXPECT_EQ(display_width("a\xe7\xba"), 3u);                     // a sequence cut short
+  EXPECT_EQ(display_width("temp\xc3\xa9rature"), 11u);       // é: 2 bytes, 1 column
+  EXPECT_EQ(display_width("\xe7\xba\xbf\xe6\x80\xa7"), 4u);  // 线性: wide, 2 columns each
+  EXPECT_EQ(display_width("e\xcc\x81"), 1u);                 // e + combining acute
+  EXPECT_EQ(display_width("\xf0\x9f\x94\xa5"), 2u);          // an emoji
+  EXPECT_EQ(display_width("a\xff"
+                          "b"),
+            3u);                              // a byte that does not decode
+  EXPECT_EQ(display_width("a\xe7\xba"), 3u);  // a sequence cut short
 }
 
 TEST(DisplayWidthTest, PadsToColumns) {

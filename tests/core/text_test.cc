@@ -144,8 +144,10 @@ TEST(TextTest, EveryCodePointAndTheFourByteLeads) {
   for (char32_t cp = 0; cp <= 0x10ffff; ++cp) {
     const std::string s = encode(cp);
     const bool surrogate = cp >= 0xd800 && cp <= 0xdfff;
-    ASSERT_EQ(utf8_sequence(s, 0), surrogate ? 0 : s.size()) << std::hex << static_cast<std::uint32_t>(cp);
-    ASSERT_EQ(is_clean_text(s), !surrogate && !reference_control(cp)) << std::hex << static_cast<std::uint32_t>(cp);
+    ASSERT_EQ(utf8_sequence(s, 0), surrogate ? 0 : s.size())
+        << std::hex << static_cast<std::uint32_t>(cp);
+    ASSERT_EQ(is_clean_text(s), !surrogate && !reference_control(cp))
+        << std::hex << static_cast<std::uint32_t>(cp);
   }
   // Four-byte leads with every second byte: F0 needs 90..BF, F4 80..8F, F5..F7 nothing.
   for (int lead = 0xf0; lead <= 0xff; ++lead) {
@@ -157,15 +159,15 @@ TEST(TextTest, EveryCodePointAndTheFourByteLeads) {
 }
 
 TEST(TextTest, Boundaries) {
-  EXPECT_FALSE(is_clean_text("\x7f"));                  // U+007F DEL
-  EXPECT_FALSE(is_clean_text(bytes({0xc2, 0x80})));     // U+0080, C1 control
-  EXPECT_FALSE(is_clean_text(bytes({0xc2, 0x9f})));     // U+009F, C1 control
-  EXPECT_TRUE(is_clean_text(bytes({0xc2, 0xa0})));      // U+00A0
-  EXPECT_TRUE(is_clean_text(bytes({0xdf, 0xbf})));      // U+07FF
-  EXPECT_TRUE(is_clean_text(bytes({0xe0, 0xa0, 0x80})));  // U+0800
-  EXPECT_TRUE(is_clean_text(bytes({0xef, 0xbf, 0xbf})));  // U+FFFF
-  EXPECT_TRUE(is_clean_text(bytes({0xf0, 0x90, 0x80, 0x80})));  // U+10000
-  EXPECT_TRUE(is_clean_text(bytes({0xf4, 0x8f, 0xbf, 0xbf})));  // U+10FFFF
+  EXPECT_FALSE(is_clean_text("\x7f"));                           // U+007F DEL
+  EXPECT_FALSE(is_clean_text(bytes({0xc2, 0x80})));              // U+0080, C1 control
+  EXPECT_FALSE(is_clean_text(bytes({0xc2, 0x9f})));              // U+009F, C1 control
+  EXPECT_TRUE(is_clean_text(bytes({0xc2, 0xa0})));               // U+00A0
+  EXPECT_TRUE(is_clean_text(bytes({0xdf, 0xbf})));               // U+07FF
+  EXPECT_TRUE(is_clean_text(bytes({0xe0, 0xa0, 0x80})));         // U+0800
+  EXPECT_TRUE(is_clean_text(bytes({0xef, 0xbf, 0xbf})));         // U+FFFF
+  EXPECT_TRUE(is_clean_text(bytes({0xf0, 0x90, 0x80, 0x80})));   // U+10000
+  EXPECT_TRUE(is_clean_text(bytes({0xf4, 0x8f, 0xbf, 0xbf})));   // U+10FFFF
   EXPECT_FALSE(is_clean_text(bytes({0xf4, 0x90, 0x80, 0x80})));  // U+110000
   EXPECT_FALSE(is_clean_text(bytes({0xed, 0xa0, 0x80})));        // U+D800
   EXPECT_FALSE(is_clean_text(bytes({0xed, 0xbf, 0xbf})));        // U+DFFF
@@ -196,7 +198,10 @@ TEST(TextTest, CleanTextIsSentAsWritten) {
 }
 
 TEST(TextTest, EscapeWritesBadBytesAndBackslashesAsHex) {
-  EXPECT_EQ(clean_text("a\x01" "b", kNameMaxBytes), "a\\x01b");
+  EXPECT_EQ(clean_text("a\x01"
+                       "b",
+                       kNameMaxBytes),
+            "a\\x01b");
   EXPECT_EQ(clean_text("a\\b\xff", kNameMaxBytes), "a\\x5cb\\xff");
   EXPECT_EQ(clean_text(bytes({'x', 0xc2, 0x85}), kNameMaxBytes), "x\\xc2\\x85");
   EXPECT_EQ(clean_text(bytes({0xed, 0xa0, 0x80, 0xc3, 0xa9}), kNameMaxBytes),
@@ -231,8 +236,12 @@ TEST(TextTest, EscapeIsCleanAndDecodesBack) {
 
 TEST(TextTest, OverLongTextIsCutOnACharacterAndKeepsLongNamesApart) {
   const std::string prefix(250, 'p');
-  const std::string a = prefix + "\xe7\xba\xbf" "aaaaaaaaaa";
-  const std::string b = prefix + "\xe7\xba\xbf" "bbbbbbbbbb";
+  const std::string a = prefix +
+                        "\xe7\xba\xbf"
+                        "aaaaaaaaaa";
+  const std::string b = prefix +
+                        "\xe7\xba\xbf"
+                        "bbbbbbbbbb";
   const std::string ca = clean_text(a, kNameMaxBytes);
   const std::string cb = clean_text(b, kNameMaxBytes);
   EXPECT_LE(ca.size(), kNameMaxBytes);
@@ -250,8 +259,7 @@ TEST(TextTest, OverLongTextIsCutOnACharacterAndKeepsLongNamesApart) {
       EXPECT_LE(out.size(), kNameMaxBytes);
       EXPECT_TRUE(is_clean_text(out)) << out;
       const std::string body = out.substr(0, out.size() - 9);
-      EXPECT_TRUE(body.size() < 4 || body.find('\\', body.size() - 3) == std::string::npos)
-          << out;
+      EXPECT_TRUE(body.size() < 4 || body.find('\\', body.size() - 3) == std::string::npos) << out;
     }
   }
   // Different long texts, different results.

@@ -61,9 +61,13 @@ TEST(ServerValidationTest, ValidMessagesPass) {
 }
 
 TEST(ServerValidationTest, QuotedClientTextKeepsAMessageOnOneLine) {
-  EXPECT_EQ(quote("a\nb\tc\x7f" "d \xc3\xa9\xff"), "a?b?c?d \xc3\xa9?");
+  EXPECT_EQ(quote("a\nb\tc\x7f"
+                  "d \xc3\xa9\xff"),
+            "a?b?c?d \xc3\xa9?");
   // A C1 control character (U+0085) is one character, and one '?'.
-  EXPECT_EQ(quote("a\xc2\x85" "b"), "a?b");
+  EXPECT_EQ(quote("a\xc2\x85"
+                  "b"),
+            "a?b");
   auto r = valid();
   r.set_run_id("seed\rrun\nx");
   const auto v = rejection(r, stream_of());
@@ -200,13 +204,11 @@ TEST(ServerValidationTest, CountsAddUpToAtMostNumel) {
   v1::TensorStats* t = r.mutable_tensors(0);
   t->set_zeros(t->numel());
   t->set_nan(1);
-  expect_violation(refusal(r, stream_of()), "report.tensors[0].numel",
-                   "counts_exceed_numel");
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].numel", "counts_exceed_numel");
   // Wrap-around cannot hide it.
   t->set_zeros(std::numeric_limits<std::uint64_t>::max());
   t->set_nan(2);
-  expect_violation(refusal(r, stream_of()), "report.tensors[0].numel",
-                   "counts_exceed_numel");
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].numel", "counts_exceed_numel");
 }
 
 TEST(ServerValidationTest, ShapeMustMatchNumel) {
@@ -236,12 +238,10 @@ TEST(ServerValidationTest, MagnitudesFiniteAndOrdered) {
 TEST(ServerValidationTest, HistogramPresentExactlyWithFullLevel) {
   v1::StepReport r = valid();
   r.mutable_tensors(0)->clear_histogram();
-  expect_violation(refusal(r, stream_of()), "report.tensors[0].histogram",
-                   "histogram_presence");
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].histogram", "histogram_presence");
   r = valid();
   r.mutable_tensors(0)->set_level(v1::STATS_LEVEL_COUNTS);
-  expect_violation(refusal(r, stream_of()), "report.tensors[0].histogram",
-                   "histogram_presence");
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].histogram", "histogram_presence");
 }
 
 TEST(ServerValidationTest, HistogramExponentRangeBounded) {
@@ -272,12 +272,10 @@ TEST(ServerValidationTest, TargetCountsBounded) {
   v1::StepReport r = valid();
   v1::TargetCounts* c = r.mutable_tensors(0)->mutable_targets(0);
   c->set_underflow(r.tensors(0).numel() + 1);
-  expect_violation(refusal(r, stream_of()), "report.tensors[0].targets[0]",
-                   "target_counts");
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].targets[0]", "target_counts");
   r = valid();
   r.mutable_tensors(0)->mutable_targets(0)->set_scale_log2(300);
-  expect_violation(refusal(r, stream_of()), "report.tensors[0].targets[0].scale_log2",
-                   "range");
+  expect_violation(refusal(r, stream_of()), "report.tensors[0].targets[0].scale_log2", "range");
   r = valid();
   r.mutable_tensors(0)->mutable_targets(0)->set_format(v1::FORMAT_UNSPECIFIED);
   expect_violation(refusal(r, stream_of()), "report.tensors[0].targets[0].format", "enum");
@@ -289,8 +287,7 @@ TEST(ServerValidationTest, NoticesAndOutcomesBounded) {
   expect_violation(rejection(r, stream_of()), "report.notices", "too_many");
   r = valid();
   r.add_policy_outcomes()->set_applied(true);
-  expect_violation(refusal(r, stream_of()), "report.policy_outcomes[0].policy_id",
-                   "string");
+  expect_violation(refusal(r, stream_of()), "report.policy_outcomes[0].policy_id", "string");
 }
 
 // StepReport.history: past steps below the report's step in increasing order, full tensors
@@ -327,12 +324,10 @@ TEST(ServerValidationTest, HistoryStepsOrderedBelowTheStepWithFullTensorsAndAnEv
   expect_violation(rejection(r, stream_of()), "report.history[0].loss_scale", "range");
   r = base;
   r.mutable_history(1)->mutable_tensors(0)->set_level(v1::STATS_LEVEL_COUNTS);
-  expect_violation(refusal(r, stream_of()), "report.history[1].tensors[0].level",
-                   "history");
+  expect_violation(refusal(r, stream_of()), "report.history[1].tensors[0].level", "history");
   r = base;
   r.mutable_history(1)->mutable_tensors(0)->set_name("");
-  expect_violation(refusal(r, stream_of()), "report.history[1].tensors[0].name",
-                   "string");
+  expect_violation(refusal(r, stream_of()), "report.history[1].tensors[0].name", "string");
 }
 
 // Names are UTF-8: any Unicode without control characters is taken as written.
@@ -387,8 +382,7 @@ TEST(ServerValidationTest, OneBadTensorIsRefusedAloneAndNamedInANotice) {
   ASSERT_FALSE(w.rejected);
   ASSERT_EQ(w.refused.size(), 2u);
   expect_violation(w.refused[0].violation, "report.tensors[0].name", "string");
-  expect_violation(w.refused[1].violation, "report.tensors[2].histogram.counts",
-                   "histogram_total");
+  expect_violation(w.refused[1].violation, "report.tensors[2].histogram.counts", "histogram_total");
   EXPECT_NE(w.refused[1].notice.find("(histogram_total at histogram.counts)"), std::string::npos)
       << w.refused[1].notice;
   ASSERT_EQ(r.tensors_size(), 1);

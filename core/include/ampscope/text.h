@@ -25,9 +25,9 @@
 namespace ampscope::text {
 
 // Limits of text fields on the wire, in bytes (the .proto files document them field by field).
-inline constexpr std::size_t kNameMaxBytes = 256;       // tensor and layer names, host, trainer
-inline constexpr std::size_t kShortTextMaxBytes = 64;   // precision, agent_version, policy ids
-inline constexpr std::size_t kNoticeMaxBytes = 512;     // notices, policy outcome reasons
+inline constexpr std::size_t kNameMaxBytes = 256;      // tensor and layer names, host, trainer
+inline constexpr std::size_t kShortTextMaxBytes = 64;  // precision, agent_version, policy ids
+inline constexpr std::size_t kNoticeMaxBytes = 512;    // notices, policy outcome reasons
 
 // Length of the valid UTF-8 sequence that starts at s[i] (i < s.size()), or 0 when none starts
 // there (a stray continuation byte, an overlong form, a surrogate, a code point above
