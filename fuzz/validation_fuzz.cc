@@ -15,8 +15,8 @@
 #include <algorithm>
 #include <optional>
 
-#include "support.h"
 #include "ampscope/text.h"
+#include "support.h"
 #include "validation.h"
 
 namespace ampscope::fuzz {
@@ -57,8 +57,8 @@ void check_hello(const v1::Hello& hello) {
 }
 
 bool refusable(const std::string& field) {
-  for (std::string_view part : {"report.tensors[", "report.fp32_layers[",
-                                "report.policy_outcomes[", "report.notices["}) {
+  for (std::string_view part :
+       {"report.tensors[", "report.fp32_layers[", "report.policy_outcomes[", "report.notices["}) {
     if (field.starts_with(part)) return true;
   }
   if (field == "report.first_offender.tensor") return true;

@@ -7,10 +7,10 @@
 #include <sstream>
 
 #include "ampscope/proto/wire_time.h"
-#include "ampscope/text.h"
 
 #include "ampscope/proto/stats_codec.h"
 #include "ampscope/proto/vocabulary_codec.h"
+#include "ampscope/text.h"
 
 namespace ampscope::agent {
 
@@ -119,7 +119,9 @@ void encode_report(const StepRecord& record, const ReportContext& context, v1::S
   out->set_optimizer_steps(static_cast<std::uint64_t>(std::max<std::int64_t>(0, i.optimizer_steps)));
   out->set_time_unix_ns(context.time_unix_ns);
   if (i.val_loss) out->set_val_loss(*i.val_loss);
-  for (const auto& l : i.fp32_layers) out->add_fp32_layers(text::clean_text(l, text::kNameMaxBytes));
+  for (const auto& l : i.fp32_layers) {
+    out->add_fp32_layers(text::clean_text(l, text::kNameMaxBytes));
+  }
   if (record.tensor_core_active_ratio) {
     out->set_tensor_core_active_ratio(*record.tensor_core_active_ratio);
   }

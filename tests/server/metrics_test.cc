@@ -302,15 +302,16 @@ TEST(ServerMetricsTest, TensorLabelValuesAreTheNamesAsWritten) {
   do {
     std::this_thread::sleep_for(100ms);
     text = scrape(server.metrics_address());
-  } while (find_samples(parse_samples(text), "ampscope_tensor_underflow_ratio",
-                        {{"run", "run-names"}})
-                   .size() < 2 &&
-           std::chrono::steady_clock::now() < deadline);
+  } while (
+      find_samples(parse_samples(text), "ampscope_tensor_underflow_ratio", {{"run", "run-names"}})
+              .size() < 2 &&
+      std::chrono::steady_clock::now() < deadline);
   EXPECT_NE(text.find("tensor=\"" + unicode + "\""), std::string::npos) << text;
   EXPECT_NE(text.find("tensor=\"q\\\"uote\\\\back\""), std::string::npos) << text;
   const std::vector<Sample> m = parse_samples(text);
   std::set<std::string> names;
-  for (const Sample& s : find_samples(m, "ampscope_tensor_underflow_ratio", {{"run", "run-names"}})) {
+  for (const Sample& s :
+       find_samples(m, "ampscope_tensor_underflow_ratio", {{"run", "run-names"}})) {
     names.insert(s.labels.at("tensor"));
   }
   EXPECT_EQ(names, (std::set<std::string>{unicode, quoted}));

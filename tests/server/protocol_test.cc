@@ -1,8 +1,9 @@
 // The stream protocol as an agent sees it, against the real server: a malformed report is
 // answered with a Reject naming the field and the stream goes on (nothing of the report is
 // stored); one bad tensor is refused alone (the step stored without it, a notice, a count),
-// and names are UTF-8 stored as written; a bad or missing Hello ends the stream with INVALID_ARGUMENT; an oversized message
-// ends it with RESOURCE_EXHAUSTED; the health service answers.
+// and names are UTF-8 stored as written; a bad or missing Hello ends the stream with
+// INVALID_ARGUMENT; an oversized message ends it with RESOURCE_EXHAUSTED; the health service
+// answers.
 #include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 
@@ -101,8 +102,9 @@ TEST_F(ServerProtocolTest, UnicodeNamesAreStoredAsWrittenAndOneBadTensorIsRefuse
     return std::find(notices.begin(), notices.end(), n) != notices.end();
   };
   EXPECT_TRUE(has("trainer: " + unicode));
-  EXPECT_TRUE(has("server: refused tensor 'h0.bad' alone (counts_exceed_numel at numel); the "
-                  "rest of its step is stored"));
+  EXPECT_TRUE(
+      has("server: refused tensor 'h0.bad' alone (counts_exceed_numel at numel); the "
+          "rest of its step is stored"));
   EXPECT_TRUE(has("server: first offender 'h0?[2J' (string): stored as 'h0\\x1b[2J'"));
 
   const auto samples = parse_samples(scrape(server_->metrics_address()));
@@ -111,9 +113,9 @@ TEST_F(ServerProtocolTest, UnicodeNamesAreStoredAsWrittenAndOneBadTensorIsRefuse
             1);
   EXPECT_EQ(sample_value(samples, "ampscope_report_parts_refused_total", {{"reason", "string"}}),
             1);
-  EXPECT_EQ(sample_value(samples, "ampscope_reports_rejected_total",
-                         {{"reason", "counts_exceed_numel"}}),
-            0);
+  EXPECT_EQ(
+      sample_value(samples, "ampscope_reports_rejected_total", {{"reason", "counts_exceed_numel"}}),
+      0);
 }
 
 TEST_F(ServerProtocolTest, OutOfOrderSeqOnAStreamIsRejected) {

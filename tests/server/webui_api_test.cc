@@ -354,8 +354,15 @@ TEST_F(WebApiTest, UnicodeNamesAreInTheJsonAsWritten) {
       r.mutable_first_offender()->set_role(v1::TENSOR_ROLE_WEIGHT_GRAD);
     }
   });
-  TensorTotals totals{"utf8", name, v1::TENSOR_ROLE_WEIGHT_GRAD, v1::FORMAT_FP16, 3, 300, 0, 0,
-                      0, 1.0, 2};
+  TensorTotals totals;
+  totals.run_id = "utf8";
+  totals.name = name;
+  totals.role = v1::TENSOR_ROLE_WEIGHT_GRAD;
+  totals.format = v1::FORMAT_FP16;
+  totals.samples = 3;
+  totals.values = 300;
+  totals.max_abs = 1.0;
+  totals.last_step = 2;
   writer_.begin();
   writer_.add_tensor_totals(totals);
   writer_.commit();
