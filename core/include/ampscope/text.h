@@ -95,7 +95,6 @@ inline std::string clean_text(std::string_view s, std::size_t max_bytes) {
   bool cut = false;
   for (std::size_t i = 0; i < s.size();) {
     std::size_t n = clean_char(s, i);
-    const std::size_t before = out.size();
     if (n == 0 || s[i] == '\\') {
       const auto c = static_cast<unsigned char>(s[i]);
       out += "\\x";
@@ -107,7 +106,6 @@ inline std::string clean_text(std::string_view s, std::size_t max_bytes) {
     }
     if (out.size() + kSuffixBytes <= max_bytes) fits = out.size();
     if (out.size() > max_bytes) {
-      out.resize(before);
       cut = true;
       break;
     }
