@@ -7,6 +7,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 
+#include "ampscope/testing/net.h"
 #include "server_harness.h"
 
 namespace ampscope::testing {
@@ -106,6 +107,17 @@ TEST_F(ServerProtocolTest, UnicodeNamesAreStoredAsWrittenAndOneBadTensorIsRefuse
       has("server: refused tensor 'h0.bad' alone (counts_exceed_numel at numel); the "
           "rest of its step is stored"));
   EXPECT_TRUE(has("server: first offender 'h0?[2J' (string): stored as 'h0\\x1b[2J'"));
+
+  // The web UI's API over HTTP: the tensor page asked by the name, percent-encoded as a browser
+  // sends it, answers with the name as written.
+  std::string body;
+  EXPECT_EQ(http_get("http://" + server_->http_address() + "/api/runs/run-u/tensor?name=" +
+                         url_encode(unicode) + "&role=weight_grad",
+                     &body),
+            200)
+      << body;
+  EXPECT_NE(body.find("\"name\":\"" + unicode + "\""), std::string::npos) << body;
+  EXPECT_EQ(body.find("\"columns\":[]"), std::string::npos) << body;
 
   const auto samples = parse_samples(scrape(server_->metrics_address()));
   EXPECT_EQ(sample_value(samples, "ampscope_report_parts_refused_total",
