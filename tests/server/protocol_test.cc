@@ -111,8 +111,8 @@ TEST_F(ServerProtocolTest, UnicodeNamesAreStoredAsWrittenAndOneBadTensorIsRefuse
   // The web UI's API over HTTP: the tensor page asked by the name, percent-encoded as a browser
   // sends it, answers with the name as written.
   std::string body;
-  EXPECT_EQ(http_get("http://" + server_->http_address() + "/api/runs/run-u/tensor?name=" +
-                         url_encode(unicode) + "&role=weight_grad",
+  EXPECT_EQ(http_get("http://" + server_->http_address() +
+                         "/api/runs/run-u/tensor?name=" + url_encode(unicode) + "&role=weight_grad",
                      &body),
             200)
       << body;
