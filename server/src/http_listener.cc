@@ -186,6 +186,7 @@ struct HttpListener::Impl {
   std::string address;
   int listen_fd = -1;
   MHD_Daemon* daemon = nullptr;
+  std::atomic<bool> serving{false};  // the library started (its messages before: errors)
   std::atomic<bool> stopped{false};
 
   // The worker pool: jobs are suspended connections' requests. The queue is bounded by the
@@ -416,6 +417,13 @@ struct HttpListener::Impl {
   void library_log(std::string_view text) {
     std::lock_guard lock(log_mu);
     last_library_message = text;
+    // A client that hangs up mid-request or speaks plain HTTP to the HTTPS port is routine:
+    // debug. A bound reached, or the library failing at start, is for the operator.
+    const bool for_operator = !serving || text.find("limit") != std::string_view::npos;
+    if (!for_operator) {
+      log(LogLevel::kDebug, options.name, " listener: ", text);
+      return;
+    }
     const Clock::time_point now = Clock::now();
     if (now - last_library_log < kLibraryLogInterval) {
       ++library_logs_left_out;
@@ -556,6 +564,7 @@ struct HttpListener::Impl {
       }
       throw Error(options.flag + " '" + options.listen + "': cannot serve on it");
     }
+    serving = true;
   }
 
   void stop_threads() {
