@@ -205,6 +205,15 @@ BoundAddresses Server::start() {
     s.grpc_server->Shutdown();
     s.ingest->stop();
   };
+  // A listener that cannot start stops what already started before the error goes up.
+  const auto start_listener = [&fail](HttpOptions http, HttpListener::Handler handler) {
+    try {
+      return std::make_unique<HttpListener>(std::move(http), std::move(handler));
+    } catch (const std::exception&) {
+      fail();
+      throw;
+    }
+  };
   if (!o.metrics_listen.empty()) {
     s.metrics_endpoint = std::make_unique<MetricsEndpoint>(
         s.metrics->registry(), s.auth,
@@ -215,14 +224,9 @@ BoundAddresses Server::start() {
     http.name = "/metrics";
     http.limits = o.http_limits;
     http.workers = 2;
-    try {
-      s.metrics_http = std::make_unique<HttpListener>(
-          std::move(http),
-          [e = s.metrics_endpoint.get()](const HttpRequest& req) { return e->handle(req); });
-    } catch (const std::exception&) {
-      fail();
-      throw;
-    }
+    s.metrics_http = start_listener(
+        std::move(http),
+        [e = s.metrics_endpoint.get()](const HttpRequest& req) { return e->handle(req); });
     bound.metrics = s.metrics_http->address();
   }
   if (!o.http_listen.empty()) {
@@ -239,14 +243,9 @@ BoundAddresses Server::start() {
     http.limits = o.http_limits;
     http.default_headers = web_security_headers();
     http.on_tls_refusal = [metrics] { metrics->auth_failure(AuthSurface::webui); };
-    try {
-      s.http = std::make_unique<HttpListener>(
-          std::move(http),
-          [r = s.web_routes.get()](const HttpRequest& req) { return r->handle(req); });
-    } catch (const std::exception&) {
-      fail();
-      throw;
-    }
+    s.http = start_listener(
+        std::move(http),
+        [r = s.web_routes.get()](const HttpRequest& req) { return r->handle(req); });
     bound.http = s.http->address();
   }
   {
