@@ -305,8 +305,9 @@ std::string Recorder::wire_name(std::string_view name) {
   std::string sent = text::clean_text(name, text::kNameMaxBytes);
   notices_->raise("name-escaped",
                   "agent: tensor names that are not valid UTF-8, hold control characters or "
-                  "exceed 256 bytes are sent escaped (\\xHH, cut with ~hash); the first: '" +
-                      sent + "'");
+                  "exceed " +
+                      std::to_string(text::kNameMaxBytes) +
+                      " bytes are sent escaped (\\xHH, cut with ~hash); the first: '" + sent + "'");
   return sent;
 }
 
