@@ -4,9 +4,11 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <optional>
 #include <random>
 #include <vector>
 
+#include "ampscope/proto/target.h"
 #include "ampscope/proto/tls_failure.h"
 #include "ampscope/v1/telemetry.grpc.pb.h"
 #include "nvtx.h"
@@ -25,7 +27,10 @@ constexpr std::chrono::milliseconds kConnectSlice{50};
 // this cap): a server that ends every stream at once, even cleanly, is not called in a loop.
 constexpr std::chrono::milliseconds kHealthyStreamCap{10000};
 
-std::shared_ptr<grpc::Channel> make_channel(const AgentConfig& c) {
+// The longest owner address a Redirect may name (telemetry.proto).
+constexpr std::size_t kMaxOwnerBytes = 256;
+
+std::shared_ptr<grpc::Channel> make_channel(const AgentConfig& c, const std::string& target) {
   grpc::ChannelArguments args;
   // Keepalive that the server accepts (telemetry.proto): never more often than every 10 s.
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(c.keepalive_time.count()));
@@ -39,12 +44,12 @@ std::shared_ptr<grpc::Channel> make_channel(const AgentConfig& c) {
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, static_cast<int>(c.backoff_initial.count()));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(c.backoff_max.count()));
   args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 16 << 20);
-  if (!c.tls) return grpc::CreateCustomChannel(c.server, grpc::InsecureChannelCredentials(), args);
+  if (!c.tls) return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   grpc::SslCredentialsOptions ssl;
   ssl.pem_root_certs = c.tls_ca_pem;
   ssl.pem_cert_chain = c.tls_cert_pem;
   ssl.pem_private_key = c.tls_key_pem;
-  return grpc::CreateCustomChannel(c.server, grpc::SslCredentials(ssl), args);
+  return grpc::CreateCustomChannel(target, grpc::SslCredentials(ssl), args);
 }
 
 // Why `channel` did not connect, as gRPC tells a call: one that does not wait for the channel
@@ -105,21 +110,26 @@ class Transport::Session {
  public:
   std::mutex mu;
   std::condition_variable cv;
-  bool broken = false;                  // the reader saw the end of the stream
-  bool acked_once = false;              // the first Ack arrived
+  bool broken = false;      // the reader saw the end of the stream
+  bool acked_once = false;  // the first Ack arrived
   std::uint64_t first_ack = 0;
-  std::string protocol_error;           // why the reader cut the stream
+  std::string protocol_error;              // why the reader cut the stream
+  std::optional<std::string> redirect;     // Redirect.owner, when the server sent one
   std::atomic<std::uint64_t> sent_max{0};  // the highest seq written (or being written)
 };
 
 Transport::Transport(const AgentConfig& config, Spool* spool, Notices* notices,
                      TransportHooks hooks)
-    : config_(config), spool_(spool), notices_(notices), hooks_(std::move(hooks)) {}
+    : config_(config),
+      spool_(spool),
+      notices_(notices),
+      hooks_(std::move(hooks)),
+      servers_(proto::split_targets(config.server)) {}
 
 Transport::~Transport() { stop(Clock::now()); }
 
 void Transport::start() {
-  if (config_.server.empty()) {
+  if (servers_.empty()) {
     notices_->raise("transport: no server configured; reports stay in the spool at " +
                     spool_->dir());
     return;
@@ -138,8 +148,7 @@ bool Transport::wait_acked(std::uint64_t seq, Deadline deadline) {
   std::unique_lock lock(mu_);
   while (spool_->acked() < seq) {
     if (stopping_ || config_.server.empty()) return spool_->acked() >= seq;
-    if (cv_.wait_until(lock, std::min(deadline, Clock::now() + kPoll)) ==
-            std::cv_status::timeout &&
+    if (cv_.wait_until(lock, std::min(deadline, Clock::now() + kPoll)) == std::cv_status::timeout &&
         Clock::now() >= deadline) {
       return spool_->acked() >= seq;
     }
@@ -156,8 +165,7 @@ void Transport::stop(Deadline deadline) {
       stop_deadline_ = deadline;
       // Everything acknowledged on an open stream: the session half-closes by itself (and
       // cancels at the deadline). Otherwise cut it short; what is left stays in the spool.
-      if (context_ != nullptr &&
-          !(connected_.load() && spool_->acked() >= spool_->last_seq())) {
+      if (context_ != nullptr && !(connected_.load() && spool_->acked() >= spool_->last_seq())) {
         context_->TryCancel();
       }
     }
@@ -228,9 +236,34 @@ void Transport::run() {
   std::mt19937_64 rng(std::random_device{}());
   auto backoff = config_.backoff_initial;
   std::string last_failure;
+  std::size_t entry = 0;      // servers_[entry] takes the next stream, unless redirected
+  std::string owner;          // the redirect to follow with the next stream
+  std::string redirected_by;  // the server that named `owner`
+  int redirects = 0;          // followed in a row
   while (!stopping()) {
-    const StreamEnd end = stream_once();
+    const bool to_owner = !owner.empty();
+    const std::string target = to_owner ? owner : servers_[entry];
+    StreamEnd end = stream_once(target);
     if (stopping()) return;
+    // One stream to the owner; after it, whoever owns the run then says where it is.
+    owner.clear();
+    if (!end.redirect.empty()) {
+      if (redirects < kMaxRedirects) {
+        ++redirects;
+        owner = end.redirect;
+        redirected_by = target;
+        continue;
+      }
+      end.failure = "redirected " + std::to_string(redirects + 1) + " times in a row for run '" +
+                    config_.run_id + "', last by " + target + " to " + end.redirect +
+                    " (do the servers agree on the run's owner?); backing off";
+    } else if (to_owner && !end.failure.empty()) {
+      end.failure = "cannot reach the owner of run '" + config_.run_id + "' at " + target +
+                    " (redirected by " + redirected_by + "): " + end.failure;
+    }
+    redirects = 0;
+    // A server that did not serve this agent well: the next one of the list gets the next try.
+    if (!end.healthy) entry = (entry + 1) % servers_.size();
     if (!end.failure.empty() && end.failure != last_failure) {
       // One notice per distinct failure, so an outage does not flood the reports.
       notices_->raise("transport: " + end.failure);
@@ -248,12 +281,12 @@ void Transport::run() {
   }
 }
 
-Transport::StreamEnd Transport::stream_once() {
+Transport::StreamEnd Transport::stream_once(const std::string& target) {
   StreamEnd end;
-  auto channel = make_channel(config_);
+  auto channel = make_channel(config_, target);
   if (!connect(*channel)) {
     if (stopping()) return end;
-    end.failure = "cannot connect to " + config_.server;
+    end.failure = "cannot connect to " + target;
     if (const std::string tls = proto::tls_failure(connect_error(channel), config_.tls);
         !tls.empty()) {
       // Not a passing outage: nothing arrives until the certificates change, and the person
@@ -303,17 +336,26 @@ Transport::StreamEnd Transport::stream_once() {
         try {
           if (hooks_.on_policy) hooks_.on_policy(msg.policy());
         } catch (const std::exception& e) {
-          notices_->raise("transport:policy", std::string("policy: an update was lost: ") +
-                                                  e.what());
+          notices_->raise("transport:policy",
+                          std::string("policy: an update was lost: ") + e.what());
         } catch (...) {
           notices_->raise("transport:policy", "policy: an update was lost");
         }
+      } else if (msg.has_redirect()) {
+        // Another server owns the run: this stream is over (the server ends it too), and what
+        // it did not acknowledge goes to the owner.
+        {
+          std::lock_guard lock(session.mu);
+          session.redirect = msg.redirect().owner();
+        }
+        ctx.TryCancel();
+        break;
       } else if (msg.has_reject()) {
         rejected_.fetch_add(1);
         const auto& r = msg.reject();
         notices_->raise("reject:" + r.reason() + ":" + r.field(),
-                        "server rejected report seq " + std::to_string(r.seq()) + ": " +
-                            r.field() + ": " + r.message());
+                        "server rejected report seq " + std::to_string(r.seq()) + ": " + r.field() +
+                            ": " + r.message());
       }
     }
     {
@@ -422,16 +464,31 @@ Transport::StreamEnd Transport::stream_once() {
   if (!protocol_error.empty()) {
     protocol_errors_.fetch_add(1);
     notices_->raise("transport:protocol",
-                    "transport: protocol error from " + config_.server + ": " + protocol_error +
+                    "transport: protocol error from " + target + ": " + protocol_error +
                         "; the spool is kept, the stream is cut and retried with backoff "
                         "(counted in protocol_errors)");
     return end;  // noticed once above, whatever the next one says
   }
-  end.healthy = acknowledged && lived >= std::min<Clock::duration>(config_.backoff_max,
-                                                                   kHealthyStreamCap);
+  if (const std::optional<std::string> owner = [&] {
+        std::lock_guard lock(session.mu);
+        return session.redirect;
+      }()) {
+    const std::string why = owner->size() > kMaxOwnerBytes
+                                ? "longer than " + std::to_string(kMaxOwnerBytes) + " bytes"
+                                : proto::check_target(*owner);
+    if (why.empty()) {
+      end.redirect = *owner;
+    } else {
+      end.failure = "the server at " + target + " redirected run '" + config_.run_id +
+                    "' to an owner address that is not one: " + why;
+    }
+    return end;
+  }
+  end.healthy =
+      acknowledged && lived >= std::min<Clock::duration>(config_.backoff_max, kHealthyStreamCap);
   if (const auto code = status.error_code(); code == grpc::StatusCode::ALREADY_EXISTS ||
-                                              code == grpc::StatusCode::UNAUTHENTICATED ||
-                                              code == grpc::StatusCode::PERMISSION_DENIED) {
+                                             code == grpc::StatusCode::UNAUTHENTICATED ||
+                                             code == grpc::StatusCode::PERMISSION_DENIED) {
     end.refused = true;
     notices_->raise_loud("transport:refused:" + std::to_string(static_cast<int>(code)),
                          "the server refuses this agent: " + status_text(status) +
@@ -439,9 +496,9 @@ Transport::StreamEnd Transport::stream_once() {
                              "spool_max_bytes, then dropped and counted), asking again every "
                              "backoff_max_ms");
   } else if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) {
-    end.failure = "stream to " + config_.server + " ended: " + status_text(status);
+    end.failure = "stream to " + target + " ended: " + status_text(status);
   } else if (!acknowledged && !stopping()) {
-    end.failure = "no acknowledgement from " + config_.server + " after the Hello";
+    end.failure = "no acknowledgement from " + target + " after the Hello";
   }
   return end;
 }

@@ -10,6 +10,13 @@
 //   acknowledged and stayed open for backoff_max (at most 10 s); a server that refuses this
 //   agent (ALREADY_EXISTS: another process streams as this run and rank; UNAUTHENTICATED or
 //   PERMISSION_DENIED: its token) is asked again every backoff_max.
+// Several servers (config.server "a:50051,b:50051"): each stream goes to one entry of the list,
+// the first one first; a stream that ends before it was healthy (not connected, refused, ended
+// early) moves on to the next entry, round the list, with the backoff as above; a healthy one
+// keeps its entry. A server that does not own the run answers the Hello with a Redirect to the
+// owner: the next stream goes there at once, without a backoff, and the one after it starts
+// from the list again (whoever owns the run then says where it is). At most kMaxRedirects are
+// followed in a row; one more, or an owner that cannot be reached, is a notice and a backoff.
 // A reader thread per stream takes Acks (which trim the spool), PolicyUpdates (handed to the
 // policy hook) and Rejects (counted; the report is settled and leaves the spool with the next
 // Ack). An Ack is believed only for what it can cover: the first one of a stream for what this
@@ -36,6 +43,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "ampscope/agent/config.h"
 #include "ampscope/v1/telemetry.pb.h"
@@ -45,7 +53,7 @@
 namespace grpc {
 class Channel;
 class ClientContext;
-}
+}  // namespace grpc
 
 namespace ampscope::agent {
 
@@ -72,6 +80,10 @@ class Transport {
   // graceful end. Later calls return at once.
   void stop(Deadline deadline);
 
+  // Redirects followed in a row before the agent backs off: a loop between servers that
+  // disagree about the owner costs a few Hellos per backoff, never a busy loop.
+  static constexpr int kMaxRedirects = 3;
+
   bool connected() const { return connected_.load(); }
   // A stream had been acknowledged and none is now: the server went away (or is being
   // reconnected to). False before the first acknowledged stream.
@@ -94,8 +106,10 @@ class Transport {
     // The server refused this agent (ALREADY_EXISTS: another process streams this run and
     // rank; UNAUTHENTICATED, PERMISSION_DENIED: its token): asking again soon cannot help.
     bool refused = false;
+    // The server named the run's owner (Redirect.owner, checked): stream there next.
+    std::string redirect;
   };
-  StreamEnd stream_once();
+  StreamEnd stream_once(const std::string& target);
   bool connect(grpc::Channel& channel);  // false on timeout or stop
   bool stopping() const;
   // Empty when the Ack may be believed (and was applied to the spool), else why not.
@@ -106,13 +120,14 @@ class Transport {
   Spool* spool_;
   Notices* notices_;
   TransportHooks hooks_;
+  const std::vector<std::string> servers_;  // config.server's entries, in order
   std::thread thread_;
   std::mutex join_mu_;  // one stop() joins
   mutable std::mutex mu_;
-  std::condition_variable cv_;  // stop requests, acks, the sender's end
-  bool stopping_ = false;       // guarded by mu_
-  Deadline stop_deadline_{};    // guarded by mu_; set with stopping_
-  bool finished_ = false;       // guarded by mu_: run() returned
+  std::condition_variable cv_;              // stop requests, acks, the sender's end
+  bool stopping_ = false;                   // guarded by mu_
+  Deadline stop_deadline_{};                // guarded by mu_; set with stopping_
+  bool finished_ = false;                   // guarded by mu_: run() returned
   grpc::ClientContext* context_ = nullptr;  // of the open stream, guarded by mu_
   std::atomic<bool> connected_{false};
   std::atomic<bool> ever_connected_{false};
