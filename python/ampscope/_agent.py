@@ -35,6 +35,19 @@ def utf8(text):
     return text.encode("utf-8", "surrogatepass")
 
 
+def server_option(server):
+    """`server` as the agent's `server` option: a str ("host:port", or several separated by
+    commas), or a list or tuple of str, joined with commas (the agent tries them in order and
+    follows a server's redirect to the run's owner). TypeError naming `server` otherwise; the
+    agent checks each address."""
+    if isinstance(server, str):
+        return server
+    if isinstance(server, (list, tuple)) and all(isinstance(s, str) for s in server):
+        return ",".join(server)
+    raise TypeError("server must be a str ('host:port' or 'a:50051,b:50051') or a list of str, "
+                    f"got {type(server).__name__}")
+
+
 def _encode(value, what):
     if isinstance(value, bool):
         return b"1" if value else b"0"
@@ -109,7 +122,8 @@ class Agent:
                  compute_format=_capi.FORMAT_FP16, scaler_settings=None):
         """Creates and starts the agent. The environment (AMPSCOPE_SERVER, AMPSCOPE_RUN_ID,
         AMPSCOPE_SAMPLE_FULL_EVERY, ...) is applied first; run_id, server and `options` (the
-        agent's option keys: "sample_full_every", "spool_dir", ...) override it. Raises
+        agent's option keys: "sample_full_every", "spool_dir", ...) override it; `server` may
+        list several servers (see server_option). Raises
         ValueError for a bad option or a configuration the agent refuses (naming the key: a bad
         run_id, a server without a port) and AgentError when the agent cannot start."""
         self._lib = _capi.library()
@@ -124,7 +138,7 @@ class Agent:
             if run_id is not None:
                 settings["run_id"] = run_id
             if server is not None:
-                settings["server"] = server
+                settings["server"] = server_option(server)
             for key, value in settings.items():
                 if not isinstance(key, str):
                     raise TypeError(f"options keys must be str, got {type(key).__name__}")

@@ -75,7 +75,9 @@ void add_agent_flags(CLI::App& app, AgentFlags* flags) {
            help)
         ->group("Agent (also AMPSCOPE_<KEY> variables)");
   };
-  add("--server", "server", "ampscope-server address host:port; attaches the agent");
+  add("--server", "server",
+      "ampscope-server address host:port, or several as a:50051,b:50051 (tried in order); "
+      "attaches the agent");
   add("--run-id", "run_id", "run id the server files the reports under");
   add("--token-file", "token_file", "file whose first line is the server's token");
   add("--spool-dir", "spool_dir", "directory for unacknowledged reports (default: a temp dir)");

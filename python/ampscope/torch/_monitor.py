@@ -47,7 +47,7 @@ import weakref
 import torch
 
 from .. import _capi
-from .._agent import Agent, utf8
+from .._agent import Agent, server_option, utf8
 from . import _scaler
 
 _FORMATS = {torch.float32: _capi.FORMAT_FP32, torch.float16: _capi.FORMAT_FP16,
@@ -716,7 +716,9 @@ def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, opti
     scaler         torch.cuda.amp.GradScaler, torch.amp.GradScaler, ampscope.torch.LossScaler
                    or None (an FP32 run, or a bf16 run without scaling)
     run_id, server the run's id and ampscope-server's address (else AMPSCOPE_RUN_ID,
-                   AMPSCOPE_SERVER from the environment)
+                   AMPSCOPE_SERVER from the environment); several servers as "a:50051,b:50051"
+                   or ["a:50051", "b:50051"]: tried in order, a redirect followed to the run's
+                   owner
     options        the agent's options ({"sample_full_every": 10, "spool_dir": "..."}); the
                    environment's AMPSCOPE_* apply first
     compute_dtype  the autocast dtype (torch.float16 / torch.bfloat16 / torch.float32); default
@@ -747,8 +749,8 @@ def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, opti
         raise TypeError(f"run_id must be a str, got {type(run_id).__name__}")
     if run_id is not None and not run_id:
         raise ValueError("run_id must not be empty")
-    if server is not None and not isinstance(server, str):
-        raise TypeError(f"server must be a str ('host:port'), got {type(server).__name__}")
+    if server is not None:
+        server = server_option(server)  # TypeError naming `server`
     if options is not None and not isinstance(options, dict):
         raise TypeError(f"options must be a dict, got {type(options).__name__}")
     if scheduler is not None and not callable(getattr(scheduler, "step", None)):
