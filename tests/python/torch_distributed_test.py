@@ -13,7 +13,6 @@ shows the divergence on exactly those steps."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,20 +26,15 @@ STEPS = 24
 DELAY_MS = 1500  # rank 1's updates count as received this long after they arrived
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def worker(rank, world, port, server, run_id, agreement, out_path, spool):
+def worker(rank, world, rendezvous, server, run_id, agreement, out_path, spool):
     """One rank: data-parallel training with the monitor attached over a gloo group."""
     import torch
     import torch.distributed as dist
     import ampscope.torch as amps
 
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # A file rendezvous: no port to choose, so no race with other tests for a free one.
+    dist.init_process_group("gloo", init_method="file://" + rendezvous, rank=rank,
+                            world_size=world)
     torch.manual_seed(0)  # the same initial weights on every rank
     model = amps_testing.tiny_gpt()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -90,16 +84,24 @@ class DistributedTest(unittest.TestCase):
         self.addCleanup(self.server.stop)
         self.addCleanup(self._tmp.cleanup)
 
+    @staticmethod
+    def _end(proc):
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
     def run_ranks(self, run_id, agreement):
-        port = free_port()
+        rendezvous = os.path.join(self.tmp, f"rendezvous-{run_id}")
         procs, outs = [], []
         for rank in range(2):
             out = os.path.join(self.tmp, f"{run_id}-{rank}.json")
             outs.append(out)
             procs.append(subprocess.Popen(
                 [sys.executable, os.path.abspath(__file__), "--worker", str(rank), "2",
-                 str(port), self.server.address, run_id, agreement, out,
+                 rendezvous, self.server.address, run_id, agreement, out,
                  os.path.join(self.tmp, f"spool-{run_id}-{rank}")]))
+            # A rank that fails leaves the other waiting for it: never outlive the test.
+            self.addCleanup(self._end, procs[-1])
         for p in procs:
             self.assertEqual(p.wait(timeout=300), 0)
         results = []
@@ -152,6 +154,6 @@ class DistributedTest(unittest.TestCase):
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         a = sys.argv[2:]
-        worker(int(a[0]), int(a[1]), int(a[2]), a[3], a[4], a[5], a[6], a[7])
+        worker(int(a[0]), int(a[1]), a[2], a[3], a[4], a[5], a[6], a[7])
     else:
         unittest.main()
