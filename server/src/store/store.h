@@ -1,12 +1,15 @@
-// The embedded store (SQLite, WAL): runs, agents, reports (the raw StepReport plus the columns
-// queries need; the flight recorder's history a report carries in rows of its own), per-tensor
-// totals, policy decisions with their reasons and the agents'
-// outcomes, the policy engines' saved state, and rejections. Schema versioned through
-// PRAGMA user_version with forward-only migrations (store_schema.cc).
+// The store: runs, agents, reports (the raw StepReport plus the columns queries need; the flight
+// recorder's history a report carries in rows of its own), per-tensor totals, policy decisions
+// with their reasons and the agents' outcomes, the policy engines' saved state, and rejections.
+// One schema, two back ends under the database layer of db.h: SQLite (store/sqlite: a file,
+// WAL; the default) and PostgreSQL (store/postgres: libpq, for several servers sharing one
+// database). Each back end versions its schema with forward-only migrations of its own
+// (store/sqlite/store_schema.cc, store/postgres/pg_schema.cc); the queries here are written once.
 //
 // StoreWriter is used by the ingest thread only: it groups many writes into one transaction
-// (group commit) and is the only connection that writes. StoreReader serves queries from any
-// thread on its own connection (WAL readers never block the writer).
+// (group commit) and is the only connection of its server that writes. StoreReader serves
+// queries from any thread on its own connection (SQLite's WAL readers and PostgreSQL's MVCC
+// never block the writer).
 #pragma once
 
 #include <chrono>
@@ -25,24 +28,50 @@
 
 #include "ampscope/v1/query.pb.h"
 #include "ampscope/v1/telemetry.pb.h"
+#include "db.h"
 #include "rank_merge.h"
-#include "sqlite_util.h"
 
 namespace ampscope::server {
 
-inline constexpr int kSchemaVersion = 5;
+// The schema versions this server writes, per back end.
+inline constexpr int kSchemaVersion = 5;          // SQLite (PRAGMA user_version)
+inline constexpr int kPostgresSchemaVersion = 1;  // PostgreSQL (table ampscope_schema)
+int current_schema_version(Backend backend);
 
 struct StoreOptions {
+  // `--db`: a file path (SQLite), or a PostgreSQL connection string: a postgresql:// or
+  // postgres:// URI, or libpq's "key=value ..." form (backend_of() tells them apart).
   std::string path;
   // FULL: a commit survives power loss (fsync per group commit). NORMAL: survives a crash of the
-  // server process (kill -9) but may lose the latest commits on power loss.
+  // server process (kill -9) but may lose the latest commits on power loss. SQLite only:
+  // PostgreSQL's durability is its own settings' (synchronous_commit).
   bool sync_full = true;
+  // PostgreSQL's password when not empty (read from --db-password-file); otherwise libpq's
+  // PGPASSWORD, PGPASSFILE or ~/.pgpass, or a password in `path`.
+  std::string password{};
 };
+Backend backend_of(std::string_view location);
+// `location` as it may be logged: a PostgreSQL password in it masked.
+std::string printable_location(const std::string& location);
+// The contents of a password file (its first line), refused (StoreError) when group or others
+// may read it, as libpq refuses such a ~/.pgpass.
+std::string read_password_file(const std::string& path);
 
-// Opens (creating) the database and brings its schema to kSchemaVersion. Throws StoreError
-// when the file cannot be opened or was written by a newer server.
+// Who opens a connection: the writer (creates the database, migrates it), a reader (queries
+// only), or SQLite's checkpointer.
+enum class StoreRole { kWriter, kReader, kCheckpointer };
+std::unique_ptr<Connection> open_store(const StoreOptions& options, StoreRole role);
+
+// Brings the schema to current_schema_version(): SQLite's migrations or PostgreSQL's (under an
+// advisory lock, so that servers starting together migrate once). Throws StoreError when the
+// database was written by a newer server.
 void migrate(Connection& c);
 int schema_version(Connection& c);
+// Each back end's own (store/sqlite/store_schema.cc, store/postgres/pg_schema.cc).
+void migrate_sqlite(Connection& c);
+int sqlite_schema_version(Connection& c);
+void migrate_postgres(Connection& c);
+int postgres_schema_version(Connection& c);
 
 // What the store remembers across restarts.
 struct RestoredRun {
@@ -178,7 +207,7 @@ class StoreWriter {
   RetentionResult apply_retention(std::int64_t max_age_ns, std::uint64_t max_bytes,
                                   std::int64_t now_ns, const std::set<std::string>& keep = {});
   std::uint64_t live_bytes();
-  // Moves the WAL into the database file (at shutdown).
+  // Moves SQLite's WAL into the database file (at shutdown); nothing on PostgreSQL.
   void checkpoint();
 
  private:
@@ -192,9 +221,10 @@ class StoreWriter {
   bool in_transaction_ = false;
 };
 
-// Moves the WAL into the database file on its own thread and connection, so that the ingest
+// Moves SQLite's WAL into the database file on its own thread and connection, so that the ingest
 // thread never pays for a checkpoint in its commit latency (the writer connection's automatic
-// checkpoint is off). PASSIVE checkpoints never block the writer or readers.
+// checkpoint is off). PASSIVE checkpoints never block the writer or readers. On PostgreSQL
+// (whose own checkpointer does this) it starts no thread.
 class Checkpointer {
  public:
   Checkpointer(const std::string& path, std::chrono::milliseconds interval);
@@ -283,9 +313,10 @@ struct RunView {
   std::vector<RankSeries> ranks;
   std::vector<v1::SkippedStep> skips;         // in range, the latest kSeriesSkips, by step
   std::vector<v1::ScalePoint> scale_changes;  // in range
-  std::vector<v1::PolicyDecision> decisions;  // in the range: the latest kSeriesDecisions, oldest first
-  std::vector<v1::OffenderEvent> offenders;   // in range, the latest kSeriesOffenders, by step
-  std::vector<v1::TensorRecord> tensors;      // the kSeriesTensors worst
+  std::vector<v1::PolicyDecision>
+      decisions;  // in the range: the latest kSeriesDecisions, oldest first
+  std::vector<v1::OffenderEvent> offenders;  // in range, the latest kSeriesOffenders, by step
+  std::vector<v1::TensorRecord> tensors;     // the kSeriesTensors worst
   std::vector<v1::AgentInfo> agents;
   std::vector<v1::RankDivergence> divergences;  // the latest kSeriesDivergences, by step
   std::optional<RecentReports> recent;          // when asked for: the alerts' window
@@ -319,6 +350,7 @@ struct TensorSeries {
 class StoreReader {
  public:
   explicit StoreReader(const std::string& path);
+  explicit StoreReader(const StoreOptions& options);
   ~StoreReader();
 
   std::vector<v1::RunSummary> list_runs(std::uint32_t limit);

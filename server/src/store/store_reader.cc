@@ -1,5 +1,6 @@
-// The query side of the store: one read-only connection (WAL readers see the last committed
-// state and never block the ingest thread), serialised by a mutex.
+// The query side of the store: one read-only connection (SQLite's WAL readers and PostgreSQL's
+// MVCC see the last committed state and never block the ingest thread), serialised by a mutex.
+// The SQL is the dialect both back ends accept (db.h).
 #include <algorithm>
 #include <charconv>
 #include <limits>
@@ -48,8 +49,8 @@ std::string describe_skip(const v1::SkippedStep& s) {
 // Why a tensor offended in its step (proto::offended), one line; empty when it did not.
 std::string describe_offence(const v1::TensorStats& t) {
   if (proto::nonfinite(t) > 0) {
-    return "nan " + std::to_string(t.nan()) + ", +inf " + std::to_string(t.pos_inf()) +
-           ", -inf " + std::to_string(t.neg_inf());
+    return "nan " + std::to_string(t.nan()) + ", +inf " + std::to_string(t.pos_inf()) + ", -inf " +
+           std::to_string(t.neg_inf());
   }
   if (!proto::offended(t)) return {};
   std::string format = v1::Format_Name(t.targets(0).format());
@@ -98,8 +99,10 @@ std::optional<ReportPosition> parse_page_token(std::string_view token) {
   return p;
 }
 
-StoreReader::StoreReader(const std::string& path)
-    : conn_(std::make_unique<Connection>(path, /*create=*/false, /*read_only=*/true)) {}
+StoreReader::StoreReader(const std::string& path) : StoreReader(StoreOptions{path}) {}
+
+StoreReader::StoreReader(const StoreOptions& options)
+    : conn_(open_store(options, StoreRole::kReader)) {}
 
 StoreReader::~StoreReader() = default;
 
@@ -267,10 +270,11 @@ std::vector<v1::SkippedStep> StoreReader::skipped_steps(std::int64_t run, std::i
   // The step's merged first offender (rank_merge.h: earliest in execution order, then lowest
   // rank), the one the policy engine saw: its rank and the ids of the merged reports. The
   // latest merge of the step (a step run again after a resume is merged again).
+  const Dialect dialect = dialect_of(*conn_);
   Statement merged = conn_->prepare(
-      "SELECT offender_rank, ranks, report_ids FROM merged_steps INDEXED BY "
-      "merged_steps_offender WHERE run = ?1 AND step = ?2 AND offender_rank IS NOT NULL "
-      "ORDER BY id DESC LIMIT 1");
+      "SELECT offender_rank, ranks, report_ids FROM merged_steps " +
+      dialect.index_hint("merged_steps_offender") +
+      " WHERE run = ?1 AND step = ?2 AND offender_rank IS NOT NULL ORDER BY id DESC LIMIT 1");
   Statement payload_of = conn_->prepare("SELECT payload FROM reports WHERE id = ?1");
   const auto merged_offender = [&](std::int64_t step, v1::SkippedStep* k) {
     merged.bind(1, run).bind(2, step);
@@ -303,9 +307,9 @@ std::vector<v1::SkippedStep> StoreReader::skipped_steps(std::int64_t run, std::i
   Statement s = conn_->prepare(
       // The partial indexes hold only the rows asked for; without them SQLite prefers the
       // covering index for the step order and reads every row of the range to filter it.
-      std::string("SELECT step, rank, loss_scale, scale_after, found_inf, payload FROM reports "
-                  "INDEXED BY reports_skipped WHERE run = ?1 AND skipped != 0 AND step >= ?2 "
-                  "AND step <= ?3 ORDER BY ") +
+      "SELECT step, rank, loss_scale, scale_after, found_inf, payload FROM reports " +
+      dialect.index_hint("reports_skipped") +
+      " WHERE run = ?1 AND skipped != 0 AND step >= ?2 AND step <= ?3 ORDER BY " +
       (latest ? "step DESC, rank" : "step, rank"));
   s.bind(1, run).bind(2, from).bind(3, to);
   std::vector<v1::SkippedStep> out;
@@ -336,8 +340,9 @@ std::vector<v1::OffenderEvent> StoreReader::first_offenders(std::int64_t run, st
                                                             std::int64_t to, std::uint32_t limit,
                                                             bool latest) {
   Statement s = conn_->prepare(
-      std::string("SELECT step, rank, payload FROM reports INDEXED BY reports_offender WHERE "
-                  "run = ?1 AND offender IS NOT NULL AND step >= ?2 AND step <= ?3 ORDER BY ") +
+      "SELECT step, rank, payload FROM reports " +
+      dialect_of(*conn_).index_hint("reports_offender") +
+      " WHERE run = ?1 AND offender IS NOT NULL AND step >= ?2 AND step <= ?3 ORDER BY " +
       (latest ? "step DESC, rank DESC" : "step, rank") + " LIMIT ?4");
   s.bind(1, run).bind(2, from).bind(3, to).bind(4, std::int64_t{limit});
   std::vector<v1::OffenderEvent> out;
@@ -408,7 +413,7 @@ std::vector<v1::RankDivergence> StoreReader::divergences(std::int64_t run, std::
   // The latest `limit`, listed by step.
   Statement s = conn_->prepare(
       "SELECT divergence FROM (SELECT step, field, divergence FROM rank_divergences "
-      "WHERE run = ?1 ORDER BY step DESC, field DESC LIMIT ?2) ORDER BY step, field");
+      "WHERE run = ?1 ORDER BY step DESC, field DESC LIMIT ?2) AS latest ORDER BY step, field");
   s.bind(1, run).bind(2, std::int64_t{limit});
   std::vector<v1::RankDivergence> out;
   while (s.step()) parse_blob(s.column_blob(0), &out.emplace_back());
@@ -435,14 +440,18 @@ std::optional<v1::GetRunResponse> StoreReader::get_run(const std::string& run_id
   for (v1::ScalePoint& p : scale_timeline(*run, 0, all_steps)) {
     *out.add_scale_timeline() = std::move(p);
   }
-  for (v1::TensorRecord& t : tensor_records(
-           *run, "underflow > 0 ORDER BY underflow * 1.0 / \"values\" DESC, name", limit)) {
+  // A ratio over no values is NULL on both back ends (PostgreSQL would fail on it), listed last.
+  for (v1::TensorRecord& t : tensor_records(*run,
+                                            "underflow > 0 ORDER BY underflow * 1.0 / "
+                                            "NULLIF(\"values\", 0) DESC NULLS LAST, name",
+                                            limit)) {
     *out.add_worst_underflow() = std::move(t);
   }
-  for (v1::TensorRecord& t : tensor_records(*run,
-                                            "(overflow > 0 OR nonfinite > 0) ORDER BY overflow * "
-                                            "1.0 / max(\"values\", 1) DESC, nonfinite DESC, name",
-                                            limit)) {
+  for (v1::TensorRecord& t :
+       tensor_records(*run,
+                      "(overflow > 0 OR nonfinite > 0) ORDER BY overflow * 1.0 / " +
+                          sql_greatest("\"values\"", "1") + " DESC, nonfinite DESC, name",
+                      limit)) {
     *out.add_worst_overflow() = std::move(t);
   }
   for (v1::PolicyDecision& d : decisions(*run, limit)) {
@@ -454,7 +463,7 @@ std::optional<v1::GetRunResponse> StoreReader::get_run(const std::string& run_id
   {
     Statement s = conn_->prepare(
         "SELECT step, ranks FROM (SELECT id, step, ranks FROM merged_steps WHERE run = ?1 AND "
-        "partial != 0 ORDER BY step DESC, id DESC LIMIT ?2) ORDER BY step, id");
+        "partial != 0 ORDER BY step DESC, id DESC LIMIT ?2) AS latest ORDER BY step, id");
     s.bind(1, *run).bind(2, std::int64_t{limit});
     while (s.step()) {
       v1::PartialStep* p = out.add_partial_steps();
@@ -493,8 +502,8 @@ std::optional<v1::GetReportsResponse> StoreReader::get_reports(const v1::GetRepo
   if (q.to_step() > 0) s.bind(3, q.to_step());
   if (q.has_rank()) s.bind(4, std::int64_t{q.rank()});
   if (arrival) {
-    // Report ids are SQLite rowids, at most 2^63-1: nothing comes after a larger one (bound as
-    // int64 it would be negative and select every report).
+    // Report ids are BIGINT keys (SQLite rowids), at most 2^63-1: nothing comes after a larger one
+    // (bound as int64 it would be negative and select every report).
     if (q.after_report_id() > std::uint64_t{std::numeric_limits<std::int64_t>::max()}) {
       return v1::GetReportsResponse();
     }

@@ -17,10 +17,10 @@ namespace {
 // A read transaction: every statement of one answer sees the same committed state.
 class ReadSnapshot {
  public:
-  explicit ReadSnapshot(Connection& c) : c_(c) { c_.exec("BEGIN"); }
+  explicit ReadSnapshot(Connection& c) : c_(c) { c_.begin_read(); }
   ~ReadSnapshot() {
     try {
-      c_.exec("COMMIT");
+      c_.commit();
     } catch (const StoreError&) {
       // A read transaction has nothing to lose; the next BEGIN starts afresh.
     }
@@ -80,7 +80,7 @@ std::int64_t first_report_since(Connection& c, std::int64_t since_ns) {
 }
 
 // The step of the run's first report with id >= first_id; nullopt without one. `+run` keeps
-// SQLite on the rowid range.
+// SQLite on the rowid range (PostgreSQL reads it as the same number).
 std::optional<std::int64_t> window_first_step(Connection& c, std::int64_t run,
                                               std::int64_t first_id) {
   Statement s =
@@ -158,7 +158,8 @@ RecentReports scan_window(Connection& c, std::int64_t run, std::int64_t first_id
   if (!first_step) return {};
   WindowFold fold(first_id, *first_step);
   Statement steps = c.prepare(
-      "SELECT step, skipped, loss IS NULL, loss_scale FROM reports WHERE run = ?1 AND "
+      "SELECT step, skipped, CASE WHEN loss IS NULL THEN 1 ELSE 0 END, loss_scale FROM reports "
+      "WHERE run = ?1 AND "
       "step >= ?3 AND id >= ?2 ORDER BY step, rank");
   steps.bind(1, run).bind(2, first_id).bind(3, *first_step);
   while (steps.step()) {
@@ -414,11 +415,11 @@ std::optional<RunView> StoreReader::run_series(const std::string& run_id, const 
   } else {
     out.decisions = decisions(*run, kSeriesDecisions);
   }
-  out.tensors =
-      tensor_records(*run,
-                     "1 ORDER BY nonfinite DESC, overflow * 1.0 / max(\"values\", 1) DESC, "
-                     "underflow * 1.0 / max(\"values\", 1) DESC, name",
-                     kSeriesTensors);
+  out.tensors = tensor_records(*run,
+                               "TRUE ORDER BY nonfinite DESC, overflow * 1.0 / " +
+                                   sql_greatest("\"values\"", "1") + " DESC, underflow * 1.0 / " +
+                                   sql_greatest("\"values\"", "1") + " DESC, name",
+                               kSeriesTensors);
   out.agents = agents(*run);
   out.divergences = divergences(*run, kSeriesDivergences);
   if (window) {

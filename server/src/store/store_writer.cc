@@ -1,5 +1,6 @@
 // The write side of the store: one connection, statements prepared once, many writes per
-// transaction. Everything here runs on the ingest thread.
+// transaction (group commit: on PostgreSQL too, one transaction per batch). Everything here
+// runs on the ingest thread. The SQL is the dialect both back ends accept (db.h).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -19,7 +20,8 @@ struct StoreWriter::Statements {
             "ON CONFLICT (run_id) DO UPDATE SET world_size = ?2, precision = ?3, trainer = ?4, "
             "compute_format = ?5, hello = ?6, last_seen_ns = ?7")),
         run_id_of(c.prepare("SELECT id FROM runs WHERE run_id = ?1")),
-        touch_run(c.prepare("UPDATE runs SET last_seen_ns = max(last_seen_ns, ?2) WHERE id = ?1")),
+        touch_run(c.prepare("UPDATE runs SET last_seen_ns = " + sql_greatest("last_seen_ns", "?2") +
+                            " WHERE id = ?1")),
         upsert_agent(c.prepare(
             "INSERT INTO agents (run, rank, host, trainer, agent_version, first_seen_ns, "
             "last_seen_ns, data_parallel_size, gradients_sharded, policy_agreement, "
@@ -27,21 +29,24 @@ struct StoreWriter::Statements {
             "ON CONFLICT (run, rank) DO UPDATE SET host = ?3, trainer = ?4, agent_version = ?5, "
             "last_seen_ns = ?6, data_parallel_size = ?7, gradients_sharded = ?8, "
             "policy_agreement = ?9, last_policy_seq = ?10")),
-        agent_progress(
-            c.prepare("UPDATE agents SET last_seq = max(last_seq, ?3), last_seen_ns = ?4, "
-                      "counters = coalesce(?5, counters) WHERE run = ?1 AND rank = ?2")),
+        agent_progress(c.prepare("UPDATE agents SET last_seq = " + sql_greatest("last_seq", "?3") +
+                                 ", last_seen_ns = ?4, counters = coalesce(?5, counters) "
+                                 "WHERE run = ?1 AND rank = ?2")),
         // The policy seq an agent holds: its Hello's, then the highest its reports say it
         // applied (StepReport.policy_seq), so that a run's agents list follows the updates.
-        agent_policy_seq(c.prepare("UPDATE agents SET last_policy_seq = max(last_policy_seq, ?3) "
-                                   "WHERE run = ?1 AND rank = ?2")),
+        agent_policy_seq(c.prepare(
+            "UPDATE agents SET last_policy_seq = " + sql_greatest("last_policy_seq", "?3") +
+            " WHERE run = ?1 AND rank = ?2")),
         agent_notice(c.prepare(
-            "INSERT OR IGNORE INTO agent_notices (run, rank, text) SELECT ?1, ?2, ?3 "
-            "WHERE (SELECT count(*) FROM agent_notices WHERE run = ?1 AND rank = ?2) < 16")),
+            "INSERT INTO agent_notices (run, rank, text) SELECT ?1, ?2, ?3 "
+            "WHERE (SELECT count(*) FROM agent_notices WHERE run = ?1 AND rank = ?2) < 16 "
+            "ON CONFLICT DO NOTHING")),
         insert_report(c.prepare(
-            "INSERT OR IGNORE INTO reports (run, rank, seq, step, loss, loss_scale, scale_after, "
+            "INSERT INTO reports (run, rank, seq, step, loss, loss_scale, scale_after, "
             "found_inf, skipped, offender, n_tensors, received_ns, payload, step_time_s, "
             "val_loss, tensor_core_active_ratio) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, "
-            "?10, ?11, ?12, ?13, ?14, ?15, ?16)")),
+            "?10, ?11, ?12, ?13, ?14, ?15, ?16) ON CONFLICT (run, rank, seq) DO NOTHING "
+            "RETURNING id")),
         insert_counts(prepare_report_counts(c)),
         add_tensor(c.prepare(
             "INSERT INTO tensor_totals (run, name, role, format, samples, \"values\", overflow, "
@@ -49,24 +54,31 @@ struct StoreWriter::Statements {
             "?9, ?10, ?11) ON CONFLICT (run, name, role) DO UPDATE SET "
             // As add_totals: the latest format of a sample that had one; a batch whose samples
             // had no target (a weight gradient after unscaling) keeps the stored one.
-            "format = CASE WHEN ?4 != 0 THEN ?4 ELSE format END, "
-            "samples = samples + ?5, \"values\" = \"values\" + ?6, overflow = overflow + ?7, "
-            "underflow = underflow + ?8, nonfinite = nonfinite + ?9, "
-            "max_abs = max(max_abs, ?10), last_step = max(last_step, ?11)")),
+            // The stored row's columns named by the table's name (on PostgreSQL a bare name
+            // could also be the proposed row's).
+            "format = CASE WHEN ?4 != 0 THEN ?4 ELSE tensor_totals.format END, "
+            "samples = tensor_totals.samples + ?5, "
+            "\"values\" = tensor_totals.\"values\" + ?6, "
+            "overflow = tensor_totals.overflow + ?7, underflow = tensor_totals.underflow + ?8, "
+            "nonfinite = tensor_totals.nonfinite + ?9, "
+            "max_abs = " +
+            sql_greatest("tensor_totals.max_abs", "?10") +
+            ", last_step = " + sql_greatest("tensor_totals.last_step", "?11"))),
         insert_rejection(c.prepare(
             "INSERT INTO rejections (run, rank, seq, field, reason, message, received_ns) "
             "VALUES ((SELECT id FROM runs WHERE run_id = ?1), ?2, ?3, ?4, ?5, ?6, ?7)")),
         insert_decision(c.prepare(
             "INSERT INTO policy_decisions (run, engine_id, effective_from_step, decided_ns, "
-            "reason, \"update\") VALUES (?1, ?2, ?3, ?4, ?5, ?6)")),
+            "reason, \"update\") VALUES (?1, ?2, ?3, ?4, ?5, ?6) RETURNING id")),
         set_decision_update(c.prepare("UPDATE policy_decisions SET \"update\" = ?2 WHERE id = ?1")),
         insert_merged(c.prepare(
             "INSERT INTO merged_steps (run, step, partial, ranks, report_ids, max_report_id, "
             "found_inf, skipped, loss, tokens, offender_rank, offender) VALUES (?1, ?2, ?3, ?4, "
-            "?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)")),
-        insert_divergence(c.prepare(
-            "INSERT OR REPLACE INTO rank_divergences (run, step, field, divergence) VALUES "
-            "(?1, ?2, ?3, ?4)")),
+            "?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) RETURNING id")),
+        insert_divergence(
+            c.prepare("INSERT INTO rank_divergences (run, step, field, divergence) VALUES "
+                      "(?1, ?2, ?3, ?4) ON CONFLICT (run, step, field) DO UPDATE SET "
+                      "divergence = excluded.divergence")),
         upsert_application(c.prepare(
             "INSERT INTO policy_applications (policy, rank, step, applied, reason) VALUES "
             "(?1, ?2, ?3, ?4, ?5) ON CONFLICT (policy, rank) DO UPDATE SET step = ?3, "
@@ -102,14 +114,7 @@ struct StoreWriter::Statements {
 };
 
 StoreWriter::StoreWriter(const StoreOptions& options)
-    : conn_(std::make_unique<Connection>(options.path, /*create=*/true, /*read_only=*/false)) {
-  if (schema_version(*conn_) == 0) conn_->exec("PRAGMA auto_vacuum = INCREMENTAL");
-  conn_->exec("PRAGMA journal_mode = WAL");
-  conn_->exec(options.sync_full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL");
-  // Checkpoints run on the Checkpointer's thread; the WAL file is truncated back to this size
-  // after each reset, so that it does not stay at its high-water mark.
-  conn_->exec("PRAGMA wal_autocheckpoint = 0");
-  conn_->exec("PRAGMA journal_size_limit = 67108864");
+    : conn_(open_store(options, StoreRole::kWriter)) {
   migrate(*conn_);
   st_ = std::make_unique<Statements>(*conn_);
 }
@@ -207,6 +212,17 @@ std::vector<std::pair<std::int64_t, v1::StepReport>> StoreWriter::reports_after(
 
 namespace {
 
+// The id an INSERT ... RETURNING id gave back; the statement is reset for reuse.
+std::int64_t inserted_id(Statement& s) {
+  if (!s.step()) {
+    s.reset();
+    throw StoreError("store: an INSERT returned no id");
+  }
+  const std::int64_t id = s.column_int(0);
+  s.reset();
+  return id;
+}
+
 template <typename T>
 std::string join_numbers(const std::vector<T>& values) {
   std::string s;
@@ -298,21 +314,22 @@ std::vector<StoredMerge> StoreWriter::merges_since(const std::string& run_id,
 }
 
 void StoreWriter::begin() {
-  conn_->exec("BEGIN IMMEDIATE");
+  conn_->begin_write();
   in_transaction_ = true;
 }
 
 void StoreWriter::commit() {
-  conn_->exec("COMMIT");
+  conn_->commit();
   in_transaction_ = false;
 }
 
 void StoreWriter::rollback() {
   in_transaction_ = false;
   try {
-    conn_->exec("ROLLBACK");
+    conn_->rollback();
   } catch (const StoreError&) {
-    // SQLite may have rolled back already (some I/O errors end the transaction themselves).
+    // SQLite may have rolled back already (some I/O errors end the transaction themselves); a
+    // lost PostgreSQL connection took the transaction with it.
   }
   // Keys of runs created in the rolled-back transaction are gone.
   run_keys_.clear();
@@ -414,10 +431,10 @@ std::int64_t StoreWriter::insert_report(const v1::StepReport& r, const std::stri
       .bind(14, r.step_time_s());
   const ReportColumns columns = report_columns(r);
   s.bind(15, columns.val_loss).bind(16, columns.tensor_core_active_ratio);
-  s.run();
-  // INSERT OR IGNORE: 0 changes means the unique (run, rank, seq) already held it.
-  if (conn_->changes() == 0) return 0;
-  const std::int64_t id = conn_->last_insert_rowid();
+  // No row back: the unique (run, rank, seq) already held it (ON CONFLICT DO NOTHING).
+  const std::int64_t id = s.step() ? s.column_int(0) : 0;
+  s.reset();
+  if (id == 0) return 0;
   const std::int64_t run = run_key(r.run_id());
   insert_report_counts(st_->insert_counts, id, run, r);
   if (r.history_size() > 0) insert_history(run, id, r);
@@ -484,9 +501,8 @@ std::int64_t StoreWriter::insert_decision(const std::string& run_id, std::uint64
       .bind(3, update.effective_from_step())
       .bind(4, update.decided_unix_ns())
       .bind(5, update.reason())
-      .bind_blob(6, blob.data(), blob.size())
-      .run();
-  return conn_->last_insert_rowid();
+      .bind_blob(6, blob.data(), blob.size());
+  return inserted_id(st_->insert_decision);
 }
 
 std::int64_t StoreWriter::insert_merged_step(const std::string& run_id, const MergedStep& m) {
@@ -511,8 +527,7 @@ std::int64_t StoreWriter::insert_merged_step(const std::string& run_id, const Me
   } else {
     s.bind_null(11).bind_null(12);
   }
-  s.run();
-  const std::int64_t id = conn_->last_insert_rowid();
+  const std::int64_t id = inserted_id(s);
   for (const v1::RankDivergence& d : m.divergences) {
     const std::string blob = d.SerializeAsString();
     st_->insert_divergence.bind(1, run)
@@ -551,21 +566,16 @@ void StoreWriter::save_policy_state(const std::string& run_id, const std::string
       .run();
 }
 
-std::uint64_t StoreWriter::live_bytes() {
-  const std::int64_t pages = conn_->query_int("PRAGMA page_count");
-  const std::int64_t free_pages = conn_->query_int("PRAGMA freelist_count");
-  const std::int64_t page_size = conn_->query_int("PRAGMA page_size");
-  return static_cast<std::uint64_t>((pages - free_pages) * page_size);
-}
+std::uint64_t StoreWriter::live_bytes() { return conn_->live_bytes(); }
 
 std::int64_t StoreWriter::delete_run_rows(std::int64_t run) {
   st_->delete_reports.bind(1, run).run();
   const std::int64_t reports = conn_->changes();
   // Applications hang off the run's decisions: they go first.
-  for (Statement* s : {&st_->delete_applications, &st_->delete_agents, &st_->delete_notices,
-                       &st_->delete_tensors, &st_->delete_policy_state, &st_->delete_decisions,
-                       &st_->delete_merged, &st_->delete_divergences,
-                       &st_->delete_rejections, &st_->delete_run}) {
+  for (Statement* s :
+       {&st_->delete_applications, &st_->delete_agents, &st_->delete_notices, &st_->delete_tensors,
+        &st_->delete_policy_state, &st_->delete_decisions, &st_->delete_merged,
+        &st_->delete_divergences, &st_->delete_rejections, &st_->delete_run}) {
     s->bind(1, run).run();
   }
   return reports;
@@ -596,7 +606,7 @@ RetentionResult StoreWriter::apply_retention(std::int64_t max_age_ns, std::uint6
           "DELETE FROM reports WHERE id IN (SELECT id FROM reports WHERE received_ns < ?1 "
           "ORDER BY id LIMIT ?2)");
       del.bind(1, cutoff).bind(2, kChunk).run();
-      const int n = conn_->changes();
+      const std::int64_t n = conn_->changes();
       conn_->prepare("DELETE FROM rejections WHERE received_ns < ?1").bind(1, cutoff).run();
       tx.commit();
       result.deleted_reports += n;
@@ -642,21 +652,22 @@ RetentionResult StoreWriter::apply_retention(std::int64_t max_age_ns, std::uint6
               "LIMIT ?1)")
           .bind(1, n)
           .run();
-      const int deleted = conn_->changes();
+      const std::int64_t deleted = conn_->changes();
       tx.commit();
       result.deleted_reports += deleted;
       if (deleted == 0) break;
     }
   }
-  if (result.deleted_reports > 0) conn_->exec("PRAGMA incremental_vacuum");
+  if (result.deleted_reports > 0) conn_->reclaim_space();
   return result;
 }
 
-void StoreWriter::checkpoint() { conn_->exec("PRAGMA wal_checkpoint(TRUNCATE)"); }
+void StoreWriter::checkpoint() { conn_->checkpoint(/*truncate=*/true); }
 
 Checkpointer::Checkpointer(const std::string& path, std::chrono::milliseconds interval)
-    : conn_(std::make_unique<Connection>(path, /*create=*/false, /*read_only=*/false)),
-      interval_(interval) {
+    : interval_(interval) {
+  if (backend_of(path) != Backend::kSqlite) return;
+  conn_ = open_store(StoreOptions{path}, StoreRole::kCheckpointer);
   thread_ = std::thread([this] { run(); });
 }
 
@@ -666,7 +677,7 @@ Checkpointer::~Checkpointer() {
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void Checkpointer::run() {
@@ -674,7 +685,7 @@ void Checkpointer::run() {
   while (!cv_.wait_for(lock, interval_, [&] { return stop_; })) {
     lock.unlock();
     try {
-      conn_->exec("PRAGMA wal_checkpoint(PASSIVE)");
+      conn_->checkpoint(/*truncate=*/false);
     } catch (const StoreError&) {
       // Busy or transient: the next round catches up; the final checkpoint is the writer's.
     }

@@ -1,4 +1,4 @@
-// The store's schema and its migrations. PRAGMA user_version holds the version; migration i
+// The SQLite store's schema and its migrations. PRAGMA user_version holds the version; migration i
 // takes a database from version i to i + 1 inside one transaction, so a crash mid-migration
 // leaves the previous version intact. Migrations are append-only: a released one never
 // changes, a change of layout is a new migration.
@@ -263,10 +263,12 @@ constexpr std::array<void (*)(Connection&), kSchemaVersion> kMigrationSteps = {
 
 }  // namespace
 
-int schema_version(Connection& c) { return static_cast<int>(c.query_int("PRAGMA user_version")); }
+int sqlite_schema_version(Connection& c) {
+  return static_cast<int>(c.query_int("PRAGMA user_version"));
+}
 
-void migrate(Connection& c) {
-  int version = schema_version(c);
+void migrate_sqlite(Connection& c) {
+  int version = sqlite_schema_version(c);
   if (version > kSchemaVersion) {
     throw StoreError("store schema version " + std::to_string(version) +
                      " is newer than this server's " + std::to_string(kSchemaVersion) +
