@@ -1,11 +1,12 @@
 // The store's schema 4 (report_counts, val_loss and tensor_core_active_ratio, the upgrade of a
-// version-3 store) and the web UI's series (StoreReader::run_series, tensor_series,
-// recent_reports) over a store with known reports (webui_fixture.h).
+// version-3 SQLite store) and the web UI's series (StoreReader::run_series, tensor_series,
+// recent_reports) over a store with known reports (webui_fixture.h), on each back end.
 #include <gtest/gtest.h>
 
 #include <limits>
 #include <numeric>
 
+#include "store_backends.h"
 #include "webui_fixture.h"
 
 namespace ampscope::server {
@@ -14,41 +15,44 @@ namespace {
 using webui_fixture::kSecond;
 using webui_fixture::write_web_run;
 
-class StoreSeriesTest : public ::testing::Test {
+// Every report_counts row of the store, summed per (role, format).
+std::map<std::pair<int, int>, ReportCounts> stored_counts(const StoreLocation& store) {
+  const auto c = store.connect();
+  Statement s = c->prepare(
+      "SELECT role, format, sum(checked), sum(underflow), sum(overflow), sum(subnormal), "
+      "sum(nonfinite) FROM report_counts GROUP BY role, format");
+  std::map<std::pair<int, int>, ReportCounts> out;
+  while (s.step()) {
+    const int role = static_cast<int>(s.column_int(0));
+    const int format = static_cast<int>(s.column_int(1));
+    out[{role, format}] = ReportCounts{role,
+                                       format,
+                                       static_cast<std::uint64_t>(s.column_int(2)),
+                                       static_cast<std::uint64_t>(s.column_int(3)),
+                                       static_cast<std::uint64_t>(s.column_int(4)),
+                                       static_cast<std::uint64_t>(s.column_int(5)),
+                                       static_cast<std::uint64_t>(s.column_int(6))};
+  }
+  return out;
+}
+std::int64_t count_rows(const StoreLocation& store, const std::string& sql) {
+  return store.connect()->query_int(sql);
+}
+
+class StoreSeriesTest : public StoreBackendTest {
  protected:
-  std::string path() const { return (dir_ / "store.db").string(); }
-  // Every report_counts row of the store, summed per (role, format).
   std::map<std::pair<int, int>, ReportCounts> stored_counts() {
-    Connection c(path(), false, true);
-    Statement s = c.prepare(
-        "SELECT role, format, sum(checked), sum(underflow), sum(overflow), sum(subnormal), "
-        "sum(nonfinite) FROM report_counts GROUP BY role, format");
-    std::map<std::pair<int, int>, ReportCounts> out;
-    while (s.step()) {
-      const int role = static_cast<int>(s.column_int(0));
-      const int format = static_cast<int>(s.column_int(1));
-      out[{role, format}] = ReportCounts{role,
-                                         format,
-                                         static_cast<std::uint64_t>(s.column_int(2)),
-                                         static_cast<std::uint64_t>(s.column_int(3)),
-                                         static_cast<std::uint64_t>(s.column_int(4)),
-                                         static_cast<std::uint64_t>(s.column_int(5)),
-                                         static_cast<std::uint64_t>(s.column_int(6))};
-    }
-    return out;
+    return server::stored_counts(store_);
   }
-  std::int64_t count_rows(const std::string& sql) {
-    Connection c(path(), false, true);
-    return c.query_int(sql);
-  }
+  std::int64_t count_rows(const std::string& sql) { return server::count_rows(store_, sql); }
   RunView run(const SeriesRequest& q) {
     StoreReader reader(path());
     std::optional<RunView> v = reader.run_series("web", q);
     EXPECT_TRUE(v.has_value());
     return v ? *v : RunView{};
   }
-  testing::TempDir dir_;
 };
+INSTANTIATE_STORE_BACKENDS(StoreSeriesTest);
 
 void expect_web_counts(const std::map<std::pair<int, int>, ReportCounts>& counts) {
   ASSERT_EQ(counts.size(), 4u);
@@ -94,7 +98,7 @@ TEST(ReportCountsTest, GroupsTensorsByRoleAndTargetFormat) {
   EXPECT_EQ(groups[4].nonfinite, 1u);
 }
 
-TEST_F(StoreSeriesTest, InsertReportFillsTheNewColumnsAndCounts) {
+TEST_P(StoreSeriesTest, InsertReportFillsTheNewColumnsAndCounts) {
   {
     StoreWriter w(StoreOptions{path(), true});
     write_web_run(w);
@@ -105,34 +109,36 @@ TEST_F(StoreSeriesTest, InsertReportFillsTheNewColumnsAndCounts) {
   EXPECT_EQ(count_rows("SELECT count(*) FROM reports WHERE tensor_core_active_ratio IS NULL"), 9);
 }
 
-TEST_F(StoreSeriesTest, Version3StoreUpgradesWithTheCountsOfItsReports) {
+TEST(SqliteStoreSeriesTest, Version3StoreUpgradesWithTheCountsOfItsReports) {
+  const StoreLocation store(Backend::kSqlite);
+  const std::string& path = store.path();
   {
-    StoreWriter w(StoreOptions{path(), true});
+    StoreWriter w(StoreOptions{path, true});
     write_web_run(w);
   }
   {
     // Back to version 3's layout, as a server before version 4 wrote it (and without version
     // 5's index).
-    Connection c(path(), false, false);
-    c.exec(
+    store.connect()->exec(
         "DROP INDEX merged_steps_offender; "
         "DROP TRIGGER reports_take_counts; DROP TABLE report_counts; DROP INDEX reports_series; "
         "CREATE INDEX reports_by_step ON reports (run, step, rank); "
         "ALTER TABLE reports DROP COLUMN val_loss; "
         "ALTER TABLE reports DROP COLUMN tensor_core_active_ratio; PRAGMA user_version = 3;");
   }
-  { StoreWriter w(StoreOptions{path(), true}); }
-  EXPECT_EQ(count_rows("PRAGMA user_version"), kSchemaVersion);
-  expect_web_counts(stored_counts());
-  EXPECT_EQ(count_rows("SELECT count(*) FROM reports WHERE val_loss = 7.5 AND step = 4"), 1);
-  EXPECT_EQ(count_rows("SELECT count(*) FROM reports WHERE tensor_core_active_ratio = 0.5"), 10);
-  StoreReader reader(path());
+  { StoreWriter w(StoreOptions{path, true}); }
+  EXPECT_EQ(count_rows(store, "PRAGMA user_version"), kSchemaVersion);
+  expect_web_counts(stored_counts(store));
+  EXPECT_EQ(count_rows(store, "SELECT count(*) FROM reports WHERE val_loss = 7.5 AND step = 4"), 1);
+  EXPECT_EQ(count_rows(store, "SELECT count(*) FROM reports WHERE tensor_core_active_ratio = 0.5"),
+            10);
+  StoreReader reader(path);
   const std::optional<RunView> v = reader.run_series("web", SeriesRequest{});
   ASSERT_TRUE(v.has_value());
   EXPECT_EQ(v->steps.size(), 10u);
 }
 
-TEST_F(StoreSeriesTest, DeleteRunAndRetentionTakeTheCounts) {
+TEST_P(StoreSeriesTest, DeleteRunAndRetentionTakeTheCounts) {
   StoreWriter w(StoreOptions{path(), true});
   write_web_run(w);
   v1::StepReport other = webui_fixture::web_report(0, 0);
@@ -183,7 +189,7 @@ TEST(StepBucketsTest, CutsTheRangeIntoCeilingSizedBuckets) {
   EXPECT_EQ(b.buckets, 4000);
 }
 
-TEST_F(StoreSeriesTest, StepSeriesWithAWidthThatDoesNotDivideTheSteps) {
+TEST_P(StoreSeriesTest, StepSeriesWithAWidthThatDoesNotDivideTheSteps) {
   {
     StoreWriter w(StoreOptions{path(), true});
     write_web_run(w);
@@ -220,7 +226,7 @@ TEST_F(StoreSeriesTest, StepSeriesWithAWidthThatDoesNotDivideTheSteps) {
   EXPECT_EQ(v.summary.skipped_steps(), 2u);
 }
 
-TEST_F(StoreSeriesTest, RangeInsideTheRunAndEdges) {
+TEST_P(StoreSeriesTest, RangeInsideTheRunAndEdges) {
   {
     StoreWriter w(StoreOptions{path(), true});
     write_web_run(w);
@@ -253,7 +259,7 @@ TEST_F(StoreSeriesTest, RangeInsideTheRunAndEdges) {
   EXPECT_EQ(v.summary.last_step(), 9);
 }
 
-TEST_F(StoreSeriesTest, CountSeriesSumToTheTotalsAtEveryWidth) {
+TEST_P(StoreSeriesTest, CountSeriesSumToTheTotalsAtEveryWidth) {
   {
     StoreWriter w(StoreOptions{path(), true});
     write_web_run(w);
@@ -290,7 +296,7 @@ TEST_F(StoreSeriesTest, CountSeriesSumToTheTotalsAtEveryWidth) {
   EXPECT_EQ(v.counts[2].points[0].step, 0);
 }
 
-TEST_F(StoreSeriesTest, RankSeriesAverageEachRankOverItsBuckets) {
+TEST_P(StoreSeriesTest, RankSeriesAverageEachRankOverItsBuckets) {
   {
     StoreWriter w(StoreOptions{path(), true});
     write_web_run(w);
@@ -307,7 +313,7 @@ TEST_F(StoreSeriesTest, RankSeriesAverageEachRankOverItsBuckets) {
   EXPECT_FALSE(v.ranks[1].points[2].tensor_core_active_ratio.has_value());
 }
 
-TEST_F(StoreSeriesTest, ListsOfTheRun) {
+TEST_P(StoreSeriesTest, ListsOfTheRun) {
   {
     StoreWriter w(StoreOptions{path(), true});
     write_web_run(w);
@@ -346,7 +352,7 @@ TEST_F(StoreSeriesTest, ListsOfTheRun) {
 
 // Decisions follow the range asked for (the page marks them on its charts): a long run's latest
 // ones would leave a zoomed-in earlier range without its own.
-TEST_F(StoreSeriesTest, DecisionsAreThoseEffectiveInTheRange) {
+TEST_P(StoreSeriesTest, DecisionsAreThoseEffectiveInTheRange) {
   {
     StoreWriter w(StoreOptions{path(), true});
     write_web_run(w);  // one decision, effective from step 6
@@ -365,7 +371,7 @@ TEST_F(StoreSeriesTest, DecisionsAreThoseEffectiveInTheRange) {
   EXPECT_EQ(run(only_6).decisions[0].update().effective_from_step(), 6);
 }
 
-TEST_F(StoreSeriesTest, TensorColumnsAreTheLatestFullSampleOfEachBucket) {
+TEST_P(StoreSeriesTest, TensorColumnsAreTheLatestFullSampleOfEachBucket) {
   {
     StoreWriter w(StoreOptions{path(), true});
     write_web_run(w);
@@ -414,7 +420,7 @@ TEST_F(StoreSeriesTest, TensorColumnsAreTheLatestFullSampleOfEachBucket) {
   EXPECT_FALSE(reader.tensor_series("nope", q).has_value());
 }
 
-TEST_F(StoreSeriesTest, RecentReportsAreThoseReceivedInTheWindow) {
+TEST_P(StoreSeriesTest, RecentReportsAreThoseReceivedInTheWindow) {
   StoreWriter w(StoreOptions{path(), true});
   v1::StepReport old = webui_fixture::web_report(0, 0);
   old.set_run_id("old");
@@ -441,7 +447,7 @@ TEST_F(StoreSeriesTest, RecentReportsAreThoseReceivedInTheWindow) {
   EXPECT_EQ(reader.recent_reports(webui_fixture::now_ns() - 30 * kSecond).size(), 0u);
 }
 
-TEST_F(StoreSeriesTest, AlertsWindowIsTheSameFoldedIntoTheSeriesOrScannedAlone) {
+TEST_P(StoreSeriesTest, AlertsWindowIsTheSameFoldedIntoTheSeriesOrScannedAlone) {
   {
     StoreWriter w(StoreOptions{path(), true});
     write_web_run(w);

@@ -1,13 +1,20 @@
-// The SQLite store on its own: schema version and migrations, what survives a reopen, the
-// unique (run, rank, seq), queries, retention by age and by size, and deleting one run.
+// The store on its own, on each back end: schema version and migrations, what survives a
+// reopen, the unique (run, rank, seq), queries, retention by age and by size, and deleting one
+// run. Then what only one back end has: SQLite's migrations; PostgreSQL's migration lock, its
+// errors and its connection strings.
 #include "store.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <limits>
+#include <thread>
 
+#include "ampscope/testing/net.h"
+#include "pg_connection.h"
 #include "server_harness.h"
+#include "store_backends.h"
 
 namespace ampscope::server {
 namespace {
@@ -17,49 +24,57 @@ using testing::make_report;
 
 constexpr std::int64_t kSecond = 1'000'000'000;
 
-class ServerStoreTest : public ::testing::Test {
- protected:
-  std::string path() const { return (dir_ / "store.db").string(); }
-  void add_reports(StoreWriter& w, const std::string& run, std::uint64_t from, std::uint64_t to,
-                   std::int64_t received_ns, int tensors = 2) {
-    w.begin();
-    for (std::uint64_t seq = from; seq <= to; ++seq) {
-      const v1::StepReport r = make_report(run, 0, seq, static_cast<std::int64_t>(seq), tensors);
-      w.insert_report(r, r.SerializeAsString(), received_ns);
-      w.set_agent_progress(run, 0, seq, received_ns, nullptr);
-    }
-    w.commit();
+void add_reports(StoreWriter& w, const std::string& run, std::uint64_t from, std::uint64_t to,
+                 std::int64_t received_ns, int tensors = 2) {
+  w.begin();
+  for (std::uint64_t seq = from; seq <= to; ++seq) {
+    const v1::StepReport r = make_report(run, 0, seq, static_cast<std::int64_t>(seq), tensors);
+    w.insert_report(r, r.SerializeAsString(), received_ns);
+    w.set_agent_progress(run, 0, seq, received_ns, nullptr);
   }
-  testing::TempDir dir_;
-};
+  w.commit();
+}
 
-TEST_F(ServerStoreTest, FreshStoreIsMigratedToTheCurrentVersion) {
+using ServerStoreTest = StoreBackendTest;
+INSTANTIATE_STORE_BACKENDS(ServerStoreTest);
+
+// Whether the store has a table or index of that name.
+bool has_relation(Connection& c, const std::string& name) {
+  if (c.backend() == Backend::kSqlite) {
+    return c.query_int("SELECT count(*) FROM sqlite_master WHERE name = '" + name + "'") == 1;
+  }
+  return c.query_int("SELECT CASE WHEN to_regclass('" + name + "') IS NULL THEN 0 ELSE 1 END") == 1;
+}
+
+TEST_P(ServerStoreTest, FreshStoreIsMigratedToTheCurrentVersion) {
   StoreWriter w(StoreOptions{path(), true});
-  Connection c(path(), false, true);
-  EXPECT_EQ(schema_version(c), kSchemaVersion);
-  EXPECT_EQ(c.query_int("SELECT count(*) FROM sqlite_master WHERE name = 'reports'"), 1);
-  EXPECT_EQ(c.query_int("PRAGMA auto_vacuum"), 2);  // incremental
+  const auto c = connect();
+  EXPECT_EQ(schema_version(*c), current_schema_version(backend()));
+  for (const char* name :
+       {"reports", "report_counts", "tensor_history", "merged_steps_offender", "reports_series"}) {
+    EXPECT_TRUE(has_relation(*c, name)) << name;
+  }
+  if (backend() == Backend::kSqlite) {
+    EXPECT_EQ(c->query_int("PRAGMA auto_vacuum"), 2);  // incremental
+  }
 }
 
-TEST_F(ServerStoreTest, AVersion4StoreGetsTheMergedOffenderIndex) {
-  { StoreWriter w(StoreOptions{path(), true}); }
-  {
-    Connection c(path(), false, false);
-    c.exec("DROP INDEX merged_steps_offender; PRAGMA user_version = 4;");
-  }
-  { StoreWriter w(StoreOptions{path(), true}); }
-  Connection c(path(), false, true);
-  EXPECT_EQ(schema_version(c), kSchemaVersion);
-  EXPECT_EQ(c.query_int("SELECT count(*) FROM sqlite_master WHERE name = 'merged_steps_offender'"),
-            1);
+TEST(SqliteStoreTest, AVersion4StoreGetsTheMergedOffenderIndex) {
+  const StoreLocation store(Backend::kSqlite);
+  { StoreWriter w(StoreOptions{store.path(), true}); }
+  store.connect()->exec("DROP INDEX merged_steps_offender; PRAGMA user_version = 4;");
+  { StoreWriter w(StoreOptions{store.path(), true}); }
+  const auto c = store.connect();
+  EXPECT_EQ(schema_version(*c), kSchemaVersion);
+  EXPECT_TRUE(has_relation(*c, "merged_steps_offender"));
 }
 
-TEST_F(ServerStoreTest, StoreFromANewerServerIsRefused) {
+TEST_P(ServerStoreTest, StoreFromANewerServerIsRefused) {
   { StoreWriter w(StoreOptions{path(), true}); }
-  {
-    Connection c(path(), false, false);
-    c.exec("PRAGMA user_version = " + std::to_string(kSchemaVersion + 1));
-  }
+  const std::string newer = std::to_string(current_schema_version(backend()) + 1);
+  connect()->exec(backend() == Backend::kSqlite
+                      ? "PRAGMA user_version = " + newer
+                      : "INSERT INTO ampscope_schema (version) VALUES (" + newer + ")");
   try {
     StoreWriter w(StoreOptions{path(), true});
     FAIL() << "expected StoreError";
@@ -68,7 +83,7 @@ TEST_F(ServerStoreTest, StoreFromANewerServerIsRefused) {
   }
 }
 
-TEST_F(ServerStoreTest, ReopeningKeepsDataAndDoesNotMigrateAgain) {
+TEST_P(ServerStoreTest, ReopeningKeepsDataAndDoesNotMigrateAgain) {
   {
     StoreWriter w(StoreOptions{path(), true});
     w.begin();
@@ -86,7 +101,7 @@ TEST_F(ServerStoreTest, ReopeningKeepsDataAndDoesNotMigrateAgain) {
   EXPECT_EQ(w.reports_after("run-s", 0).size(), 5u);
 }
 
-TEST_F(ServerStoreTest, UniqueRunRankSeq) {
+TEST_P(ServerStoreTest, UniqueRunRankSeq) {
   StoreWriter w(StoreOptions{path(), true});
   w.begin();
   w.upsert_run(make_hello("run-s"), kSecond);
@@ -100,7 +115,7 @@ TEST_F(ServerStoreTest, UniqueRunRankSeq) {
   EXPECT_EQ(reader.get_reports(q)->reports_size(), 1);
 }
 
-TEST_F(ServerStoreTest, RolledBackWritesLeaveNothing) {
+TEST_P(ServerStoreTest, RolledBackWritesLeaveNothing) {
   StoreWriter w(StoreOptions{path(), true});
   w.begin();
   w.upsert_run(make_hello("run-s"), kSecond);
@@ -115,7 +130,7 @@ TEST_F(ServerStoreTest, RolledBackWritesLeaveNothing) {
   EXPECT_EQ(reader.get_reports(q)->reports_size(), 0);
 }
 
-TEST_F(ServerStoreTest, RetentionByAgeDeletesOldReportsAndForgottenRuns) {
+TEST_P(ServerStoreTest, RetentionByAgeDeletesOldReportsAndForgottenRuns) {
   StoreWriter w(StoreOptions{path(), true});
   w.begin();
   w.upsert_run(make_hello("old"), 1 * kSecond);
@@ -136,7 +151,7 @@ TEST_F(ServerStoreTest, RetentionByAgeDeletesOldReportsAndForgottenRuns) {
   EXPECT_EQ(runs[0].reports(), 20u);
 }
 
-TEST_F(ServerStoreTest, RetentionBySizeKeepsTheStoreUnderTheLimitNewestFirst) {
+TEST_P(ServerStoreTest, RetentionBySizeKeepsTheStoreUnderTheLimitNewestFirst) {
   StoreWriter w(StoreOptions{path(), true});
   w.begin();
   w.upsert_run(make_hello("run-s"), kSecond);
@@ -164,7 +179,7 @@ TEST_F(ServerStoreTest, RetentionBySizeKeepsTheStoreUnderTheLimitNewestFirst) {
 
 // A tensor's totals keep the format of its latest sample that had a target: samples without
 // one (a weight gradient measured after unscaling) add their counts and leave the format.
-TEST_F(ServerStoreTest, TensorTotalsKeepTheLatestTargetFormat) {
+TEST_P(ServerStoreTest, TensorTotalsKeepTheLatestTargetFormat) {
   StoreWriter w(StoreOptions{path(), true});
   w.begin();
   w.upsert_run(make_hello("run"), kSecond);
@@ -201,7 +216,7 @@ TEST_F(ServerStoreTest, TensorTotalsKeepTheLatestTargetFormat) {
   EXPECT_DOUBLE_EQ(run->worst_underflow(0).underflow_ratio(), 0.07);
 }
 
-TEST_F(ServerStoreTest, DeleteRunRemovesEveryRowOfThatRunOnly) {
+TEST_P(ServerStoreTest, DeleteRunRemovesEveryRowOfThatRunOnly) {
   StoreWriter w(StoreOptions{path(), true});
   w.begin();
   for (const char* run : {"gone", "kept"}) {
@@ -230,13 +245,13 @@ TEST_F(ServerStoreTest, DeleteRunRemovesEveryRowOfThatRunOnly) {
   EXPECT_EQ(w.delete_run("no-such-run"), std::nullopt);
   w.commit();
 
-  Connection c(path(), false, true);
-  EXPECT_EQ(c.query_int("SELECT count(*) FROM runs"), 1);
-  EXPECT_EQ(c.query_int("SELECT count(*) FROM agents"), 1);
-  EXPECT_EQ(c.query_int("SELECT count(*) FROM reports"), 3);
+  const auto c = connect();
+  EXPECT_EQ(c->query_int("SELECT count(*) FROM runs"), 1);
+  EXPECT_EQ(c->query_int("SELECT count(*) FROM agents"), 1);
+  EXPECT_EQ(c->query_int("SELECT count(*) FROM reports"), 3);
   for (const char* table : {"agent_notices", "tensor_totals", "rejections", "policy_decisions",
                             "policy_applications", "policy_state"}) {
-    EXPECT_EQ(c.query_int(std::string("SELECT count(*) FROM ") + table), 0) << table;
+    EXPECT_EQ(c->query_int(std::string("SELECT count(*) FROM ") + table), 0) << table;
   }
   StoreReader reader(path());
   EXPECT_FALSE(reader.get_run("gone", 0).has_value());
@@ -251,7 +266,7 @@ TEST_F(ServerStoreTest, DeleteRunRemovesEveryRowOfThatRunOnly) {
   EXPECT_EQ(reader.get_run("gone", 0)->summary().reports(), 2u);
 }
 
-TEST_F(ServerStoreTest, RetentionNamesTheRunsItDeletedAndSparesThoseToKeep) {
+TEST_P(ServerStoreTest, RetentionNamesTheRunsItDeletedAndSparesThoseToKeep) {
   StoreWriter w(StoreOptions{path(), true});
   for (const char* run : {"old-a", "old-b", "connected"}) {
     w.begin();
@@ -275,7 +290,7 @@ TEST_F(ServerStoreTest, RetentionNamesTheRunsItDeletedAndSparesThoseToKeep) {
 // The flight recorder's history: stored in rows of its own (the report's payload leaves it
 // out), returned by get_step_history for the tensors that offended at the step together with
 // the full samples of earlier reports, and gone with its report.
-TEST_F(ServerStoreTest, HistoryIsStoredWithItsReportAndReturnedForTheOffenders) {
+TEST_P(ServerStoreTest, HistoryIsStoredWithItsReportAndReturnedForTheOffenders) {
   using testing::crafted_tensor;
   using testing::synthetic_tensor;
   const auto weight = [](int lo, std::uint32_t seed) {
@@ -340,11 +355,12 @@ TEST_F(ServerStoreTest, HistoryIsStoredWithItsReportAndReturnedForTheOffenders) 
   const auto asked = reader.get_step_history(q);
   ASSERT_EQ(asked->tensors_size(), 1);
   EXPECT_EQ(asked->tensors(0).why(), "");
-  EXPECT_FALSE(reader.get_step_history([] {
-                 v1::GetStepHistoryRequest u;
-                 u.set_run_id("no-such-run");
-                 return u;
-               }())
+  EXPECT_FALSE(reader
+                   .get_step_history([] {
+                     v1::GetStepHistoryRequest u;
+                     u.set_run_id("no-such-run");
+                     return u;
+                   }())
                    .has_value());
 
   // The stored payload leaves the history out; its rows go with the run.
@@ -356,12 +372,142 @@ TEST_F(ServerStoreTest, HistoryIsStoredWithItsReportAndReturnedForTheOffenders) 
   ASSERT_EQ(stored->reports_size(), 1);
   EXPECT_EQ(stored->reports(0).report().history_size(), 0);
   EXPECT_EQ(stored->reports(0).report().tensors_size(), 2);
-  Connection c(path(), false, true);
-  EXPECT_EQ(c.query_int("SELECT count(*) FROM tensor_history"), 3);
+  const auto c = connect();
+  EXPECT_EQ(c->query_int("SELECT count(*) FROM tensor_history"), 3);
   w.begin();
   w.delete_run("run-h");
   w.commit();
-  EXPECT_EQ(c.query_int("SELECT count(*) FROM tensor_history"), 0);
+  EXPECT_EQ(c->query_int("SELECT count(*) FROM tensor_history"), 0);
+}
+
+// --- PostgreSQL only ---------------------------------------------------------------------------
+
+TEST(PostgresStoreTest, AnEmptyDatabaseIsMigratedOnceAndReopensAsIs) {
+  const StoreLocation store(Backend::kPostgres);
+  const auto c = open_store(StoreOptions{store.path()}, StoreRole::kReader);
+  EXPECT_EQ(schema_version(*c), 0);
+  { StoreWriter w(StoreOptions{store.path()}); }
+  { StoreWriter w(StoreOptions{store.path()}); }
+  EXPECT_EQ(schema_version(*c), kPostgresSchemaVersion);
+  EXPECT_EQ(c->query_int("SELECT count(*) FROM ampscope_schema"), kPostgresSchemaVersion);
+  EXPECT_TRUE(has_relation(*c, "reports_skipped"));
+}
+
+// Servers starting together on one database: the advisory lock lets one migrate while the
+// others wait, then find the schema current.
+TEST(PostgresStoreTest, WritersOpeningOneDatabaseTogetherMigrateItOnce) {
+  const StoreLocation store(Backend::kPostgres);
+  constexpr int kWriters = 4;
+  std::vector<std::string> errors(kWriters);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kWriters; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        StoreWriter w(StoreOptions{store.path()});
+        w.begin();
+        w.upsert_run(make_hello("run-" + std::to_string(i)), kSecond);
+        w.commit();
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(i)] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  const auto c = store.connect();
+  EXPECT_EQ(c->query_int("SELECT count(*) FROM ampscope_schema"), kPostgresSchemaVersion);
+  EXPECT_EQ(c->query_int("SELECT count(*) FROM runs"), kWriters);
+}
+
+TEST(PostgresStoreTest, ARefusedConnectionIsAStoreErrorNamingTheServerNotThePassword) {
+  const std::string port = std::to_string(testing::free_loopback_port());
+  for (const std::string& db :
+       {"postgresql://ampscope:s3cret@127.0.0.1:" + port + "/runs?connect_timeout=5",
+        "host=127.0.0.1 port=" + port + " dbname=runs password=s3cret connect_timeout=5"}) {
+    try {
+      StoreWriter w(StoreOptions{db});
+      FAIL() << "expected StoreError for " << db;
+    } catch (const StoreError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("cannot connect to"), std::string::npos) << what;
+      EXPECT_NE(what.find("127.0.0.1"), std::string::npos) << what;
+      EXPECT_NE(what.find("refused"), std::string::npos) << what;
+      EXPECT_EQ(what.find("s3cret"), std::string::npos) << what;
+    }
+  }
+}
+
+// A connection the server ends (a restart, a failover, an administrator) fails the statement
+// with StoreError; nothing crashes and nothing reconnects behind the store's back.
+TEST(PostgresStoreTest, ALostConnectionIsAStoreError) {
+  const StoreLocation store(Backend::kPostgres);
+  StoreWriter w(StoreOptions{store.path()});
+  StoreReader reader(store.path());
+  EXPECT_TRUE(reader.list_runs(0).empty());
+  store.connect()->exec(
+      "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+      "current_database() AND pid != pg_backend_pid()");
+  try {
+    w.begin();
+    w.upsert_run(make_hello("run"), kSecond);
+    w.commit();
+    FAIL() << "expected StoreError";
+  } catch (const StoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("postgresql"), std::string::npos) << e.what();
+  }
+  w.rollback();  // as the ingest thread does after a failed batch: no throw
+  EXPECT_THROW(reader.list_runs(0), StoreError);
+}
+
+TEST(StoreLocationTest, DbNamesItsBackEnd) {
+  EXPECT_EQ(backend_of("runs.db"), Backend::kSqlite);
+  EXPECT_EQ(backend_of("/var/lib/ampscope/runs.db"), Backend::kSqlite);
+  EXPECT_EQ(backend_of("./host=x.db"), Backend::kSqlite);
+  EXPECT_EQ(backend_of("postgresql://db.example/ampscope"), Backend::kPostgres);
+  EXPECT_EQ(backend_of("postgres://u@db.example:5433/ampscope?sslmode=verify-full"),
+            Backend::kPostgres);
+  EXPECT_EQ(backend_of("host=db.example dbname=ampscope sslmode=require"), Backend::kPostgres);
+  EXPECT_EQ(backend_of("dbname = ampscope"), Backend::kPostgres);
+}
+
+TEST(StoreLocationTest, PrintedLocationsMaskThePassword) {
+  EXPECT_EQ(printable_location("runs.db"), "runs.db");
+  EXPECT_EQ(printable_location("postgresql://amp:pw@db:5432/runs?sslmode=require"),
+            "postgresql://amp:***@db:5432/runs?sslmode=require");
+  EXPECT_EQ(printable_location("postgres://db/runs?user=amp&password=pw&sslmode=require"),
+            "postgres://db/runs?user=amp&password=***&sslmode=require");
+  EXPECT_EQ(printable_location("host=db password=pw dbname=runs"),
+            "host=db password=*** dbname=runs");
+  EXPECT_EQ(printable_location("host=db password = 'p w\\'x' dbname=runs"),
+            "host=db password = *** dbname=runs");
+}
+
+TEST(StoreLocationTest, PlaceholdersAreRewrittenOutsideLiteralsOnly) {
+  std::vector<bool> named;
+  EXPECT_EQ(postgres_placeholders("SELECT ?1, '?2', \"?3\", ?12 -- ?4\n, ?2", &named),
+            "SELECT $1, '?2', \"?3\", $12 -- ?4\n, $2");
+  ASSERT_EQ(named.size(), 12u);
+  EXPECT_TRUE(named[0]);
+  EXPECT_TRUE(named[1]);
+  EXPECT_FALSE(named[2]);
+  EXPECT_TRUE(named[11]);
+}
+
+TEST(StoreLocationTest, APasswordFileOthersMayReadIsRefused) {
+  testing::TempDir dir;
+  const std::string file = (dir / "pgpass").string();
+  testing::write_text(file, "s3cret\nignored\n");
+  ASSERT_EQ(::chmod(file.c_str(), 0644), 0);
+  try {
+    read_password_file(file);
+    FAIL() << "expected StoreError";
+  } catch (const StoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("chmod 600"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("s3cret"), std::string::npos) << e.what();
+  }
+  ASSERT_EQ(::chmod(file.c_str(), 0600), 0);
+  EXPECT_EQ(read_password_file(file), "s3cret");
+  EXPECT_THROW(read_password_file((dir / "missing").string()), StoreError);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "policy_wire.h"
+#include "sqlite_connection.h"
 #include "webui_fixture.h"
 
 namespace ampscope::server {
@@ -414,7 +415,7 @@ TEST_F(WebApiTest, StoreFailureIs500) {
   webui_fixture::write_web_run(writer_);
   get("/runs/web");  // opens the reader
   {
-    Connection c((dir_ / "store.db").string(), false, false);
+    SqliteConnection c((dir_ / "store.db").string(), false, false);
     c.exec("DROP TABLE report_counts");
   }
   const json e = get("/runs/web", {}, 500);
