@@ -50,11 +50,14 @@ const auto* const kStop = ::testing::AddGlobalTestEnvironment(new StopPostgres);
 
 bool is_executable(const fs::path& p) { return ::access(p.c_str(), X_OK) == 0; }
 
-// initdb and postgres refuse to run as root: as root, the `postgres` user runs them.
+// initdb and postgres refuse to run as root: as root, the `postgres` user runs them. The change
+// of user clears the death signal ChildProcess set, so setpriv sets it again: SIGQUIT, the
+// postmaster's immediate shutdown, when the test process dies without stopping it.
 std::vector<std::string> as_server_user(std::vector<std::string> argv) {
   if (::geteuid() != 0) return argv;
-  std::vector<std::string> out = {find_in_path("setpriv"), "--reuid=postgres", "--regid=postgres",
-                                  "--init-groups", "--"};
+  std::vector<std::string> out = {find_in_path("setpriv"), "--reuid=postgres",
+                                  "--regid=postgres",      "--init-groups",
+                                  "--pdeathsig=SIGQUIT",   "--"};
   if (out[0].empty()) throw std::runtime_error("running as root needs setpriv (util-linux)");
   out.insert(out.end(), argv.begin(), argv.end());
   return out;
