@@ -93,6 +93,20 @@ struct MetricFamilies {
                     .Name("ampscope_store_commits_total")
                     .Help("Group commits to the store")
                     .Register(*registry)),
+        ingest_queued_bytes(BuildGauge()
+                                .Name("ampscope_ingest_queued_bytes")
+                                .Help("Wire bytes of received reports not yet committed and "
+                                      "acknowledged (bounded by --ingest-queue-bytes)")
+                                .Register(*registry)),
+        ingest_paused_streams(BuildGauge()
+                                  .Name("ampscope_ingest_paused_streams")
+                                  .Help("Streams not read because the ingest queue is full")
+                                  .Register(*registry)),
+        ingest_read_pauses(BuildCounter()
+                               .Name("ampscope_ingest_read_pauses_total")
+                               .Help("Times a stream was not read because the ingest queue was "
+                                     "full")
+                               .Register(*registry)),
         store_bytes(BuildGauge()
                         .Name("ampscope_store_live_bytes")
                         .Help("Bytes of live data in the store (pages in use)")
@@ -273,6 +287,9 @@ struct MetricFamilies {
   Family<Histogram>& ack_delay;
   Family<Histogram>& commit_seconds;
   Family<Counter>& commits;
+  Family<Gauge>& ingest_queued_bytes;
+  Family<Gauge>& ingest_paused_streams;
+  Family<Counter>& ingest_read_pauses;
   Family<Gauge>& store_bytes;
   Family<Counter>& retention_deleted;
   Family<Counter>& policy_errors;
@@ -545,6 +562,9 @@ Metrics::Metrics(std::string version)
                                                               0.025, 0.05, 0.1, 0.25, 0.5, 1});
   commits_ = &f_->commits.Add({});
   store_bytes_ = &f_->store_bytes.Add({});
+  ingest_queued_bytes_ = &f_->ingest_queued_bytes.Add({});
+  ingest_paused_streams_ = &f_->ingest_paused_streams.Add({});
+  ingest_read_pauses_ = &f_->ingest_read_pauses.Add({});
   retention_deleted_ = &f_->retention_deleted.Add({});
   policy_errors_ = &f_->policy_errors.Add({});
 }
@@ -578,6 +598,16 @@ void Metrics::commit(double seconds, std::size_t reports) {
   (void)reports;
   commit_seconds_->Observe(seconds);
   commits_->Increment();
+}
+
+void Metrics::ingest_backlog(std::uint64_t queued_bytes, std::size_t paused_streams,
+                             std::uint64_t pauses) {
+  ingest_queued_bytes_->Set(static_cast<double>(queued_bytes));
+  ingest_paused_streams_->Set(static_cast<double>(paused_streams));
+  const double counted = ingest_read_pauses_->Value();
+  if (static_cast<double>(pauses) > counted) {
+    ingest_read_pauses_->Increment(static_cast<double>(pauses) - counted);
+  }
 }
 
 void Metrics::store_live_bytes(std::uint64_t bytes) {

@@ -61,6 +61,10 @@ class Metrics {
   // A part of a report (a tensor, a name, a notice) refused alone; the rest was stored.
   void refused_part(std::string_view reason);
   void ack_delay(double seconds);
+  // The ingest queue's bound (ingest_budget.h): bytes queued, streams waiting, and the pauses
+  // so far (a running total); called by the budget under its lock, so never concurrently.
+  void ingest_backlog(std::uint64_t queued_bytes, std::size_t paused_streams,
+                      std::uint64_t pauses);
 
   // Ingest thread.
   void commit(double seconds, std::size_t reports);
@@ -102,6 +106,9 @@ class Metrics {
   prometheus::Histogram* commit_seconds_;
   prometheus::Counter* commits_;
   prometheus::Gauge* store_bytes_;
+  prometheus::Gauge* ingest_queued_bytes_;
+  prometheus::Gauge* ingest_paused_streams_;
+  prometheus::Counter* ingest_read_pauses_;
   prometheus::Counter* retention_deleted_;
   prometheus::Counter* policy_errors_;
 };

@@ -4,6 +4,9 @@
 // retention that forgets the runs it deletes (and never deletes one whose agent is connected).
 #include <gtest/gtest.h>
 
+#include <set>
+#include <thread>
+
 #include "ampscope/testing/wait_until.h"
 #include "server_harness.h"
 
@@ -264,8 +267,8 @@ TEST_F(ServerIngestTest, GracefulShutdownCommitsAndAcknowledgesEverythingReceive
       const grpc::Status st = agents[rank]->wait_end();
       EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
       acked[rank] = agents[rank]->highest_ack();
-      drained[rank] = st.error_message().find("everything received is acknowledged") !=
-                      std::string::npos;
+      drained[rank] =
+          st.error_message().find("everything received is acknowledged") != std::string::npos;
     }
   }
   ServerProcess restarted(dir_.path(), db());
@@ -385,6 +388,139 @@ TEST_F(ServerIngestTest, RetentionKeepsARunWhoseAgentIsConnected) {
   ASSERT_TRUE(agent.send(make_report("run-quiet", 0, 3, 3, 1)));
   EXPECT_TRUE(agent.wait_ack(3).has_value()) << server.log();
   EXPECT_TRUE(agent.finish().ok());
+}
+
+// The ingest shard that settles `run`, as the server logged it at the run's first Hello.
+std::optional<int> logged_shard(const ServerProcess& server, const std::string& run) {
+  const std::string needle = "run '" + run + "' is settled by ingest shard ";
+  const std::string log = server.log();
+  const std::size_t at = log.find(needle);
+  if (at == std::string::npos) return std::nullopt;
+  return std::stoi(log.substr(at + needle.size()));
+}
+
+// Two runs on different shards are settled at the same time: each shard's batches take 40 ms
+// per item (the test hook, outside the store lock), so 2 x 10 reports take 800 ms one after the
+// other and about half of that on two shards. Each run's reports are stored in its order.
+TEST_F(ServerIngestTest, RunsOnDifferentShardsIngestConcurrentlyInOrder) {
+  constexpr std::uint64_t kReports = 10;
+  constexpr auto kItemDelay = 40ms;
+  ServerProcess server(dir_.path(), db(),
+                       {"--ingest-shards", "4", "--sync", "normal", "--test-ingest-item-delay-us",
+                        std::to_string(std::chrono::microseconds(kItemDelay).count())});
+  const std::vector<std::string> runs = {"shard-a", "shard-b"};
+  std::vector<std::unique_ptr<AgentStream>> agents;
+  for (const std::string& run : runs) {
+    agents.push_back(std::make_unique<AgentStream>(make_channel(server.address())));
+    ASSERT_TRUE(agents.back()->send_hello(make_hello(run)));
+    ASSERT_TRUE(agents.back()->wait_ack(0).has_value());
+  }
+  const std::optional<int> a = logged_shard(server, runs[0]);
+  const std::optional<int> b = logged_shard(server, runs[1]);
+  ASSERT_TRUE(a && b) << server.log();
+  ASSERT_NE(*a, *b) << "the test needs runs on two shards";
+
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> senders;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    senders.emplace_back([&, i] {
+      for (std::uint64_t seq = 1; seq <= kReports; ++seq) {
+        // One report at a time, each its own batch.
+        EXPECT_TRUE(
+            agents[i]->send(make_report(runs[i], 0, seq, static_cast<std::int64_t>(seq), 2)));
+        EXPECT_TRUE(agents[i]->wait_ack(seq).has_value());
+      }
+    });
+  }
+  for (std::thread& t : senders) t.join();
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(elapsed, kItemDelay * kReports * runs.size() * 3 / 4)
+      << "the shards did not overlap: "
+      << std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count() << " ms";
+
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    EXPECT_TRUE(agents[i]->finish().ok());
+    const v1::GetReportsResponse got = reports(server, runs[i]);
+    ASSERT_EQ(got.reports_size(), static_cast<int>(kReports)) << runs[i];
+    // In step order, and stored (report_id: commit order) in the order they were sent.
+    for (int k = 0; k < got.reports_size(); ++k) {
+      EXPECT_EQ(got.reports(k).report().seq(), static_cast<std::uint64_t>(k + 1)) << runs[i];
+      if (k > 0) EXPECT_GT(got.reports(k).report_id(), got.reports(k - 1).report_id());
+    }
+  }
+}
+
+// Deleting a run works whichever shard settles it, while the runs of the other shards stream on;
+// a run deleted starts afresh at its next Hello.
+TEST_F(ServerIngestTest, DeletesRunsOnEveryShard) {
+  ServerProcess server(dir_.path(), db(), {"--ingest-shards", "4", "--sync", "normal"});
+  const std::vector<std::string> runs = {"del-a", "del-b", "del-c", "del-d"};
+  for (const std::string& run : runs) send_reports(make_channel(server.address()), run, 1, 3);
+  std::set<int> shards;
+  for (const std::string& run : runs) {
+    const std::optional<int> shard = logged_shard(server, run);
+    ASSERT_TRUE(shard.has_value()) << run;
+    shards.insert(*shard);
+  }
+  EXPECT_GE(shards.size(), 3u);
+
+  // A run that keeps streaming on its shard while the others are deleted.
+  AgentStream live(make_channel(server.address()));
+  ASSERT_TRUE(live.send_hello(make_hello("shard-c")));
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    ASSERT_TRUE(live.send(make_report("shard-c", 0, i + 1, static_cast<std::int64_t>(i + 1), 1)));
+    EXPECT_TRUE(delete_run(server.address(), runs[i]).ok()) << runs[i];
+    EXPECT_FALSE(get_run(server.address(), runs[i]).has_value()) << runs[i];
+  }
+  ASSERT_TRUE(live.wait_ack(runs.size()).has_value());
+  EXPECT_TRUE(live.finish().ok());
+  EXPECT_EQ(reports(server, "shard-c").reports_size(), static_cast<int>(runs.size()));
+
+  for (const std::string& run : runs) {
+    send_reports(make_channel(server.address()), run, 1, 2);
+    const std::optional<v1::GetRunResponse> again = get_run(server.address(), run);
+    ASSERT_TRUE(again.has_value()) << run;
+    EXPECT_EQ(again->summary().reports(), 2u) << run;
+  }
+}
+
+// Retention runs on shard 0 and deletes runs of every shard; each is forgotten by its own shard
+// (its series leave /metrics, and a new agent of it starts afresh).
+TEST_F(ServerIngestTest, RetentionForgetsRunsOfEveryShard) {
+  ServerProcess server(dir_.path(), db(),
+                       {"--ingest-shards", "4", "--retention-max-age", "1s", "--retention-interval",
+                        "200ms", "--sync", "normal"});
+  const std::vector<std::string> runs = {"old-a", "old-b", "old-c"};
+  for (const std::string& run : runs) send_reports(make_channel(server.address()), run, 1, 3);
+  std::set<int> shards;
+  for (const std::string& run : runs) {
+    const std::optional<int> shard = logged_shard(server, run);
+    ASSERT_TRUE(shard.has_value()) << run;
+    shards.insert(*shard);
+  }
+  EXPECT_GE(shards.size(), 2u);
+  EXPECT_TRUE(shards.contains(0) && shards.size() > 1) << "runs on shard 0 and on others";
+  for (const std::string& run : runs) {
+    ASSERT_TRUE(wait_until([&] { return !get_run(server.address(), run).has_value(); }, 10s))
+        << run;
+  }
+  ASSERT_TRUE(wait_until(
+      [&] {
+        for (const Sample& s : parse_samples(scrape(server.metrics_address()))) {
+          if (s.labels.contains("run") && s.labels.at("run").starts_with("old-")) return false;
+        }
+        return true;
+      },
+      5s));
+  for (const std::string& run : runs) {
+    AgentStream agent(make_channel(server.address()));
+    ASSERT_TRUE(agent.send_hello(make_hello(run)));
+    ASSERT_TRUE(agent.wait_ack(0).has_value());
+    EXPECT_EQ(agent.highest_ack(), 0u) << run;
+    ASSERT_TRUE(agent.send(make_report(run, 0, 1, 1, 1)));
+    ASSERT_TRUE(agent.wait_ack(1).has_value()) << run;
+    EXPECT_TRUE(agent.finish().ok());
+  }
 }
 
 }  // namespace

@@ -91,6 +91,8 @@ struct Ingest::Batch {
   std::vector<std::pair<RunState*, v1::PolicyUpdate>> decisions;
   std::vector<std::chrono::steady_clock::time_point> received;
   int policy_errors = 0;
+  // The items' digests, by index (process() makes them before the transaction).
+  std::vector<ReportDigest>* digests = nullptr;
   // Streams whose run is not known (any more): ended after the batch, their items skipped.
   std::map<const StreamSink*, std::shared_ptr<StreamSink>> orphans;
 
@@ -106,6 +108,12 @@ struct Ingest::Batch {
   }
 };
 
+std::size_t resolve_ingest_shards(std::size_t requested) {
+  if (requested > 0) return std::min(requested, kMaxIngestShards);
+  const std::size_t cores = std::thread::hardware_concurrency();
+  return std::clamp<std::size_t>(cores, 1, kDefaultIngestShards);
+}
+
 Ingest::Ingest(StoreWriter& store, RunRegistry& runs, Metrics& metrics, PolicyHost& policy,
                StreamTable& streams, IngestOptions options)
     : store_(store),
@@ -113,7 +121,16 @@ Ingest::Ingest(StoreWriter& store, RunRegistry& runs, Metrics& metrics, PolicyHo
       metrics_(metrics),
       policy_(policy),
       streams_(streams),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      budget_(options_.max_queued_bytes,
+              [&metrics](std::uint64_t queued, std::size_t waiting, std::uint64_t pauses) {
+                metrics.ingest_backlog(queued, waiting, pauses);
+              }) {
+  for (std::size_t i = 0; i < runs_.shards(); ++i) {
+    shards_.push_back(std::make_unique<Shard>());
+    shards_.back()->index = i;
+  }
+}
 
 Ingest::~Ingest() { stop(); }
 
@@ -149,18 +166,34 @@ void Ingest::restore() {
 }
 
 void Ingest::start() {
-  next_retention_ = std::chrono::steady_clock::now();
-  next_refresh_ = next_retention_;
-  thread_ = std::thread([this] { run(); });
+  log_info("ingest: ", shards_.size(), shards_.size() == 1 ? " shard" : " shards", ", queue bound ",
+           options_.max_queued_bytes >> 20, " MiB");
+  for (const std::unique_ptr<Shard>& shard : shards_) {
+    shard->next_retention = std::chrono::steady_clock::now();
+    shard->next_refresh = shard->next_retention;
+    shard->thread = std::thread([this, s = shard.get()] { run(*s); });
+  }
+}
+
+Ingest::Shard& Ingest::shard_of(const std::string& run_id) {
+  return *shards_[runs_.shard_of(run_id)];
 }
 
 bool Ingest::submit(IngestItem item) {
+  Shard& shard = shard_of(item.run_id);
+  return enqueue(shard, std::move(item));
+}
+
+bool Ingest::enqueue(Shard& shard, IngestItem item) {
   {
-    std::lock_guard lock(mu_);
-    if (stopping_ || stopped_) return false;
-    queue_.push_back(std::move(item));
+    std::lock_guard lock(shard.mu);
+    if (shard.stopping || shard.stopped || failed_) return false;
+    // Charged under the shard's lock, so that whoever drops or settles the item releases what
+    // was charged.
+    budget_.charge(item.bytes);
+    shard.queue.push_back(std::move(item));
   }
-  cv_.notify_one();
+  shard.cv.notify_one();
   return true;
 }
 
@@ -173,73 +206,117 @@ bool Ingest::delete_run(const std::string& run_id, std::function<void(const Dele
 }
 
 void Ingest::stop() {
-  {
-    std::lock_guard lock(mu_);
-    if (!thread_.joinable()) return;
-    stopping_ = true;
+  bool running = false;
+  for (const std::unique_ptr<Shard>& shard : shards_) {
+    {
+      std::lock_guard lock(shard->mu);
+      if (!shard->thread.joinable()) continue;
+      shard->stopping = true;
+      running = true;
+    }
+    shard->cv.notify_one();
   }
-  cv_.notify_one();
-  thread_.join();
+  if (!running) return;
+  for (const std::unique_ptr<Shard>& shard : shards_) {
+    if (shard->thread.joinable()) shard->thread.join();
+  }
+  // Shutdown: the WAL folded into the database file, once every shard saved its state.
+  try {
+    std::lock_guard store(store_mu_);
+    store_.checkpoint();
+  } catch (const std::exception& e) {
+    log_warning("store maintenance: ", e.what());
+  }
 }
 
 void Ingest::on_failure(std::function<void(const std::string&)> callback) {
   on_failure_ = std::move(callback);
 }
 
-void Ingest::run() {
+void Ingest::run(Shard& shard) {
   std::vector<IngestItem> items;
   for (;;) {
     // Steps waiting for their ranks are checked while there are any, even with nothing queued.
     bool merges_waiting = false;
-    runs_.for_each([&](RunState& run) { merges_waiting = merges_waiting || run.merge.waiting(); });
-    auto wake = std::min(next_retention_, next_refresh_);
-    if (merges_waiting) wake = std::min(wake, next_merge_check_);
+    runs_.for_each([&](RunState& run) { merges_waiting = merges_waiting || run.merge.waiting(); },
+                   shard.index);
+    auto wake = std::min(shard.next_retention, shard.next_refresh);
+    if (merges_waiting) wake = std::min(wake, shard.next_merge_check);
+    bool forget_now = false;
     {
-      std::unique_lock lock(mu_);
-      cv_.wait_until(lock, wake, [&] { return !queue_.empty() || stopping_ || stopped_; });
-      if (stopped_) return;
-      if (queue_.empty() && stopping_) break;
+      std::unique_lock lock(shard.mu);
+      shard.cv.wait_until(lock, wake, [&] {
+        return !shard.queue.empty() || !shard.pending_forget.empty() || shard.stopping ||
+               shard.stopped;
+      });
+      if (shard.stopped) return;
+      if (shard.queue.empty() && shard.stopping) break;
+      forget_now = !shard.pending_forget.empty();
       // A deletion is a transaction of its own: the items before it, or it alone.
-      const std::size_t n = std::min(queue_.size(), options_.max_batch_items);
+      const std::size_t n = std::min(shard.queue.size(), options_.max_batch_items);
       for (std::size_t i = 0; i < n; ++i) {
-        const bool deletion = queue_.front().kind == IngestItem::Kind::kDelete;
+        const bool deletion = shard.queue.front().kind == IngestItem::Kind::kDelete;
         if (deletion && !items.empty()) break;
-        items.push_back(std::move(queue_.front()));
-        queue_.pop_front();
+        items.push_back(std::move(shard.queue.front()));
+        shard.queue.pop_front();
         if (deletion) break;
       }
     }
     if (!items.empty() && items.front().kind == IngestItem::Kind::kDelete) {
-      remove_run(items.front());
+      remove_run(shard, items.front());
     } else if (!items.empty() ||
-               (merges_waiting && std::chrono::steady_clock::now() >= next_merge_check_)) {
-      process(items);
+               (merges_waiting && std::chrono::steady_clock::now() >= shard.next_merge_check)) {
+      process(shard, items);
+    } else if (forget_now) {
+      std::lock_guard store(store_mu_);
+      forget_pending(shard);
     }
+    release(items);
     items.clear();
-    if (!stopped_) maintenance(false);
+    if (!shard.stopped) maintenance(shard, false);
   }
-  maintenance(true);
+  maintenance(shard, true);
 }
 
-void Ingest::process(std::vector<IngestItem>& items) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::int64_t now_ns = proto::unix_now_ns();
+void Ingest::process(Shard& shard, std::vector<IngestItem>& items) {
+  // Digested before the transaction, so that other shards may write meanwhile (a duplicate's
+  // digest is wasted; they are rare).
+  std::vector<ReportDigest> digests(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (items[i].kind == IngestItem::Kind::kReport) {
+      digests[i] = digest_report(*items[i].report, policy_.reads_all_tensors());
+    }
+  }
+  if (options_.test_item_delay.count() > 0) {
+    std::this_thread::sleep_for(options_.test_item_delay * items.size());
+  }
   Batch batch;
-  try {
-    store_.begin();
-    write(items, batch, now_ns);
-    store_.commit();
-  } catch (const std::exception& e) {
-    store_.rollback();
-    fail(items, batch, e.what());
-    return;
+  batch.digests = &digests;
+  std::chrono::steady_clock::time_point t0;
+  std::int64_t now_ns = 0;
+  {
+    std::unique_lock store(store_mu_);
+    t0 = std::chrono::steady_clock::now();
+    now_ns = proto::unix_now_ns();
+    try {
+      forget_pending(shard);
+      store_.begin();
+      write(shard, items, batch, now_ns);
+      store_.commit();
+    } catch (const std::exception& e) {
+      store_.rollback();
+      store.unlock();
+      fail(shard, items, batch, e.what());
+      return;
+    }
   }
   const auto t1 = std::chrono::steady_clock::now();
   metrics_.commit(std::chrono::duration<double>(t1 - t0).count(), batch.stored.size());
-  publish(batch, now_ns);
+  publish(shard, batch, now_ns);
 }
 
-void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t now_ns) {
+void Ingest::write(Shard& shard, std::vector<IngestItem>& items, Batch& batch,
+                   std::int64_t now_ns) {
   // (run, rank) -> the agent's latest counters
   std::map<std::pair<RunState*, std::uint32_t>, const v1::AgentCounters*> progressed;
   struct Delta {
@@ -249,7 +326,8 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
   std::unordered_map<std::string, Delta> deltas;  // by run \0 name \0 role
   std::string delta_key;
 
-  for (IngestItem& item : items) {
+  for (std::size_t index = 0; index < items.size(); ++index) {
+    IngestItem& item = items[index];
     if (item.kind == IngestItem::Kind::kRefusal) {
       // Noted only for a run that is still known (and so stored).
       if (runs_.find(item.run_id) != nullptr) {
@@ -270,13 +348,19 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
     RunState& run = *known;
     switch (item.kind) {
       case IngestItem::Kind::kHello: {
+        if (run.last_seq.empty()) {  // a new run (a known one has the seq of its agents)
+          log_info("runs: run '", run.id, "' is settled by ingest shard ", run.shard);
+        }
         runs_.mark_active(run);
         store_.upsert_run(*item.hello, now_ns);
         store_.upsert_agent(*item.hello, now_ns);
         run.last_seq.try_emplace(item.rank, 0);
         run.merge.set_layout(item.hello->world_size(), item.hello->gradients_sharded());
         policy_.on_hello(run, *item.hello);
-        metrics_.on_hello(run, *item.hello);
+        {
+          std::unique_lock series = runs_.lock_series();
+          metrics_.on_hello(run, *item.hello);
+        }
         Batch::SinkResult& settled = batch.settle(item, run);
         settled.hello = true;
         settled.last_policy_seq = item.hello->last_policy_seq();
@@ -304,7 +388,7 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
           break;
         }
         const Batch::Stored& stored = batch.stored.emplace_back(
-            Batch::Stored{&run, &r, id, digest_report(r, policy_.reads_all_tensors())});
+            Batch::Stored{&run, &r, id, std::move((*batch.digests)[index])});
         const v1::AgentCounters*& counters = progressed[{&run, item.rank}];
         if (r.has_agent()) counters = &r.agent();
         for (const v1::PolicyOutcome& o : r.policy_outcomes()) {
@@ -369,16 +453,19 @@ void Ingest::write(std::vector<IngestItem>& items, Batch& batch, std::int64_t no
       settle_merged(run, m, batch, now_ns);
     }
   }
-  if (now >= next_merge_check_) {
-    next_merge_check_ = now + kMergeCheckInterval;
-    runs_.for_each([&](RunState& run) {
-      if (!run.merge.waiting()) return;
-      for (MergedStep& m : run.merge.flush(now, streams_.connected_ranks(run.id))) {
-        settle_merged(run, m, batch, now_ns);
-      }
-    });
+  if (now >= shard.next_merge_check) {
+    shard.next_merge_check = now + kMergeCheckInterval;
+    runs_.for_each(
+        [&](RunState& run) {
+          if (!run.merge.waiting()) return;
+          for (MergedStep& m : run.merge.flush(now, streams_.connected_ranks(run.id))) {
+            settle_merged(run, m, batch, now_ns);
+          }
+        },
+        shard.index);
   }
-  for (const PolicySnapshot& s : policy_.snapshots(std::chrono::steady_clock::now(), false)) {
+  for (const PolicySnapshot& s :
+       policy_.snapshots(std::chrono::steady_clock::now(), false, shard.index)) {
     store_.save_policy_state(s.run_id, std::string(policy_.mode_name()), s.state, s.last_report_id,
                              s.last_merged_id, now_ns);
   }
@@ -415,8 +502,10 @@ void Ingest::settle_merged(RunState& run, MergedStep& step, Batch& batch, std::i
   }
 }
 
-void Ingest::publish(Batch& batch, std::int64_t now_ns) {
+void Ingest::publish(Shard& shard, Batch& batch, std::int64_t now_ns) {
   (void)now_ns;
+  // The runs' series may be taken off /metrics by another shard (mark_active) meanwhile.
+  std::unique_lock series = runs_.lock_series();
   for (const Batch::Stored& s : batch.stored) metrics_.on_report(*s.run, *s.report, s.digest);
   for (const Batch::Merged& m : batch.merged) {
     metrics_.merged_step(*m.run, m.partial, m.divergences, m.offender_rank, m.offender_role);
@@ -448,6 +537,7 @@ void Ingest::publish(Batch& batch, std::int64_t now_ns) {
              u.effective_from_step(), ": ", u.reason());
     decided[run].push_back(u);
   }
+  series.unlock();
   const std::vector<v1::PolicyUpdate> none;
   for (auto& [ptr, result] : batch.sinks) {
     std::vector<v1::PolicyUpdate> fold;
@@ -477,19 +567,23 @@ void Ingest::publish(Batch& batch, std::int64_t now_ns) {
   if (!batch.orphans.empty()) {
     std::vector<std::shared_ptr<StreamSink>> orphans;
     for (auto& [ptr, sink] : batch.orphans) orphans.push_back(sink);
-    end_streams(orphans, "the stream's run is not known (deleted); reconnecting starts it again");
+    end_streams(shard, orphans,
+                "the stream's run is not known (deleted); reconnecting starts it again");
   }
 }
 
-void Ingest::fail(std::vector<IngestItem>& items, Batch& batch, const std::string& message) {
+void Ingest::fail(Shard& shard, std::vector<IngestItem>& items, Batch& batch,
+                  const std::string& message) {
   // Undo in reverse so that each agent ends at its seq before the batch.
   for (auto it = batch.previous_seq.rbegin(); it != batch.previous_seq.rend(); ++it) {
     it->run->last_seq[it->rank] = it->seq;
   }
   log_error("store: commit failed, nothing of the batch is stored: ", message);
+  // Every shard takes no more items; this one ends, the others end at stop().
+  const bool first = !failed_.exchange(true);
   {
-    std::lock_guard lock(mu_);
-    stopped_ = true;
+    std::lock_guard lock(shard.mu);
+    shard.stopped = true;
   }
   std::map<const StreamSink*, std::shared_ptr<StreamSink>> sinks;
   std::vector<IngestItem> deletions;
@@ -501,49 +595,74 @@ void Ingest::fail(std::vector<IngestItem>& items, Batch& batch, const std::strin
     }
   };
   for (IngestItem& item : items) settle(item);
+  std::vector<IngestItem> queued;
   {
-    std::lock_guard lock(mu_);
-    for (IngestItem& item : queue_) settle(item);
-    queue_.clear();
+    std::lock_guard lock(shard.mu);
+    for (IngestItem& item : shard.queue) settle(item);
+    queued.assign(std::make_move_iterator(shard.queue.begin()),
+                  std::make_move_iterator(shard.queue.end()));
+    shard.queue.clear();
   }
+  release(queued);
   for (auto& [ptr, sink] : sinks) sink->on_store_failure("store failed: " + message);
   for (IngestItem& item : deletions) {
     item.deleted(DeleteOutcome{DeleteOutcome::Result::kFailed, 0, 0, "store failed: " + message});
   }
-  if (on_failure_) on_failure_(message);
+  if (first && on_failure_) on_failure_(message);
 }
 
-void Ingest::remove_run(IngestItem& item) {
+void Ingest::release(const std::vector<IngestItem>& items) {
+  std::uint64_t bytes = 0;
+  for (const IngestItem& item : items) bytes += item.bytes;
+  if (bytes > 0) budget_.release(bytes);
+}
+
+void Ingest::remove_run(Shard& shard, IngestItem& item) {
   std::optional<std::int64_t> reports;
-  try {
-    store_.begin();
-    reports = store_.delete_run(item.run_id);
-    store_.commit();
-  } catch (const std::exception& e) {
-    // Nothing else was in the transaction: the run is still whole, and the server goes on.
-    store_.rollback();
-    log_error("store: deleting run '", item.run_id, "' failed: ", e.what());
-    item.deleted(DeleteOutcome{DeleteOutcome::Result::kFailed, 0, 0, e.what()});
-    return;
+  {
+    std::lock_guard store(store_mu_);
+    try {
+      forget_pending(shard);
+      store_.begin();
+      reports = store_.delete_run(item.run_id);
+      store_.commit();
+    } catch (const std::exception& e) {
+      // Nothing else was in the transaction: the run is still whole, and the server goes on.
+      store_.rollback();
+      log_error("store: deleting run '", item.run_id, "' failed: ", e.what());
+      item.deleted(DeleteOutcome{DeleteOutcome::Result::kFailed, 0, 0, e.what()});
+      return;
+    }
   }
   if (!reports) {
     item.deleted(DeleteOutcome{DeleteOutcome::Result::kNotFound, 0, 0, ""});
     return;
   }
   const std::size_t ended =
-      forget(item.run_id,
+      forget(shard, item.run_id,
              "run '" + item.run_id + "' was deleted on the server; reconnecting starts it again");
   log_info("runs: deleted run '", item.run_id, "' (", *reports, " reports, ", ended,
            " streams ended)");
   item.deleted(DeleteOutcome{DeleteOutcome::Result::kDeleted, *reports, ended, ""});
 }
 
-std::size_t Ingest::forget(const std::string& run_id, const std::string& why) {
-  runs_.forget(run_id);
-  return end_streams(streams_.of_run(run_id), why);
+void Ingest::forget_pending(Shard& shard) {
+  std::vector<std::string> runs;
+  {
+    std::lock_guard lock(shard.mu);
+    runs.swap(shard.pending_forget);
+  }
+  for (const std::string& run_id : runs) {
+    forget(shard, run_id, "run '" + run_id + "' was deleted by retention");
+  }
 }
 
-std::size_t Ingest::end_streams(const std::vector<std::shared_ptr<StreamSink>>& ended,
+std::size_t Ingest::forget(Shard& shard, const std::string& run_id, const std::string& why) {
+  runs_.forget(run_id);
+  return end_streams(shard, streams_.of_run(run_id), why);
+}
+
+std::size_t Ingest::end_streams(Shard& shard, const std::vector<std::shared_ptr<StreamSink>>& ended,
                                 const std::string& why) {
   if (ended.empty()) return 0;
   // Once told, a stream submits nothing more; what it submitted before is still queued and was
@@ -553,8 +672,19 @@ std::size_t Ingest::end_streams(const std::vector<std::shared_ptr<StreamSink>>& 
     s->on_run_deleted(why);
     gone.insert(s.get());
   }
-  std::lock_guard lock(mu_);
-  std::erase_if(queue_, [&](const IngestItem& i) { return gone.contains(i.sink.get()); });
+  std::vector<IngestItem> dropped;
+  {
+    std::lock_guard lock(shard.mu);
+    for (auto it = shard.queue.begin(); it != shard.queue.end();) {
+      if (gone.contains(it->sink.get())) {
+        dropped.push_back(std::move(*it));
+        it = shard.queue.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  release(dropped);
   return ended.size();
 }
 
@@ -575,13 +705,15 @@ void Ingest::refresh_top_tensors(RunState& run) {
   metrics_.set_top_tensors(run, top);
 }
 
-void Ingest::maintenance(bool force) {
+void Ingest::maintenance(Shard& shard, bool force) {
   const auto now = std::chrono::steady_clock::now();
   try {
-    if (force || now >= next_refresh_) {
-      next_refresh_ = now + options_.refresh_interval;
+    if (force || now >= shard.next_refresh) {
+      shard.next_refresh = now + options_.refresh_interval;
       // Only exported runs have series to refresh; the others catch up once active again.
+      std::unique_lock series = runs_.lock_series();
       for (RunState* run : runs_.exported()) {
+        if (run->shard != shard.index) continue;
         if (!run->totals.empty()) {
           if (run->top_stale) refresh_top_tensors(*run);
           run->top_stale = false;
@@ -589,42 +721,62 @@ void Ingest::maintenance(bool force) {
         }
         metrics_.set_agents_connected(*run, streams_.connected_ranks(run->id).size());
       }
-      metrics_.store_live_bytes(store_.live_bytes());
-    }
-    if (!force && now >= next_retention_) {
-      next_retention_ = now + options_.retention_interval;
-      if (options_.retention_max_age_ns > 0 || options_.retention_max_bytes > 0) {
-        // A run with an agent connected is alive, however long it has been quiet.
-        const RetentionResult r =
-            store_.apply_retention(options_.retention_max_age_ns, options_.retention_max_bytes,
-                                   proto::unix_now_ns(), streams_.runs());
-        for (const std::string& run_id : r.deleted_run_ids) {
-          forget(run_id, "run '" + run_id + "' was deleted by retention");
-        }
-        metrics_.retention_deleted(r.deleted_reports);
-        if (r.deleted_reports > 0 || r.deleted_runs > 0) {
-          log_info("retention: deleted ", r.deleted_reports, " reports and ", r.deleted_runs,
-                   " runs");
-        }
+      series.unlock();
+      if (shard.index == 0) {
+        std::lock_guard store(store_mu_);
+        metrics_.store_live_bytes(store_.live_bytes());
       }
+    }
+    if (!force && shard.index == 0 && now >= shard.next_retention) {
+      shard.next_retention = now + options_.retention_interval;
+      if (options_.retention_max_age_ns > 0 || options_.retention_max_bytes > 0) retention();
     }
     if (force) {
-      // Shutdown: the latest engine state, then the WAL folded into the database file.
+      // Shutdown: the latest engine state of the shard's runs (Ingest::stop checkpoints).
       const std::vector<PolicySnapshot> snapshots =
-          policy_.snapshots(std::chrono::steady_clock::now(), true);
+          policy_.snapshots(std::chrono::steady_clock::now(), true, shard.index);
       if (!snapshots.empty()) {
-        store_.begin();
-        for (const PolicySnapshot& s : snapshots) {
-          store_.save_policy_state(s.run_id, std::string(policy_.mode_name()), s.state,
-                                   s.last_report_id, s.last_merged_id, proto::unix_now_ns());
+        std::lock_guard store(store_mu_);
+        try {
+          store_.begin();
+          for (const PolicySnapshot& s : snapshots) {
+            store_.save_policy_state(s.run_id, std::string(policy_.mode_name()), s.state,
+                                     s.last_report_id, s.last_merged_id, proto::unix_now_ns());
+          }
+          store_.commit();
+        } catch (const std::exception&) {
+          store_.rollback();
+          throw;
         }
-        store_.commit();
       }
-      store_.checkpoint();
     }
   } catch (const std::exception& e) {
-    if (force) store_.rollback();
     log_warning("store maintenance: ", e.what());
+  }
+}
+
+void Ingest::retention() {
+  std::lock_guard store(store_mu_);
+  // A run with an agent connected is alive, however long it has been quiet.
+  const RetentionResult r =
+      store_.apply_retention(options_.retention_max_age_ns, options_.retention_max_bytes,
+                             proto::unix_now_ns(), streams_.runs());
+  // Forgotten by their own shards before those write again: they take the store lock first.
+  for (const std::string& run_id : r.deleted_run_ids) {
+    Shard& owner = shard_of(run_id);
+    if (owner.index == 0) {
+      forget(owner, run_id, "run '" + run_id + "' was deleted by retention");
+      continue;
+    }
+    {
+      std::lock_guard lock(owner.mu);
+      owner.pending_forget.push_back(run_id);
+    }
+    owner.cv.notify_one();
+  }
+  metrics_.retention_deleted(r.deleted_reports);
+  if (r.deleted_reports > 0 || r.deleted_runs > 0) {
+    log_info("retention: deleted ", r.deleted_reports, " reports and ", r.deleted_runs, " runs");
   }
 }
 

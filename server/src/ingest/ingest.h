@@ -1,25 +1,38 @@
-// The ingest thread: the single writer of the store. Streams submit validated Hellos, reports
-// and rejections; the thread takes everything queued, writes it in one transaction (group
-// commit: the batch grows with the load, no timer), commits, and only then acknowledges:
-// Ack(persisted_seq) to each stream, metrics, the policy engines' decisions pushed to the run's
-// streams. Duplicates by (run, rank, seq) are dropped here, against the last seq per agent,
-// which survives restarts in the store. Each stored report is digested once (report_digest.h);
+// Ingest: the writer of the store, in shards. Runs are spread over the shards (threads) by a
+// hash of their id (RunRegistry::shard_of), each run on exactly one, so the order of a run's
+// items holds; streams submit validated Hellos, reports and rejections to their run's shard.
+// A shard takes everything queued, writes it in one transaction (group commit: the batch grows
+// with the load, no timer), commits, and only then acknowledges: Ack(persisted_seq) to each
+// stream, metrics, the policy engines' decisions pushed to the run's streams. Duplicates by
+// (run, rank, seq) are dropped here, against the last seq per agent, which survives restarts in
+// the store. Each stored report is digested once (report_digest.h), before the transaction;
 // its digest feeds the tensor totals, the policy engine and the metrics.
 //
-// What it keeps per run (settled seq per agent, tensor totals) lives in the run's RunState
+// The shards share one StoreWriter (one connection) and take turns on it (store_mu_): SQLite
+// admits one writer at a time, and a second connection would wait for the first in SQLite's
+// busy handler (sleep and retry) rather than on a mutex; what a shard does outside its
+// transaction (digests before it; Acks, metrics and decisions after it) runs in parallel with
+// the others' transactions.
+//
+// What a shard keeps per run (settled seq per agent, tensor totals) lives in the run's RunState
 // (run_registry.h), next to the run's policy engine and series. Deleting a run (an operator's
-// DeleteRun, or age retention) goes through here too, in queue order: the run's rows go in a
-// transaction of their own, then the registry forgets it and its open streams end (ABORTED),
-// their queued items dropped; a later Hello of the run starts it afresh.
+// DeleteRun, or age retention) goes through the run's shard too, in queue order: the run's
+// rows go in a transaction of their own, then the registry forgets it and its open streams end
+// (ABORTED), their queued items dropped; a later Hello of the run starts it afresh. Retention
+// runs on shard 0 under the store lock; the runs it deleted are forgotten by their own shards
+// before those write anything again (pending_forget).
 //
 // Order on each stream: the decisions its reports caused are handed to it with the Ack of those
 // reports, before it (StreamSink::on_settled); a stream whose Hello settles gets the policy in
 // force the same way; the other streams of the run get each decision as it is decided.
 //
-// Thread safety: submit() from any thread; everything else runs on the ingest thread or before
-// start() / after stop().
+// Thread safety: submit(), delete_run() and budget() from any thread; restore() before start(),
+// stop() from one thread; everything else runs on the shards' threads.
 #pragma once
 
+#include <google/protobuf/arena.h>
+
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -32,6 +45,7 @@
 #include <vector>
 
 #include "ampscope/v1/telemetry.pb.h"
+#include "ingest_budget.h"
 #include "metrics.h"
 #include "policy_host.h"
 #include "run_registry.h"
@@ -41,6 +55,12 @@
 
 namespace ampscope::server {
 
+// The number of ingest shards for --ingest-shards `requested`: itself, or for 0 one per hardware
+// thread, at most kDefaultIngestShards.
+inline constexpr std::size_t kDefaultIngestShards = 8;
+inline constexpr std::size_t kMaxIngestShards = 64;
+std::size_t resolve_ingest_shards(std::size_t requested);
+
 struct IngestOptions {
   std::size_t max_batch_items = 4096;  // items per transaction at most
   std::chrono::milliseconds retention_interval{60000};
@@ -48,6 +68,12 @@ struct IngestOptions {
   std::uint64_t retention_max_bytes = 0;             // 0: no size limit
   std::size_t top_k = 20;                            // per-tensor series per run
   std::chrono::milliseconds refresh_interval{1000};  // top-K series, store size gauge
+  // Wire bytes of received items not settled yet beyond which streams stop reading
+  // (ingest_budget.h).
+  std::uint64_t max_queued_bytes = 256u << 20;
+  // A test hook: a shard's batch takes this long more per item, outside the store lock (a slow
+  // ingest whose shards still overlap).
+  std::chrono::microseconds test_item_delay{0};
 };
 
 // The answer to Ingest::delete_run.
@@ -67,15 +93,18 @@ struct IngestItem {
   std::string run_id;
   std::uint32_t rank = 0;
   std::uint64_t seq = 0;
-  std::unique_ptr<v1::Hello> hello;        // kHello
-  std::unique_ptr<v1::StepReport> report;  // kReport
-  std::string payload;                     // kReport: the report serialised
-  std::vector<std::string> notices;        // kReport: the server's, on parts refused alone
-  Violation violation;                     // kReject
-  std::string notice;                      // kRefusal
+  std::unique_ptr<v1::Hello> hello;  // kHello
+  // kReport: the decoded report, in `arena` (freed with the item).
+  std::unique_ptr<google::protobuf::Arena> arena;
+  v1::StepReport* report = nullptr;
+  std::string payload;               // kReport: the report serialised
+  std::vector<std::string> notices;  // kReport: the server's, on parts refused alone
+  Violation violation;               // kReject
+  std::string notice;                // kRefusal
   std::function<void(const DeleteOutcome&)> deleted;  // kDelete: called on the ingest thread
   std::int64_t received_ns = 0;
   std::chrono::steady_clock::time_point received{};
+  std::uint64_t bytes = 0;  // the message's wire size, charged to the IngestBudget until settled
 };
 
 class Ingest {
@@ -87,34 +116,64 @@ class Ingest {
   // Before start(): last seq per agent, tensor totals, policy engines from the store.
   void restore();
   void start();
-  // False once the ingest thread stopped or failed: the item was not taken.
+  // False once the run's shard stopped or the store failed: the item was not taken.
   bool submit(IngestItem item);
-  // Deletes the run from the store and forgets it (see above); `done` is called on the ingest
-  // thread. False once the ingest thread stopped or failed.
+  // Deletes the run from the store and forgets it (see above); `done` is called on the run's
+  // shard. False once that shard stopped or the store failed.
   bool delete_run(const std::string& run_id, std::function<void(const DeleteOutcome&)> done);
-  // Commits everything queued, saves the policy state, and joins the thread.
+  // Commits everything queued, saves the policy state, and joins the shards.
   void stop();
 
-  // Called once, from the ingest thread, when a commit fails (the server then shuts down).
+  // Called once, from a shard, when a commit fails (the server then shuts down).
   void on_failure(std::function<void(const std::string&)> callback);
+  std::size_t shards() const { return shards_.size(); }
+
+  // The bound on received work not settled yet; streams ask it before each read. Any thread.
+  IngestBudget& budget() { return budget_; }
 
  private:
   struct Batch;
-  void run();
-  void process(std::vector<IngestItem>& items);
-  void write(std::vector<IngestItem>& items, Batch& batch, std::int64_t now_ns);
-  void publish(Batch& batch, std::int64_t now_ns);
+  // One ingest thread, its queue and its timers.
+  struct Shard {
+    std::size_t index = 0;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<IngestItem> queue;
+    bool stopping = false;
+    bool stopped = false;
+    // Runs of this shard that retention (on shard 0) deleted: forgotten by this shard before
+    // its next transaction. Under mu.
+    std::vector<std::string> pending_forget;
+    std::thread thread;
+    // The shard's thread only.
+    std::chrono::steady_clock::time_point next_retention{};
+    std::chrono::steady_clock::time_point next_refresh{};
+    // When the runs' steps waiting for their ranks are checked next (deadline, ended streams).
+    std::chrono::steady_clock::time_point next_merge_check{};
+  };
+  static constexpr std::chrono::milliseconds kMergeCheckInterval{100};
+  Shard& shard_of(const std::string& run_id);
+  bool enqueue(Shard& shard, IngestItem item);
+  void run(Shard& shard);
+  void process(Shard& shard, std::vector<IngestItem>& items);
+  void write(Shard& shard, std::vector<IngestItem>& items, Batch& batch, std::int64_t now_ns);
+  void publish(Shard& shard, Batch& batch, std::int64_t now_ns);
   // A step merged over the ranks of `run`: stored, observed by the policy engine, its decisions
   // stored; its metrics left in the batch for after the commit.
   void settle_merged(RunState& run, MergedStep& step, Batch& batch, std::int64_t now_ns);
-  void fail(std::vector<IngestItem>& items, Batch& batch, const std::string& message);
-  void remove_run(IngestItem& item);
+  void fail(Shard& shard, std::vector<IngestItem>& items, Batch& batch, const std::string& message);
+  void remove_run(Shard& shard, IngestItem& item);
+  // Runs retention deleted, handed over by shard 0: forgotten now. Under the store lock.
+  void forget_pending(Shard& shard);
+  // Items settled or dropped: their bytes leave the budget (which may resume streams).
+  void release(const std::vector<IngestItem>& items);
   // Drops the run from the registry and ends its open streams with `why`, dropping what they
-  // queued. Returns the streams ended.
-  std::size_t forget(const std::string& run_id, const std::string& why);
-  std::size_t end_streams(const std::vector<std::shared_ptr<StreamSink>>& ended,
+  // queued. Returns the streams ended. On the run's shard.
+  std::size_t forget(Shard& shard, const std::string& run_id, const std::string& why);
+  std::size_t end_streams(Shard& shard, const std::vector<std::shared_ptr<StreamSink>>& ended,
                           const std::string& why);
-  void maintenance(bool force);
+  void maintenance(Shard& shard, bool force);
+  void retention();
   void refresh_top_tensors(RunState& run);
 
   StoreWriter& store_;
@@ -123,21 +182,13 @@ class Ingest {
   PolicyHost& policy_;
   StreamTable& streams_;
   IngestOptions options_;
+  IngestBudget budget_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<IngestItem> queue_;
-  bool stopping_ = false;
-  bool stopped_ = false;
+  // The one writing connection, taken in turns by the shards (see above).
+  std::mutex store_mu_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  std::atomic<bool> failed_{false};
   std::function<void(const std::string&)> on_failure_;
-  std::thread thread_;
-
-  // Ingest thread only.
-  std::chrono::steady_clock::time_point next_retention_{};
-  std::chrono::steady_clock::time_point next_refresh_{};
-  // When the runs' steps waiting for their ranks are checked next (deadline, ended streams).
-  static constexpr std::chrono::milliseconds kMergeCheckInterval{100};
-  std::chrono::steady_clock::time_point next_merge_check_{};
 };
 
 }  // namespace ampscope::server

@@ -120,8 +120,8 @@ void PolicyHost::restore_run(RunState& run, const RestoredRun& restored,
   int errors = 0;
   std::size_t replayed = 0;
   auto feed = [&](const MergedStep& step) {
-    rp.last_report_id = std::max(
-        rp.last_report_id, *std::max_element(step.report_ids.begin(), step.report_ids.end()));
+    rp.last_report_id = std::max(rp.last_report_id,
+                                 *std::max_element(step.report_ids.begin(), step.report_ids.end()));
     if (!rp.engine) return;
     try {
       rp.engine->observe(step.input);
@@ -141,19 +141,20 @@ void PolicyHost::restore_run(RunState& run, const RestoredRun& restored,
     std::vector<RankStep> ranks;
     for (std::int64_t id : m.report_ids) {
       if (auto it = reports.find(id); it != reports.end()) {
-        ranks.push_back(rank_step(*it->second, id, to_step_input(*it->second, reads_all_tensors())));
+        ranks.push_back(
+            rank_step(*it->second, id, to_step_input(*it->second, reads_all_tensors())));
       }
     }
     rp.last_merged_id = m.id;
-    if (!ranks.empty()) feed(merge_ranks(std::move(ranks), run.merge.gradients_sharded(), m.partial));
+    if (!ranks.empty())
+      feed(merge_ranks(std::move(ranks), run.merge.gradients_sharded(), m.partial));
   }
   // Reports still waiting for their ranks wait again (from now, for the full deadline).
   const auto now = std::chrono::steady_clock::now();
   for (const auto& [id, report] : reports) {
     if (merged_reports.contains(id)) continue;
-    for (const MergedStep& step :
-         run.merge.add(rank_step(*report, id, to_step_input(*report, reads_all_tensors())), now,
-                       nullptr)) {
+    for (const MergedStep& step : run.merge.add(
+             rank_step(*report, id, to_step_input(*report, reads_all_tensors())), now, nullptr)) {
       feed(step);
     }
   }
@@ -201,41 +202,43 @@ std::vector<EngineUpdate> PolicyHost::observe(RunState& run, const MergedStep& s
     decisions = rp.engine->observe(step.input);
   } catch (const policy::PolicyError& e) {
     ++*errors;
-    log_warning("policy: run '", run.id, "' step ", step.step, " refused by the engine: ",
-                e.what());
+    log_warning("policy: run '", run.id, "' step ", step.step,
+                " refused by the engine: ", e.what());
   }
-  rp.last_report_id = std::max(
-      rp.last_report_id, *std::max_element(step.report_ids.begin(), step.report_ids.end()));
+  rp.last_report_id = std::max(rp.last_report_id,
+                               *std::max_element(step.report_ids.begin(), step.report_ids.end()));
   rp.last_merged_id = merged_id;
   rp.dirty = true;
   for (const policy::PolicyDecision& d : decisions) {
-    updates.push_back(EngineUpdate{
-        d.policy_id, to_policy_update(d, run.id, mode(), config_.fp32_fallback.enabled,
-                                      rp.engine->latest_step(), now_ns)});
+    updates.push_back(
+        EngineUpdate{d.policy_id, to_policy_update(d, run.id, mode(), config_.fp32_fallback.enabled,
+                                                   rp.engine->latest_step(), now_ns)});
     rp.force_save = true;
   }
   return updates;
 }
 
 std::vector<PolicySnapshot> PolicyHost::snapshots(std::chrono::steady_clock::time_point now,
-                                                  bool all) {
+                                                  bool all, std::size_t shard) {
   std::vector<PolicySnapshot> out;
-  runs_.for_each([&](RunState& run) {
-    if (!run.policy || !run.policy->engine) return;
-    RunPolicy& rp = *run.policy;
-    const bool due = rp.force_save || (rp.dirty && now - rp.saved_at >= snapshot_interval_);
-    if (!due && !(all && rp.dirty)) return;
-    // Reports waiting for their ranks are not in the state: a restore replays them.
-    std::int64_t merged_through = rp.last_report_id;
-    if (std::optional<std::int64_t> waiting = run.merge.first_waiting_report()) {
-      merged_through = std::min(merged_through, *waiting - 1);
-    }
-    out.push_back(
-        PolicySnapshot{run.id, rp.engine->save_state(), merged_through, rp.last_merged_id});
-    rp.saved_at = now;
-    rp.dirty = false;
-    rp.force_save = false;
-  });
+  runs_.for_each(
+      [&](RunState& run) {
+        if (!run.policy || !run.policy->engine) return;
+        RunPolicy& rp = *run.policy;
+        const bool due = rp.force_save || (rp.dirty && now - rp.saved_at >= snapshot_interval_);
+        if (!due && !(all && rp.dirty)) return;
+        // Reports waiting for their ranks are not in the state: a restore replays them.
+        std::int64_t merged_through = rp.last_report_id;
+        if (std::optional<std::int64_t> waiting = run.merge.first_waiting_report()) {
+          merged_through = std::min(merged_through, *waiting - 1);
+        }
+        out.push_back(
+            PolicySnapshot{run.id, rp.engine->save_state(), merged_through, rp.last_merged_id});
+        rp.saved_at = now;
+        rp.dirty = false;
+        rp.force_save = false;
+      },
+      shard);
   return out;
 }
 

@@ -2,10 +2,11 @@
 // run, fed with the run's merged steps (rank_merge.h: one per step, however many ranks) in the
 // order they were merged and stored, its decisions turned into PolicyUpdates, its state saved
 // into the store and restored (snapshot + replay of the steps merged after it, and the reports
-// still waiting for their ranks back into the run's RankMerger) when the server restarts. Each run's engine lives in its RunState (run_registry.h), so
-// it goes when the run is forgotten.
+// still waiting for their ranks back into the run's RankMerger) when the server restarts. Each
+// run's engine lives in its RunState (run_registry.h), so it goes when the run is forgotten.
 //
-// Thread safety: used by the ingest thread only (mode() and mode_name() are immutable).
+// Thread safety: each run's engine is used by the run's ingest shard only (mode() and
+// mode_name() are immutable, the rest of PolicyHost holds no state of its own).
 #pragma once
 
 #include <chrono>
@@ -39,8 +40,8 @@ struct PolicySnapshot {
 struct RunPolicy {
   std::optional<policy::PolicyEngine> engine;
   std::optional<v1::ScalerConfig> hello_scaler;  // as the run's agents last said it
-  std::int64_t last_report_id = 0;  // the latest report of a step the engine observed
-  std::int64_t last_merged_id = 0;  // the latest merged step the engine observed
+  std::int64_t last_report_id = 0;               // the latest report of a step the engine observed
+  std::int64_t last_merged_id = 0;               // the latest merged step the engine observed
   std::chrono::steady_clock::time_point saved_at{};
   bool dirty = false;
   bool force_save = false;
@@ -86,8 +87,9 @@ class PolicyHost {
                                     std::int64_t now_ns, int* errors);
 
   // Engines whose state should be saved now: every `snapshot_interval`, after a decision, and
-  // all of them when `all`.
-  std::vector<PolicySnapshot> snapshots(std::chrono::steady_clock::time_point now, bool all);
+  // all of them when `all`; those of the runs of `shard` (RunRegistry::shard_of).
+  std::vector<PolicySnapshot> snapshots(std::chrono::steady_clock::time_point now, bool all,
+                                        std::size_t shard = RunRegistry::kAllShards);
 
   // The policy in force for a run: every decision folded in (merge_policy_update), sent to an
   // agent after its Hello. Set once a decision is stored.

@@ -1,11 +1,58 @@
 #include "attach_reactor.h"
 
+#include <google/protobuf/arena.h>
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/wire_format_lite.h>
 #include <grpcpp/impl/codegen/proto_utils.h>
+
+#include <algorithm>
 
 #include "ampscope/proto/wire_time.h"
 #include "log.h"
 
 namespace ampscope::server {
+
+std::optional<DecodedMessage> decode_agent_message(const grpc::ByteBuffer& buffer) {
+  DecodedMessage d;
+  std::vector<grpc::Slice> slices;
+  if (!buffer.Dump(&slices).ok()) return std::nullopt;
+  d.wire.reserve(buffer.Length());
+  for (const grpc::Slice& slice : slices) {
+    d.wire.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  // One arena per message: a report's hundreds of tensors and histograms are allocated in a few
+  // blocks and freed at once when it is settled, instead of one by one (docs/server.md).
+  google::protobuf::ArenaOptions options;
+  options.start_block_size = std::clamp<std::size_t>(2 * d.wire.size(), 4096, 1u << 20);
+  options.max_block_size = std::max<std::size_t>(options.start_block_size, 256u << 10);
+  d.arena = std::make_unique<google::protobuf::Arena>(options);
+  d.message = google::protobuf::Arena::CreateMessage<v1::AgentMessage>(d.arena.get());
+  if (!d.message->ParseFromString(d.wire)) return std::nullopt;
+  if (!d.message->has_report()) return d;
+  // The report's own bytes, when the message holds them once (a field repeated on the wire is
+  // merged by the parser, and then only re-serialising gives the report as parsed).
+  google::protobuf::io::CodedInputStream input(reinterpret_cast<const std::uint8_t*>(d.wire.data()),
+                                               static_cast<int>(d.wire.size()));
+  int found = 0;
+  std::pair<std::size_t, std::size_t> bytes;
+  while (const std::uint32_t tag = input.ReadTag()) {
+    using Wire = google::protobuf::internal::WireFormatLite;
+    if (Wire::GetTagFieldNumber(tag) == v1::AgentMessage::kReportFieldNumber &&
+        Wire::GetTagWireType(tag) == Wire::WIRETYPE_LENGTH_DELIMITED) {
+      std::uint32_t length = 0;
+      if (!input.ReadVarint32(&length)) return d;
+      const int at = input.CurrentPosition();
+      if (!input.Skip(static_cast<int>(length))) return d;
+      bytes = {static_cast<std::size_t>(at), length};
+      ++found;
+    } else if (Wire::GetTagFieldNumber(tag) == v1::AgentMessage::kHelloFieldNumber ||
+               !Wire::SkipField(&input, tag)) {
+      return d;  // a Hello after the report wins the oneof; or not what the parser read
+    }
+  }
+  if (found == 1) d.report_bytes = bytes;
+  return d;
+}
 
 AttachReactor* AttachReactor::start(const Deps& deps, const grpc::Status& refusal,
                                     std::shared_ptr<AttachReactor>* handle) {
@@ -36,6 +83,7 @@ void AttachReactor::OnReadDone(bool ok) {
       // Raw reads fail only when the agent half-closed or the call broke (OnCancel says which).
       reads_done_ = true;
     } else if (!end_status_) {
+      message_bytes_ = in_.Length();
       handle_message();
     }
     plan(a);
@@ -50,8 +98,8 @@ std::string AttachReactor::position() const {
 }
 
 void AttachReactor::handle_message() {
-  v1::AgentMessage in;
-  if (!grpc::SerializationTraits<v1::AgentMessage>::Deserialize(&in_, &in).ok()) {
+  std::optional<DecodedMessage> decoded = decode_agent_message(in_);
+  if (!decoded) {
     // A soft end: what came before is still committed and acknowledged, then the agent learns
     // that this message was not taken (a half-close would have read as "all settled").
     end(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -59,6 +107,7 @@ void AttachReactor::handle_message() {
                          " (not an ampscope.v1.AgentMessage, or a string that is not UTF-8)"));
     return;
   }
+  v1::AgentMessage& in = *decoded->message;
   switch (in.kind_case()) {
     case v1::AgentMessage::kHello: {
       if (phase_ != Phase::kAwaitHello) {
@@ -87,7 +136,7 @@ void AttachReactor::handle_message() {
                          "hello: the first message of a stream must be a Hello"));
         return;
       }
-      handle_report(std::unique_ptr<v1::StepReport>(in.release_report()));
+      handle_report(std::move(*decoded));
       return;
     }
     case v1::AgentMessage::KIND_NOT_SET:
@@ -97,7 +146,40 @@ void AttachReactor::handle_message() {
   }
 }
 
+bool AttachReactor::owns_run(const std::string& run_id) {
+  if (deps_.ownership == nullptr) return true;
+  // Asked under the lock: nothing else waits on a stream before its Hello (but its own cancel).
+  const RunClaim claim = deps_.ownership->claim(run_id);
+  switch (claim.kind) {
+    case RunClaim::Kind::kOwned:
+      return true;
+    case RunClaim::Kind::kElsewhere: {
+      log(LogLevel::kDebug, "run '", run_id, "': redirected an agent to its owner at ",
+          claim.owner);
+      v1::ServerMessage m;
+      m.mutable_redirect()->set_run_id(run_id);
+      m.mutable_redirect()->set_owner(claim.owner);
+      enqueue(std::move(m));
+      // The status names the owner too, for an agent that does not know Redirect.
+      end(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                       "run '" + run_id + "' is owned by the ampscope-server at " + claim.owner +
+                           ": stream there (server=" + claim.owner +
+                           "), or use an agent that follows redirects"));
+      return false;
+    }
+    case RunClaim::Kind::kUnavailable:
+      end(grpc::Status(grpc::StatusCode::UNAVAILABLE, "run '" + run_id +
+                                                          "': its owner cannot be settled now (" +
+                                                          claim.reason + "); try again later"));
+      return false;
+  }
+  return false;
+}
+
 void AttachReactor::handle_hello(const v1::Hello& hello) {
+  // Only the run's owner serves it: asked before the stream is listed or anything of it
+  // reaches the ingest thread, so that a redirected Hello leaves no trace here.
+  if (!owns_run(hello.run_id())) return;
   identity_ = StreamIdentity{hello.run_id(), hello.rank(), 0};
   phase_ = Phase::kStreaming;
   // Listed before the Hello reaches the ingest thread, so that deleting the run after that
@@ -128,7 +210,8 @@ void AttachReactor::handle_hello(const v1::Hello& hello) {
   submit(std::move(item));
 }
 
-void AttachReactor::handle_report(std::unique_ptr<v1::StepReport> report) {
+void AttachReactor::handle_report(DecodedMessage decoded) {
+  v1::StepReport* report = decoded.message->mutable_report();
   ReportVerdict verdict = validate_report(*report, identity_);
   if (std::optional<Violation>& v = verdict.rejected) {
     deps_.metrics->rejected(v->reason);
@@ -158,8 +241,14 @@ void AttachReactor::handle_report(std::unique_ptr<v1::StepReport> report) {
     deps_.metrics->refused_part(r.violation.reason);
     item.notices.push_back(std::move(r.notice));
   }
-  item.payload = report->SerializeAsString();
-  item.report = std::move(report);
+  // The report as received is what the store keeps, unless validation took parts out of it.
+  if (verdict.refused.empty() && decoded.report_bytes) {
+    item.payload.assign(decoded.wire, decoded.report_bytes->first, decoded.report_bytes->second);
+  } else {
+    item.payload = report->SerializeAsString();
+  }
+  item.report = report;
+  item.arena = std::move(decoded.arena);
   submit(std::move(item));
 }
 
@@ -169,6 +258,7 @@ void AttachReactor::submit(IngestItem item) {
   item.rank = identity_.rank;
   item.received_ns = proto::unix_now_ns();
   item.received = std::chrono::steady_clock::now();
+  item.bytes = message_bytes_;
   if (!deps_.ingest->submit(std::move(item))) {
     end(grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is shutting down"));
     return;
@@ -219,10 +309,14 @@ void AttachReactor::plan(Actions& a) {
                                  "server shutting down; everything received is acknowledged");
     }
   }
-  if (!end_status_ && !reading_ && !reads_done_ && !draining_ && in_flight_ < deps_.max_in_flight &&
-      writes_.size() < deps_.max_pending_writes) {
-    reading_ = true;
-    a.read = true;
+  if (!end_status_ && !reading_ && !reads_done_ && !draining_ && !waiting_capacity_ &&
+      in_flight_ < deps_.max_in_flight && writes_.size() < deps_.max_pending_writes) {
+    if (deps_.ingest->budget().admit(self_)) {
+      reading_ = true;
+      a.read = true;
+    } else {
+      waiting_capacity_ = true;
+    }
   }
   // A soft end (the server draining, a refused submit, a protocol error) waits for the items
   // already handed to the ingest thread: they may still be committed, and their Ack must reach
@@ -331,6 +425,17 @@ void AttachReactor::on_run_deleted(const std::string& message) {
     if (done_) return;
     end(grpc::Status(grpc::StatusCode::ABORTED, message));
     in_flight_ = 0;  // dropped by the ingest thread: nothing more will settle
+    plan(a);
+  }
+  act(a);
+}
+
+void AttachReactor::on_capacity() {
+  Actions a;
+  {
+    std::lock_guard lock(mu_);
+    if (done_) return;
+    waiting_capacity_ = false;
     plan(a);
   }
   act(a);

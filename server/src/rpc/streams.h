@@ -40,6 +40,9 @@ class StreamSink {
   virtual void on_run_deleted(const std::string& message) = 0;
   // Graceful shutdown: settle what was received, then end with UNAVAILABLE.
   virtual void drain() = 0;
+  // The server's queue of unsettled work drained below its bound (ingest_budget.h): a stream
+  // that was refused a read may read again. Called from any thread.
+  virtual void on_capacity() {}
 };
 
 // The agent process behind a stream (Hello.host, pid, process_start_unix_ns). Two agents are
