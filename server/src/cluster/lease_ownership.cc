@@ -1,0 +1,179 @@
+#include "lease_ownership.h"
+
+#include <cstdio>
+#include <random>
+
+#include "log.h"
+
+namespace ampscope::server {
+namespace {
+
+// 128 random bits in hex: this server process among every server's, past and present.
+std::string process_id() {
+  std::random_device rd;
+  std::string id;
+  for (int i = 0; i < 4; ++i) {
+    char word[9];
+    std::snprintf(word, sizeof word, "%08x", static_cast<unsigned>(rd()));
+    id += word;
+  }
+  return id;
+}
+
+// The store's clock in ms since the epoch: every server reads the same one.
+std::string now_ms(const Connection& c) {
+  return c.backend() == Backend::kPostgres
+             ? "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"
+             : "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)";
+}
+
+}  // namespace
+
+LeaseOwnership::LeaseOwnership(Connect connect, Options options)
+    : connect_(std::move(connect)), options_(std::move(options)), id_(process_id()) {
+  if (options_.advertised.empty()) {
+    throw Error(
+        "--advertise-address: servers that share a store need it (--listen is a "
+        "wildcard): the address other servers send this server's agents to");
+  }
+  if (options_.renew_every.count() <= 0 || options_.renew_every * 2 >= options_.ttl) {
+    throw Error("run leases: the renewal (" + std::to_string(options_.renew_every.count()) +
+                " ms) must come within half the ttl (" + std::to_string(options_.ttl.count()) +
+                " ms)");
+  }
+  {
+    std::lock_guard lock(mu_);
+    // Two servers starting at once may race to create it: the loser finds it made.
+    const std::string create =
+        "CREATE TABLE IF NOT EXISTS run_leases (run_id TEXT PRIMARY KEY, owner_id TEXT NOT NULL, "
+        "owner_address TEXT NOT NULL, epoch BIGINT NOT NULL, expires_ms BIGINT NOT NULL)";
+    try {
+      db_locked().exec(create);
+    } catch (const StoreError&) {
+      db_.reset();
+      db_locked().exec(create);
+    }
+  }
+  thread_ = std::thread([this] { heartbeat(); });
+}
+
+LeaseOwnership::~LeaseOwnership() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+Connection& LeaseOwnership::db_locked() {
+  if (!db_) {
+    db_ = connect_();
+    // A claim runs on a gRPC thread: it waits for the store (a row another server's claim
+    // holds, a store that hangs) for a bounded time, then answers UNAVAILABLE.
+    if (db_->backend() == Backend::kPostgres) db_->exec("SET statement_timeout = 2000");
+  }
+  return *db_;
+}
+
+RunClaim LeaseOwnership::claim(const std::string& run_id) {
+  std::lock_guard lock(mu_);
+  try {
+    return claim_locked(run_id);
+  } catch (const StoreError& e) {
+    db_.reset();  // the next call connects again
+    return RunClaim::unavailable(std::string("the shared store: ") + e.what());
+  }
+}
+
+RunClaim LeaseOwnership::claim_locked(const std::string& run_id) {
+  const Clock::time_point start = Clock::now();
+  if (auto it = held_.find(run_id); it != held_.end() && it->second > start) {
+    return RunClaim::owned();
+  }
+  Connection& db = db_locked();
+  const std::string now = now_ms(db);
+  Statement take = db.prepare(
+      "INSERT INTO run_leases (run_id, owner_id, owner_address, epoch, expires_ms) "
+      "VALUES (?1, ?2, ?3, 1, " +
+      now +
+      " + ?4) "
+      "ON CONFLICT (run_id) DO UPDATE SET owner_id = excluded.owner_id, "
+      "owner_address = excluded.owner_address, expires_ms = excluded.expires_ms, "
+      "epoch = run_leases.epoch + CASE WHEN run_leases.owner_id = excluded.owner_id THEN 0 "
+      "ELSE 1 END "
+      "WHERE run_leases.owner_id = excluded.owner_id OR run_leases.expires_ms < " +
+      now + " RETURNING epoch");
+  take.bind(1, run_id).bind(2, id_).bind(3, options_.advertised);
+  take.bind(4, static_cast<std::int64_t>(options_.ttl.count()));
+  const bool taken = take.step();
+  take.reset();
+  if (taken) {
+    held_[run_id] = start + options_.ttl - options_.renew_every;
+    return RunClaim::owned();
+  }
+  Statement who = db.prepare("SELECT owner_address FROM run_leases WHERE run_id = ?1");
+  who.bind(1, run_id);
+  const std::string owner = who.step() ? who.column_text(0) : "";
+  who.reset();
+  if (owner.empty()) return RunClaim::unavailable("its lease changed hands while it was read");
+  if (owner == options_.advertised) {
+    return RunClaim::unavailable(
+        "its lease is held by this server's previous process, until "
+        "it expires within " +
+        std::to_string(options_.ttl.count()) + " ms");
+  }
+  return RunClaim::elsewhere(owner);
+}
+
+std::int64_t LeaseOwnership::epoch(const std::string& run_id) {
+  std::lock_guard lock(mu_);
+  Statement q = db_locked().prepare("SELECT epoch FROM run_leases WHERE run_id = ?1");
+  q.bind(1, run_id);
+  const std::int64_t e = q.step() ? q.column_int(0) : 0;
+  q.reset();
+  return e;
+}
+
+void LeaseOwnership::renew_locked() {
+  const Clock::time_point start = Clock::now();
+  Connection& db = db_locked();
+  Statement renew = db.prepare("UPDATE run_leases SET expires_ms = " + now_ms(db) +
+                               " + ?1 WHERE owner_id = ?2 RETURNING run_id");
+  renew.bind(1, static_cast<std::int64_t>(options_.ttl.count())).bind(2, id_);
+  std::map<std::string, Clock::time_point> renewed;
+  while (renew.step()) renewed[renew.column_text(0)] = start + options_.ttl - options_.renew_every;
+  renew.reset();
+  for (const auto& [run, until] : held_) {
+    if (!renewed.count(run)) log_warning("run '", run, "': its lease was taken by another server");
+  }
+  held_ = std::move(renewed);
+}
+
+void LeaseOwnership::heartbeat() {
+  std::unique_lock lock(mu_);
+  while (!cv_.wait_for(lock, options_.renew_every, [&] { return stopping_; })) {
+    try {
+      renew_locked();
+    } catch (const StoreError& e) {
+      // What is held stays believed until its deadline; past it, claim() asks the store.
+      db_.reset();
+      log_warning("run leases: cannot renew: ", e.what());
+    }
+  }
+}
+
+void LeaseOwnership::release_all() {
+  std::lock_guard lock(mu_);
+  held_.clear();
+  try {
+    Statement drop = db_locked().prepare("DELETE FROM run_leases WHERE owner_id = ?1");
+    drop.bind(1, id_).run();
+  } catch (const StoreError& e) {
+    db_.reset();
+    log_warning("run leases: cannot release them (they expire within ", options_.ttl.count(),
+                " ms): ", e.what());
+  }
+}
+
+}  // namespace ampscope::server

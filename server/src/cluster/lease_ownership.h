@@ -1,0 +1,83 @@
+// Run ownership through a lease per run in the shared store, for servers that share one
+// PostgreSQL (docs/server.md, "Several servers"). A row of run_leases names the server that
+// owns a run (its advertised address, and an id of this server process) and holds until
+// expires_ms on the store's clock. A claim takes a row that is missing, expired or already this
+// process's (one INSERT ... ON CONFLICT DO UPDATE ... WHERE, atomic in PostgreSQL: two servers
+// claiming at once cannot both win); a heartbeat renews every row this process holds in one
+// UPDATE every renew_every; release_all() deletes them, so that a graceful shutdown hands its
+// runs over at once and a crash after at most ttl.
+//
+// Why a lease row rather than an advisory lock: the row carries the owner's address, which a
+// Redirect needs (a lock names only a backend pid); it runs on the store's clock and survives a
+// reconnect shorter than the ttl, where a session's locks go with the session, every run at
+// once, and outlive a dead host until PostgreSQL's TCP keepalive notices it (minutes to hours,
+// not ampscope's to choose); and its epoch, raised at every change of owner, is a fencing token
+// that a commit can check in its own transaction.
+//
+// This process believes it owns a run until the start of the last claim or renewal that found
+// it, plus ttl - renew_every: a server cut off from the store stops claiming the run before
+// another server can take the lease over. A lease whose row names this server's advertised
+// address under another process id is this server's previous process (killed before it could
+// release): the claim is UNAVAILABLE until that lease expires, rather than a redirect to itself.
+//
+// Not yet wired to a flag: a server that takes a run over must first restore the run's state
+// (its last seq per rank, rank merge, policy engine) from the store, which the ingest thread
+// does only at start-up today.
+//
+// Thread safety: every member may be called from any thread; the connection is used under mu_.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "db.h"
+#include "run_ownership.h"
+
+namespace ampscope::server {
+
+class LeaseOwnership final : public RunOwnership {
+ public:
+  struct Options {
+    std::string advertised;  // this server's address for agents (--advertise-address), required
+    std::chrono::milliseconds ttl{10000};
+    std::chrono::milliseconds renew_every{3000};  // less than half the ttl
+  };
+  // A new connection to the shared store, for this object alone (again after a failure).
+  using Connect = std::function<std::unique_ptr<Connection>()>;
+
+  // Connects, creates run_leases when missing and starts the heartbeat. Throws ampscope::Error
+  // on a bad option, StoreError when the store cannot be used.
+  LeaseOwnership(Connect connect, Options options);
+  ~LeaseOwnership() override;  // stops the heartbeat; what is still held expires after the ttl
+
+  RunClaim claim(const std::string& run_id) override;
+  void release_all() override;
+
+  // The lease's epoch for `run_id` as the store has it (0: no lease), for tests and fencing.
+  std::int64_t epoch(const std::string& run_id);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  Connection& db_locked();  // connects when needed
+  RunClaim claim_locked(const std::string& run_id);
+  void renew_locked();
+  void heartbeat();
+
+  const Connect connect_;
+  const Options options_;
+  const std::string id_;  // this process, among every server's
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;                          // guarded by mu_
+  std::unique_ptr<Connection> db_;                 // guarded by mu_; null after a failure
+  std::map<std::string, Clock::time_point> held_;  // run -> believed owned until; mu_
+  std::thread thread_;
+};
+
+}  // namespace ampscope::server

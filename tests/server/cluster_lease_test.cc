@@ -1,0 +1,218 @@
+// Run leases in the shared store (cluster/lease_ownership.h), on both back ends (a real
+// PostgreSQL from postgres_harness.h, and a SQLite file), then two real servers in this process
+// sharing one PostgreSQL database:
+//   - one owner per run; the others name it; a graceful release hands a run over at once;
+//   - the heartbeat keeps a lease; a lease left by a process that died expires after its ttl
+//     and another server takes it (the epoch rises); the same address under a new process
+//     waits for its old lease instead of redirecting to itself;
+//   - a lost connection is UNAVAILABLE once, then the lease connects again;
+//   - two ranks of a run, one sent to each server: both end at the run's owner, every step
+//     stored once, and the other server answers queries about the run from the shared store.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <mutex>
+
+#include "ampscope/agent/agent.h"
+#include "ampscope/server/server.h"
+#include "ampscope/testing/net.h"
+#include "ampscope/testing/wait_until.h"
+#include "lease_ownership.h"
+#include "server_harness.h"
+#include "store_backends.h"
+
+namespace ampscope::server {
+namespace {
+
+using namespace std::chrono_literals;
+using Kind = RunClaim::Kind;
+
+class LeaseOwnershipTest : public StoreBackendTest {
+ protected:
+  LeaseOwnershipTest() { StoreWriter make(StoreOptions{path(), true}); }
+  std::unique_ptr<LeaseOwnership> lease(const std::string& advertised,
+                                        std::chrono::milliseconds ttl = 10s,
+                                        std::chrono::milliseconds renew = 3s) {
+    return std::make_unique<LeaseOwnership>([this] { return connect(); },
+                                            LeaseOwnership::Options{advertised, ttl, renew});
+  }
+};
+INSTANTIATE_STORE_BACKENDS(LeaseOwnershipTest);
+
+TEST_P(LeaseOwnershipTest, OneOwnerPerRunAndTheOthersNameIt) {
+  auto a = lease("a.example:50051");
+  auto b = lease("b.example:50051");
+  EXPECT_EQ(a->claim("r").kind, Kind::kOwned);
+  const RunClaim seen = b->claim("r");
+  EXPECT_EQ(seen.kind, Kind::kElsewhere);
+  EXPECT_EQ(seen.owner, "a.example:50051");
+  EXPECT_EQ(b->claim("s").kind, Kind::kOwned);
+  EXPECT_EQ(a->claim("s").owner, "b.example:50051");
+  EXPECT_EQ(a->claim("r").kind, Kind::kOwned);  // still its own
+  EXPECT_EQ(a->epoch("r"), 1);
+}
+
+TEST_P(LeaseOwnershipTest, AGracefulReleaseHandsTheRunsOverAtOnce) {
+  auto a = lease("a.example:50051");
+  auto b = lease("b.example:50051");
+  ASSERT_EQ(a->claim("r").kind, Kind::kOwned);
+  a->release_all();
+  EXPECT_EQ(b->claim("r").kind, Kind::kOwned);
+  EXPECT_EQ(a->claim("r").owner, "b.example:50051");
+}
+
+TEST_P(LeaseOwnershipTest, TheHeartbeatKeepsALeaseAndADeadOwnersExpires) {
+  auto a = lease("a.example:50051", 600ms, 150ms);
+  auto b = lease("b.example:50051", 600ms, 150ms);
+  ASSERT_EQ(a->claim("r").kind, Kind::kOwned);
+  std::this_thread::sleep_for(1500ms);  // well past the ttl: only the heartbeat kept it
+  EXPECT_EQ(b->claim("r").kind, Kind::kElsewhere);
+  a.reset();  // gone without releasing, as after kill -9
+  EXPECT_EQ(b->claim("r").kind, Kind::kElsewhere);
+  EXPECT_TRUE(testing::wait_until([&] { return b->claim("r").kind == Kind::kOwned; }, 5s));
+  EXPECT_EQ(b->epoch("r"), 2);
+}
+
+TEST_P(LeaseOwnershipTest, ANewProcessAtTheSameAddressWaitsForItsOldLease) {
+  auto first = lease("a.example:50051", 600ms, 150ms);
+  ASSERT_EQ(first->claim("r").kind, Kind::kOwned);
+  first.reset();
+  auto second = lease("a.example:50051", 600ms, 150ms);
+  const RunClaim waiting = second->claim("r");
+  EXPECT_EQ(waiting.kind, Kind::kUnavailable);
+  EXPECT_NE(waiting.reason.find("previous process"), std::string::npos) << waiting.reason;
+  EXPECT_TRUE(testing::wait_until([&] { return second->claim("r").kind == Kind::kOwned; }, 5s));
+}
+
+TEST(LeaseOwnershipPostgresTest, ALostConnectionIsUnavailableOnceThenConnectsAgain) {
+  StoreLocation store(Backend::kPostgres);
+  { StoreWriter make(StoreOptions{store.path(), true}); }
+  LeaseOwnership a([&] { return store.connect(); },
+                   LeaseOwnership::Options{"a.example:50051", 10s, 3s});
+  ASSERT_EQ(a.claim("r").kind, Kind::kOwned);
+  store.connect()->exec(
+      "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+      "WHERE datname = current_database() AND pid <> pg_backend_pid()");
+  const RunClaim lost = a.claim("s");
+  EXPECT_EQ(lost.kind, Kind::kUnavailable);
+  EXPECT_NE(lost.reason.find("the shared store"), std::string::npos) << lost.reason;
+  EXPECT_EQ(a.claim("s").kind, Kind::kOwned);
+}
+
+// A server's leases, with what each claim answered.
+class RecordedLeases final : public RunOwnership {
+ public:
+  explicit RecordedLeases(std::unique_ptr<LeaseOwnership> leases) : leases_(std::move(leases)) {}
+  RunClaim claim(const std::string& run_id) override {
+    RunClaim c = leases_->claim(run_id);
+    std::lock_guard lock(mu_);
+    answers_.push_back(c);
+    return c;
+  }
+  void release_all() override { leases_->release_all(); }
+  std::vector<RunClaim> answers() {
+    std::lock_guard lock(mu_);
+    return answers_;
+  }
+
+ private:
+  std::unique_ptr<LeaseOwnership> leases_;
+  std::mutex mu_;
+  std::vector<RunClaim> answers_;
+};
+
+// A real server in this process on a port chosen beforehand (its lease must name it before
+// it binds), on the shared store.
+class LeasedServer {
+ public:
+  LeasedServer(const std::string& db) : port_(testing::free_loopback_port()) {
+    ServerOptions o;
+    o.listen = address();
+    o.metrics_listen = "";
+    o.db_path = db;
+    leases_ = std::make_shared<RecordedLeases>(std::make_unique<LeaseOwnership>(
+        [db] { return open_store(StoreOptions{db}, StoreRole::kCheckpointer); },
+        LeaseOwnership::Options{address(), 10s, 3s}));
+    o.ownership = leases_;
+    server_ = Server::create(std::move(o));
+    server_->start();
+  }
+  RecordedLeases& leases() { return *leases_; }
+  ~LeasedServer() {
+    server_->shutdown(5s);
+    server_->wait();
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  int port_;
+  std::shared_ptr<RecordedLeases> leases_;
+  std::unique_ptr<Server> server_;
+};
+
+std::unique_ptr<agent::Agent> rank_agent(const testing::TempDir& dir, std::uint32_t rank,
+                                         const std::string& servers) {
+  agent::AgentConfig c;
+  c.run_id = "shared";
+  c.rank = rank;
+  c.world_size = 2;
+  c.server = servers;
+  c.spool_dir = (dir / ("spool-" + std::to_string(rank))).string();
+  c.sampling.full_every = 0;
+  std::unique_ptr<agent::Agent> a;
+  agent::RunInfo info;
+  info.trainer = "cluster_lease_test";
+  const agent::Status s = agent::Agent::create(c, info, &a);
+  EXPECT_TRUE(s.ok()) << s.message;
+  return a;
+}
+
+TEST(LeasedServersTest, BothRanksEndAtTheOwnerAndEitherServerAnswersQueries) {
+  StoreLocation store(Backend::kPostgres);
+  testing::TempDir dir;
+  LeasedServer a(store.path());
+  LeasedServer b(store.path());
+  // Rank 0 reaches A first, which takes the run; rank 1 is given only B, which sends it on.
+  auto rank0 = rank_agent(dir, 0, a.address());
+  for (int step = 0; step < 3; ++step) {
+    rank0->begin_step(step);
+    agent::StepInfo info;
+    info.step = step;
+    info.loss_scale = info.scale_after = 1024.0;
+    rank0->end_step(info);
+  }
+  ASSERT_TRUE(rank0->flush(20s).ok());
+  auto rank1 = rank_agent(dir, 1, b.address());
+  for (int step = 0; step < 3; ++step) {
+    rank1->begin_step(step);
+    agent::StepInfo info;
+    info.step = step;
+    info.loss_scale = info.scale_after = 1024.0;
+    rank1->end_step(info);
+  }
+  ASSERT_TRUE(rank1->shutdown(20s).ok());
+  ASSERT_TRUE(rank0->shutdown(20s).ok());
+  for (const std::string& at : {a.address(), b.address()}) {
+    const std::vector<v1::StepReport> stored = testing::stored_reports(at, "shared");
+    ASSERT_EQ(stored.size(), 6u) << at;
+    std::map<std::uint32_t, std::vector<std::int64_t>> steps;
+    for (const v1::StepReport& r : stored) steps[r.rank()].push_back(r.step());
+    EXPECT_EQ(steps[0], (std::vector<std::int64_t>{0, 1, 2})) << at;
+    EXPECT_EQ(steps[1], (std::vector<std::int64_t>{0, 1, 2})) << at;
+  }
+  // Rank 1 reached A through B's redirect: B never owned the run.
+  const std::vector<RunClaim> b_answers = b.leases().answers();
+  ASSERT_FALSE(b_answers.empty());
+  for (const RunClaim& c : b_answers) {
+    EXPECT_EQ(c.kind, Kind::kElsewhere);
+    EXPECT_EQ(c.owner, a.address());
+  }
+  EXPECT_GE(a.leases().answers().size(), 2u);  // both ranks' Hellos
+  for (const RunClaim& c : a.leases().answers()) EXPECT_EQ(c.kind, Kind::kOwned);
+  for (const std::string& n : rank1->notices()) {
+    EXPECT_EQ(n.find("transport:"), std::string::npos) << "unexpected notice: " << n;
+  }
+}
+
+}  // namespace
+}  // namespace ampscope::server
