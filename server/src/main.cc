@@ -32,6 +32,8 @@ struct Flags {
   std::string retention_max_bytes;
   std::string retention_interval = "60s";
   std::string max_message_bytes = "16M";
+  std::string ingest_queue_bytes = "256M";
+  int test_ingest_item_delay_us = 0;
   std::string shutdown_timeout = "10s";
   std::string http_request_deadline = "10s";
   std::int64_t rank_merge_deadline_ms = 3000;
@@ -52,6 +54,9 @@ void add_flags(CLI::App& app, Flags& f) {
   ampscope::policy::EngineConfig& p = o.policy;
   app.add_option("--listen", o.listen, "gRPC address host:port (port 0: any free port)")
       ->capture_default_str();
+  app.add_option("--advertise-address", o.advertise_address,
+                 "gRPC address host:port that other servers sharing the store send this server's "
+                 "agents to (default: --listen with its port, unless --listen is a wildcard)");
   app.add_option("--metrics-listen", o.metrics_listen,
                  "Prometheus /metrics address host:port; empty to turn off")
       ->capture_default_str();
@@ -71,8 +76,13 @@ void add_flags(CLI::App& app, Flags& f) {
                  "An HTTP request (header and body) must arrive whole within this from the "
                  "connection's start or its previous answer, or the connection is cut")
       ->capture_default_str();
-  app.add_option("--db", o.db_path, "SQLite store file (created when missing)")
+  app.add_option("--db", o.db_path,
+                 "The store: a SQLite file (created when missing), or PostgreSQL as a "
+                 "postgresql:// URI or 'host=... dbname=...' (libpq's forms, sslmode included)")
       ->capture_default_str();
+  app.add_option("--db-password-file", o.db_password_file,
+                 "PostgreSQL's password, the file's first line (refused when group or others "
+                 "may read it); default: libpq's PGPASSWORD, PGPASSFILE or ~/.pgpass");
   app.add_option("--auth-token-file", o.auth_token_file,
                  "Tokens with roles, one 'ROLE TOKEN [RUN_ID_PREFIX]' per line (roles agent, "
                  "reader, admin; a lone bare token is an admin token); calls present theirs as "
@@ -94,6 +104,16 @@ void add_flags(CLI::App& app, Flags& f) {
       ->capture_default_str();
   app.add_option("--max-message-bytes", f.max_message_bytes, "Largest accepted gRPC message")
       ->capture_default_str();
+  app.add_option("--ingest-queue-bytes", f.ingest_queue_bytes,
+                 "Received report bytes awaiting their commit, over all streams, beyond which the "
+                 "server stops reading from agents (they spool)")
+      ->capture_default_str();
+  app.add_option("--ingest-shards", o.ingest_shards,
+                 "Ingest threads, each settling its share of the runs; 0: one per hardware "
+                 "thread, at most 8")
+      ->capture_default_str();
+  // A test hook (tests/server/backpressure_test.cc), hidden from --help.
+  app.add_option("--test-ingest-item-delay-us", f.test_ingest_item_delay_us)->group("");
   app.add_option("--max-in-flight", o.max_in_flight_per_stream,
                  "Reports per stream awaiting their commit before the server stops reading")
       ->capture_default_str();
@@ -197,6 +217,8 @@ void finish_options(Flags& f) {
   }
   o.rank_merge.deadline = std::chrono::milliseconds(f.rank_merge_deadline_ms);
   o.max_message_bytes = parse_bytes(f.max_message_bytes, "--max-message-bytes");
+  o.ingest_queue_bytes = parse_bytes(f.ingest_queue_bytes, "--ingest-queue-bytes");
+  o.test_ingest_item_delay = std::chrono::microseconds(f.test_ingest_item_delay_us);
   if (o.max_message_bytes < 1024 || o.max_message_bytes > (1u << 30)) {
     throw ampscope::Error("--max-message-bytes: must be in [1K, 1G]");
   }

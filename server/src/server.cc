@@ -16,6 +16,7 @@
 #include "metrics_endpoint.h"
 #include "policy_host.h"
 #include "query_service.h"
+#include "run_ownership.h"
 #include "run_registry.h"
 #include "store.h"
 #include "streams.h"
@@ -50,6 +51,7 @@ struct Server::Impl {
   std::unique_ptr<StoreReader> reader;
   std::unique_ptr<Checkpointer> checkpointer;
   std::unique_ptr<PolicyHost> policy;
+  std::shared_ptr<RunOwnership> ownership;
   StreamTable streams;
   std::unique_ptr<Ingest> ingest;
   std::unique_ptr<TelemetryService> telemetry;
@@ -85,7 +87,14 @@ std::unique_ptr<Server> Server::create(ServerOptions options) {
     throw Error("--tls-client-ca needs --tls-cert and --tls-key: mutual TLS is TLS first");
   }
   if (options.max_in_flight_per_stream == 0) throw Error("--max-in-flight: must be >= 1");
+  if (options.ingest_queue_bytes < (1u << 20)) throw Error("--ingest-queue-bytes: must be >= 1M");
+  if (options.ingest_shards > kMaxIngestShards) {
+    throw Error("--ingest-shards: must be at most " + std::to_string(kMaxIngestShards));
+  }
   if (options.metrics_max_runs == 0) throw Error("--metrics-max-runs: must be >= 1");
+  if (std::string why = check_advertise_address(options.advertise_address); !why.empty()) {
+    throw Error("--advertise-address: " + why);
+  }
   Authenticator auth(options.auth_token_file.empty() ? std::vector<TokenGrant>()
                                                      : read_token_file(options.auth_token_file));
   TlsFiles tls;
@@ -95,11 +104,16 @@ std::unique_ptr<Server> Server::create(ServerOptions options) {
   auto impl = std::make_unique<Impl>(std::move(options), std::move(auth));
   impl->tls = std::move(tls);
   const ServerOptions& o = impl->options;
+  impl->ownership = o.ownership ? o.ownership : std::make_shared<SingleServerOwnership>();
   impl->metrics = std::make_unique<Metrics>(o.version);
   impl->runs = std::make_unique<RunRegistry>(
-      o.metrics_max_runs, MergeOptions{o.rank_merge.deadline, o.rank_merge.max_pending_steps});
-  impl->store = std::make_unique<StoreWriter>(StoreOptions{o.db_path, o.sync_full});
-  impl->reader = std::make_unique<StoreReader>(o.db_path);
+      o.metrics_max_runs, MergeOptions{o.rank_merge.deadline, o.rank_merge.max_pending_steps},
+      resolve_ingest_shards(o.ingest_shards));
+  const StoreOptions store{o.db_path, o.sync_full,
+                           o.db_password_file.empty() ? std::string()
+                                                      : read_password_file(o.db_password_file)};
+  impl->store = std::make_unique<StoreWriter>(store);
+  impl->reader = std::make_unique<StoreReader>(store);
   impl->policy = std::make_unique<PolicyHost>(o.policy, o.policy_snapshot_interval, *impl->runs);
   IngestOptions io;
   io.retention_interval = o.retention_interval;
@@ -107,6 +121,8 @@ std::unique_ptr<Server> Server::create(ServerOptions options) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(o.retention_max_age).count();
   io.retention_max_bytes = o.retention_max_bytes;
   io.top_k = o.top_k_tensors;
+  io.max_queued_bytes = o.ingest_queue_bytes;
+  io.test_item_delay = o.test_ingest_item_delay;
   impl->ingest = std::make_unique<Ingest>(*impl->store, *impl->runs, *impl->metrics, *impl->policy,
                                           impl->streams, io);
   impl->ingest->restore();
@@ -141,9 +157,10 @@ BoundAddresses Server::start() {
   s.checkpointer = std::make_unique<Checkpointer>(o.db_path, std::chrono::milliseconds(500));
   s.ingest->start();
 
-  s.telemetry = std::make_unique<TelemetryService>(
-      AttachReactor::Deps{s.ingest.get(), &s.streams, s.metrics.get(), o.max_in_flight_per_stream},
-      s.auth);
+  AttachReactor::Deps attach{s.ingest.get(), &s.streams, s.metrics.get(),
+                             o.max_in_flight_per_stream};
+  attach.ownership = s.ownership.get();
+  s.telemetry = std::make_unique<TelemetryService>(attach, s.auth);
   s.query =
       std::make_unique<QueryService>(*s.reader, s.streams, *s.runs, *s.ingest, s.auth, *s.metrics);
 
@@ -189,6 +206,7 @@ BoundAddresses Server::start() {
 
   BoundAddresses bound;
   bound.grpc = with_port(o.listen, port);
+  bound.advertised = advertised_address(o.advertise_address, o.listen, bound.grpc);
   // Each connection is a file descriptor: the listeners' bounds need more than the usual
   // soft limit of 1024.
   const std::uint64_t files = raise_open_file_limit();
@@ -261,7 +279,9 @@ BoundAddresses Server::start() {
            bound.http.empty() ? ""
            : s.http->tls()    ? ", web UI https://" + bound.http + "/"
                               : ", web UI http://" + bound.http + "/",
-           ", store ", o.db_path, ", policy ", s.policy->mode_name());
+           ", store ", printable_location(o.db_path), ", policy ", s.policy->mode_name(),
+           bound.advertised.empty() ? ", no address advertised (--listen is a wildcard)"
+                                    : ", advertised to agents as " + bound.advertised);
   return bound;
 }
 
@@ -296,6 +316,8 @@ void Server::shutdown(std::chrono::milliseconds deadline) {
   s.checkpointer.reset();
   s.ingest->stop();
   log(LogLevel::kDebug, "shutdown: store committed and checkpointed");
+  // Everything of its runs is committed: another server may take them over at once.
+  s.ownership->release_all();
   exposer_stop.join();
   log(LogLevel::kDebug, "shutdown: metrics endpoint closed");
   http_stop.join();

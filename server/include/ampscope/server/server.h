@@ -24,6 +24,8 @@
 
 namespace ampscope::server {
 
+class RunOwnership;
+
 // Bounds of each HTTP listener (the web UI's, /metrics'): a connection costs memory, never a
 // thread, so these bound the memory and the file descriptors that clients can hold.
 struct HttpLimits {
@@ -36,8 +38,17 @@ struct HttpLimits {
 
 struct ServerOptions {
   std::string listen = "127.0.0.1:50051";         // gRPC; port 0: any free port
+  // The gRPC address agents are told to reach this server at (host:port), when another server
+  // redirects them here; empty: `listen` with its bound port, unless `listen` is a wildcard
+  // (0.0.0.0, [::]), then unknown.
+  std::string advertise_address;
   std::string metrics_listen = "127.0.0.1:9464";  // Prometheus /metrics; empty: off
-  std::string db_path = "ampscope.db";            // SQLite file (created when missing)
+  // The store: a SQLite file (created when missing), or a PostgreSQL connection string (a
+  // postgresql:// URI or "host=... dbname=..."; docs/server.md).
+  std::string db_path = "ampscope.db";
+  // PostgreSQL's password, first line of this file (refused when group or others may read it);
+  // empty: libpq's PGPASSWORD, PGPASSFILE or ~/.pgpass.
+  std::string db_password_file;
   // The web UI (HTTP, HTTPS with the TLS options below); empty: off. The binary's flag
   // defaults to 127.0.0.1:9465; off here, so that servers made in a test open no extra port.
   std::string http_listen;
@@ -53,6 +64,14 @@ struct ServerOptions {
   bool sync_full = true;                       // fsync every group commit
   std::size_t max_message_bytes = 16u << 20;   // per gRPC message
   std::size_t max_in_flight_per_stream = 256;  // reports awaiting commit per stream
+  // Wire bytes of received reports not yet committed, over all streams, beyond which the
+  // server stops reading from agents (docs/server.md, "Back-pressure").
+  std::uint64_t ingest_queue_bytes = 256u << 20;
+  // Ingest threads; each run is settled by one of them (docs/server.md, "Ingest shards").
+  // 0: one per hardware thread, at most 8.
+  std::size_t ingest_shards = 0;
+  // A test hook: an ingest transaction waits this long per item before its commit.
+  std::chrono::microseconds test_ingest_item_delay{0};
   std::size_t top_k_tensors = 20;              // per-tensor metric series per run
   std::size_t metrics_max_runs = 100;          // runs with series: the most recently active
   std::chrono::seconds retention_max_age{0};   // 0: keep forever
@@ -66,13 +85,18 @@ struct ServerOptions {
     std::size_t max_pending_steps = 64;
   } rank_merge;
   policy::EngineConfig policy;  // validated by create()
+  // Which runs this server owns, among servers that share a store (an internal interface,
+  // the server's cluster/run_ownership.h); null: every run, as a server alone does. Tests set
+  // a stand-in that sends some runs elsewhere.
+  std::shared_ptr<RunOwnership> ownership;
   std::string version = "0.0.0";
 };
 
 struct BoundAddresses {
-  std::string grpc;     // host:port actually bound
-  std::string metrics;  // host:port, empty when off
-  std::string http;     // the web UI's host:port, empty when off
+  std::string grpc;        // host:port actually bound
+  std::string metrics;     // host:port, empty when off
+  std::string http;        // the web UI's host:port, empty when off
+  std::string advertised;  // what agents are told (ServerOptions::advertise_address); may be empty
 };
 
 class Server {
