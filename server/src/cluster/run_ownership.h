@@ -2,8 +2,9 @@
 // (docs/server.md, "Several servers"); each run is owned by exactly one of them at a time, and
 // only the owner takes the run's reports, merges its ranks and runs its policy engine. This
 // folder owns that decision: the RunOwnership interface the Hello path asks, the address a
-// server advertises to agents, and the implementations (today one: a server alone owns every
-// run; a lease in the shared store comes with the PostgreSQL back end).
+// server advertises to agents, and the implementations: a server alone owns every run
+// (SingleServerOwnership, the default), or a lease per run in the shared store decides
+// (lease_ownership.h).
 //
 // The rest of the server asks only claim(): a Hello for a run this server does not own is
 // answered with a Redirect to the owner (rpc/attach_reactor.cc) and nothing of it is stored.
