@@ -240,7 +240,9 @@ void Ingest::run(Shard& shard) {
     bool merges_waiting = false;
     runs_.for_each([&](RunState& run) { merges_waiting = merges_waiting || run.merge.waiting(); },
                    shard.index);
-    auto wake = std::min(shard.next_retention, shard.next_refresh);
+    // Retention runs on shard 0 only.
+    auto wake =
+        shard.index == 0 ? std::min(shard.next_retention, shard.next_refresh) : shard.next_refresh;
     if (merges_waiting) wake = std::min(wake, shard.next_merge_check);
     bool forget_now = false;
     {
