@@ -112,7 +112,9 @@ struct Server {
         identity->previous_seq = r.seq();
         item.kind = IngestItem::Kind::kReport;
         item.payload = r.SerializeAsString();
-        item.report = std::make_unique<v1::StepReport>(r);
+        item.arena = std::make_unique<google::protobuf::Arena>();
+        item.report = google::protobuf::Arena::CreateMessage<v1::StepReport>(item.arena.get());
+        *item.report = r;
         for (Refusal& refusal : verdict.refused) item.notices.push_back(std::move(refusal.notice));
         accepted.push_back(std::move(r));
       }
