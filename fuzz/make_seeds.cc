@@ -216,6 +216,9 @@ void config_seeds(const fs::path& corpus) {
                         "sample_full_roles=all\nsample_full_on_nonfinite=off\n"
                         "sample_full_on_scale_change=true\nsample_max_tensors=4096\n"
                         "cupti_every=0\nstats_thread=worker\nnvtx=false\n");
+  seed(dir, "full-ranks", "world_size=128\nrank=9\nlocal_rank=1\nsample_full_ranks=node\n"
+                          "sample_full_ranks=every:8\nsample_full_ranks=16, 0,8\n"
+                          "local_rank=auto\nsample_full_ranks=every:0\n");
   seed(dir, "refused", "rank=-1\nworld_size=0\nsample_count_roles=weights\nunknown=1\n"
                        "max_batch=4097\nspool_max_bytes=1T\n");
 }

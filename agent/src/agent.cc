@@ -11,6 +11,7 @@
 #include <exception>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 #include "delivery.h"
@@ -73,6 +74,17 @@ Status guarded_status(Notices& notices, const char* call, Fn&& fn) noexcept {
   return {StatusCode::kInternal, {}};
 }
 
+// The configuration in force on this rank: the launcher's local rank filled in, and no flight
+// recorder where full statistics are not sent (its history is full statistics: every rank of a
+// large job would send its own with every skipped step).
+AgentConfig for_this_rank(const AgentConfig& config) {
+  AgentConfig c = config;
+  const std::optional<std::uint32_t> local = local_rank_of(config);
+  if (local) c.local_rank = static_cast<std::int32_t>(*local);
+  if (!sends_full_stats(config, local)) c.flight_recorder_steps = 0;
+  return c;
+}
+
 }  // namespace
 
 struct Agent::Impl {
@@ -104,15 +116,22 @@ Status Agent::create(const AgentConfig& config, const RunInfo& run,
     if (std::string err = validate(config); !err.empty()) {
       return {StatusCode::kInvalidArgument, err};
     }
-    auto impl = std::make_unique<Impl>(config, run);
+    auto impl = std::make_unique<Impl>(for_this_rank(config), run);
     if (impl->run.host.empty()) impl->run.host = host_name();
+    // Chosen by node (the answer depends on the local rank), which is unknown.
+    if (config.world_size > 1 && !local_rank_of(config) &&
+        sends_full_stats(config, 0) != sends_full_stats(config, 1)) {
+      impl->notices.raise("sample_full_ranks=" + full_ranks_text(config.sampling.full_ranks) +
+                          ": this rank's local rank is unknown (set local_rank, or launch with "
+                          "torchrun, mpirun or srun); it sends full statistics");
+    }
     process_start_unix_ns();  // fixes the fallback of the Hello's process start (no /proc)
     namespace fs = std::filesystem;
     const fs::path shared_base = fs::temp_directory_path() / "ampscope-spool";
     const fs::path leaf = fs::path(config.run_id) / ("rank-" + std::to_string(config.rank));
     SpoolOptions so;
-    so.dir = ((config.spool_dir.empty() ? shared_base : fs::path(config.spool_dir)) / leaf)
-                 .string();
+    so.dir =
+        ((config.spool_dir.empty() ? shared_base : fs::path(config.spool_dir)) / leaf).string();
     so.max_bytes = config.spool_max_bytes;
     // Acknowledged space comes back a segment at a time: keep segments a fraction of the cap.
     so.segment_bytes = std::min(config.spool_segment_bytes,

@@ -11,6 +11,8 @@
 #include <map>
 #include <string_view>
 
+#include "ampscope/proto/target.h"
+
 namespace ampscope::agent {
 namespace {
 
@@ -81,6 +83,50 @@ bool parse_roles(std::string_view text, std::vector<TensorRole>* out) {
     }
   }
   *out = std::move(roles);
+  return true;
+}
+
+// sample_full_ranks (SamplingConfig::full_ranks): auto, all, node, every:K or a list of ranks.
+bool parse_full_ranks(std::string_view text, FullRanks* out) {
+  const std::string v = normalise_key(trim(text));
+  FullRanks f;
+  if (v == "auto" || v == "all" || v == "node") {
+    f.kind = v == "auto"  ? FullRanks::Kind::kAuto
+             : v == "all" ? FullRanks::Kind::kAll
+                          : FullRanks::Kind::kNode;
+  } else if (v.rfind("every:", 0) == 0) {
+    std::int64_t k = 0;
+    if (!parse_int(std::string_view(v).substr(6), 1, 65536, false, &k)) return false;
+    f.kind = FullRanks::Kind::kEvery;
+    f.every = static_cast<std::uint32_t>(k);
+  } else {
+    f.kind = FullRanks::Kind::kList;
+    std::size_t start = 0;
+    while (start <= v.size()) {
+      const std::size_t comma = std::min(v.find(',', start), v.size());
+      std::int64_t r = 0;
+      if (!parse_int(std::string_view(v).substr(start, comma - start), 0, 65535, false, &r)) {
+        return false;
+      }
+      f.ranks.push_back(static_cast<std::uint32_t>(r));
+      start = comma + 1;
+    }
+    std::sort(f.ranks.begin(), f.ranks.end());
+    f.ranks.erase(std::unique(f.ranks.begin(), f.ranks.end()), f.ranks.end());
+  }
+  *out = std::move(f);
+  return true;
+}
+
+// local_rank: an index on the node, or auto (-1: the launcher's).
+bool parse_local_rank(std::string_view text, std::int32_t* out) {
+  if (normalise_key(trim(text)) == "auto") {
+    *out = -1;
+    return true;
+  }
+  std::int64_t n = 0;
+  if (!parse_int(text, 0, 65535, false, &n)) return false;
+  *out = static_cast<std::int32_t>(n);
   return true;
 }
 
@@ -159,6 +205,8 @@ const std::vector<Option>& options() {
       {"run_id", "a run id", text(&AgentConfig::run_id)},
       {"rank", "an integer in [0, 65535]", integer(&AgentConfig::rank, 0, 65535)},
       {"world_size", "an integer in [1, 65536]", integer(&AgentConfig::world_size, 1, 65536)},
+      {"local_rank", "an integer in [0, 65535] or auto",
+       [](AgentConfig& c, std::string_view v) { return parse_local_rank(v, &c.local_rank); }},
       {"data_parallel_size", "an integer in [0, 65536] (0: world_size)",
        integer(&AgentConfig::data_parallel_size, 0, 65536)},
       {"gradients_sharded", "a boolean",
@@ -263,6 +311,11 @@ const std::vector<Option>& options() {
          c.sampling.max_tensors_per_step = static_cast<int>(n);
          return true;
        }},
+      {"sample_full_ranks",
+       "auto, all, node, every:K (K in [1, 65536]) or comma-separated ranks in [0, 65535]",
+       [](AgentConfig& c, std::string_view v) {
+         return parse_full_ranks(v, &c.sampling.full_ranks);
+       }},
       {"flight_recorder_steps", "an integer in [0, 1024] (0: off)",
        integer(&AgentConfig::flight_recorder_steps, 0, kMaxFlightRecorderSteps)},
       {"flight_recorder_bytes", "a size in [0, 8M]",
@@ -280,28 +333,6 @@ const std::vector<Option>& options() {
        }},
   };
   return kOptions;
-}
-
-// A gRPC target is "host:port" ("[::1]:50051", a name with several addresses) or a URI gRPC
-// resolves itself ("dns:///host:port", "unix:/path"). A port that is not 1..65535 would only
-// have the agent retry forever, so it is refused here, where every door (the C and C++ APIs,
-// AMPSCOPE_SERVER, ampscope-train --server, ampscope.torch) passes. Empty: the address is fine.
-std::string check_server_address(const std::string& target) {
-  for (const char* scheme : {"unix:", "unix-abstract:", "vsock:"}) {
-    if (target.rfind(scheme, 0) == 0) return "";
-  }
-  std::string_view rest(target);
-  if (const auto sep = rest.find(":///"); sep != std::string_view::npos) rest.remove_prefix(sep + 4);
-  const auto colon = rest.rfind(':');
-  if (colon == std::string_view::npos) return "expected host:port, got '" + target + "'";
-  const std::string_view host = rest.substr(0, colon), port = rest.substr(colon + 1);
-  unsigned value = 0;
-  const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
-  if (host.empty() || port.empty() || ec != std::errc() || end != port.data() + port.size() ||
-      value < 1 || value > 65535) {
-    return "expected host:port with a port in 1..65535, got '" + target + "'";
-  }
-  return "";
 }
 
 bool valid_run_id(const std::string& id) {
@@ -356,6 +387,10 @@ std::string validate(const AgentConfig& c) {
     return "rank: " + std::to_string(c.rank) + " must be below world_size " +
            std::to_string(c.world_size);
   }
+  if (c.local_rank >= 0 && static_cast<std::uint32_t>(c.local_rank) >= c.world_size) {
+    return "local_rank: " + std::to_string(c.local_rank) + " must be below world_size " +
+           std::to_string(c.world_size);
+  }
   if (c.data_parallel_size > c.world_size) {
     return "data_parallel_size: " + std::to_string(c.data_parallel_size) +
            " must not exceed world_size " + std::to_string(c.world_size);
@@ -364,9 +399,9 @@ std::string validate(const AgentConfig& c) {
     return "policy_agreement: single is for one rank; world_size is " +
            std::to_string(c.world_size) + " (per_step, none or independent)";
   }
-  if (!c.server.empty()) {
-    if (std::string why = check_server_address(c.server); !why.empty()) return "server: " + why;
-  }
+  // Checked here, where every door (the C and C++ APIs, AMPSCOPE_SERVER, ampscope-train
+  // --server, ampscope.torch) passes: a bad address would only have the agent retry forever.
+  if (std::string why = proto::check_target_list(c.server); !why.empty()) return "server: " + why;
   if (c.tls_cert_pem.empty() != c.tls_key_pem.empty()) {
     return "tls_cert_file and tls_key_file go together: give both or neither";
   }
@@ -380,6 +415,11 @@ std::string validate(const AgentConfig& c) {
   if (c.policy_lockstep_timeout.count() <= 0) {
     return "policy_lockstep_timeout_ms: must be >= 1 (a lockstep wait is always bounded)";
   }
+  if ((c.sampling.full_ranks.kind == FullRanks::Kind::kEvery && c.sampling.full_ranks.every == 0) ||
+      (c.sampling.full_ranks.kind == FullRanks::Kind::kList &&
+       c.sampling.full_ranks.ranks.empty())) {
+    return "sample_full_ranks: every:K needs K >= 1, and a list at least one rank";
+  }
   if (c.sampling.full_every < 0 || c.sampling.cupti_every < 0) {
     return "sample_full_every and cupti_every must be >= 0";
   }
@@ -389,6 +429,55 @@ std::string validate(const AgentConfig& c) {
     return "flight_recorder_steps and flight_recorder_bytes: at most 1024 steps and 8M";
   }
   return {};
+}
+
+std::optional<std::uint32_t> local_rank_of(const AgentConfig& c) {
+  if (c.local_rank >= 0) return static_cast<std::uint32_t>(c.local_rank);
+  for (const char* var :
+       {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
+    const char* value = std::getenv(var);
+    if (value == nullptr) continue;
+    std::int32_t local = -1;
+    if (!parse_local_rank(value, &local) || local < 0) return std::nullopt;
+    return static_cast<std::uint32_t>(local);
+  }
+  return std::nullopt;
+}
+
+bool sends_full_stats(const AgentConfig& c, std::optional<std::uint32_t> local_rank) {
+  const FullRanks& f = c.sampling.full_ranks;
+  switch (f.kind) {
+    case FullRanks::Kind::kAll:
+      return true;
+    case FullRanks::Kind::kAuto:
+      if (c.world_size <= kFullRanksAllUpTo) return true;
+      [[fallthrough]];
+    case FullRanks::Kind::kNode:
+      return !local_rank || *local_rank == 0;
+    case FullRanks::Kind::kEvery:
+      return c.rank % f.every == 0;
+    case FullRanks::Kind::kList:
+      return std::find(f.ranks.begin(), f.ranks.end(), c.rank) != f.ranks.end();
+  }
+  return true;
+}
+
+std::string full_ranks_text(const FullRanks& f) {
+  switch (f.kind) {
+    case FullRanks::Kind::kAuto:
+      return "auto";
+    case FullRanks::Kind::kAll:
+      return "all";
+    case FullRanks::Kind::kNode:
+      return "node";
+    case FullRanks::Kind::kEvery:
+      return "every:" + std::to_string(f.every);
+    case FullRanks::Kind::kList:
+      break;
+  }
+  std::string out;
+  for (std::uint32_t r : f.ranks) out += (out.empty() ? "" : ",") + std::to_string(r);
+  return out;
 }
 
 PolicyAgreementMode resolved_agreement(const AgentConfig& c) {

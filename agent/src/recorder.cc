@@ -49,8 +49,8 @@ std::string check_provided_stats(const TensorView& t, const TensorStats& s) {
   }
   const std::uint64_t finite_nonzero = numel - sum;
   const BinadeHistogram& h = s.histogram;
-  if (!h.empty() && (h.min_exponent < kHistogramMinExponent ||
-                     h.max_exponent() > kHistogramMaxExponent)) {
+  if (!h.empty() &&
+      (h.min_exponent < kHistogramMinExponent || h.max_exponent() > kHistogramMaxExponent)) {
     return "histogram bins outside [" + std::to_string(kHistogramMinExponent) + ", " +
            std::to_string(kHistogramMaxExponent) + "]";
   }
@@ -67,8 +67,8 @@ std::string check_provided_stats(const TensorView& t, const TensorStats& s) {
   const bool values = finite_nonzero > 0;
   const auto magnitude = [](double x) { return std::isfinite(x) && x >= 0.0; };
   if (!magnitude(s.max_abs) || !magnitude(s.min_abs_nonzero) || !std::isfinite(s.sum) ||
-      !magnitude(s.sum_sq) || (values && (s.min_abs_nonzero == 0.0 ||
-                                          s.min_abs_nonzero > s.max_abs)) ||
+      !magnitude(s.sum_sq) ||
+      (values && (s.min_abs_nonzero == 0.0 || s.min_abs_nonzero > s.max_abs)) ||
       (!values && (s.max_abs != 0.0 || s.min_abs_nonzero != 0.0))) {
     return "extrema or sums that no finite values have";
   }
@@ -127,8 +127,10 @@ Recorder::Recorder(const AgentConfig& config, const RunInfo& run, Notices* notic
       delivery_(delivery),
       resume_skip_through_(resume_skip_through),
       lockstep_(config, delivery, notices),
-      sampler_(config.sampling, config.flight_recorder_steps > 0 ? config.flight_recorder_roles
-                                                                 : std::vector<TensorRole>{}) {}
+      sampler_(config.sampling,
+               config.flight_recorder_steps > 0 ? config.flight_recorder_roles
+                                                : std::vector<TensorRole>{},
+               sends_full_stats(config, local_rank_of(config))) {}
 
 Recorder::~Recorder() = default;
 
@@ -317,14 +319,14 @@ bool Recorder::adopt_stats(const TensorView& t, const TensorStats& stats, Tensor
   const auto counted = std::find_if(stats.targets.begin(), stats.targets.end(),
                                     [&](const TargetCounts& c) { return c.target == *s.target; });
   if (counted == stats.targets.end() && s.level == Level::kFull) {
-    const std::string missing = "observe_stats: '" + s.name + "' counted no " +
-                                to_string(*s.target);
+    const std::string missing =
+        "observe_stats: '" + s.name + "' counted no " + to_string(*s.target);
     if (t.device == Device::kCpu && t.data != nullptr) {
       notices_->raise("observe_stats-target", "agent: " + missing + "; measured from its data");
       return measure_into(t, s);
     }
-    notices_->raise("observe_stats-target", "agent: " + missing + "; reported without counts "
-                                            "for that target");
+    notices_->raise("observe_stats-target",
+                    "agent: " + missing + "; reported without counts for that target");
   }
   s.stats.numel = stats.numel;
   s.stats.zeros = stats.zeros;
@@ -515,8 +517,7 @@ bool Recorder::copy_for_worker(const void* data, TensorSample& s) {
 }
 
 void Recorder::nvtx_phase_to(TensorPhase phase) {
-  if (!config_.nvtx || !nvtx::kEnabled || phase == nvtx_phase_ || !in_step_ ||
-      !on_nvtx_thread()) {
+  if (!config_.nvtx || !nvtx::kEnabled || phase == nvtx_phase_ || !in_step_ || !on_nvtx_thread()) {
     return;
   }
   nvtx::Range r;

@@ -2,8 +2,9 @@
 
 namespace ampscope::agent {
 
-Sampler::Sampler(const SamplingConfig& config, const std::vector<TensorRole>& recorded_roles)
-    : config_(config) {
+Sampler::Sampler(const SamplingConfig& config, const std::vector<TensorRole>& recorded_roles,
+                 bool full_stats)
+    : config_(config), full_stats_(full_stats) {
   for (TensorRole r : config_.count_roles) count_role_[static_cast<int>(r)] = true;
   for (TensorRole r : config_.full_roles) full_role_[static_cast<int>(r)] = true;
   for (TensorRole r : recorded_roles) record_role_[static_cast<int>(r)] = true;
@@ -13,7 +14,8 @@ Sampler::Sampler(const SamplingConfig& config, const std::vector<TensorRole>& re
 bool Sampler::begin_step(std::int64_t step) {
   step_ = step;
   escalated_ = false;
-  full_step_ = follow_up_ || (config_.full_every > 0 && step % config_.full_every == 0);
+  full_step_ =
+      full_stats_ && (follow_up_ || (config_.full_every > 0 && step % config_.full_every == 0));
   follow_up_ = false;
   return full_step_ || counts_any_;
 }
@@ -37,8 +39,8 @@ void Sampler::saw_nonfinite() {
 }
 
 void Sampler::end_step(bool nonfinite, bool scale_changed) {
-  follow_up_ = (nonfinite && config_.full_on_nonfinite) ||
-               (scale_changed && config_.full_on_scale_change);
+  follow_up_ =
+      (nonfinite && config_.full_on_nonfinite) || (scale_changed && config_.full_on_scale_change);
 }
 
 }  // namespace ampscope::agent

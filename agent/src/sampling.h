@@ -7,6 +7,9 @@
 // (the values of earlier tensors are gone by then; they keep their counts). The flight
 // recorder's roles (AgentConfig::flight_recorder_roles, when the recorder is on) are measured
 // in full on every step whatever the level, and reported at the level.
+// A rank that does not send full statistics (SamplingConfig::full_ranks, sends_full_stats in
+// config.h) has no full steps: it counts every step and escalates from its own first
+// non-finite value on, as every rank does, and nothing more.
 // Thread safety: none; the recorder's, used under its step lock.
 #pragma once
 
@@ -24,7 +27,9 @@ enum class Level : std::uint8_t { kSkip = 0, kCounts = 1, kFull = 2 };
 class Sampler {
  public:
   // `recorded_roles`: the flight recorder's roles (empty when the recorder is off).
-  explicit Sampler(const SamplingConfig& config, const std::vector<TensorRole>& recorded_roles = {});
+  // `full_stats`: whether this rank sends full statistics (sends_full_stats in config.h).
+  explicit Sampler(const SamplingConfig& config, const std::vector<TensorRole>& recorded_roles = {},
+                   bool full_stats = true);
 
   // Starts `step`; false when nothing at all is measured this step.
   bool begin_step(std::int64_t step);
@@ -50,6 +55,7 @@ class Sampler {
 
  private:
   SamplingConfig config_;
+  bool full_stats_ = true;
   std::array<bool, kNumTensorRoles> count_role_{};
   std::array<bool, kNumTensorRoles> full_role_{};
   std::array<bool, kNumTensorRoles> record_role_{};

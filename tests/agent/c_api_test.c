@@ -153,6 +153,12 @@ static int exercise(const char* spool_dir) {
   CHECK(4, strstr(ampscope_agent_config_last_error(cfg), "sample_full_every") != NULL,
         "the error names the key");
   CHECK(5, ampscope_agent_config_set(cfg, NULL, "x") == AMPSCOPE_INVALID_ARGUMENT, "NULL key");
+  CHECK(36, ampscope_agent_config_set(cfg, "sample_full_ranks", "every:8") == AMPSCOPE_OK,
+        "set the ranks that send full statistics");
+  CHECK(37, ampscope_agent_config_set(cfg, "sample_full_ranks", "every:0") ==
+                    AMPSCOPE_INVALID_ARGUMENT &&
+                strstr(ampscope_agent_config_last_error(cfg), "sample_full_ranks") != NULL,
+        "a bad sample_full_ranks is refused, named");
 
   ampscope_run_info run = fp16_run(AMPSCOPE_SCALER_DYNAMIC);
   run.loss_scale = 1024;

@@ -80,5 +80,31 @@ TEST(SamplerTest, NothingToObserveWithoutCountsOffFullSteps) {
   EXPECT_EQ(s.level(TensorRole::kWeightGrad), Level::kSkip);
 }
 
+// A rank that does not send full statistics (sample_full_ranks): no periodic full step and no
+// follow-up step, but the counts every step and the escalation at its own non-finite value.
+TEST(SamplerTest, ARankWithoutFullStatisticsCountsAndEscalatesOnly) {
+  SamplingConfig c;
+  c.full_every = 2;
+  Sampler s(c, {}, /*full_stats=*/false);
+  EXPECT_TRUE(s.begin_step(0));
+  EXPECT_FALSE(s.full_step());
+  EXPECT_EQ(s.level(TensorRole::kWeightGrad), Level::kCounts);
+  EXPECT_EQ(s.level(TensorRole::kWeight), Level::kSkip);
+  s.saw_nonfinite();
+  EXPECT_EQ(s.level(TensorRole::kActivationGrad), Level::kFull);
+  EXPECT_EQ(s.level(TensorRole::kWeight), Level::kFull);
+  s.end_step(true, true);
+  EXPECT_TRUE(s.begin_step(1));
+  EXPECT_FALSE(s.full_step()) << "no follow-up step after a non-finite value or a scale change";
+  EXPECT_EQ(s.level(TensorRole::kWeightGrad), Level::kCounts);
+  s.end_step(false, false);
+  EXPECT_TRUE(s.begin_step(2));
+  EXPECT_FALSE(s.full_step()) << "no periodic full step";
+
+  Sampler chosen(c, {}, /*full_stats=*/true);
+  EXPECT_TRUE(chosen.begin_step(2));
+  EXPECT_TRUE(chosen.full_step());
+}
+
 }  // namespace
 }  // namespace ampscope::agent

@@ -71,8 +71,7 @@ std::string AgentAdapter::Overrides::replace(const std::vector<std::string>& lay
 void add_agent_flags(CLI::App& app, AgentFlags* flags) {
   auto add = [&](const std::string& flag, const std::string& key, const std::string& help) {
     app.add_option_function<std::string>(
-           flag, [flags, key](const std::string& v) { flags->options.emplace_back(key, v); },
-           help)
+           flag, [flags, key](const std::string& v) { flags->options.emplace_back(key, v); }, help)
         ->group("Agent (also AMPSCOPE_<KEY> variables)");
   };
   add("--server", "server",
@@ -89,7 +88,10 @@ void add_agent_flags(CLI::App& app, AgentFlags* flags) {
   add("--sample-full-on-scale-change", "sample_full_on_scale_change",
       "full statistics on the step after a loss-scale change (on|off)");
   add("--sample-full-roles", "sample_full_roles", "roles measured in full (comma list)");
-  add("--stats-thread", "stats_thread", "measure on the training thread or a worker: caller|worker");
+  add("--sample-full-ranks", "sample_full_ranks",
+      "ranks that send full statistics: auto|all|node|every:K|comma list");
+  add("--stats-thread", "stats_thread",
+      "measure on the training thread or a worker: caller|worker");
   add("--cupti-every", "cupti_every", "tensor-core utilisation every N steps on a GPU (0: off)");
   app.add_option_function<std::vector<std::string>>(
          "--agent",
@@ -122,8 +124,7 @@ std::unique_ptr<AgentAdapter> attach_agent(Trainer& trainer, const AgentFlags& f
   if (config.world_size > 1 && config.policy_agreement == agent::PolicyAgreementMode::kAuto) {
     config.policy_agreement = agent::PolicyAgreementMode::kPerStep;
   }
-  const bool wanted = !config.server.empty() || !config.run_id.empty() ||
-                      !config.spool_dir.empty();
+  const bool wanted = !config.server.empty() || !config.run_id.empty() || !config.spool_dir.empty();
   if (!wanted) return nullptr;
   if (config.run_id.empty()) throw Error("--run-id (or AMPSCOPE_RUN_ID) is needed by the agent");
   std::unique_ptr<agent::Agent> a;

@@ -29,8 +29,8 @@ struct AgentFlags {
 
 // Adds --server, --run-id, --token-file, --spool-dir, the sampling flags (--sample-counts,
 // --sample-full-every, --sample-full-on-nonfinite, --sample-full-on-scale-change,
-// --sample-count-roles, --sample-full-roles, --stats-thread, --cupti-every) and
-// --agent KEY=VALUE (any other agent option) to `app`.
+// --sample-count-roles, --sample-full-roles, --sample-full-ranks, --stats-thread,
+// --cupti-every) and --agent KEY=VALUE (any other agent option) to `app`.
 void add_agent_flags(CLI::App& app, AgentFlags* flags);
 
 class AgentAdapter;
@@ -83,7 +83,7 @@ class AgentAdapter final : public TensorObserver, public StepListener, public Po
   bool installed_;
   std::size_t unscaled_seen_ = 0;  // after-unscale weight grads seen this step
   void count_unscaled(const TensorView& t);
-  double step_seconds_ = 0.0;      // the trainer's step times, summed
+  double step_seconds_ = 0.0;  // the trainer's step times, summed
 };
 
 // The trainer's Fp32OverrideSet as the agent's PrecisionOverrides, with the model's names:

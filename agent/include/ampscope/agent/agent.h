@@ -202,6 +202,8 @@ class Agent {
   Counters counters() const noexcept;
   // Every notice raised so far ("cupti: unavailable: no CUDA device"), oldest first.
   std::vector<std::string> notices() const noexcept;
+  // The configuration in force: as given, with the launcher's local rank filled in and the
+  // flight recorder off on a rank that does not send full statistics (SamplingConfig).
   const AgentConfig& config() const noexcept;
 
   struct Impl;

@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,6 +40,28 @@ namespace ampscope::agent {
 // defaults a fault born in the forward pass shows first in the loss (and the next step is a
 // full one); adding "activation" to count_roles finds the activation itself, for about one
 // more read of the forward pass's activations per step.
+//
+// Which ranks send full statistics (full_ranks; docs/agent.md, "Which ranks send full
+// statistics"), so that the server's load grows with the nodes of a large job rather than its
+// GPUs. Every rank counts every step as above, reports its loss, scales, found_inf and skip
+// and its own first offender, and measures in full from its own first non-finite tensor on
+// within a step (where a fault is born is never lost); only the chosen ranks also take the
+// full steps (every full_every steps, the step after a non-finite value or a scale change)
+// and keep the flight recorder.
+//   auto     all when world_size <= kFullRanksAllUpTo, node beyond
+//   all      every rank
+//   node     the ranks whose local rank is 0: one per node (local_rank_of below)
+//   every:K  the ranks r with r % K == 0
+//   R,R,...  the ranks listed
+struct FullRanks {
+  enum class Kind : std::uint8_t { kAuto, kAll, kNode, kEvery, kList };
+  Kind kind = Kind::kAuto;
+  std::uint32_t every = 1;           // kEvery: K >= 1
+  std::vector<std::uint32_t> ranks;  // kList (set_option sorts them, without repeats)
+};
+// Up to 8 nodes of 8 GPUs every rank sends everything, as a single machine's run does.
+inline constexpr std::uint32_t kFullRanksAllUpTo = 64;
+
 struct SamplingConfig {
   bool counts = true;
   std::vector<TensorRole> count_roles = {TensorRole::kActivationGrad, TensorRole::kWeightGrad,
@@ -46,14 +69,15 @@ struct SamplingConfig {
   std::int64_t full_every = 100;
   bool full_on_nonfinite = true;
   bool full_on_scale_change = true;
-  std::vector<TensorRole> full_roles = {
-      TensorRole::kWeight,         TensorRole::kMasterWeight, TensorRole::kActivation,
-      TensorRole::kActivationGrad, TensorRole::kWeightGrad,   TensorRole::kOptimizerState,
-      TensorRole::kLoss};
+  std::vector<TensorRole> full_roles = {TensorRole::kWeight,     TensorRole::kMasterWeight,
+                                        TensorRole::kActivation, TensorRole::kActivationGrad,
+                                        TensorRole::kWeightGrad, TensorRole::kOptimizerState,
+                                        TensorRole::kLoss};
   // Tensors measured per step at most; the rest are counted in dropped_tensors.
   int max_tensors_per_step = 4096;
   // CUPTI tensor-core utilisation on every Nth step (0: off). GPU runs only.
   std::int64_t cupti_every = 100;
+  FullRanks full_ranks;
 };
 
 // Where CPU tensors are measured: on the training thread during the callback, or on the
@@ -76,10 +100,15 @@ enum class PolicyAgreementMode : std::uint8_t { kAuto, kSingle, kPerStep, kNone,
 
 struct AgentConfig {
   // The run as the server sees it.
-  std::string server;  // host:port of ampscope-server; empty: measure and spool only
+  // host:port of ampscope-server, or several separated by commas ("a:50051,b:50051"): tried
+  // in order, the next on a failure, and a server's redirect to the run's owner followed
+  // (docs/agent.md, "Several servers"); empty: measure and spool only.
+  std::string server;
   std::string run_id;  // required, 1..128 of [A-Za-z0-9._-]
   std::uint32_t rank = 0;
   std::uint32_t world_size = 1;
+  // This rank's index among the ranks on its node (-1: the launcher's, local_rank_of()).
+  std::int32_t local_rank = -1;
   // Ranks holding replicas that split each batch (0: world_size), and whether their weight
   // gradients are sharded (ZeRO/FSDP) rather than replicated: the server merges ranks by it.
   std::uint32_t data_parallel_size = 0;
@@ -108,12 +137,12 @@ struct AgentConfig {
   std::string tls_key_pem;
 
   // Durable transport.
-  std::string spool_dir;                           // empty: <temp>/ampscope-spool
-  std::uint64_t spool_max_bytes = 256ull << 20;     // beyond it reports are dropped, counted
+  std::string spool_dir;                         // empty: <temp>/ampscope-spool
+  std::uint64_t spool_max_bytes = 256ull << 20;  // beyond it reports are dropped, counted
   std::uint64_t spool_segment_bytes = 4ull << 20;
-  std::size_t queue_steps = 256;                   // steps waiting for the worker, at most
-  std::size_t max_batch = 64;                      // reports per network flush
-  std::size_t max_in_flight = 256;                 // reports sent and not yet acknowledged
+  std::size_t queue_steps = 256;    // steps waiting for the worker, at most
+  std::size_t max_batch = 64;       // reports per network flush
+  std::size_t max_in_flight = 256;  // reports sent and not yet acknowledged
   std::chrono::milliseconds backoff_initial{200};
   std::chrono::milliseconds backoff_max{5000};
   std::chrono::milliseconds connect_timeout{2000};
@@ -145,8 +174,8 @@ struct AgentConfig {
 // Sets one option from text. Keys (values):
 //   server, run_id, token, spool_dir (strings); token_file (reads the first line);
 //   tls (bool); tls_ca_file, tls_cert_file, tls_key_file (read whole, PEM; each turns TLS on);
-//   rank, world_size, data_parallel_size, spool_max_bytes, spool_segment_bytes, queue_steps, max_batch,
-//   max_in_flight, worker_max_bytes (integers; sizes take K/M/G suffixes);
+//   rank, world_size, data_parallel_size, spool_max_bytes, spool_segment_bytes, queue_steps,
+//   max_batch, max_in_flight, worker_max_bytes (integers; sizes take K/M/G suffixes);
 //   backoff_initial_ms, backoff_max_ms, connect_timeout_ms, keepalive_time_ms,
 //   keepalive_timeout_ms, flush_timeout_ms, policy_fallback_after_ms,
 //   policy_receive_delay_ms, policy_lockstep_timeout_ms (milliseconds); gradients_sharded,
@@ -157,7 +186,9 @@ struct AgentConfig {
 //   true/false, on/off, yes/no); sample_full_every, sample_max_tensors, cupti_every (integers);
 //   sample_count_roles, sample_full_roles (comma-separated roles, or "all", or "none");
 //   flight_recorder_steps (integer in [0, 1024]), flight_recorder_bytes (size in [0, 8M]),
-//   flight_recorder_roles (roles, as sample_full_roles).
+//   flight_recorder_roles (roles, as sample_full_roles);
+//   sample_full_ranks (auto|all|node|every:K|comma-separated ranks), local_rank (an integer
+//   in [0, 65535], or auto).
 // Keys may use '-' for '_'. Returns an empty string on success, otherwise one line naming the
 // key and the problem; the config is unchanged on failure.
 std::string set_option(AgentConfig& config, std::string_view key, std::string_view value);
@@ -171,6 +202,20 @@ std::string apply_environment(AgentConfig& config);
 
 // Empty when the configuration can be used, otherwise one line naming the field.
 std::string validate(const AgentConfig& config);
+
+// This rank's local rank: config.local_rank when set, otherwise the first of the launchers'
+// variables LOCAL_RANK (torchrun), OMPI_COMM_WORLD_LOCAL_RANK (Open MPI's mpirun),
+// MPI_LOCALRANKID (MPICH and Intel MPI's Hydra) and SLURM_LOCALID (srun) that is set, read
+// as set_option reads local_rank; nullopt when none is set or the first set is not a local rank.
+std::optional<std::uint32_t> local_rank_of(const AgentConfig& config);
+
+// Whether this rank sends full statistics under sampling.full_ranks (SamplingConfig), auto
+// resolved by world_size. `local_rank`: local_rank_of(config); node without one is true (the
+// rank cannot tell whether another rank of its node sends them, so it does).
+bool sends_full_stats(const AgentConfig& config, std::optional<std::uint32_t> local_rank);
+
+// full_ranks as set_option reads it ("auto", "every:8", "0,8,16").
+std::string full_ranks_text(const FullRanks& ranks);
 
 // The mode in force: kAuto resolved by world_size.
 PolicyAgreementMode resolved_agreement(const AgentConfig& config);
