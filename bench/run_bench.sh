@@ -194,6 +194,21 @@ rm -f "$fragments"/server_ranks.json
 "$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/server_ranks.json"
 echo "results: $out_dir/results.json"
 
+# The same run at 1,024 and 4,096 ranks with the agent's default sample_full_ranks (auto: beyond
+# 64 ranks only rank 0 of each node of 8 sends full reports, the others the same tensors as
+# counts): server_1024_ranks_ack_p99_ms, server_4096_ranks_all_acked and the other keys above
+# under their numbers, RSS over the run included. 5 s warm-up + 60 s measured each
+# (AMPSCOPE_BENCH_SERVER_RANKS_DURATION); one connection per rank, so the tool raises its open
+# files limit to the hard limit (4,096 ranks need about 8,200 descriptors).
+for ranks in 1024 4096; do
+  rm -f "$fragments/server_${ranks}_ranks.json"
+  "$build_dir/bench/ampscope_server_load" --out "$fragments/server_${ranks}_ranks.json" \
+    --ranks "$ranks" --sample-full-ranks auto --ranks-per-node 8 --rank-tensors 200 \
+    --rank-rate 1 --rank-duration "${AMPSCOPE_BENCH_SERVER_RANKS_DURATION:-60}"
+  "$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/server_${ranks}_ranks.json"
+  echo "results: $out_dir/results.json"
+done
+
 # ---- The web UI on a long run (bench/webui_page_load.mjs) ------------------------------------
 # A real ampscope-server (headroom policy) filled with one run of 100,000 steps of 24 tensors
 # (ampscope_server_load --long-run: skips, offenders, validation loss, policy decisions), then

@@ -30,7 +30,9 @@
 // policy, so its per-step merge and engine are on the path. Writes server_<N>_ranks_* keys:
 // report-to-Ack p50/p99 over all ranks, the acknowledged rate, the server's RSS every
 // --rank-rss-every seconds of the window and its growth, its peak, and whether every report was
-// acknowledged (and any Reject).
+// acknowledged (and any Reject). --sample-full-ranks makes the ranks send what agents with that
+// option send (the agent's own rule decides, rank r's local rank being r % --ranks-per-node):
+// the chosen ranks full reports, the others the same tensors at the counts level.
 //
 // With --long-run N it fills a running server (--server) with one long run instead: run
 // --long-run-id, one rank, N steps of --tensors tensors each, with the shape of a real run (a
@@ -66,6 +68,7 @@
 #include <thread>
 #include <vector>
 
+#include "ampscope/agent/config.h"
 #include "ampscope/proto/stats_codec.h"
 #include "ampscope/tensor_stats.h"
 #include "ampscope/v1/telemetry.grpc.pb.h"
@@ -108,6 +111,8 @@ struct Options {
   double rank_spread_ms = 20;
   double rank_rss_every_s = 2;
   double rank_growth_from_s = 10;
+  std::string sample_full_ranks = "all";  // the agent option the ranks follow
+  int ranks_per_node = 8;
   bool require_acked = false;
   std::int64_t long_run = 0;  // > 0: fill --server with one run of this many steps
   std::string long_run_id = "bench-long";
@@ -120,21 +125,10 @@ class ServerChild {
   ServerChild(const Options& o, const std::filesystem::path& dir) {
     const std::filesystem::path ready = dir / "ready.json";
     log_ = dir / "server.log";
-    std::vector<std::string> argv = {o.server_binary,
-                                     "--listen",
-                                     "127.0.0.1:0",
-                                     "--metrics-listen",
-                                     "",
-                                     "--http-listen",
-                                     "127.0.0.1:0",
-                                     "--db",
-                                     (dir / "load.db").string(),
-                                     "--ready-file",
-                                     ready.string(),
-                                     "--sync",
-                                     o.sync,
-                                     "--max-in-flight",
-                                     "1024"};
+    std::vector<std::string> argv = {
+        o.server_binary, "--listen",    "127.0.0.1:0", "--metrics-listen",         "",
+        "--http-listen", "127.0.0.1:0", "--db",        (dir / "load.db").string(), "--ready-file",
+        ready.string(),  "--sync",      o.sync,        "--max-in-flight",          "1024"};
     // --metrics-listen: the runs and ranks measurements scrape
     if (o.runs > 0 || o.ranks > 0) argv[4] = "127.0.0.1:0";
     argv.insert(argv.end(), o.server_args.begin(), o.server_args.end());
@@ -673,6 +667,16 @@ double own_cpu_s() {
          static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 
+// One connection per rank on both ends: thousands of ranks need more descriptors than the usual
+// soft limit of 1,024. Raised to the hard limit, which the server child inherits.
+void raise_open_files_limit() {
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &r);
+  }
+}
+
 // The multi-rank measurement (--ranks): one synchronous data-parallel run of N ranks, each its
 // own agent stream and connection (as each rank is its own process), each sending the report
 // of step k at k / rate seconds plus a delay drawn uniformly from [0, spread) anew for every
@@ -689,17 +693,39 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
                                          /*weights_unscaled=*/true));
   }
   const std::size_t report_bytes = templates[0].ByteSizeLong();
+  // What a rank that does not send full statistics sends: the same tensors, counted.
+  std::vector<v1::StepReport> counts_templates = templates;
+  for (v1::StepReport& r : counts_templates) {
+    for (v1::TensorStats& t : *r.mutable_tensors()) {
+      t.set_level(v1::STATS_LEVEL_COUNTS);
+      t.clear_min_abs_nonzero();
+      t.clear_sum();
+      t.clear_sum_sq();
+      t.clear_histogram();
+      t.clear_targets();
+    }
+  }
+  const std::size_t counts_report_bytes = counts_templates[0].ByteSizeLong();
 
   // One connection per rank: each rank is its own process.
   const auto world = static_cast<std::uint32_t>(o.ranks);
   const auto stubs = open_connections(address, o.ranks);
   std::vector<std::unique_ptr<LoadStream>> streams;
+  ampscope::agent::AgentConfig sampling;  // the ranks' agent configuration, as far as it matters
+  ampscope::agent::set_option(sampling, "sample_full_ranks", o.sample_full_ranks);  // checked
+  sampling.world_size = world;
+  std::uint32_t full_ranks = 0;
   for (std::uint32_t rank = 0; rank < world; ++rank) {
     v1::Hello hello = agent_hello("ranks-" + std::to_string(o.ranks), rank, world);
     hello.set_data_parallel_size(world);
     hello.set_gradients_sharded(false);
     hello.set_policy_agreement(v1::POLICY_AGREEMENT_PER_STEP);
-    streams.push_back(std::make_unique<LoadStream>(stubs[rank].get(), hello, &templates));
+    sampling.rank = rank;
+    const bool full = ampscope::agent::sends_full_stats(
+        sampling, rank % static_cast<std::uint32_t>(o.ranks_per_node));
+    full_ranks += full ? 1 : 0;
+    streams.push_back(std::make_unique<LoadStream>(stubs[rank].get(), hello,
+                                                   full ? &templates : &counts_templates));
   }
   const auto connect_deadline = Clock::now() + 60s;
   for (auto& s : streams) {
@@ -713,7 +739,9 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
   const auto warmup_steps = static_cast<std::int64_t>(std::ceil(o.rank_warmup_s * o.rank_rate));
   const auto measured_steps = static_cast<std::int64_t>(std::ceil(o.rank_duration_s * o.rank_rate));
   const auto spread = std::chrono::duration<double, std::milli>(o.rank_spread_ms);
-  std::cerr << "ranks phase: " << o.ranks << " ranks, " << o.rank_tensors << " tensors, "
+  std::cerr << "ranks phase: " << o.ranks << " ranks (" << full_ranks
+            << " sending full statistics: sample_full_ranks=" << o.sample_full_ranks << ", "
+            << o.ranks_per_node << " ranks per node), " << o.rank_tensors << " tensors, "
             << o.rank_rate << " steps/s, sends spread over " << o.rank_spread_ms << " ms, "
             << warmup_steps << " warm-up + " << measured_steps << " measured steps\n";
   const double load_start = load_average_1m();
@@ -862,6 +890,10 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
   j[key + "peak_rss_mb"] = mb(peak_kb);
   j[key + "tensors_per_report"] = o.rank_tensors;
   j[key + "report_bytes"] = report_bytes;
+  j[key + "sample_full_ranks"] = o.sample_full_ranks;
+  j[key + "ranks_per_node"] = o.ranks_per_node;
+  j[key + "full_stats_ranks"] = full_ranks;
+  j[key + "counts_report_bytes"] = counts_report_bytes;
   j[key + "steps_per_s"] = o.rank_rate;
   j[key + "spread_ms"] = o.rank_spread_ms;
   j[key + "warmup_s"] = o.rank_warmup_s;
@@ -1003,14 +1035,26 @@ int main(int argc, char** argv) {
   app.add_option("--rank-growth-from", o.rank_growth_from_s,
                  "RSS growth is measured from this second of the window to its end (--ranks)")
       ->capture_default_str();
+  app.add_option("--sample-full-ranks", o.sample_full_ranks,
+                 "The ranks that send full reports, as the agent option sample_full_ranks: auto "
+                 "(the agent's default), all, node, every:K or a list; the others send counts "
+                 "(--ranks)")
+      ->check([](const std::string& v) {
+        ampscope::agent::AgentConfig c;
+        return ampscope::agent::set_option(c, "sample_full_ranks", v);
+      })
+      ->capture_default_str();
+  app.add_option("--ranks-per-node", o.ranks_per_node,
+                 "Ranks on one node: rank r's local rank is r % this (--sample-full-ranks)")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
   app.add_flag("--require-acked", o.require_acked,
                "--ranks: exit 1 unless every report was acknowledged without a Reject");
   app.add_option("--long-run", o.long_run,
                  "Fill the running --server with one run of this many steps instead of the load "
                  "phases")
       ->check(CLI::PositiveNumber);
-  app.add_option("--long-run-id", o.long_run_id, "The run id of --long-run")
-      ->capture_default_str();
+  app.add_option("--long-run-id", o.long_run_id, "The run id of --long-run")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (o.long_run > 0) {
     if (o.server_address.empty()) {
@@ -1032,6 +1076,7 @@ int main(int argc, char** argv) {
   });
   if (o.ranks > 0 && !policy_set)
     o.server_args.insert(o.server_args.end(), {"--policy", "headroom"});
+  if (o.ranks > 0) raise_open_files_limit();
 
   std::filesystem::path dir = o.work_dir.empty() ? std::filesystem::temp_directory_path() /
                                                        ("ampscope-load-" + std::to_string(getpid()))
