@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <fstream>
 
+#include "ampscope/proto/target.h"
 #include "ampscope/testing/files.h"
 
 namespace ampscope::agent {
@@ -128,9 +129,9 @@ TEST(AgentConfigTest, ValidateNamesTheField) {
 TEST(AgentConfigTest, ServerIsHostAndPortOrAGrpcUri) {
   AgentConfig c;
   c.run_id = "ok";
-  for (const char* good : {"127.0.0.1:50051", "localhost:1", "[::1]:65535", "a.b:50051",
-                           "dns:///a.example:443", "ipv4:127.0.0.1:9", "unix:/tmp/sock",
-                           "unix-abstract:ampscope"}) {
+  for (const char* good :
+       {"127.0.0.1:50051", "localhost:1", "[::1]:65535", "a.b:50051", "dns:///a.example:443",
+        "ipv4:127.0.0.1:9", "unix:/tmp/sock", "unix-abstract:ampscope"}) {
     c.server = good;
     EXPECT_EQ(validate(c), "") << good;
   }
@@ -139,6 +140,30 @@ TEST(AgentConfigTest, ServerIsHostAndPortOrAGrpcUri) {
     c.server = bad;
     const std::string why = validate(c);
     EXPECT_EQ(why.rfind("server: expected host:port", 0), 0u) << bad << ": " << why;
+  }
+}
+
+// Several servers: each entry is checked as one address, and a bad one is named by its place.
+TEST(AgentConfigTest, ServerListChecksEveryEntry) {
+  AgentConfig c;
+  c.run_id = "ok";
+  for (const char* good : {"a:50051,b:50051", "127.0.0.1:1, [::1]:2 ,dns:///c.example:443",
+                           "unix:/tmp/sock,localhost:9"}) {
+    EXPECT_EQ(set_option(c, "server", good), "") << good;
+    EXPECT_EQ(validate(c), "") << good;
+  }
+  EXPECT_EQ(proto::split_targets("a:1, b:2 ,dns:///c:3"),
+            (std::vector<std::string>{"a:1", "b:2", "dns:///c:3"}));
+  const std::pair<const char*, const char*> bad[] = {
+      {"a:50051,b", "server: entry 2 of 2: expected host:port, got 'b'"},
+      {"a:0,b:1", "server: entry 1 of 2: expected host:port with a port in 1..65535, got 'a:0'"},
+      {"a:1,,b:2", "server: entry 2 of 3: empty (a list is host:port,host:port,...)"},
+      {"a:1,", "server: entry 2 of 2: empty (a list is host:port,host:port,...)"},
+      {" ", "server: empty (a list is host:port,host:port,...)"},
+  };
+  for (const auto& [list, why] : bad) {
+    c.server = list;
+    EXPECT_EQ(validate(c), why) << list;
   }
 }
 

@@ -6,10 +6,12 @@ Checks: every step stored exactly once (with gradient accumulation); a NaN in a 
 output makes that module the first offender, skips the step, backs the scale off and holds the
 learning rate; a PolicyUpdate applied at exactly its step; the server killed and restarted
 mid-run loses nothing; an FP32 model without a scaler still reports; a failing hook becomes a
-notice and training goes on; bad arguments to attach raise TypeError/ValueError naming them."""
+notice and training goes on; bad arguments to attach raise TypeError/ValueError naming them; a
+list of servers whose first is down reaches the second."""
 
 import math
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -340,6 +342,8 @@ class MonitorTest(unittest.TestCase):
             (dict(server="127.0.0.1:notaport"), ValueError, "server"),
             (dict(server="127.0.0.1:70000"), ValueError, "server"),
             (dict(server=":50051"), ValueError, "server"),
+            (dict(server="127.0.0.1:1,localhost"), ValueError, "server: entry 2 of 2"),
+            (dict(server=["127.0.0.1:1", 50051]), TypeError, "server"),
             (dict(run_id="a run/with spaces"), ValueError, "run_id"),
             (dict(run_id="r" * 129), ValueError, "run_id"),
         ]
@@ -353,6 +357,25 @@ class MonitorTest(unittest.TestCase):
                 self.assertIn(word, str(ctx.exception))
         self.assertEqual(amps._monitor._SchedulerPatch._attached, {}, "nothing left attached")
         self.assertEqual(torch.nn.modules.module._global_forward_hooks, {})
+
+    def test_a_list_of_servers_gets_past_one_that_is_down(self):
+        server = self.server()
+        with socket.socket() as s:  # a port nobody listens on once closed
+            s.bind(("127.0.0.1", 0))
+            down = "127.0.0.1:%d" % s.getsockname()[1]
+        model, opt, data = setup()
+        scaler = amps.LossScaler(init_scale=1024.0)
+        mon = amps.attach(model, opt, scaler, run_id="list", server=[down, server.address],
+                          compute_dtype=torch.bfloat16,
+                          options={"spool_dir": os.path.join(self.tmp, "spool-list"),
+                                   "connect_timeout_ms": 300, "backoff_initial_ms": 100})
+        self.addCleanup(mon.close, 0)
+        train(mon, model, opt, scaler, data, 3)
+        self.assertTrue(mon.flush(20), mon.notices())
+        self.assertTrue(any("cannot connect to " + down in n for n in mon.notices()),
+                        mon.notices())
+        self.assertTrue(mon.close(20))
+        self.assertEqual([r["step"] for r in server.reports("list")], [0, 1, 2])
 
     def test_numpy_integers_are_steps(self):
         import numpy as np
