@@ -459,6 +459,39 @@ TEST(PostgresStoreTest, ALostConnectionIsAStoreError) {
   EXPECT_THROW(reader.list_runs(0), StoreError);
 }
 
+// A write transaction's statements whose rows nobody reads are pipelined: the first one that
+// fails is reported by the commit (with PostgreSQL's message and its SQL), the batch rolls back
+// whole and the connection goes on.
+TEST(PostgresStoreTest, APipelinedStatementThatFailsFailsTheCommit) {
+  const StoreLocation store(Backend::kPostgres);
+  { StoreWriter w(StoreOptions{store.path()}); }
+  const auto c = store.connect();
+  const auto notice = [&](std::int64_t run, std::optional<std::string> text) {
+    c->prepare("INSERT INTO agent_notices (run, rank, text) VALUES (?1, 0, ?2)")
+        .bind(1, run)
+        .bind(2, text)
+        .run();
+  };
+  c->begin_write();
+  notice(1, "first");
+  notice(2, std::nullopt);  // text is NOT NULL
+  notice(3, "after the failure");
+  try {
+    c->commit();
+    FAIL() << "expected StoreError";
+  } catch (const StoreError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("INSERT INTO agent_notices"), std::string::npos) << what;
+    EXPECT_NE(what.find("not-null"), std::string::npos) << what;
+  }
+  c->rollback();
+  EXPECT_EQ(c->query_int("SELECT count(*) FROM agent_notices"), 0);
+  c->begin_write();
+  notice(1, "again");
+  c->commit();
+  EXPECT_EQ(c->query_int("SELECT count(*) FROM agent_notices"), 1);
+}
+
 TEST(StoreLocationTest, DbNamesItsBackEnd) {
   EXPECT_EQ(backend_of("runs.db"), Backend::kSqlite);
   EXPECT_EQ(backend_of("/var/lib/ampscope/runs.db"), Backend::kSqlite);

@@ -37,6 +37,14 @@ class StatementImpl {
   virtual void bind_null(int index) = 0;
   virtual bool step() = 0;
   virtual void reset() = 0;  // also clears the binds
+  // Runs a statement whose rows nobody reads, then resets it. A back end may send it without
+  // waiting for its answer (PostgreSQL pipelines a write transaction's statements); its error
+  // then surfaces at the next statement that waits, at the latest at COMMIT.
+  virtual void run() {
+    while (step()) {
+    }
+    reset();
+  }
   virtual std::int64_t column_int(int col) const = 0;
   virtual double column_double(int col) const = 0;
   virtual bool column_is_null(int col) const = 0;
@@ -80,12 +88,8 @@ class Statement {
 
   // Steps once: true when a row is available, false when done.
   bool step() { return impl_->step(); }
-  // Runs a statement that returns no rows, then resets it for reuse.
-  void run() {
-    while (step()) {
-    }
-    reset();
-  }
+  // Runs a statement whose rows nobody reads, then resets it for reuse (StatementImpl::run).
+  void run() { impl_->run(); }
   void reset() { impl_->reset(); }
 
   // A NULL reads as 0, 0.0, "".
@@ -109,13 +113,13 @@ class Connection {
   virtual void exec(std::string_view sql) = 0;  // one or more statements, no parameters
   virtual Statement prepare(std::string_view sql) = 0;
   // Rows changed by the latest INSERT, UPDATE or DELETE (not counting what triggers did).
-  virtual std::int64_t changes() const = 0;
+  virtual std::int64_t changes() = 0;
   // A transaction that will write (SQLite takes its write lock at once), and one that only
   // reads and sees one committed state throughout.
   virtual void begin_write() = 0;
   virtual void begin_read() = 0;
-  void commit() { exec("COMMIT"); }
-  void rollback() { exec("ROLLBACK"); }
+  virtual void commit() { exec("COMMIT"); }
+  virtual void rollback() { exec("ROLLBACK"); }
 
   // The bytes of data retention can delete: SQLite's used pages; on PostgreSQL the stored
   // payloads (its files do not shrink after a DELETE, so they cannot say when to stop).

@@ -56,6 +56,16 @@ std::string big_endian(T value) {
   return out;
 }
 
+// A command's row count, for Connection::changes().
+void note_changes(PgConnection& c, const PGresult* res) {
+  const std::string_view command = PQcmdStatus(const_cast<PGresult*>(res));
+  if (command.starts_with("INSERT") || command.starts_with("UPDATE") ||
+      command.starts_with("DELETE")) {
+    c.set_changes(std::atoll(PQcmdTuples(const_cast<PGresult*>(res))),
+                  command.starts_with("DELETE"));
+  }
+}
+
 class PgStatement : public StatementImpl {
  public:
   PgStatement(PgConnection& c, std::string_view sql) : c_(c) {
@@ -75,7 +85,10 @@ class PgStatement : public StatementImpl {
   void bind_null(int index) override { param(index) = Param{}; }
 
   bool step() override {
-    if (res_ == nullptr) execute();
+    if (res_ == nullptr) {
+      c_.flush();
+      execute();
+    }
     blobs_.clear();
     return ++row_ < PQntuples(res_);
   }
@@ -138,34 +151,57 @@ class PgStatement : public StatementImpl {
     return {PQgetvalue(res_, row_, col), static_cast<std::size_t>(PQgetlength(res_, row_, col))};
   }
 
-  void execute() {
-    const std::size_t n = params_.size();
-    std::vector<Oid> types(n);
-    std::vector<const char*> values(n);
-    std::vector<int> lengths(n), formats(n, 1);
+  void run() override {
+    if (!c_.pipelining()) {
+      StatementImpl::run();
+      return;
+    }
+    Bound b = bound();
+    const std::string& name =
+        c_.prepared(sql_, b.types_key, static_cast<int>(b.types.size()), b.types.data());
+    c_.send(name, static_cast<int>(b.types.size()), b.values.data(), b.lengths.data(),
+            b.formats.data(), sql_);
+    reset();
+  }
+
+  // The parameters as libpq takes them (pointing into params_).
+  struct Bound {
+    std::vector<Oid> types;
+    std::vector<const char*> values;
+    std::vector<int> lengths, formats;
     std::string types_key;
+  };
+  Bound bound() const {
+    const std::size_t n = params_.size();
+    Bound b{std::vector<Oid>(n),
+            std::vector<const char*>(n),
+            std::vector<int>(n),
+            std::vector<int>(n, 1),
+            {}};
     for (std::size_t i = 0; i < n; ++i) {
       const Param& p = params_[i];
       // A NULL's type is inferred from where it stands; a parameter the SQL never names (a
       // query that uses ?1, ?2 and ?8) has nowhere to stand and still needs one.
-      types[i] = p.value || named_[i] ? p.type : kText;
-      values[i] = p.value ? p.value->data() : nullptr;
-      lengths[i] = p.value ? static_cast<int>(p.value->size()) : 0;
-      types_key += std::to_string(types[i]) + ",";
+      b.types[i] = p.value || named_[i] ? p.type : kText;
+      b.values[i] = p.value ? p.value->data() : nullptr;
+      b.lengths[i] = p.value ? static_cast<int>(p.value->size()) : 0;
+      b.types_key += std::to_string(b.types[i]) + ",";
     }
-    const std::string& name = c_.prepared(sql_, types_key, static_cast<int>(n), types.data());
-    res_ = PQexecPrepared(c_.handle(), name.c_str(), static_cast<int>(n), values.data(),
-                          lengths.data(), formats.data(), /*resultFormat=*/0);
+    return b;
+  }
+
+  void execute() {
+    const Bound b = bound();
+    const int n = static_cast<int>(b.types.size());
+    const std::string& name = c_.prepared(sql_, b.types_key, n, b.types.data());
+    res_ = PQexecPrepared(c_.handle(), name.c_str(), n, b.values.data(), b.lengths.data(),
+                          b.formats.data(), /*resultFormat=*/0);
     const ExecStatusType s = PQresultStatus(res_);
     if (res_ == nullptr || (s != PGRES_COMMAND_OK && s != PGRES_TUPLES_OK)) {
       Result gone(std::exchange(res_, nullptr));
       fail(c_.handle(), gone.res, "step", sql_);
     }
-    const std::string_view command = PQcmdStatus(res_);
-    if (command.starts_with("INSERT") || command.starts_with("UPDATE") ||
-        command.starts_with("DELETE")) {
-      c_.set_changes(std::atoll(PQcmdTuples(res_)), command.starts_with("DELETE"));
-    }
+    note_changes(c_, res_);
     row_ = -1;
   }
 
@@ -253,6 +289,7 @@ PgConnection::PgConnection(const std::string& conninfo, const std::string& passw
 PgConnection::~PgConnection() { PQfinish(conn_); }
 
 void PgConnection::exec(std::string_view sql) {
+  flush();
   const std::string text(sql);
   Result r(PQexec(conn_, text.c_str()));
   if (!r.ok()) fail(conn_, r.res, "exec", text);
@@ -266,10 +303,70 @@ const std::string& PgConnection::prepared(const std::string& sql, const std::str
                                           int n_params, const unsigned int* types) {
   const std::string key = types_key + "\n" + sql;
   if (auto it = prepared_.find(key); it != prepared_.end()) return it->second;
+  flush();  // PQprepare waits for its answer
   const std::string name = "ampscope_" + std::to_string(prepared_.size() + 1);
   Result r(PQprepare(conn_, name.c_str(), sql.c_str(), n_params, types));
   if (!r.ok()) fail(conn_, r.res, "prepare", sql);
   return prepared_.emplace(key, name).first->second;
+}
+
+void PgConnection::commit() {
+  writing_ = false;
+  exec("COMMIT");  // reads the pipeline's answers first: an error there fails the commit
+}
+
+void PgConnection::rollback() {
+  writing_ = false;
+  try {
+    flush();
+  } catch (const StoreError&) {
+    // The statements being rolled back failed: nothing of them is kept either way.
+  }
+  exec("ROLLBACK");
+}
+
+void PgConnection::send(const std::string& name, int n_params, const char* const* values,
+                        const int* lengths, const int* formats, const std::string& sql) {
+  // The server answers each statement while the next ones arrive; a pipeline far longer than
+  // the sockets' buffers could hold its answers would leave both sides waiting to write.
+  constexpr std::size_t kMostInFlight = 1000;
+  if (sent_.size() >= kMostInFlight) flush();
+  if (PQpipelineStatus(conn_) == PQ_PIPELINE_OFF && PQenterPipelineMode(conn_) != 1) {
+    fail(conn_, nullptr, "pipeline", sql);
+  }
+  if (PQsendQueryPrepared(conn_, name.c_str(), n_params, values, lengths, formats, 0) != 1) {
+    fail(conn_, nullptr, "send", sql);
+  }
+  sent_.push_back(sql);
+}
+
+void PgConnection::flush() {
+  if (PQpipelineStatus(conn_) == PQ_PIPELINE_OFF) return;
+  std::string error;  // the first statement's that failed; the ones after it were skipped
+  if (PQpipelineSync(conn_) != 1) error = "postgresql: sync: " + trimmed(PQerrorMessage(conn_));
+  for (const std::string& sql : sent_) {
+    // Each statement's results, then a null.
+    while (PGresult* r = PQgetResult(conn_)) {
+      const Result res(r);
+      const ExecStatusType s = PQresultStatus(r);
+      if (s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK) {
+        note_changes(*this, r);
+      } else if (s != PGRES_PIPELINE_ABORTED && error.empty()) {
+        error = "postgresql: step " + sql.substr(0, 80) + ": " + trimmed(PQresultErrorMessage(r));
+      }
+    }
+  }
+  sent_.clear();
+  if (error.empty() || PQstatus(conn_) == CONNECTION_OK) {
+    Result sync(PQgetResult(conn_));  // PGRES_PIPELINE_SYNC
+  }
+  if (PQexitPipelineMode(conn_) != 1 && error.empty()) {
+    error = "postgresql: leaving pipeline mode: " + trimmed(PQerrorMessage(conn_));
+  }
+  if (!error.empty()) {
+    if (PQstatus(conn_) == CONNECTION_BAD) error += " (connection to the database lost)";
+    throw StoreError(error);
+  }
 }
 
 std::uint64_t PgConnection::live_bytes() {

@@ -1,9 +1,12 @@
 // The PostgreSQL back end of the store's database layer (db.h), over libpq. Statements are
 // prepared on the server at their first run, once per combination of parameter types, and kept
 // for the connection's life; results come whole (PQexecPrepared), so a statement may be stepped
-// while others run on the same connection, as on SQLite. `?N` becomes `$N`; blobs travel as
-// binary BYTEA, integers as BIGINT, doubles as DOUBLE PRECISION. Errors, a lost connection
-// included, throw StoreError with PostgreSQL's message and the SQL; nothing reconnects.
+// while others run on the same connection, as on SQLite. Inside a write transaction (a group
+// commit) the statements whose rows nobody reads (Statement::run) are pipelined: sent without
+// waiting for their answers, which are read, and their first error thrown, before the next
+// statement that waits (a query, COMMIT), so that a batch costs few round trips. `?N` becomes `$N`;
+// blobs travel as binary BYTEA, integers as BIGINT, doubles as DOUBLE PRECISION. Errors, a lost
+// connection included, throw StoreError with PostgreSQL's message and the SQL; nothing reconnects.
 //
 // Thread safety: a connection and its statements belong to one thread at a time.
 #pragma once
@@ -30,8 +33,16 @@ class PgConnection : public Connection {
   Backend backend() const override { return Backend::kPostgres; }
   void exec(std::string_view sql) override;
   Statement prepare(std::string_view sql) override;
-  std::int64_t changes() const override { return changes_; }
-  void begin_write() override { exec("BEGIN"); }
+  std::int64_t changes() override {
+    flush();
+    return changes_;
+  }
+  void begin_write() override {
+    exec("BEGIN");
+    writing_ = true;
+  }
+  void commit() override;
+  void rollback() override;
   void begin_read() override { exec("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); }
   // Summing the payloads reads every report row: measured at most once a minute, and again
   // after this connection deleted rows (retention re-measures after each batch it deletes).
@@ -44,6 +55,11 @@ class PgConnection : public Connection {
   const std::string& prepared(const std::string& sql, const std::string& types_key, int n_params,
                               const unsigned int* types);
   PGconn* handle() const { return conn_; }
+  // Pipelining (above): whether run() may send without waiting; send one; read every answer.
+  bool pipelining() const { return writing_; }
+  void send(const std::string& name, int n_params, const char* const* values, const int* lengths,
+            const int* formats, const std::string& sql);
+  void flush();
   void set_changes(std::int64_t n, bool deleted) {
     changes_ = n;
     if (deleted) live_bytes_.reset();
@@ -53,6 +69,8 @@ class PgConnection : public Connection {
   PGconn* conn_ = nullptr;
   std::map<std::string, std::string> prepared_;  // sql + types -> statement name
   std::int64_t changes_ = 0;
+  bool writing_ = false;           // inside begin_write() ... commit() or rollback()
+  std::vector<std::string> sent_;  // the SQL of each statement sent and not yet answered
   std::optional<std::uint64_t> live_bytes_;
   std::chrono::steady_clock::time_point live_bytes_at_;
 };

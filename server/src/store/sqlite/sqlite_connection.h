@@ -21,7 +21,7 @@ class SqliteConnection : public Connection {
   Backend backend() const override { return Backend::kSqlite; }
   void exec(std::string_view sql) override;
   Statement prepare(std::string_view sql) override;
-  std::int64_t changes() const override { return sqlite3_changes(db_); }
+  std::int64_t changes() override { return sqlite3_changes(db_); }
   void begin_write() override { exec("BEGIN IMMEDIATE"); }
   void begin_read() override { exec("BEGIN"); }
   std::uint64_t live_bytes() override;
