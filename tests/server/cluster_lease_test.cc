@@ -62,10 +62,10 @@ TEST_P(LeaseOwnershipTest, AGracefulReleaseHandsTheRunsOverAtOnce) {
 }
 
 TEST_P(LeaseOwnershipTest, TheHeartbeatKeepsALeaseAndADeadOwnersExpires) {
-  auto a = lease("a.example:50051", 600ms, 150ms);
-  auto b = lease("b.example:50051", 600ms, 150ms);
+  auto a = lease("a.example:50051", 1500ms, 300ms);
+  auto b = lease("b.example:50051", 1500ms, 300ms);
   ASSERT_EQ(a->claim("r").kind, Kind::kOwned);
-  std::this_thread::sleep_for(1500ms);  // well past the ttl: only the heartbeat kept it
+  std::this_thread::sleep_for(3500ms);  // well past the ttl: only the heartbeat kept it
   EXPECT_EQ(b->claim("r").kind, Kind::kElsewhere);
   a.reset();  // gone without releasing, as after kill -9
   EXPECT_EQ(b->claim("r").kind, Kind::kElsewhere);

@@ -85,7 +85,7 @@ std::unique_ptr<agent::Agent> make_agent(const TempDir& dir, const std::string& 
   c.sampling.full_every = 0;
   c.backoff_initial = std::chrono::milliseconds(400);
   c.backoff_max = std::chrono::milliseconds(400);
-  c.connect_timeout = std::chrono::milliseconds(500);
+  c.connect_timeout = std::chrono::milliseconds(1000);
   std::unique_ptr<agent::Agent> a;
   agent::RunInfo info;
   info.trainer = "cluster_test";
