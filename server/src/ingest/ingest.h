@@ -70,7 +70,7 @@ struct IngestOptions {
   std::chrono::milliseconds refresh_interval{1000};  // top-K series, store size gauge
   // Wire bytes of received items not settled yet beyond which streams stop reading
   // (ingest_budget.h).
-  std::uint64_t max_queued_bytes = 256u << 20;
+  std::uint64_t max_queued_bytes = 64u << 20;
   // A test hook: a shard's batch takes this long more per item, outside the store lock (a slow
   // ingest whose shards still overlap).
   std::chrono::microseconds test_item_delay{0};
