@@ -32,7 +32,7 @@ struct Flags {
   std::string retention_max_bytes;
   std::string retention_interval = "60s";
   std::string max_message_bytes = "16M";
-  std::string ingest_queue_bytes = "256M";
+  std::string ingest_queue_bytes = "64M";
   int test_ingest_item_delay_us = 0;
   std::string shutdown_timeout = "10s";
   std::string http_request_deadline = "10s";

@@ -66,7 +66,7 @@ struct ServerOptions {
   std::size_t max_in_flight_per_stream = 256;  // reports awaiting commit per stream
   // Wire bytes of received reports not yet committed, over all streams, beyond which the
   // server stops reading from agents (docs/server.md, "Back-pressure").
-  std::uint64_t ingest_queue_bytes = 256u << 20;
+  std::uint64_t ingest_queue_bytes = 64u << 20;
   // Ingest threads; each run is settled by one of them (docs/server.md, "Ingest shards").
   // 0: one per hardware thread, at most 8.
   std::size_t ingest_shards = 0;
