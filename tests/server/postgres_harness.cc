@@ -1,175 +1,25 @@
 #include "postgres_harness.h"
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <libpq-fe.h>
-#include <pwd.h>
-#include <signal.h>
-#include <sys/file.h>
-#include <unistd.h>
 
-#include <filesystem>
 #include <memory>
-#include <stdexcept>
-#include <vector>
-
-#include "ampscope/testing/child_process.h"
-#include "ampscope/testing/files.h"
-#include "ampscope/testing/wait_until.h"
 
 namespace ampscope::testing {
-namespace fs = std::filesystem;
-
-struct PostgresServer::State {
-  TempDir dir;
-  std::unique_ptr<ChildProcess> postgres;
-  int databases = 0;
-};
-
 namespace {
 
-std::unique_ptr<PostgresServer::State>& state() {
-  static std::unique_ptr<PostgresServer::State> s;
+std::unique_ptr<PostgresInstance>& instance() {
+  static std::unique_ptr<PostgresInstance> s;
   return s;
 }
 
 // Stops the server when the binary's tests end (before static destruction).
 class StopPostgres : public ::testing::Environment {
  public:
-  void TearDown() override {
-    std::unique_ptr<PostgresServer::State>& s = state();
-    if (s && s->postgres) {
-      // SIGINT: PostgreSQL's fast shutdown (SIGTERM would wait for clients to leave).
-      ::kill(s->postgres->pid(), SIGINT);
-      if (s->postgres->wait(std::chrono::seconds(10)) < 0) s->postgres->kill9();
-    }
-    s.reset();
-  }
+  void TearDown() override { instance().reset(); }
 };
 const auto* const kStop = ::testing::AddGlobalTestEnvironment(new StopPostgres);
 
-bool is_executable(const fs::path& p) { return ::access(p.c_str(), X_OK) == 0; }
-
-// initdb and postgres refuse to run as root: as root, the `postgres` user runs them. The change
-// of user clears the death signal ChildProcess set, so setpriv sets it again: SIGQUIT, the
-// postmaster's immediate shutdown, when the test process dies without stopping it.
-std::vector<std::string> as_server_user(std::vector<std::string> argv) {
-  if (::geteuid() != 0) return argv;
-  std::vector<std::string> out = {find_in_path("setpriv"), "--reuid=postgres",
-                                  "--regid=postgres",      "--init-groups",
-                                  "--pdeathsig=SIGQUIT",   "--"};
-  if (out[0].empty()) throw std::runtime_error("running as root needs setpriv (util-linux)");
-  out.insert(out.end(), argv.begin(), argv.end());
-  return out;
-}
-
-void hand_to_server_user(const fs::path& dir) {
-  if (::geteuid() != 0) return;
-  const passwd* pw = ::getpwnam("postgres");
-  if (pw == nullptr) {
-    throw std::runtime_error(
-        "running as root, the tests start PostgreSQL as the 'postgres' user, and there is none "
-        "(Debian's postgresql package makes it)");
-  }
-  if (::chown(dir.c_str(), pw->pw_uid, pw->pw_gid) != 0) {
-    throw std::runtime_error("cannot chown " + dir.string() + " to postgres");
-  }
-}
-
-// initdb takes over a second; a copy of its result a tenth of that. The first test process of
-// a build runs initdb and keeps the cluster it made as a template in the build tree
-// (AMPSCOPE_POSTGRES_TEMPLATE_DIR, one per server binary directory); the others copy it, under
-// a lock, since ctest runs each test in a process of its own, several at once.
-void make_cluster(const std::string& bindir, const fs::path& data) {
-  const fs::path cache_root = AMPSCOPE_POSTGRES_TEMPLATE_DIR;
-  fs::create_directories(cache_root);
-  const fs::path templ = cache_root / std::to_string(std::hash<std::string>{}(bindir));
-  const int lock = ::open((templ.string() + ".lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
-  if (lock < 0 || ::flock(lock, LOCK_EX) != 0) {
-    throw std::runtime_error("cannot lock " + templ.string() + ".lock");
-  }
-  struct Unlock {
-    int fd;
-    ~Unlock() { ::close(fd); }
-  } unlock{lock};
-  std::string output;
-  if (!fs::exists(templ / "PG_VERSION")) {
-    const int rc =
-        run_to_completion(as_server_user({bindir + "/initdb", "-D", data.string(), "-U", "ampscope",
-                                          "-A", "trust", "--no-sync", "--locale=C", "-E", "UTF8"}),
-                          &output, std::chrono::seconds(120));
-    if (rc != 0) throw std::runtime_error("initdb failed (" + std::to_string(rc) + "): " + output);
-    fs::remove_all(templ);
-    output.clear();
-    if (run_to_completion({find_in_path("cp"), "-a", data.string(), templ.string()}, &output) !=
-        0) {
-      fs::remove_all(templ);  // a template is whole or absent
-      throw std::runtime_error("cannot keep the initdb template: " + output);
-    }
-    return;
-  }
-  if (run_to_completion({find_in_path("cp"), "-a", templ.string(), data.string()}, &output) != 0) {
-    throw std::runtime_error("cannot copy the initdb template: " + output);
-  }
-}
-
-std::unique_ptr<PostgresServer::State> start() {
-  const std::string bindir = postgres_bindir();
-  if (bindir.empty()) {
-    throw std::runtime_error(
-        "PostgreSQL's server binaries (initdb, postgres) were not found, neither in "
-        "`pg_config --bindir` nor in /usr/lib/postgresql/*/bin: install Debian's postgresql "
-        "package (./run does); the store's tests run on PostgreSQL as well as SQLite");
-  }
-  auto s = std::make_unique<PostgresServer::State>();
-  hand_to_server_user(s->dir.path());
-  const fs::path data = s->dir / "data";
-  make_cluster(bindir, data);
-  // Unix socket only, in the temporary directory; durability off: the data dies with the test.
-  s->postgres = std::make_unique<ChildProcess>(
-      as_server_user({bindir + "/postgres", "-D", data.string(), "-k", s->dir.path().string(), "-c",
-                      "listen_addresses=", "-p", "5432", "-c", "fsync=off", "-c",
-                      "synchronous_commit=off", "-c", "full_page_writes=off", "-c",
-                      "max_connections=200"}),
-      s->dir / "postgres.log");
-  const std::string admin =
-      "host=" + s->dir.path().string() + " port=5432 user=ampscope " + "dbname=postgres";
-  if (!wait_until([&] { return PQping(admin.c_str()) == PQPING_OK || !s->postgres->running(); },
-                  std::chrono::seconds(60)) ||
-      PQping(admin.c_str()) != PQPING_OK) {
-    throw std::runtime_error("postgres did not start: " + s->postgres->log_tail());
-  }
-  return s;
-}
-
 }  // namespace
-
-std::string postgres_bindir() {
-  std::string out;
-  if (const std::string pg_config = find_in_path("pg_config"); !pg_config.empty()) {
-    const CommandResult r = run_process({pg_config, "--bindir"}, std::chrono::seconds(10));
-    out = r.code == 0 ? r.out : "";
-    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  }
-  if (!out.empty() && is_executable(fs::path(out) / "initdb") &&
-      is_executable(fs::path(out) / "postgres")) {
-    return out;
-  }
-  std::string best;
-  int best_version = -1;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator("/usr/lib/postgresql", ec)) {
-    const fs::path bin = entry.path() / "bin";
-    const std::string name = entry.path().filename().string();
-    const int version = std::atoi(name.c_str());
-    if (version > best_version && is_executable(bin / "initdb") &&
-        is_executable(bin / "postgres")) {
-      best = bin.string();
-      best_version = version;
-    }
-  }
-  return best;
-}
 
 PostgresServer& PostgresServer::get() {
   static PostgresServer server;
@@ -177,21 +27,13 @@ PostgresServer& PostgresServer::get() {
 }
 
 std::string PostgresServer::conninfo(const std::string& dbname) const {
-  return "host=" + state()->dir.path().string() + " port=5432 user=ampscope dbname=" + dbname;
+  return instance()->conninfo(dbname);
 }
 
 std::string PostgresServer::create_database() {
-  std::unique_ptr<State>& s = state();
-  if (!s) s = start();
-  const std::string name = "test_" + std::to_string(++s->databases);
-  PGconn* c = PQconnectdb(conninfo("postgres").c_str());
-  PGresult* r = PQexec(c, ("CREATE DATABASE " + name).c_str());
-  const bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
-  const std::string error = PQerrorMessage(c);
-  PQclear(r);
-  PQfinish(c);
-  if (!ok) throw std::runtime_error("CREATE DATABASE " + name + ": " + error);
-  return conninfo(name);
+  std::unique_ptr<PostgresInstance>& s = instance();
+  if (!s) s = std::make_unique<PostgresInstance>();
+  return s->create_database();
 }
 
 }  // namespace ampscope::testing
