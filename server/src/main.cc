@@ -33,6 +33,7 @@ struct Flags {
   std::string retention_interval = "60s";
   std::string max_message_bytes = "16M";
   std::string ingest_queue_bytes = "64M";
+  std::string lease_ttl = "10s";
   int test_ingest_item_delay_us = 0;
   std::string shutdown_timeout = "10s";
   std::string http_request_deadline = "10s";
@@ -111,6 +112,14 @@ void add_flags(CLI::App& app, Flags& f) {
   app.add_option("--ingest-shards", o.ingest_shards,
                  "Ingest threads, each settling its share of the runs; 0: one per hardware "
                  "thread, at most 8")
+      ->capture_default_str();
+  app.add_flag("--run-leases", o.run_leases,
+               "Several servers share this store (PostgreSQL): each run is owned by one of them "
+               "at a time through a lease; the others send its agents to the owner, and take it "
+               "over when the owner stops renewing it");
+  app.add_option("--lease-ttl", f.lease_ttl,
+                 "With --run-leases: a run's lease lasts this long past its owner's last renewal "
+                 "(renewed every quarter of it); a dead server's runs move after at most this")
       ->capture_default_str();
   // A test hook (tests/server/backpressure_test.cc), hidden from --help.
   app.add_option("--test-ingest-item-delay-us", f.test_ingest_item_delay_us)->group("");
@@ -206,6 +215,7 @@ void finish_options(Flags& f) {
     o.retention_max_bytes = parse_bytes(f.retention_max_bytes, "--retention-max-bytes");
   }
   o.retention_interval = parse_duration(f.retention_interval, "--retention-interval");
+  o.lease_ttl = parse_duration(f.lease_ttl, "--lease-ttl");
   o.http_limits.request_deadline =
       parse_duration(f.http_request_deadline, "--http-request-deadline");
   if (o.http_limits.request_deadline.count() < 100) {

@@ -11,6 +11,7 @@
 #include "auth.h"
 #include "http_listener.h"
 #include "ingest.h"
+#include "lease_ownership.h"
 #include "log.h"
 #include "metrics.h"
 #include "metrics_endpoint.h"
@@ -104,15 +105,30 @@ std::unique_ptr<Server> Server::create(ServerOptions options) {
   auto impl = std::make_unique<Impl>(std::move(options), std::move(auth));
   impl->tls = std::move(tls);
   const ServerOptions& o = impl->options;
-  impl->ownership = o.ownership ? o.ownership : std::make_shared<SingleServerOwnership>();
+  const StoreOptions store{
+      o.db_path, o.sync_full,
+      o.db_password_file.empty() ? std::string() : read_password_file(o.db_password_file)};
+  impl->store = std::make_unique<StoreWriter>(store);  // first: it migrates the schema
+  if (o.ownership) {
+    impl->ownership = o.ownership;
+  } else if (o.run_leases) {
+    if (o.advertise_address.empty() && advertised_address("", o.listen, o.listen).empty()) {
+      throw Error(
+          "--run-leases: other servers must be able to send agents here: give "
+          "--advertise-address (--listen is a wildcard)");
+    }
+    const auto ttl = o.lease_ttl;
+    if (ttl < std::chrono::milliseconds(300)) throw Error("--lease-ttl: must be at least 300ms");
+    impl->ownership = std::make_shared<LeaseOwnership>(
+        [store] { return open_store(store, StoreRole::kWriter); },
+        LeaseOwnership::Options{o.advertise_address, ttl, ttl / 4});
+  } else {
+    impl->ownership = std::make_shared<SingleServerOwnership>();
+  }
   impl->metrics = std::make_unique<Metrics>(o.version);
   impl->runs = std::make_unique<RunRegistry>(
       o.metrics_max_runs, MergeOptions{o.rank_merge.deadline, o.rank_merge.max_pending_steps},
       resolve_ingest_shards(o.ingest_shards));
-  const StoreOptions store{o.db_path, o.sync_full,
-                           o.db_password_file.empty() ? std::string()
-                                                      : read_password_file(o.db_password_file)};
-  impl->store = std::make_unique<StoreWriter>(store);
   impl->reader = std::make_unique<StoreReader>(store);
   impl->policy = std::make_unique<PolicyHost>(o.policy, o.policy_snapshot_interval, *impl->runs);
   IngestOptions io;
@@ -123,9 +139,14 @@ std::unique_ptr<Server> Server::create(ServerOptions options) {
   io.top_k = o.top_k_tensors;
   io.max_queued_bytes = o.ingest_queue_bytes;
   io.test_item_delay = o.test_ingest_item_delay;
+  io.ownership = impl->ownership.get();
   impl->ingest = std::make_unique<Ingest>(*impl->store, *impl->runs, *impl->metrics, *impl->policy,
                                           impl->streams, io);
   impl->ingest->restore();
+  impl->ownership->on_lost([ingest = impl->ingest.get()](const std::string& run_id) {
+    ingest->drop_run(run_id, "run '" + run_id +
+                                 "' is owned by another server now; reconnecting finds its owner");
+  });
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
@@ -207,6 +228,7 @@ BoundAddresses Server::start() {
   BoundAddresses bound;
   bound.grpc = with_port(o.listen, port);
   bound.advertised = advertised_address(o.advertise_address, o.listen, bound.grpc);
+  s.ownership->advertise(bound.advertised);
   // Each connection is a file descriptor: the listeners' bounds need more than the usual
   // soft limit of 1024.
   const std::uint64_t files = raise_open_file_limit();
@@ -250,9 +272,9 @@ BoundAddresses Server::start() {
   if (!o.http_listen.empty()) {
     s.web_api = std::make_unique<WebApi>(*s.reader, s.streams, *s.runs);
     Metrics* metrics = s.metrics.get();
-    s.web_routes = std::make_unique<WebRoutes>(
-        s.auth, *s.web_api, WebSessions::Clock(),
-        [metrics] { metrics->auth_failure(AuthSurface::webui); });
+    s.web_routes = std::make_unique<WebRoutes>(s.auth, *s.web_api, WebSessions::Clock(), [metrics] {
+      metrics->auth_failure(AuthSurface::webui);
+    });
     HttpOptions http;
     http.listen = o.http_listen;
     http.tls_cert_pem = s.tls.cert_pem;
@@ -261,9 +283,9 @@ BoundAddresses Server::start() {
     http.limits = o.http_limits;
     http.default_headers = web_security_headers();
     http.on_tls_refusal = [metrics] { metrics->auth_failure(AuthSurface::webui); };
-    s.http = start_listener(
-        std::move(http),
-        [r = s.web_routes.get()](const HttpRequest& req) { return r->handle(req); });
+    s.http = start_listener(std::move(http), [r = s.web_routes.get()](const HttpRequest& req) {
+      return r->handle(req);
+    });
     bound.http = s.http->address();
   }
   {

@@ -50,8 +50,8 @@ TEST_P(ServerStoreTest, FreshStoreIsMigratedToTheCurrentVersion) {
   StoreWriter w(StoreOptions{path(), true});
   const auto c = connect();
   EXPECT_EQ(schema_version(*c), current_schema_version(backend()));
-  for (const char* name :
-       {"reports", "report_counts", "tensor_history", "merged_steps_offender", "reports_series"}) {
+  for (const char* name : {"reports", "report_counts", "tensor_history", "merged_steps_offender",
+                           "reports_series", "run_leases"}) {
     EXPECT_TRUE(has_relation(*c, name)) << name;
   }
   if (backend() == Backend::kSqlite) {
@@ -59,14 +59,17 @@ TEST_P(ServerStoreTest, FreshStoreIsMigratedToTheCurrentVersion) {
   }
 }
 
-TEST(SqliteStoreTest, AVersion4StoreGetsTheMergedOffenderIndex) {
+TEST(SqliteStoreTest, AVersion4StoreGetsTheMergedOffenderIndexAndTheRunLeases) {
   const StoreLocation store(Backend::kSqlite);
   { StoreWriter w(StoreOptions{store.path(), true}); }
-  store.connect()->exec("DROP INDEX merged_steps_offender; PRAGMA user_version = 4;");
+  store.connect()->exec(
+      "DROP INDEX merged_steps_offender; DROP TABLE run_leases; PRAGMA user_version = 4;");
+  ASSERT_FALSE(has_relation(*store.connect(), "run_leases"));
   { StoreWriter w(StoreOptions{store.path(), true}); }
   const auto c = store.connect();
   EXPECT_EQ(schema_version(*c), kSchemaVersion);
   EXPECT_TRUE(has_relation(*c, "merged_steps_offender"));
+  EXPECT_TRUE(has_relation(*c, "run_leases"));
 }
 
 TEST_P(ServerStoreTest, StoreFromANewerServerIsRefused) {

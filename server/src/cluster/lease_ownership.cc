@@ -31,11 +31,6 @@ std::string now_ms(const Connection& c) {
 
 LeaseOwnership::LeaseOwnership(Connect connect, Options options)
     : connect_(std::move(connect)), options_(std::move(options)), id_(process_id()) {
-  if (options_.advertised.empty()) {
-    throw Error(
-        "--advertise-address: servers that share a store need it (--listen is a "
-        "wildcard): the address other servers send this server's agents to");
-  }
   if (options_.renew_every.count() <= 0 || options_.renew_every * 2 >= options_.ttl) {
     throw Error("run leases: the renewal (" + std::to_string(options_.renew_every.count()) +
                 " ms) must come within half the ttl (" + std::to_string(options_.ttl.count()) +
@@ -43,16 +38,7 @@ LeaseOwnership::LeaseOwnership(Connect connect, Options options)
   }
   {
     std::lock_guard lock(mu_);
-    // Two servers starting at once may race to create it: the loser finds it made.
-    const std::string create =
-        "CREATE TABLE IF NOT EXISTS run_leases (run_id TEXT PRIMARY KEY, owner_id TEXT NOT NULL, "
-        "owner_address TEXT NOT NULL, epoch BIGINT NOT NULL, expires_ms BIGINT NOT NULL)";
-    try {
-      db_locked().exec(create);
-    } catch (const StoreError&) {
-      db_.reset();
-      db_locked().exec(create);
-    }
+    db_locked();  // a store that cannot be used fails the start, not the first claim
   }
   thread_ = std::thread([this] { heartbeat(); });
 }
@@ -76,20 +62,43 @@ Connection& LeaseOwnership::db_locked() {
   return *db_;
 }
 
+void LeaseOwnership::advertise(const std::string& address) {
+  std::lock_guard lock(mu_);
+  options_.advertised = address;
+}
+
+void LeaseOwnership::on_lost(std::function<void(const std::string&)> callback) {
+  std::lock_guard lock(mu_);
+  on_lost_ = std::move(callback);
+}
+
 RunClaim LeaseOwnership::claim(const std::string& run_id) {
   std::lock_guard lock(mu_);
+  bool afresh = false;
+  RunClaim claim;
   try {
-    return claim_locked(run_id);
+    claim = claim_locked(run_id, afresh);
   } catch (const StoreError& e) {
     db_.reset();  // the next call connects again
     return RunClaim::unavailable(std::string("the shared store: ") + e.what());
   }
+  // Whatever this server still holds of a run it claims afresh may be older than what another
+  // owner committed since: dropped before the Hello that follows is taken. Under mu_, so that
+  // no other claim of the run answers "owned" (and its Hello is taken) before it.
+  if (afresh && on_lost_) on_lost_(run_id);
+  return claim;
 }
 
-RunClaim LeaseOwnership::claim_locked(const std::string& run_id) {
+RunClaim LeaseOwnership::claim_locked(const std::string& run_id, bool& afresh) {
   const Clock::time_point start = Clock::now();
-  if (auto it = held_.find(run_id); it != held_.end() && it->second > start) {
-    return RunClaim::owned();
+  {
+    std::lock_guard held(held_mu_);
+    if (auto it = held_.find(run_id); it != held_.end() && it->second > start) {
+      return RunClaim::owned();
+    }
+  }
+  if (options_.advertised.empty()) {
+    return RunClaim::unavailable("the server does not know its own address yet");
   }
   Connection& db = db_locked();
   const std::string now = now_ms(db);
@@ -109,7 +118,9 @@ RunClaim LeaseOwnership::claim_locked(const std::string& run_id) {
   const bool taken = take.step();
   take.reset();
   if (taken) {
+    std::lock_guard held(held_mu_);
     held_[run_id] = start + options_.ttl - options_.renew_every;
+    afresh = true;
     return RunClaim::owned();
   }
   Statement who = db.prepare("SELECT owner_address FROM run_leases WHERE run_id = ?1");
@@ -135,7 +146,7 @@ std::int64_t LeaseOwnership::epoch(const std::string& run_id) {
   return e;
 }
 
-void LeaseOwnership::renew_locked() {
+std::vector<std::string> LeaseOwnership::renew_locked() {
   const Clock::time_point start = Clock::now();
   Connection& db = db_locked();
   Statement renew = db.prepare("UPDATE run_leases SET expires_ms = " + now_ms(db) +
@@ -144,28 +155,66 @@ void LeaseOwnership::renew_locked() {
   std::map<std::string, Clock::time_point> renewed;
   while (renew.step()) renewed[renew.column_text(0)] = start + options_.ttl - options_.renew_every;
   renew.reset();
-  for (const auto& [run, until] : held_) {
-    if (!renewed.count(run)) log_warning("run '", run, "': its lease was taken by another server");
+  std::vector<std::string> gone;
+  {
+    std::lock_guard held(held_mu_);
+    for (const auto& [run, until] : held_) {
+      if (!renewed.count(run)) gone.push_back(run);
+    }
+    held_ = std::move(renewed);
   }
-  held_ = std::move(renewed);
+  for (const std::string& run : gone) {
+    log_warning("run '", run, "': its lease was taken by another server");
+  }
+  return gone;
+}
+
+std::optional<std::set<std::string>> LeaseOwnership::confirm(Connection& tx,
+                                                             const std::vector<std::string>& runs) {
+  std::set<std::string> owned;
+  if (runs.empty()) return owned;
+  std::string sql = "SELECT run_id FROM run_leases WHERE owner_id = ?1 AND run_id IN (";
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    sql += (i == 0 ? "?" : ", ?") + std::to_string(i + 2);
+  }
+  sql += ")";
+  // SQLite's write transaction already holds the whole database.
+  if (tx.backend() == Backend::kPostgres) sql += " FOR SHARE";
+  Statement q = tx.prepare(sql);
+  q.bind(1, id_);
+  for (std::size_t i = 0; i < runs.size(); ++i) q.bind(static_cast<int>(i + 2), runs[i]);
+  while (q.step()) owned.insert(q.column_text(0));
+  q.reset();
+  std::lock_guard held(held_mu_);
+  for (const std::string& run : runs) {
+    if (!owned.contains(run)) held_.erase(run);
+  }
+  return owned;
 }
 
 void LeaseOwnership::heartbeat() {
   std::unique_lock lock(mu_);
   while (!cv_.wait_for(lock, options_.renew_every, [&] { return stopping_; })) {
+    std::vector<std::string> gone;
     try {
-      renew_locked();
+      gone = renew_locked();
     } catch (const StoreError& e) {
       // What is held stays believed until its deadline; past it, claim() asks the store.
       db_.reset();
       log_warning("run leases: cannot renew: ", e.what());
+    }
+    if (on_lost_) {
+      for (const std::string& run : gone) on_lost_(run);
     }
   }
 }
 
 void LeaseOwnership::release_all() {
   std::lock_guard lock(mu_);
-  held_.clear();
+  {
+    std::lock_guard held(held_mu_);
+    held_.clear();
+  }
   try {
     Statement drop = db_locked().prepare("DELETE FROM run_leases WHERE owner_id = ?1");
     drop.bind(1, id_).run();

@@ -20,9 +20,14 @@
 // address under another process id is this server's previous process (killed before it could
 // release): the claim is UNAVAILABLE until that lease expires, rather than a redirect to itself.
 //
-// Not yet wired to a flag: a server that takes a run over must first restore the run's state
-// (its last seq per rank, rank merge, policy engine) from the store, which the ingest thread
-// does only at start-up today.
+// A run this process claims afresh (first claim, or after its belief lapsed) and a run the
+// heartbeat or a commit's fence finds owned by another process are handed to on_lost(): the
+// ingest forgets what it held of the run and restores it from the store at its next Hello, so
+// that a server taking a run over starts from what the previous owner committed, and a server
+// getting a run back never trusts a stale copy. Each commit checks its runs' rows in its own
+// transaction (confirm(), the fence): owner_id is this process's id, new for every process, so
+// a row still naming it was not taken, and FOR SHARE makes another server's claim wait for the
+// commit.
 //
 // Thread safety: every member may be called from any thread; the connection is used under mu_.
 #pragma once
@@ -33,8 +38,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "db.h"
 #include "run_ownership.h"
@@ -44,7 +51,8 @@ namespace ampscope::server {
 class LeaseOwnership final : public RunOwnership {
  public:
   struct Options {
-    std::string advertised;  // this server's address for agents (--advertise-address), required
+    // This server's address for agents (--advertise-address); may come later, by advertise().
+    std::string advertised;
     std::chrono::milliseconds ttl{10000};
     std::chrono::milliseconds renew_every{3000};  // less than half the ttl
   };
@@ -58,6 +66,11 @@ class LeaseOwnership final : public RunOwnership {
 
   RunClaim claim(const std::string& run_id) override;
   void release_all() override;
+  bool runs_move() const override { return true; }
+  void advertise(const std::string& address) override;
+  void on_lost(std::function<void(const std::string&)> callback) override;
+  std::optional<std::set<std::string>> confirm(Connection& tx,
+                                               const std::vector<std::string>& runs) override;
 
   // The lease's epoch for `run_id` as the store has it (0: no lease), for tests and fencing.
   std::int64_t epoch(const std::string& run_id);
@@ -65,18 +78,24 @@ class LeaseOwnership final : public RunOwnership {
  private:
   using Clock = std::chrono::steady_clock;
   Connection& db_locked();  // connects when needed
-  RunClaim claim_locked(const std::string& run_id);
-  void renew_locked();
+  // `afresh`: the run was not this process's a moment ago (its state must come from the store).
+  RunClaim claim_locked(const std::string& run_id, bool& afresh);
+  std::vector<std::string> renew_locked();  // the runs whose lease another process took
   void heartbeat();
 
   const Connect connect_;
-  const Options options_;
+  Options options_;       // `advertised` under mu_
   const std::string id_;  // this process, among every server's
   std::mutex mu_;
   std::condition_variable cv_;
-  bool stopping_ = false;                          // guarded by mu_
-  std::unique_ptr<Connection> db_;                 // guarded by mu_; null after a failure
-  std::map<std::string, Clock::time_point> held_;  // run -> believed owned until; mu_
+  bool stopping_ = false;           // guarded by mu_
+  std::unique_ptr<Connection> db_;  // guarded by mu_; null after a failure
+  // Called under mu_: it must only hand the run to another thread, never call back here.
+  std::function<void(const std::string&)> on_lost_;  // guarded by mu_
+  // run -> believed owned until. Its own lock, never held across a statement: the ingest's fence
+  // updates it inside its transaction while a claim may wait on that transaction's row lock.
+  std::mutex held_mu_;
+  std::map<std::string, Clock::time_point> held_;
   std::thread thread_;
 };
 

@@ -10,10 +10,16 @@
 // answered with a Redirect to the owner (rpc/attach_reactor.cc) and nothing of it is stored.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 namespace ampscope::server {
+
+class Connection;  // db.h
 
 // The answer to "may this server take run R's streams?".
 struct RunClaim {
@@ -49,6 +55,30 @@ class RunOwnership {
   // Graceful shutdown, after the last commit: every run this server owns is free for another
   // server to take over at once (rather than when a lease expires).
   virtual void release_all() = 0;
+
+  // True when runs move between servers: a server restores a run from the store when it takes
+  // the run's first stream (it may have been another server's a moment ago), not at start-up.
+  virtual bool runs_move() const { return false; }
+
+  // The address agents reach this server at, once its port is bound (empty: unknown). Claims
+  // before it are UNAVAILABLE where the owner's address matters.
+  virtual void advertise(const std::string& address) { (void)address; }
+
+  // Called (from any thread) with each run this server stopped owning without being asked (its
+  // lease was taken or could not be renewed in time): the ingest ends the run's streams and
+  // forgets it. Set before the first claim.
+  virtual void on_lost(std::function<void(const std::string& run_id)> callback) { (void)callback; }
+
+  // Fencing, inside the ingest's transaction on `tx`, before it writes anything of `runs`: the
+  // ones this server still owns. Another server's claim of those waits for the transaction to
+  // end, so whatever it restores includes this commit; the rest must not be written. nullopt:
+  // every run (a server alone). Throws StoreError as the transaction's statements do.
+  virtual std::optional<std::set<std::string>> confirm(Connection& tx,
+                                                       const std::vector<std::string>& runs) {
+    (void)tx;
+    (void)runs;
+    return std::nullopt;
+  }
 };
 
 // One server, or servers with stores of their own: this server owns every run (the default,

@@ -95,6 +95,8 @@ struct Ingest::Batch {
   std::vector<ReportDigest>* digests = nullptr;
   // Streams whose run is not known (any more): ended after the batch, their items skipped.
   std::map<const StreamSink*, std::shared_ptr<StreamSink>> orphans;
+  // Runs another server owns now (Ingest::fence): forgotten, their items skipped.
+  std::set<std::string> lost;
 
   SinkResult& settle(const IngestItem& item, RunState& run) {
     SinkResult& r = sinks[item.sink.get()];
@@ -135,7 +137,13 @@ Ingest::Ingest(StoreWriter& store, RunRegistry& runs, Metrics& metrics, PolicyHo
 Ingest::~Ingest() { stop(); }
 
 void Ingest::restore() {
+  if (options_.ownership != nullptr && options_.ownership->runs_move()) return;
   RestoredState state = store_.load_state();
+  restore_runs(state);
+  log_info("store: restored ", state.runs.size(), " runs, ", state.agents.size(), " agents");
+}
+
+void Ingest::restore_runs(RestoredState& state) {
   for (const RestoredAgent& a : state.agents) {
     runs_.get(a.run_id).last_seq[a.rank] = a.last_seq;
   }
@@ -162,7 +170,52 @@ void Ingest::restore() {
                                     store_.reports_after(run.run_id, after_report)};
         });
   }
-  log_info("store: restored ", state.runs.size(), " runs, ", state.agents.size(), " agents");
+}
+
+void Ingest::restore_unknown(const std::vector<IngestItem>& items) {
+  for (const IngestItem& item : items) {
+    if (item.kind != IngestItem::Kind::kHello || runs_.find(item.run_id) != nullptr) continue;
+    RestoredState state = store_.load_run_state(item.run_id);
+    if (state.runs.empty()) continue;  // a new run
+    restore_runs(state);
+    std::uint64_t reports = 0;
+    for (const RestoredAgent& a : state.agents) reports = std::max(reports, a.last_seq);
+    log_info("runs: run '", item.run_id, "' restored from the store (", state.agents.size(),
+             " agents, highest seq ", reports, ")");
+  }
+}
+
+std::set<std::string> Ingest::fence(Shard& shard, const std::vector<IngestItem>& items) {
+  std::set<std::string> lost;
+  if (options_.ownership == nullptr || !options_.ownership->runs_move()) return lost;
+  // Every run this shard may write in the transaction: its known runs (merges waiting, policy
+  // snapshots) and the runs the items' Hellos bring.
+  std::set<std::string> ids;
+  runs_.for_each([&](RunState& run) { ids.insert(run.id); }, shard.index);
+  for (const IngestItem& item : items) {
+    if (item.kind == IngestItem::Kind::kHello) ids.insert(item.run_id);
+  }
+  const std::vector<std::string> asked(ids.begin(), ids.end());
+  const std::optional<std::set<std::string>> owned =
+      options_.ownership->confirm(store_.transaction_connection(), asked);
+  if (!owned) return lost;
+  for (const std::string& id : asked) {
+    if (owned->contains(id)) continue;
+    lost.insert(id);
+    forget(shard, id,
+           "run '" + id + "' is owned by another server now; reconnecting finds its owner");
+    log_info("runs: run '", id, "' moved to another server: forgotten here");
+  }
+  return lost;
+}
+
+void Ingest::drop_run(const std::string& run_id, std::string why) {
+  Shard& owner = shard_of(run_id);
+  {
+    std::lock_guard lock(owner.mu);
+    owner.pending_forget.emplace_back(run_id, std::move(why));
+  }
+  owner.cv.notify_one();
 }
 
 void Ingest::start() {
@@ -302,7 +355,9 @@ void Ingest::process(Shard& shard, std::vector<IngestItem>& items) {
     now_ns = proto::unix_now_ns();
     try {
       forget_pending(shard);
+      restore_unknown(items);
       store_.begin();
+      batch.lost = fence(shard, items);
       write(shard, items, batch, now_ns);
       store_.commit();
     } catch (const std::exception& e) {
@@ -330,6 +385,7 @@ void Ingest::write(Shard& shard, std::vector<IngestItem>& items, Batch& batch,
 
   for (std::size_t index = 0; index < items.size(); ++index) {
     IngestItem& item = items[index];
+    if (batch.lost.contains(item.run_id)) continue;
     if (item.kind == IngestItem::Kind::kRefusal) {
       // Noted only for a run that is still known (and so stored).
       if (runs_.find(item.run_id) != nullptr) {
@@ -649,14 +705,12 @@ void Ingest::remove_run(Shard& shard, IngestItem& item) {
 }
 
 void Ingest::forget_pending(Shard& shard) {
-  std::vector<std::string> runs;
+  std::vector<std::pair<std::string, std::string>> runs;
   {
     std::lock_guard lock(shard.mu);
     runs.swap(shard.pending_forget);
   }
-  for (const std::string& run_id : runs) {
-    forget(shard, run_id, "run '" + run_id + "' was deleted by retention");
-  }
+  for (const auto& [run_id, why] : runs) forget(shard, run_id, why);
 }
 
 std::size_t Ingest::forget(Shard& shard, const std::string& run_id, const std::string& why) {
@@ -741,7 +795,9 @@ void Ingest::maintenance(Shard& shard, bool force) {
         std::lock_guard store(store_mu_);
         try {
           store_.begin();
+          const std::set<std::string> lost = fence(shard, {});
           for (const PolicySnapshot& s : snapshots) {
+            if (lost.contains(s.run_id)) continue;
             store_.save_policy_state(s.run_id, std::string(policy_.mode_name()), s.state,
                                      s.last_report_id, s.last_merged_id, proto::unix_now_ns());
           }
@@ -772,7 +828,7 @@ void Ingest::retention() {
     }
     {
       std::lock_guard lock(owner.mu);
-      owner.pending_forget.push_back(run_id);
+      owner.pending_forget.emplace_back(run_id, "run '" + run_id + "' was deleted by retention");
     }
     owner.cv.notify_one();
   }

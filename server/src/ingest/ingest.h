@@ -40,6 +40,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -48,6 +49,7 @@
 #include "ingest_budget.h"
 #include "metrics.h"
 #include "policy_host.h"
+#include "run_ownership.h"
 #include "run_registry.h"
 #include "store.h"
 #include "streams.h"
@@ -74,6 +76,10 @@ struct IngestOptions {
   // A test hook: a shard's batch takes this long more per item, outside the store lock (a slow
   // ingest whose shards still overlap).
   std::chrono::microseconds test_item_delay{0};
+  // Which runs this server may write, among servers sharing the store (cluster/); null: every
+  // run. Where runs move between servers, each commit is fenced by it (only runs still owned
+  // are written) and a run is restored from the store at its first Hello here, not at start.
+  RunOwnership* ownership = nullptr;
 };
 
 // The answer to Ingest::delete_run.
@@ -113,8 +119,14 @@ class Ingest {
          StreamTable& streams, IngestOptions options);
   ~Ingest();
 
-  // Before start(): last seq per agent, tensor totals, policy engines from the store.
+  // Before start(): last seq per agent, tensor totals, policy engines from the store, for every
+  // run (a server alone), or for none where runs move between servers (each is restored at its
+  // first Hello instead; any run unknown here is looked up in the store at its Hello).
   void restore();
+  // Drops everything this server holds of the run and ends its streams with `why`, on the run's
+  // shard before its next transaction: another server owns the run now, or this one claims it
+  // afresh and must restore it from the store. Any thread.
+  void drop_run(const std::string& run_id, std::string why);
   void start();
   // False once the run's shard stopped or the store failed: the item was not taken.
   bool submit(IngestItem item);
@@ -141,9 +153,9 @@ class Ingest {
     std::deque<IngestItem> queue;
     bool stopping = false;
     bool stopped = false;
-    // Runs of this shard that retention (on shard 0) deleted: forgotten by this shard before
-    // its next transaction. Under mu.
-    std::vector<std::string> pending_forget;
+    // Runs of this shard to forget before its next transaction, and why (retention on shard 0
+    // deleted them; drop_run). Under mu.
+    std::vector<std::pair<std::string, std::string>> pending_forget;
     std::thread thread;
     // The shard's thread only.
     std::chrono::steady_clock::time_point next_retention{};
@@ -156,6 +168,14 @@ class Ingest {
   bool enqueue(Shard& shard, IngestItem item);
   void run(Shard& shard);
   void process(Shard& shard, std::vector<IngestItem>& items);
+  // The runs of `state` into the registry: settled seqs, totals, merges, policy engines.
+  void restore_runs(RestoredState& state);
+  // Under the store lock, before the transaction: the runs of the items' Hellos that this server
+  // does not hold, from the store.
+  void restore_unknown(const std::vector<IngestItem>& items);
+  // Inside the transaction: the runs of this shard (and of the items' Hellos) that another
+  // server owns now are forgotten, their streams ended; returns them (their items are skipped).
+  std::set<std::string> fence(Shard& shard, const std::vector<IngestItem>& items);
   void write(Shard& shard, std::vector<IngestItem>& items, Batch& batch, std::int64_t now_ns);
   void publish(Shard& shard, Batch& batch, std::int64_t now_ns);
   // A step merged over the ranks of `run`: stored, observed by the policy engine, its decisions
@@ -163,7 +183,7 @@ class Ingest {
   void settle_merged(RunState& run, MergedStep& step, Batch& batch, std::int64_t now_ns);
   void fail(Shard& shard, std::vector<IngestItem>& items, Batch& batch, const std::string& message);
   void remove_run(Shard& shard, IngestItem& item);
-  // Runs retention deleted, handed over by shard 0: forgotten now. Under the store lock.
+  // Runs handed over by shard 0's retention or by drop_run: forgotten now. Under the store lock.
   void forget_pending(Shard& shard);
   // Items settled or dropped: their bytes leave the budget (which may resume streams).
   void release(const std::vector<IngestItem>& items);

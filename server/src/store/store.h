@@ -34,8 +34,8 @@
 namespace ampscope::server {
 
 // The schema versions this server writes, per back end.
-inline constexpr int kSchemaVersion = 5;          // SQLite (PRAGMA user_version)
-inline constexpr int kPostgresSchemaVersion = 1;  // PostgreSQL (table ampscope_schema)
+inline constexpr int kSchemaVersion = 6;          // SQLite (PRAGMA user_version)
+inline constexpr int kPostgresSchemaVersion = 2;  // PostgreSQL (table ampscope_schema)
 int current_schema_version(Backend backend);
 
 struct StoreOptions {
@@ -157,6 +157,9 @@ class StoreWriter {
   ~StoreWriter();
 
   RestoredState load_state();
+  // The same for one run (empty when the store does not know it): a server that takes a run
+  // over from another restores it from what that one committed.
+  RestoredState load_run_state(const std::string& run_id);
   // Reports of `run_id` with id > after_id, oldest first, for replaying into a policy engine.
   std::vector<std::pair<std::int64_t, v1::StepReport>> reports_after(const std::string& run_id,
                                                                      std::int64_t after_id);
@@ -170,6 +173,9 @@ class StoreWriter {
   void begin();
   void commit();
   void rollback();
+  // The connection, for a statement of another owner's table (the run leases' fencing check)
+  // inside the current transaction. Between begin() and commit() only.
+  Connection& transaction_connection();
 
   void upsert_run(const v1::Hello& hello, std::int64_t now_ns);
   void upsert_agent(const v1::Hello& hello, std::int64_t now_ns);
@@ -211,8 +217,9 @@ class StoreWriter {
   void checkpoint();
 
  private:
-  std::int64_t run_key(const std::string& run_id);  // cached; throws for an unknown run
-  std::int64_t delete_run_rows(std::int64_t run);   // returns the reports deleted
+  RestoredState load(std::optional<std::int64_t> run_key);  // nullopt: every run
+  std::int64_t run_key(const std::string& run_id);          // cached; throws for an unknown run
+  std::int64_t delete_run_rows(std::int64_t run);           // returns the reports deleted
   void insert_history(std::int64_t run, std::int64_t report, const v1::StepReport& r);
   struct Statements;
   std::unique_ptr<Connection> conn_;

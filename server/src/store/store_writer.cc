@@ -123,12 +123,30 @@ StoreWriter::~StoreWriter() {
   if (in_transaction_) rollback();
 }
 
-RestoredState StoreWriter::load_state() {
+RestoredState StoreWriter::load_state() { return load(std::nullopt); }
+
+RestoredState StoreWriter::load_run_state(const std::string& run_id) {
+  Statement s = conn_->prepare("SELECT id FROM runs WHERE run_id = ?1");
+  s.bind(1, run_id);
+  if (!s.step()) return {};
+  const std::int64_t key = s.column_int(0);
+  s.reset();
+  return load(key);
+}
+
+RestoredState StoreWriter::load(std::optional<std::int64_t> only) {
   RestoredState state;
   std::map<std::int64_t, std::string> names;
+  // Every run's rows, or one run's: the same queries with a WHERE on the run's key.
+  const auto query = [&](std::string sql, const char* run_column, const char* order = "") {
+    if (only) sql += std::string(" WHERE ") + run_column + " = ?1";
+    Statement s = conn_->prepare(sql + order);
+    if (only) s.bind(1, *only);
+    return s;
+  };
   {
     Statement s =
-        conn_->prepare("SELECT id, run_id, hello, last_seen_ns FROM runs ORDER BY last_seen_ns");
+        query("SELECT id, run_id, hello, last_seen_ns FROM runs", "id", " ORDER BY last_seen_ns");
     while (s.step()) {
       RestoredRun r;
       r.run_id = s.column_text(1);
@@ -141,7 +159,7 @@ RestoredState StoreWriter::load_state() {
     }
   }
   {
-    Statement s = conn_->prepare("SELECT run, rank, last_seq FROM agents");
+    Statement s = query("SELECT run, rank, last_seq FROM agents", "run");
     while (s.step()) {
       state.agents.push_back(RestoredAgent{names[s.column_int(0)],
                                            static_cast<std::uint32_t>(s.column_int(1)),
@@ -150,16 +168,17 @@ RestoredState StoreWriter::load_state() {
   }
   {
     Statement s =
-        conn_->prepare("SELECT run, state, last_report_id, last_merged_id FROM policy_state");
+        query("SELECT run, state, last_report_id, last_merged_id FROM policy_state", "run");
     while (s.step()) {
       state.policies.push_back(RestoredPolicy{names[s.column_int(0)], s.column_text(1),
                                               s.column_int(2), s.column_int(3)});
     }
   }
   {
-    Statement s = conn_->prepare(
+    Statement s = query(
         "SELECT run, name, role, format, samples, \"values\", overflow, underflow, nonfinite, "
-        "max_abs, last_step FROM tensor_totals");
+        "max_abs, last_step FROM tensor_totals",
+        "run");
     while (s.step()) {
       TensorTotals t;
       t.run_id = names[s.column_int(0)];
@@ -180,7 +199,7 @@ RestoredState StoreWriter::load_state() {
     // The policy in force: every decision of the run folded in order. Decisions stored before
     // PolicyUpdate.seq existed take theirs from the engine's number.
     Statement s =
-        conn_->prepare("SELECT run, \"update\", engine_id FROM policy_decisions ORDER BY id");
+        query("SELECT run, \"update\", engine_id FROM policy_decisions", "run", " ORDER BY id");
     while (s.step()) {
       v1::PolicyUpdate u;
       const std::string_view blob = s.column_blob(1);
@@ -321,6 +340,11 @@ void StoreWriter::begin() {
 void StoreWriter::commit() {
   conn_->commit();
   in_transaction_ = false;
+}
+
+Connection& StoreWriter::transaction_connection() {
+  if (!in_transaction_) throw StoreError("transaction_connection() outside a transaction");
+  return *conn_;
 }
 
 void StoreWriter::rollback() {

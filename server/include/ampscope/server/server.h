@@ -29,15 +29,15 @@ class RunOwnership;
 // Bounds of each HTTP listener (the web UI's, /metrics'): a connection costs memory, never a
 // thread, so these bound the memory and the file descriptors that clients can hold.
 struct HttpLimits {
-  std::size_t max_connections = 1024;              // open at once; more are closed at accept
-  std::size_t max_connections_per_address = 64;    // from one client address
+  std::size_t max_connections = 1024;            // open at once; more are closed at accept
+  std::size_t max_connections_per_address = 64;  // from one client address
   // A request's header and body must arrive within this from the connection's start (or the
   // previous answer on a kept-alive one), however slowly they trickle in: a slow client is cut.
   std::chrono::milliseconds request_deadline{10000};
 };
 
 struct ServerOptions {
-  std::string listen = "127.0.0.1:50051";         // gRPC; port 0: any free port
+  std::string listen = "127.0.0.1:50051";  // gRPC; port 0: any free port
   // The gRPC address agents are told to reach this server at (host:port), when another server
   // redirects them here; empty: `listen` with its bound port, unless `listen` is a wildcard
   // (0.0.0.0, [::]), then unknown.
@@ -60,7 +60,7 @@ struct ServerOptions {
   // With TLS: the PEM CA certificates that client certificates must be signed by (mutual TLS);
   // a client without one is refused at the handshake. Empty: no client certificate asked for.
   std::string tls_client_ca_file;
-  HttpLimits http_limits;  // each of the web UI's and /metrics' listeners
+  HttpLimits http_limits;                      // each of the web UI's and /metrics' listeners
   bool sync_full = true;                       // fsync every group commit
   std::size_t max_message_bytes = 16u << 20;   // per gRPC message
   std::size_t max_in_flight_per_stream = 256;  // reports awaiting commit per stream
@@ -72,10 +72,10 @@ struct ServerOptions {
   std::size_t ingest_shards = 0;
   // A test hook: an ingest transaction waits this long per item before its commit.
   std::chrono::microseconds test_ingest_item_delay{0};
-  std::size_t top_k_tensors = 20;              // per-tensor metric series per run
-  std::size_t metrics_max_runs = 100;          // runs with series: the most recently active
-  std::chrono::seconds retention_max_age{0};   // 0: keep forever
-  std::uint64_t retention_max_bytes = 0;       // 0: no size limit
+  std::size_t top_k_tensors = 20;             // per-tensor metric series per run
+  std::size_t metrics_max_runs = 100;         // runs with series: the most recently active
+  std::chrono::seconds retention_max_age{0};  // 0: keep forever
+  std::uint64_t retention_max_bytes = 0;      // 0: no size limit
   std::chrono::milliseconds retention_interval{60000};
   std::chrono::milliseconds policy_snapshot_interval{5000};
   // Multi-rank runs: how long a step waits for its missing ranks, and how many steps per run
@@ -85,9 +85,14 @@ struct ServerOptions {
     std::size_t max_pending_steps = 64;
   } rank_merge;
   policy::EngineConfig policy;  // validated by create()
+  // Servers sharing one store (PostgreSQL): each run is owned by one server at a time through
+  // a lease row that expires `lease_ttl` after its owner's last renewal (every quarter of it);
+  // a server that dies leaves its runs to another after at most that (docs/deploy.md).
+  bool run_leases = false;
+  std::chrono::milliseconds lease_ttl{10000};
   // Which runs this server owns, among servers that share a store (an internal interface,
   // the server's cluster/run_ownership.h); null: every run, as a server alone does. Tests set
-  // a stand-in that sends some runs elsewhere.
+  // a stand-in that sends some runs elsewhere. Set, it takes the place of run_leases.
   std::shared_ptr<RunOwnership> ownership;
   std::string version = "0.0.0";
 };

@@ -1,5 +1,5 @@
 // The PostgreSQL store's schema and its migrations: the same tables, columns and meanings as
-// SQLite's (store/sqlite/store_schema.cc, whose version 5 is this one's version 1), in
+// SQLite's (store/sqlite/store_schema.cc, whose version 5 is this one's version 1 and 6 its 2), in
 // PostgreSQL's types: BIGINT integers (flags stay 0/1 integers, so that the store's SQL is the
 // same on both), DOUBLE PRECISION reals, BYTEA payloads, identity ids. Table ampscope_schema
 // holds the versions applied; migration i takes the database from version i to i + 1, all of
@@ -202,7 +202,18 @@ CREATE TRIGGER reports_take_rows AFTER DELETE ON reports REFERENCING OLD TABLE A
   FOR EACH STATEMENT EXECUTE FUNCTION ampscope_reports_take_rows();
 )sql";
 
-constexpr std::array<const char*, kPostgresSchemaVersion> kMigrations = {kMigration1};
+// Version 1 -> 2: SQLite's version 6, the run leases.
+constexpr const char* kMigration2 = R"sql(
+CREATE TABLE run_leases (
+  run_id        TEXT PRIMARY KEY,
+  owner_id      TEXT NOT NULL,
+  owner_address TEXT NOT NULL,
+  epoch         BIGINT NOT NULL,
+  expires_ms    BIGINT NOT NULL
+);
+)sql";
+
+constexpr std::array<const char*, kPostgresSchemaVersion> kMigrations = {kMigration1, kMigration2};
 
 // pg_advisory_xact_lock's key for migrating: "ampscope" in ASCII.
 constexpr const char* kMigrationLock = "7020391035032268901";

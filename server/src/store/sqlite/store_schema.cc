@@ -221,6 +221,19 @@ constexpr const char* kMigration5 = R"sql(
 CREATE INDEX merged_steps_offender ON merged_steps (run, step) WHERE offender_rank IS NOT NULL;
 )sql";
 
+// Version 5 -> 6: run ownership among servers that share the store (cluster/lease_ownership.h):
+// one lease row per run owned by a server, its address for redirects, its epoch (raised at
+// every change of owner) and its expiry on the store's clock.
+constexpr const char* kMigration6 = R"sql(
+CREATE TABLE run_leases (
+  run_id        TEXT PRIMARY KEY,
+  owner_id      TEXT NOT NULL,
+  owner_address TEXT NOT NULL,
+  epoch         INTEGER NOT NULL,
+  expires_ms    INTEGER NOT NULL
+);
+)sql";
+
 // Version 3 -> 4, after its SQL: the new columns and rows of every stored report, from its
 // payload, in the migration's transaction (nothing is lost on upgrade).
 void fill_report_counts(Connection& c) {
@@ -256,10 +269,10 @@ void fill_report_counts(Connection& c) {
 }
 
 constexpr std::array<const char*, kSchemaVersion> kMigrations = {
-    kMigration1, kMigration2, kMigration3, kMigration4, kMigration5};
+    kMigration1, kMigration2, kMigration3, kMigration4, kMigration5, kMigration6};
 // The C++ step of a migration, run after its SQL in the same transaction; null: none.
 constexpr std::array<void (*)(Connection&), kSchemaVersion> kMigrationSteps = {
-    nullptr, nullptr, nullptr, fill_report_counts, nullptr};
+    nullptr, nullptr, nullptr, fill_report_counts, nullptr, nullptr};
 
 }  // namespace
 
