@@ -2,14 +2,13 @@
 // are blocked in every thread and taken by one dedicated thread with sigwait(), which starts
 // the graceful shutdown; nothing runs inside a signal handler.
 //
-// Exit status: 0 after a clean shutdown, 1 when the store failed while serving, 2 on a bad
-// command line or when the server cannot start (store unusable, address in use).
+// Exit status: 0 after a clean shutdown, 2 on a bad command line or when the server cannot
+// start (store unusable, address in use). A store that fails while serving is waited for.
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -303,19 +302,15 @@ int main(int argc, char** argv) {
     return fail(e.what(), 2);
   }
 
-  std::atomic<bool> done{false};
+  // The server stops only here: wait() returns once the shutdown this thread started ends.
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&signals, &sig);
-    if (done) return;
     ampscope::server::log_info("received ", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     server->shutdown(shutdown_timeout);
   });
-  const bool ok = server->wait();
-  done = true;
-  // Wake the signal thread if the server stopped on its own (store failure).
-  pthread_kill(signal_thread.native_handle(), SIGTERM);
+  server->wait();
   signal_thread.join();
   server.reset();
-  return ok ? 0 : 1;
+  return 0;
 }

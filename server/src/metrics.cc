@@ -93,6 +93,11 @@ struct MetricFamilies {
                     .Name("ampscope_store_commits_total")
                     .Help("Group commits to the store")
                     .Register(*registry)),
+        store_failures(BuildCounter()
+                           .Name("ampscope_store_failures_total")
+                           .Help("Group commits or restores the store failed (nothing of them "
+                                 "acknowledged; the agents send it again)")
+                           .Register(*registry)),
         ingest_queued_bytes(BuildGauge()
                                 .Name("ampscope_ingest_queued_bytes")
                                 .Help("Wire bytes of received reports not yet committed and "
@@ -287,6 +292,7 @@ struct MetricFamilies {
   Family<Histogram>& ack_delay;
   Family<Histogram>& commit_seconds;
   Family<Counter>& commits;
+  Family<Counter>& store_failures;
   Family<Gauge>& ingest_queued_bytes;
   Family<Gauge>& ingest_paused_streams;
   Family<Counter>& ingest_read_pauses;
@@ -395,14 +401,14 @@ struct RunSeries {
   Gauge* agents_connected;
   std::array<Histogram*, 2> gradient{};  // activation_grad, weight_grad
   std::unordered_map<std::uint32_t, std::unique_ptr<Rank>> ranks;
-  std::map<std::pair<std::string, int>, TensorSeries> tensors;  // (name, role) of the top-K
+  std::map<std::pair<std::string, int>, TensorSeries> tensors;        // (name, role) of the top-K
   std::map<std::pair<std::string, std::string>, Counter*> decisions;  // by (mode, kind)
   Gauge* policy_last = nullptr;
   Gauge* policy_scale = nullptr;
   Gauge* policy_target = nullptr;
   Gauge* policy_fp32 = nullptr;
-  Counter* partial_steps = nullptr;               // created at the run's first merged step
-  std::map<std::string, Counter*> divergence;     // by field, created at its first divergence
+  Counter* partial_steps = nullptr;            // created at the run's first merged step
+  std::map<std::string, Counter*> divergence;  // by field, created at its first divergence
 };
 
 void RemoveSeries::operator()(RunSeries* series) const { delete series; }
@@ -561,6 +567,7 @@ Metrics::Metrics(std::string version)
       &f_->commit_seconds.Add({}, Histogram::BucketBoundaries{0.0005, 0.001, 0.0025, 0.005, 0.01,
                                                               0.025, 0.05, 0.1, 0.25, 0.5, 1});
   commits_ = &f_->commits.Add({});
+  store_failures_ = &f_->store_failures.Add({});
   store_bytes_ = &f_->store_bytes.Add({});
   ingest_queued_bytes_ = &f_->ingest_queued_bytes.Add({});
   ingest_paused_streams_ = &f_->ingest_paused_streams.Add({});
@@ -599,6 +606,8 @@ void Metrics::commit(double seconds, std::size_t reports) {
   commit_seconds_->Observe(seconds);
   commits_->Increment();
 }
+
+void Metrics::store_failure() { store_failures_->Increment(); }
 
 void Metrics::ingest_backlog(std::uint64_t queued_bytes, std::size_t paused_streams,
                              std::uint64_t pauses) {

@@ -63,11 +63,11 @@ class Metrics {
   void ack_delay(double seconds);
   // The ingest queue's bound (ingest_budget.h): bytes queued, streams waiting, and the pauses
   // so far (a running total); called by the budget under its lock, so never concurrently.
-  void ingest_backlog(std::uint64_t queued_bytes, std::size_t paused_streams,
-                      std::uint64_t pauses);
+  void ingest_backlog(std::uint64_t queued_bytes, std::size_t paused_streams, std::uint64_t pauses);
 
   // Ingest thread.
   void commit(double seconds, std::size_t reports);
+  void store_failure();
   void store_live_bytes(std::uint64_t bytes);
   void retention_deleted(std::int64_t reports);
   void policy_error();
@@ -105,6 +105,7 @@ class Metrics {
   prometheus::Histogram* ack_delay_;
   prometheus::Histogram* commit_seconds_;
   prometheus::Counter* commits_;
+  prometheus::Counter* store_failures_;
   prometheus::Gauge* store_bytes_;
   prometheus::Gauge* ingest_queued_bytes_;
   prometheus::Gauge* ingest_paused_streams_;

@@ -71,8 +71,6 @@ struct Server::Impl {
   bool started = false;
   bool stopping = false;
   bool stopped = false;
-  bool store_failed = false;
-  std::thread failure_thread;
 
   Impl(ServerOptions o, Authenticator a) : options(std::move(o)), auth(std::move(a)) {}
 };
@@ -143,9 +141,11 @@ std::unique_ptr<Server> Server::create(ServerOptions options) {
   impl->ingest = std::make_unique<Ingest>(*impl->store, *impl->runs, *impl->metrics, *impl->policy,
                                           impl->streams, io);
   impl->ingest->restore();
-  impl->ownership->on_lost([ingest = impl->ingest.get()](const std::string& run_id) {
-    ingest->drop_run(run_id, "run '" + run_id +
-                                 "' is owned by another server now; reconnecting finds its owner");
+  impl->ownership->on_lost([ingest = impl->ingest.get()](const std::string& run_id, bool taken) {
+    ingest->drop_run(run_id, taken ? "run '" + run_id +
+                                         "' is owned by another server now; reconnecting finds "
+                                         "its owner"
+                                   : "");
   });
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
@@ -160,21 +160,12 @@ Server::~Server() {
   }
   if (need_shutdown) shutdown(std::chrono::milliseconds(0));
   route_grpc_log({});  // its refusal counter is ours
-  if (impl_->failure_thread.joinable()) impl_->failure_thread.join();
   if (impl_->ingest) impl_->ingest->stop();
 }
 
 BoundAddresses Server::start() {
   Impl& s = *impl_;
   const ServerOptions& o = s.options;
-  s.ingest->on_failure([&s, this](const std::string&) {
-    {
-      std::lock_guard lock(s.mu);
-      s.store_failed = true;
-    }
-    // shutdown() joins the ingest thread, which is the caller here: hand it to another one.
-    s.failure_thread = std::thread([this] { shutdown(std::chrono::seconds(5)); });
-  });
   s.checkpointer = std::make_unique<Checkpointer>(o.db_path, std::chrono::milliseconds(500));
   s.ingest->start();
 
@@ -354,10 +345,9 @@ void Server::shutdown(std::chrono::milliseconds deadline) {
   s.cv.notify_all();
 }
 
-bool Server::wait() {
+void Server::wait() {
   std::unique_lock lock(impl_->mu);
   impl_->cv.wait(lock, [&] { return impl_->stopped; });
-  return !impl_->store_failed;
 }
 
 }  // namespace ampscope::server

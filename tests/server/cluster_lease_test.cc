@@ -7,7 +7,10 @@
 //     waits for its old lease instead of redirecting to itself;
 //   - a lost connection is UNAVAILABLE once, then the lease connects again;
 //   - two ranks of a run, one sent to each server: both end at the run's owner, every step
-//     stored once, and the other server answers queries about the run from the shared store.
+//     stored once, and the other server answers queries about the run from the shared store;
+//   - a run taken over while its old owner streams: the old owner's commit is fenced, the new
+//     owner restores the run from the store, every step stored once;
+//   - PostgreSQL refusing the server for a while: nothing acknowledged, nothing lost.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -16,8 +19,10 @@
 #include "ampscope/agent/agent.h"
 #include "ampscope/server/server.h"
 #include "ampscope/testing/net.h"
+#include "ampscope/testing/postgres.h"
 #include "ampscope/testing/wait_until.h"
 #include "lease_ownership.h"
+#include "postgres_harness.h"
 #include "server_harness.h"
 #include "store_backends.h"
 
@@ -110,6 +115,15 @@ class RecordedLeases final : public RunOwnership {
     return c;
   }
   void release_all() override { leases_->release_all(); }
+  bool runs_move() const override { return leases_->runs_move(); }
+  void advertise(const std::string& address) override { leases_->advertise(address); }
+  void on_lost(std::function<void(const std::string&, bool)> callback) override {
+    leases_->on_lost(std::move(callback));
+  }
+  std::optional<std::set<std::string>> confirm(Connection& tx,
+                                               const std::vector<std::string>& runs) override {
+    return leases_->confirm(tx, runs);
+  }
   std::vector<RunClaim> answers() {
     std::lock_guard lock(mu_);
     return answers_;
@@ -151,14 +165,16 @@ class LeasedServer {
 };
 
 std::unique_ptr<agent::Agent> rank_agent(const testing::TempDir& dir, std::uint32_t rank,
-                                         const std::string& servers) {
+                                         const std::string& servers, std::uint32_t world = 2) {
   agent::AgentConfig c;
   c.run_id = "shared";
   c.rank = rank;
-  c.world_size = 2;
+  c.world_size = world;
   c.server = servers;
   c.spool_dir = (dir / ("spool-" + std::to_string(rank))).string();
   c.sampling.full_every = 0;
+  c.backoff_initial = 100ms;
+  c.backoff_max = 500ms;
   std::unique_ptr<agent::Agent> a;
   agent::RunInfo info;
   info.trainer = "cluster_lease_test";
@@ -212,6 +228,100 @@ TEST(LeasedServersTest, BothRanksEndAtTheOwnerAndEitherServerAnswersQueries) {
   for (const std::string& n : rank1->notices()) {
     EXPECT_EQ(n.find("transport:"), std::string::npos) << "unexpected notice: " << n;
   }
+}
+
+// Steps [from, to) of `agent`, each with one loss scale.
+void run_steps(agent::Agent& agent, int from, int to) {
+  for (int step = from; step < to; ++step) {
+    agent.begin_step(step);
+    agent::StepInfo info;
+    info.step = step;
+    info.loss_scale = info.scale_after = 1024.0;
+    agent.end_step(info);
+  }
+}
+
+// The steps stored for `run`, per rank, in seq order.
+std::map<std::uint32_t, std::vector<std::int64_t>> stored_steps(const std::string& address,
+                                                                const std::string& run) {
+  std::map<std::uint32_t, std::vector<std::int64_t>> steps;
+  for (const v1::StepReport& r : testing::stored_reports(address, run)) {
+    steps[r.rank()].push_back(r.step());
+  }
+  return steps;
+}
+
+std::vector<std::int64_t> range(int from, int to) {
+  std::vector<std::int64_t> v;
+  for (int i = from; i < to; ++i) v.push_back(i);
+  return v;
+}
+
+// A takeover while the old owner still streams: its next commit finds the lease gone (the
+// fence), writes nothing more of the run and ends the stream; the agent comes back, is sent to
+// the new owner, which restores the run from the store (the agent's settled seq) and takes the
+// rest. Every step is stored once.
+TEST(LeasedServersTest, AServerThatLostARunWritesNothingMoreAndTheNewOwnerGoesOnFromTheStore) {
+  StoreLocation store(Backend::kPostgres);
+  testing::TempDir dir;
+  LeasedServer a(store.path());
+  LeasedServer b(store.path());
+  auto rank0 = rank_agent(dir, 0, a.address() + "," + b.address(), 1);
+  run_steps(*rank0, 0, 5);
+  ASSERT_TRUE(rank0->flush(20s).ok());
+  ASSERT_EQ(stored_steps(a.address(), "shared")[0], range(0, 5));
+
+  // A's lease expires in the store (as when A cannot renew it) and B takes the run.
+  store.connect()->exec("UPDATE run_leases SET expires_ms = 0 WHERE run_id = 'shared'");
+  ASSERT_EQ(b.leases().claim("shared").kind, Kind::kOwned);
+
+  run_steps(*rank0, 5, 10);
+  ASSERT_TRUE(rank0->shutdown(20s).ok());
+  EXPECT_EQ(stored_steps(b.address(), "shared")[0], range(0, 10));
+  EXPECT_GE(rank0->counters().reconnects, 1u);
+  // The agent came back to B (by A's redirect, or as the next server of its list): B's claims
+  // are the test's and the agent's Hello, and A answered none of its returns as the owner.
+  const std::vector<RunClaim> b_answers = b.leases().answers();
+  EXPECT_GE(b_answers.size(), 2u);
+  for (const RunClaim& c : b_answers) EXPECT_EQ(c.kind, Kind::kOwned) << c.owner << c.reason;
+  const std::vector<RunClaim> a_answers = a.leases().answers();
+  ASSERT_FALSE(a_answers.empty());
+  EXPECT_EQ(a_answers.front().kind, Kind::kOwned);  // its first Hello
+  for (std::size_t i = 1; i < a_answers.size(); ++i) {
+    EXPECT_EQ(a_answers[i].owner, b.address()) << "claim " << i << ": " << a_answers[i].reason;
+  }
+}
+
+// PostgreSQL refuses the server for a while (its connections cut, new ones refused): nothing is
+// acknowledged meanwhile, the agent keeps its reports, and once the database answers again the
+// server connects anew, restores the run and every step is stored once.
+TEST(LeasedServersTest, AServerThatLosesPostgresAcknowledgesNothingAndRecoversLosingNothing) {
+  StoreLocation store(Backend::kPostgres);
+  testing::TempDir dir;
+  LeasedServer a(store.path());
+  auto rank0 = rank_agent(dir, 0, a.address(), 1);
+  run_steps(*rank0, 0, 5);
+  ASSERT_TRUE(rank0->flush(20s).ok());
+
+  testing::PostgresConnection admin(testing::PostgresServer::get().conninfo("postgres"));
+  const std::string db =
+      testing::PostgresConnection(store.path()).value("SELECT current_database()");
+  admin.query("ALTER DATABASE \"" + db + "\" ALLOW_CONNECTIONS false");
+  admin.query(
+      "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> "
+      "pg_backend_pid()",
+      {db});
+  run_steps(*rank0, 5, 10);
+  EXPECT_FALSE(rank0->flush(1500ms).ok());  // nothing new acknowledged while it is away
+  EXPECT_EQ(rank0->counters().reports_acked, 5u);
+
+  admin.query("ALTER DATABASE \"" + db + "\" ALLOW_CONNECTIONS true");
+  ASSERT_TRUE(rank0->shutdown(30s).ok());
+  // The query connection finds out it broke at its first query after the outage, which fails;
+  // the next one connects anew.
+  EXPECT_TRUE(
+      testing::wait_until([&] { return testing::get_run(a.address(), "shared").has_value(); }, 5s));
+  EXPECT_EQ(stored_steps(a.address(), "shared")[0], range(0, 10));
 }
 
 }  // namespace

@@ -67,7 +67,7 @@ void LeaseOwnership::advertise(const std::string& address) {
   options_.advertised = address;
 }
 
-void LeaseOwnership::on_lost(std::function<void(const std::string&)> callback) {
+void LeaseOwnership::on_lost(std::function<void(const std::string&, bool)> callback) {
   std::lock_guard lock(mu_);
   on_lost_ = std::move(callback);
 }
@@ -85,7 +85,7 @@ RunClaim LeaseOwnership::claim(const std::string& run_id) {
   // Whatever this server still holds of a run it claims afresh may be older than what another
   // owner committed since: dropped before the Hello that follows is taken. Under mu_, so that
   // no other claim of the run answers "owned" (and its Hello is taken) before it.
-  if (afresh && on_lost_) on_lost_(run_id);
+  if (afresh && on_lost_) on_lost_(run_id, /*taken=*/false);
   return claim;
 }
 
@@ -204,7 +204,7 @@ void LeaseOwnership::heartbeat() {
       log_warning("run leases: cannot renew: ", e.what());
     }
     if (on_lost_) {
-      for (const std::string& run : gone) on_lost_(run);
+      for (const std::string& run : gone) on_lost_(run, /*taken=*/true);
     }
   }
 }

@@ -68,7 +68,7 @@ class LeaseOwnership final : public RunOwnership {
   void release_all() override;
   bool runs_move() const override { return true; }
   void advertise(const std::string& address) override;
-  void on_lost(std::function<void(const std::string&)> callback) override;
+  void on_lost(std::function<void(const std::string&, bool)> callback) override;
   std::optional<std::set<std::string>> confirm(Connection& tx,
                                                const std::vector<std::string>& runs) override;
 
@@ -91,7 +91,7 @@ class LeaseOwnership final : public RunOwnership {
   bool stopping_ = false;           // guarded by mu_
   std::unique_ptr<Connection> db_;  // guarded by mu_; null after a failure
   // Called under mu_: it must only hand the run to another thread, never call back here.
-  std::function<void(const std::string&)> on_lost_;  // guarded by mu_
+  std::function<void(const std::string&, bool)> on_lost_;  // guarded by mu_
   // run -> believed owned until. Its own lock, never held across a statement: the ingest's fence
   // updates it inside its transaction while a claim may wait on that transaction's row lock.
   std::mutex held_mu_;

@@ -64,10 +64,15 @@ class RunOwnership {
   // before it are UNAVAILABLE where the owner's address matters.
   virtual void advertise(const std::string& address) { (void)address; }
 
-  // Called (from any thread) with each run this server stopped owning without being asked (its
-  // lease was taken or could not be renewed in time): the ingest ends the run's streams and
-  // forgets it. Set before the first claim.
-  virtual void on_lost(std::function<void(const std::string& run_id)> callback) { (void)callback; }
+  // Called (from any thread) with each run whose copy in this server's memory may be stale:
+  // `taken`, another server owns it now (the heartbeat found its lease taken): the ingest ends
+  // the run's streams and forgets it; not `taken`, this server has just claimed it afresh (it
+  // was not its own a moment ago): the ingest forgets its copy, keeping the streams, and
+  // restores the run from the store before it takes anything more of it. Set before the first
+  // claim.
+  virtual void on_lost(std::function<void(const std::string& run_id, bool taken)> callback) {
+    (void)callback;
+  }
 
   // Fencing, inside the ingest's transaction on `tx`, before it writes anything of `runs`: the
   // ones this server still owns. Another server's claim of those waits for the transaction to

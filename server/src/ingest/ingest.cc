@@ -173,8 +173,10 @@ void Ingest::restore_runs(RestoredState& state) {
 }
 
 void Ingest::restore_unknown(const std::vector<IngestItem>& items) {
+  std::set<std::string> looked_up;
   for (const IngestItem& item : items) {
-    if (item.kind != IngestItem::Kind::kHello || runs_.find(item.run_id) != nullptr) continue;
+    if (item.kind == IngestItem::Kind::kDelete || item.kind == IngestItem::Kind::kRefusal) continue;
+    if (runs_.find(item.run_id) != nullptr || !looked_up.insert(item.run_id).second) continue;
     RestoredState state = store_.load_run_state(item.run_id);
     if (state.runs.empty()) continue;  // a new run
     restore_runs(state);
@@ -240,7 +242,7 @@ bool Ingest::submit(IngestItem item) {
 bool Ingest::enqueue(Shard& shard, IngestItem item) {
   {
     std::lock_guard lock(shard.mu);
-    if (shard.stopping || shard.stopped || failed_) return false;
+    if (shard.stopping || shard.stopped) return false;
     // Charged under the shard's lock, so that whoever drops or settles the item releases what
     // was charged.
     budget_.charge(item.bytes);
@@ -280,10 +282,6 @@ void Ingest::stop() {
   } catch (const std::exception& e) {
     log_warning("store maintenance: ", e.what());
   }
-}
-
-void Ingest::on_failure(std::function<void(const std::string&)> callback) {
-  on_failure_ = std::move(callback);
 }
 
 void Ingest::run(Shard& shard) {
@@ -355,6 +353,7 @@ void Ingest::process(Shard& shard, std::vector<IngestItem>& items) {
     now_ns = proto::unix_now_ns();
     try {
       forget_pending(shard);
+      if (store_.reconnect_if_broken()) log_info("store: connected again");
       restore_unknown(items);
       store_.begin();
       batch.lost = fence(shard, items);
@@ -632,41 +631,34 @@ void Ingest::publish(Shard& shard, Batch& batch, std::int64_t now_ns) {
 
 void Ingest::fail(Shard& shard, std::vector<IngestItem>& items, Batch& batch,
                   const std::string& message) {
-  // Undo in reverse so that each agent ends at its seq before the batch.
-  for (auto it = batch.previous_seq.rbegin(); it != batch.previous_seq.rend(); ++it) {
-    it->run->last_seq[it->rank] = it->seq;
-  }
-  log_error("store: commit failed, nothing of the batch is stored: ", message);
-  // Every shard takes no more items; this one ends, the others end at stop().
-  const bool first = !failed_.exchange(true);
-  {
-    std::lock_guard lock(shard.mu);
-    shard.stopped = true;
-  }
+  (void)batch;  // its RunState pointers go with the runs below
+  // Nothing of the batch is stored, and what the shard holds of its runs (settled seqs, merges,
+  // engines, totals) may be ahead of the store: every run of the shard is forgotten and its
+  // streams end UNAVAILABLE, unacknowledged. The agents keep those reports in their spools and
+  // send them again when they reconnect; each run is restored from the store at its next Hello,
+  // which fails the same way, and costs nothing more, while the store is away.
+  log_error("store: commit failed, nothing of the batch is stored: ", message,
+            "; the agents send it again once the store answers");
+  metrics_.store_failure();
+  const std::string why = "store failed: " + message;
   std::map<const StreamSink*, std::shared_ptr<StreamSink>> sinks;
-  std::vector<IngestItem> deletions;
-  auto settle = [&](IngestItem& item) {
+  for (IngestItem& item : items) {
     if (item.kind == IngestItem::Kind::kDelete) {
-      deletions.push_back(std::move(item));
+      item.deleted(DeleteOutcome{DeleteOutcome::Result::kFailed, 0, 0, why});
     } else if (item.sink) {
       sinks.emplace(item.sink.get(), item.sink);
     }
-  };
-  for (IngestItem& item : items) settle(item);
-  std::vector<IngestItem> queued;
-  {
-    std::lock_guard lock(shard.mu);
-    for (IngestItem& item : shard.queue) settle(item);
-    queued.assign(std::make_move_iterator(shard.queue.begin()),
-                  std::make_move_iterator(shard.queue.end()));
-    shard.queue.clear();
   }
-  release(queued);
-  for (auto& [ptr, sink] : sinks) sink->on_store_failure("store failed: " + message);
-  for (IngestItem& item : deletions) {
-    item.deleted(DeleteOutcome{DeleteOutcome::Result::kFailed, 0, 0, "store failed: " + message});
+  std::vector<std::string> runs;
+  runs_.for_each([&](RunState& run) { runs.push_back(run.id); }, shard.index);
+  for (const std::string& run_id : runs) {
+    for (const std::shared_ptr<StreamSink>& s : streams_.of_run(run_id)) {
+      sinks.emplace(s.get(), s);
+    }
   }
-  if (first && on_failure_) on_failure_(message);
+  // Told first, so that they end UNAVAILABLE (a passing outage) rather than as deleted.
+  for (auto& [ptr, sink] : sinks) sink->on_store_failure(why);
+  for (const std::string& run_id : runs) forget(shard, run_id, why);
 }
 
 void Ingest::release(const std::vector<IngestItem>& items) {
@@ -710,7 +702,13 @@ void Ingest::forget_pending(Shard& shard) {
     std::lock_guard lock(shard.mu);
     runs.swap(shard.pending_forget);
   }
-  for (const auto& [run_id, why] : runs) forget(shard, run_id, why);
+  for (const auto& [run_id, why] : runs) {
+    if (why.empty()) {
+      runs_.forget(run_id);  // the streams stay: restore_unknown brings the run back
+    } else {
+      forget(shard, run_id, why);
+    }
+  }
 }
 
 std::size_t Ingest::forget(Shard& shard, const std::string& run_id, const std::string& why) {

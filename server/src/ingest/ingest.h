@@ -8,6 +8,11 @@
 // the store. Each stored report is digested once (report_digest.h), before the transaction;
 // its digest feeds the tensor totals, the policy engine and the metrics.
 //
+// A transaction that fails (PostgreSQL gone, a disk full) acknowledges nothing: the shard
+// forgets its runs and ends their streams UNAVAILABLE, the agents spool and reconnect, and each
+// run is restored from the store at its next Hello once the store answers (a broken PostgreSQL
+// connection is made anew first). The server keeps serving queries meanwhile.
+//
 // The shards share one StoreWriter (one connection) and take turns on it (store_mu_): SQLite
 // admits one writer at a time, and a second connection would wait for the first in SQLite's
 // busy handler (sleep and retry) rather than on a mutex; what a shard does outside its
@@ -123,21 +128,20 @@ class Ingest {
   // run (a server alone), or for none where runs move between servers (each is restored at its
   // first Hello instead; any run unknown here is looked up in the store at its Hello).
   void restore();
-  // Drops everything this server holds of the run and ends its streams with `why`, on the run's
-  // shard before its next transaction: another server owns the run now, or this one claims it
-  // afresh and must restore it from the store. Any thread.
+  // Drops everything this server holds of the run, on the run's shard before its next
+  // transaction, and ends its streams with `why` (another server owns the run now); an empty
+  // `why` keeps the streams (this server claims the run afresh: what it held may be stale, and
+  // the run is restored from the store before anything more of it is taken). Any thread.
   void drop_run(const std::string& run_id, std::string why);
   void start();
-  // False once the run's shard stopped or the store failed: the item was not taken.
+  // False once the run's shard stopped: the item was not taken.
   bool submit(IngestItem item);
   // Deletes the run from the store and forgets it (see above); `done` is called on the run's
-  // shard. False once that shard stopped or the store failed.
+  // shard. False once that shard stopped.
   bool delete_run(const std::string& run_id, std::function<void(const DeleteOutcome&)> done);
   // Commits everything queued, saves the policy state, and joins the shards.
   void stop();
 
-  // Called once, from a shard, when a commit fails (the server then shuts down).
-  void on_failure(std::function<void(const std::string&)> callback);
   std::size_t shards() const { return shards_.size(); }
 
   // The bound on received work not settled yet; streams ask it before each read. Any thread.
@@ -170,8 +174,8 @@ class Ingest {
   void process(Shard& shard, std::vector<IngestItem>& items);
   // The runs of `state` into the registry: settled seqs, totals, merges, policy engines.
   void restore_runs(RestoredState& state);
-  // Under the store lock, before the transaction: the runs of the items' Hellos that this server
-  // does not hold, from the store.
+  // Under the store lock, before the transaction: the runs of the items that this server does
+  // not hold, from the store (a run new to this server, or dropped by drop_run).
   void restore_unknown(const std::vector<IngestItem>& items);
   // Inside the transaction: the runs of this shard (and of the items' Hellos) that another
   // server owns now are forgotten, their streams ended; returns them (their items are skipped).
@@ -181,6 +185,8 @@ class Ingest {
   // A step merged over the ranks of `run`: stored, observed by the policy engine, its decisions
   // stored; its metrics left in the batch for after the commit.
   void settle_merged(RunState& run, MergedStep& step, Batch& batch, std::int64_t now_ns);
+  // A failed transaction: nothing acknowledged, the shard's runs forgotten (restored from the
+  // store at their next Hello), their streams ended UNAVAILABLE; the shard goes on.
   void fail(Shard& shard, std::vector<IngestItem>& items, Batch& batch, const std::string& message);
   void remove_run(Shard& shard, IngestItem& item);
   // Runs handed over by shard 0's retention or by drop_run: forgotten now. Under the store lock.
@@ -207,8 +213,6 @@ class Ingest {
   // The one writing connection, taken in turns by the shards (see above).
   std::mutex store_mu_;
   std::vector<std::unique_ptr<Shard>> shards_;
-  std::atomic<bool> failed_{false};
-  std::function<void(const std::string&)> on_failure_;
 };
 
 }  // namespace ampscope::server

@@ -412,7 +412,8 @@ void AttachReactor::on_store_failure(const std::string& message) {
   {
     std::lock_guard lock(mu_);
     if (done_) return;
-    end(grpc::Status(grpc::StatusCode::INTERNAL, message), true);
+    // A passing outage: the agent keeps what was not acknowledged and comes back.
+    end(grpc::Status(grpc::StatusCode::UNAVAILABLE, message), true);
     plan(a);
   }
   act(a);

@@ -110,6 +110,9 @@ class Connection {
   Connection& operator=(const Connection&) = delete;
 
   virtual Backend backend() const = 0;
+  // The link to the database is gone (PostgreSQL's server went away): a new connection is
+  // needed. A SQLite file never breaks that way.
+  virtual bool broken() const { return false; }
   virtual void exec(std::string_view sql) = 0;  // one or more statements, no parameters
   virtual Statement prepare(std::string_view sql) = 0;
   // Rows changed by the latest INSERT, UPDATE or DELETE (not counting what triggers did).

@@ -169,6 +169,10 @@ class StoreWriter {
   std::vector<StoredMerge> merges_since(const std::string& run_id, std::int64_t after_merged_id,
                                         std::int64_t after_report_id);
 
+  // A new connection when the last one broke (PostgreSQL went away): true when it made one.
+  // Throws StoreError while the database cannot be reached. Outside a transaction.
+  bool reconnect_if_broken();
+
   // Group commit: begin(), any writes, commit(). A failed commit throws and rolls back.
   void begin();
   void commit();
@@ -222,6 +226,7 @@ class StoreWriter {
   std::int64_t delete_run_rows(std::int64_t run);           // returns the reports deleted
   void insert_history(std::int64_t run, std::int64_t report, const v1::StepReport& r);
   struct Statements;
+  const StoreOptions options_;
   std::unique_ptr<Connection> conn_;
   std::unique_ptr<Statements> st_;
   std::map<std::string, std::int64_t> run_keys_;
@@ -406,6 +411,10 @@ class StoreReader {
       std::int64_t run, std::uint32_t limit, std::int64_t from = 0,
       std::int64_t to = std::numeric_limits<std::int64_t>::max());
   std::optional<std::int64_t> run_key(const std::string& run_id);
+  // mu_, with a new connection when the last one broke (PostgreSQL went away and came back);
+  // throws StoreError while the database cannot be reached.
+  std::unique_lock<std::mutex> lock_connected();
+  const StoreOptions options_;
   std::mutex mu_;
   std::unique_ptr<Connection> conn_;
 };

@@ -102,7 +102,13 @@ std::optional<ReportPosition> parse_page_token(std::string_view token) {
 StoreReader::StoreReader(const std::string& path) : StoreReader(StoreOptions{path}) {}
 
 StoreReader::StoreReader(const StoreOptions& options)
-    : conn_(open_store(options, StoreRole::kReader)) {}
+    : options_(options), conn_(open_store(options, StoreRole::kReader)) {}
+
+std::unique_lock<std::mutex> StoreReader::lock_connected() {
+  std::unique_lock lock(mu_);
+  if (conn_->broken()) conn_ = open_store(options_, StoreRole::kReader);  // throws while away
+  return lock;
+}
 
 StoreReader::~StoreReader() = default;
 
@@ -186,7 +192,7 @@ void StoreReader::fill_summary(std::int64_t run, v1::RunSummary* out) {
 }
 
 std::vector<v1::RunSummary> StoreReader::list_runs(std::uint32_t limit) {
-  std::lock_guard lock(mu_);
+  const auto lock = lock_connected();
   std::vector<std::int64_t> keys;
   {
     Statement s = conn_->prepare("SELECT id FROM runs ORDER BY last_seen_ns DESC LIMIT ?1");
@@ -422,7 +428,7 @@ std::vector<v1::RankDivergence> StoreReader::divergences(std::int64_t run, std::
 
 std::optional<v1::GetRunResponse> StoreReader::get_run(const std::string& run_id,
                                                        std::uint32_t requested_limit) {
-  std::lock_guard lock(mu_);
+  const auto lock = lock_connected();
   const std::optional<std::int64_t> run = run_key(run_id);
   if (!run) return std::nullopt;
   const std::uint32_t limit = clamp_limit(requested_limit, 20, 1000);
@@ -476,7 +482,7 @@ std::optional<v1::GetRunResponse> StoreReader::get_run(const std::string& run_id
 }
 
 std::optional<v1::GetReportsResponse> StoreReader::get_reports(const v1::GetReportsRequest& q) {
-  std::lock_guard lock(mu_);
+  const auto lock = lock_connected();
   const std::optional<std::int64_t> run = run_key(q.run_id());
   if (!run) return std::nullopt;
   const std::int64_t limit = clamp_limit(q.limit(), 1000, 10000);
@@ -542,7 +548,7 @@ std::optional<v1::GetReportsResponse> StoreReader::get_reports(const v1::GetRepo
 }
 
 std::optional<v1::GetPolicyResponse> StoreReader::get_policy(const std::string& run_id) {
-  std::lock_guard lock(mu_);
+  const auto lock = lock_connected();
   const std::optional<std::int64_t> run = run_key(run_id);
   if (!run) return std::nullopt;
   v1::GetPolicyResponse out;
@@ -568,7 +574,7 @@ std::optional<v1::GetPolicyResponse> StoreReader::get_policy(const std::string& 
 
 std::optional<v1::GetStepHistoryResponse> StoreReader::get_step_history(
     const v1::GetStepHistoryRequest& q) {
-  std::lock_guard lock(mu_);
+  const auto lock = lock_connected();
   const std::optional<std::int64_t> run = run_key(q.run_id());
   if (!run) return std::nullopt;
   const std::int64_t back = clamp_limit(q.steps(), 16, 1024);

@@ -373,7 +373,7 @@ StepBuckets StepBuckets::cut(std::int64_t from, std::int64_t to, std::int64_t wi
 
 std::optional<RunView> StoreReader::run_series(const std::string& run_id, const SeriesRequest& q,
                                                std::optional<std::int64_t> alerts_since_ns) {
-  std::lock_guard lock(mu_);
+  const auto lock = lock_connected();
   ReadSnapshot snapshot(*conn_);
   const std::optional<std::int64_t> run = run_key(run_id);
   if (!run) return std::nullopt;
@@ -432,7 +432,7 @@ std::optional<RunView> StoreReader::run_series(const std::string& run_id, const 
 
 std::optional<TensorSeries> StoreReader::tensor_series(const std::string& run_id,
                                                        const TensorRequest& q) {
-  std::lock_guard lock(mu_);
+  const auto lock = lock_connected();
   ReadSnapshot snapshot(*conn_);
   const std::optional<std::int64_t> run = run_key(run_id);
   if (!run) return std::nullopt;
@@ -509,7 +509,7 @@ std::optional<TensorSeries> StoreReader::tensor_series(const std::string& run_id
 }
 
 std::optional<std::int64_t> StoreReader::max_report_id(const std::string& run_id) {
-  std::lock_guard lock(mu_);
+  const auto lock = lock_connected();
   const std::optional<std::int64_t> run = run_key(run_id);
   if (!run) return std::nullopt;
   Statement s = conn_->prepare("SELECT coalesce(max(id), 0) FROM reports WHERE run = ?1");
@@ -519,7 +519,7 @@ std::optional<std::int64_t> StoreReader::max_report_id(const std::string& run_id
 
 std::map<std::string, RecentReports> StoreReader::recent_reports(
     std::int64_t since_ns, const std::optional<std::string>& run_id) {
-  std::lock_guard lock(mu_);
+  const auto lock = lock_connected();
   ReadSnapshot snapshot(*conn_);
   const std::int64_t first_id = first_report_since(*conn_, since_ns);
   std::map<std::string, RecentReports> out;

@@ -114,9 +114,21 @@ struct StoreWriter::Statements {
 };
 
 StoreWriter::StoreWriter(const StoreOptions& options)
-    : conn_(open_store(options, StoreRole::kWriter)) {
+    : options_(options), conn_(open_store(options, StoreRole::kWriter)) {
   migrate(*conn_);
   st_ = std::make_unique<Statements>(*conn_);
+}
+
+bool StoreWriter::reconnect_if_broken() {
+  if (!conn_->broken()) return false;
+  // Both made before either is replaced: a database still away leaves the broken pair, which
+  // fails every call cleanly until the next try.
+  std::unique_ptr<Connection> fresh = open_store(options_, StoreRole::kWriter);
+  auto statements = std::make_unique<Statements>(*fresh);
+  st_ = std::move(statements);  // the old statements go before their connection
+  conn_ = std::move(fresh);
+  run_keys_.clear();
+  return true;
 }
 
 StoreWriter::~StoreWriter() {

@@ -115,9 +115,8 @@ class Server {
   // Throws ampscope::Error when an address cannot be bound.
   BoundAddresses start();
   void shutdown(std::chrono::milliseconds deadline);
-  // Blocks until shutdown() finished. Returns false when the server stopped because its store
-  // failed.
-  bool wait();
+  // Blocks until shutdown() finished.
+  void wait();
 
  private:
   struct Impl;

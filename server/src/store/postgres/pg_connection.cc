@@ -265,8 +265,11 @@ std::string mask_conninfo_password(const std::string& conninfo) {
 
 PgConnection::PgConnection(const std::string& conninfo, const std::string& password) {
   // Later keywords override what the expanded dbname (the whole conninfo) says.
-  std::vector<const char*> keys = {"dbname", "client_encoding", "fallback_application_name"};
-  std::vector<const char*> values = {conninfo.c_str(), "UTF8", "ampscope-server"};
+  // Earlier keywords are defaults the conninfo may override: a database host that does not
+  // answer costs a connection attempt 5 s, not the operating system's TCP timeout (minutes).
+  std::vector<const char*> keys = {"connect_timeout", "dbname", "client_encoding",
+                                   "fallback_application_name"};
+  std::vector<const char*> values = {"5", conninfo.c_str(), "UTF8", "ampscope-server"};
   if (!password.empty()) {
     keys.push_back("password");
     values.push_back(password.c_str());
@@ -287,6 +290,8 @@ PgConnection::PgConnection(const std::string& conninfo, const std::string& passw
 }
 
 PgConnection::~PgConnection() { PQfinish(conn_); }
+
+bool PgConnection::broken() const { return PQstatus(conn_) != CONNECTION_OK; }
 
 void PgConnection::exec(std::string_view sql) {
   flush();

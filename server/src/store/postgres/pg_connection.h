@@ -31,6 +31,7 @@ class PgConnection : public Connection {
   ~PgConnection() override;
 
   Backend backend() const override { return Backend::kPostgres; }
+  bool broken() const override;
   void exec(std::string_view sql) override;
   Statement prepare(std::string_view sql) override;
   std::int64_t changes() override {
