@@ -18,12 +18,13 @@ struct TrainerRun {
   std::string server;  // host:port
   int steps = 100;
   std::vector<std::string> extra;
+  int batch = 4;  // sequences per step: more make a slower step
 
   std::vector<std::string> argv() const {
     std::vector<std::string> a = {AMPSCOPE_TRAIN_BINARY,
                                   "--steps", std::to_string(steps),
                                   "--width", "64", "--layers", "2", "--heads", "2",
-                                  "--context", "32", "--batch", "4",
+                                  "--context", "32", "--batch", std::to_string(batch),
                                   "--eval-every", "0", "--eval-batches", "1", "--quiet",
                                   "--log-json", (dir / "log.jsonl").string(),
                                   "--run-id", run_id,

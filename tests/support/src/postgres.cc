@@ -97,17 +97,7 @@ void make_cluster(const std::string& bindir, const fs::path& data) {
 
 // One statement on `conninfo`'s database; throws with PostgreSQL's message.
 std::string exec(const std::string& conninfo, const std::string& sql) {
-  PGconn* c = PQconnectdb(conninfo.c_str());
-  PGresult* r = PQexec(c, sql.c_str());
-  const ExecStatusType status = PQresultStatus(r);
-  const bool ok = status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK;
-  const std::string value =
-      status == PGRES_TUPLES_OK && PQntuples(r) > 0 ? PQgetvalue(r, 0, 0) : std::string();
-  const std::string error = PQerrorMessage(c);
-  PQclear(r);
-  PQfinish(c);
-  if (!ok) throw std::runtime_error(sql + ": " + error);
-  return value;
+  return PostgresConnection(conninfo).value(sql);
 }
 
 }  // namespace
@@ -191,5 +181,44 @@ std::string PostgresInstance::version() const {
 }
 
 std::string PostgresInstance::log_tail() const { return s_->postgres->log_tail(); }
+
+PostgresConnection::PostgresConnection(const std::string& conninfo)
+    : conn_(PQconnectdb(conninfo.c_str())) {
+  if (PQstatus(conn_) != CONNECTION_OK) {
+    const std::string error = PQerrorMessage(conn_);
+    PQfinish(conn_);
+    throw std::runtime_error("cannot connect to " + conninfo + ": " + error);
+  }
+}
+
+PostgresConnection::~PostgresConnection() { PQfinish(conn_); }
+
+std::vector<std::vector<std::string>> PostgresConnection::query(
+    const std::string& sql, const std::vector<std::string>& params) {
+  std::vector<const char*> values;
+  for (const std::string& p : params) values.push_back(p.c_str());
+  // Without parameters the simple protocol, which takes any statement (CREATE DATABASE too).
+  PGresult* r = values.empty() ? PQexec(conn_, sql.c_str())
+                               : PQexecParams(conn_, sql.c_str(), static_cast<int>(values.size()),
+                                              nullptr, values.data(), nullptr, nullptr, 0);
+  const ExecStatusType status = PQresultStatus(r);
+  if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
+    const std::string error = PQerrorMessage(conn_);
+    PQclear(r);
+    throw std::runtime_error(sql + ": " + error);
+  }
+  std::vector<std::vector<std::string>> rows(static_cast<std::size_t>(PQntuples(r)));
+  for (int i = 0; i < PQntuples(r); ++i) {
+    for (int j = 0; j < PQnfields(r); ++j) rows[i].emplace_back(PQgetvalue(r, i, j));
+  }
+  PQclear(r);
+  return rows;
+}
+
+std::string PostgresConnection::value(const std::string& sql,
+                                      const std::vector<std::string>& params) {
+  const auto rows = query(sql, params);
+  return rows.empty() || rows[0].empty() ? std::string() : rows[0][0];
+}
 
 }  // namespace ampscope::testing

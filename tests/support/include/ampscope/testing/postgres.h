@@ -15,6 +15,9 @@
 
 #include <memory>
 #include <string>
+#include <vector>
+
+struct pg_conn;  // libpq's PGconn
 
 namespace ampscope::testing {
 
@@ -52,6 +55,27 @@ class PostgresInstance {
 
  private:
   std::unique_ptr<State> s_;
+};
+
+// One libpq connection to a database, for tests that read what servers stored (and poll it:
+// the connection stays open between queries).
+class PostgresConnection {
+ public:
+  // Throws std::runtime_error with libpq's message when it cannot connect.
+  explicit PostgresConnection(const std::string& conninfo);
+  ~PostgresConnection();
+  PostgresConnection(const PostgresConnection&) = delete;
+  PostgresConnection& operator=(const PostgresConnection&) = delete;
+
+  // The rows `sql` returns, each column as text (NULL as ""), with `params` for $1, $2, ...;
+  // throws std::runtime_error naming the statement and PostgreSQL's message.
+  std::vector<std::vector<std::string>> query(const std::string& sql,
+                                              const std::vector<std::string>& params = {});
+  // The first column of the first row; "" when there is none.
+  std::string value(const std::string& sql, const std::vector<std::string>& params = {});
+
+ private:
+  ::pg_conn* conn_;
 };
 
 // The directory holding PostgreSQL's server binaries (initdb, postgres): `pg_config --bindir`
