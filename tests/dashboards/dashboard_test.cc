@@ -20,12 +20,14 @@
 #include <sstream>
 #include <thread>
 
+#include "alertmanager_process.h"
 #include "ampscope/testing/child_process.h"
 #include "ampscope/testing/files.h"
 #include "ampscope/testing/server_process.h"
-#include "alertmanager_process.h"
+#include "dashboard_queries.h"
 #include "prometheus_process.h"
 #include "promql_names.h"
+#include "realistic_reports.h"
 #include "server_harness.h"
 
 #ifndef AMPSCOPE_DASHBOARDS_DIR
@@ -44,96 +46,7 @@ const fs::path kAlertRules = kDashboards / "prometheus" / "alerts.yml";
 const fs::path kAlertmanagerConfig = kDashboards / "alertmanager" / "alertmanager.yml";
 const fs::path kRepository = kDashboards.parent_path();
 
-json load_json(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot read " + path.string());
-  return json::parse(in);  // throws with the position on a syntax error
-}
-
-// Every panel, rows' nested panels included.
-std::vector<json> all_panels(const json& dashboard) {
-  std::vector<json> out;
-  for (const json& p : dashboard.at("panels")) {
-    out.push_back(p);
-    for (const json& child : p.value("panels", json::array())) out.push_back(child);
-  }
-  return out;
-}
-
 bool is_row(const json& panel) { return panel.value("type", "") == "row"; }
-
-const json* find_variable(const json& dashboard, const std::string& name) {
-  for (const json& v : dashboard.at("templating").at("list")) {
-    if (v.value("name", "") == name) return &v;
-  }
-  return nullptr;
-}
-
-std::string variable_query(const json& variable) {
-  const json& q = variable.at("query");
-  return q.is_string() ? q.get<std::string>() : q.at("query").get<std::string>();
-}
-
-struct Query {
-  std::string where;  // "panel 9 'Loss scale (log2)' B", "annotation 'Policy updates'", ...
-  std::string expr;
-};
-
-std::vector<Query> dashboard_queries(const json& dashboard) {
-  std::vector<Query> out;
-  for (const json& p : all_panels(dashboard)) {
-    for (const json& t : p.value("targets", json::array())) {
-      if (!t.contains("expr")) continue;
-      out.push_back({"panel " + std::to_string(p.at("id").get<int>()) + " '" +
-                         p.value("title", "") + "' " + t.value("refId", ""),
-                     t.at("expr").get<std::string>()});
-    }
-  }
-  for (const json& a : dashboard.at("annotations").at("list")) {
-    if (a.contains("expr")) {
-      out.push_back({"annotation '" + a.value("name", "") + "'", a.at("expr").get<std::string>()});
-    }
-  }
-  return out;
-}
-
-// Replaces Grafana's variables by values that keep the query valid PromQL: the current value of
-// custom variables, ".+" for query variables (they are used in regex matchers), and durations
-// for the built-in intervals. Fails the test on a variable the dashboard does not define.
-std::string substitute_variables(const std::string& expr, const json& dashboard) {
-  static const std::regex kVariable(R"(\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)\]\])");
-  static const std::map<std::string, std::string> kBuiltins = {{"__rate_interval", "1m"},
-                                                               {"__interval", "1m"},
-                                                               {"__range", "1h"},
-                                                               {"__range_s", "3600"},
-                                                               {"__interval_ms", "60000"}};
-  std::string out;
-  auto begin = expr.cbegin();
-  for (std::sregex_iterator it(expr.begin(), expr.end(), kVariable), end; it != end; ++it) {
-    const std::smatch& m = *it;
-    const std::string name = m[1].matched ? m[1] : m[2].matched ? m[2] : m[3];
-    out.append(begin, m[0].first);
-    begin = m[0].second;
-    if (std::all_of(name.begin(), name.end(), ::isdigit)) {  // "$1" of label_replace
-      out += m.str();
-    } else if (auto b = kBuiltins.find(name); b != kBuiltins.end()) {
-      out += b->second;
-    } else if (const json* v = find_variable(dashboard, name)) {
-      const std::string type = v->value("type", "");
-      if (type == "custom" || type == "constant" || type == "interval") {
-        const json& value = v->at("current").at("value");
-        out += value.is_array() ? value.at(0).get<std::string>() : value.get<std::string>();
-      } else {
-        out += ".+";
-      }
-    } else {
-      ADD_FAILURE() << "unknown variable $" << name << " in: " << expr;
-      out += m.str();
-    }
-  }
-  out.append(begin, expr.cend());
-  return out;
-}
 
 class DashboardTest : public ::testing::Test {
  protected:
@@ -492,7 +405,7 @@ TEST(AlertmanagerConfigTest, RoutesEveryAlertToTheReceiverOfItsSeverity) {
   // The receiver amtool picks for an alert with these labels.
   const auto route = [](const std::vector<std::string>& labels) {
     std::vector<std::string> args = {"config", "routes", "test",
-                                      "--config.file=" + kAlertmanagerConfig.string()};
+                                     "--config.file=" + kAlertmanagerConfig.string()};
     args.insert(args.end(), labels.begin(), labels.end());
     const CommandResult r = amtool(args);
     EXPECT_EQ(r.code, 0) << r.err;
@@ -510,54 +423,6 @@ TEST(AlertmanagerConfigTest, RoutesEveryAlertToTheReceiverOfItsSeverity) {
 }
 
 // --- Every metric name is exported by the real server --------------------------------------
-
-// A gradient or activation tensor as the agent would measure it, optionally with NaNs.
-v1::TensorStats tensor(const std::string& name, v1::TensorRole role, int lo, int hi, double scale,
-                       std::uint32_t seed, std::uint64_t nan = 0) {
-  v1::TensorStats t = synthetic_tensor(name, role, lo, hi, scale, 256, seed);
-  if (nan > 0) {
-    t.set_nan(nan);
-    t.set_numel(t.numel() + nan);
-    t.set_shape(0, static_cast<std::int64_t>(t.numel()));
-  }
-  return t;
-}
-
-// One step of a small FP16 run: every role, gradients reaching into FP16's underflow range,
-// a NaN in an activation at `nan_step` (first offender, skipped step, scale backoff), tensor-
-// core samples on even steps, and the agent's counters.
-v1::StepReport realistic_report(const std::string& run, std::uint64_t seq, double scale,
-                                std::int64_t nan_step) {
-  const std::int64_t step = static_cast<std::int64_t>(seq) - 1;
-  const bool nan = step == nan_step;
-  v1::StepReport r = make_report(run, 0, seq, step, 0, scale);
-  const auto s = static_cast<std::uint32_t>(seq * 17);
-  *r.add_tensors() = tensor("h0.mlp.fc.weight", v1::TENSOR_ROLE_WEIGHT, -8, 0, 1.0, s);
-  *r.add_tensors() = tensor("h0.mlp.fc.master", v1::TENSOR_ROLE_MASTER_WEIGHT, -8, 0, 1.0, s + 1);
-  *r.add_tensors() =
-      tensor("h0.mlp.fc", v1::TENSOR_ROLE_ACTIVATION, -6, 4, 1.0, s + 2, nan ? 3 : 0);
-  *r.add_tensors() =
-      tensor("h0.mlp.fc.out.grad", v1::TENSOR_ROLE_ACTIVATION_GRAD, -40, -12, scale, s + 3);
-  *r.add_tensors() =
-      tensor("h0.mlp.fc.weight.grad", v1::TENSOR_ROLE_WEIGHT_GRAD, -42, -14, scale, s + 4);
-  *r.add_tensors() = tensor("adam.m", v1::TENSOR_ROLE_OPTIMIZER_STATE, -20, -8, 1.0, s + 5);
-  *r.add_tensors() = tensor("loss", v1::TENSOR_ROLE_LOSS, 1, 1, 1.0, s + 6);
-  if (step % 2 == 0) r.set_tensor_core_active_ratio(0.42);
-  if (step % 4 == 3) r.set_val_loss(2.0 - 0.01 * static_cast<double>(step));
-  r.mutable_agent()->set_spool_bytes(4096 * seq);
-  r.mutable_agent()->set_dropped_reports(0);
-  if (nan) {
-    r.set_loss(std::nan(""));
-    r.set_found_inf(true);
-    r.set_skipped(true);
-    r.set_grad_norm(std::nan(""));
-    r.set_scale_after(scale / 2);
-    r.mutable_first_offender()->set_tensor("h0.mlp.fc");
-    r.mutable_first_offender()->set_role(v1::TENSOR_ROLE_ACTIVATION);
-    r.mutable_first_offender()->set_phase(v1::TENSOR_PHASE_FORWARD);
-  }
-  return r;
-}
 
 std::set<std::string> sample_names(const std::string& text) {
   std::set<std::string> names;
