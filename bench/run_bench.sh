@@ -177,6 +177,17 @@ rm -f "$fragments"/server.json
 "$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/server.json"
 echo "results: $out_dir/results.json"
 
+# The same on PostgreSQL: the tool starts a real PostgreSQL (Debian's postgresql package, in a
+# temporary directory on a Unix socket, fsync and synchronous_commit on as SQLite's --sync
+# full) and the server stores there: server_postgres_ingest_tensor_stats_per_s beside
+# server_ingest_tensor_stats_per_s, server_postgres_ack_p99_ms, ..., and the CPU PostgreSQL
+# used (server_postgres_throughput_postgres_cpu_cores). About 45 s.
+rm -f "$fragments"/server_postgres.json
+"$build_dir/bench/ampscope_server_load" --db-backend postgres \
+  --out "$fragments/server_postgres.json"
+"$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/server_postgres.json"
+echo "results: $out_dir/results.json"
+
 # One data-parallel run of 256 ranks against a real ampscope-server with the headroom policy:
 # each rank one stream, one report of 200 tensors per second (the same step on every rank, each
 # rank's send delayed by up to 20 ms), 5 s warm-up + 60 s measured. Writes
@@ -208,6 +219,19 @@ for ranks in 1024 4096; do
   "$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/server_${ranks}_ranks.json"
   echo "results: $out_dir/results.json"
 done
+
+# 1,024 ranks as above (sample_full_ranks auto) on two servers sharing one PostgreSQL, each with
+# --run-leases: rank r asks server r % 2 first, and the server that does not own the run sends
+# it to the one that does (a Redirect, as the agent given server=a,b follows): keys
+# server_1024_ranks_2pg_* (ack p50/p99, all_acked, streams_failed, redirected_ranks, RSS and CPU
+# of both servers summed, PostgreSQL's CPU). 5 s warm-up + 40 s measured
+# (AMPSCOPE_BENCH_SERVER_2PG_DURATION), under a minute.
+rm -f "$fragments"/server_1024_ranks_2pg.json
+"$build_dir/bench/ampscope_server_load" --out "$fragments/server_1024_ranks_2pg.json" \
+  --db-backend postgres --servers 2 --ranks 1024 --sample-full-ranks auto --ranks-per-node 8 \
+  --rank-tensors 200 --rank-rate 1 --rank-duration "${AMPSCOPE_BENCH_SERVER_2PG_DURATION:-40}"
+"$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/server_1024_ranks_2pg.json"
+echo "results: $out_dir/results.json"
 
 # ---- The web UI on a long run (bench/webui_page_load.mjs) ------------------------------------
 # A real ampscope-server (headroom policy) filled with one run of 100,000 steps of 24 tensors

@@ -40,6 +40,17 @@
 // step, halves the scale and names a first offender, growth after 2000 clean steps, a step time
 // and a tensor-core ratio), as fast as the server acknowledges. The web UI's page-load benchmark
 // (bench/webui_page_load.mjs) measures pages of that run. Prints the seconds it took.
+//
+// The store: --db-backend sqlite (default) gives the server a SQLite file in the work
+// directory; --db-backend postgres starts a real PostgreSQL first (ampscope::test_postgres,
+// Debian's package, in a temporary directory on a Unix socket, with its durable defaults:
+// fsync and synchronous_commit on, as SQLite's --sync full) and gives the server a database
+// there. --servers N starts N servers sharing that database with --run-leases (each run owned
+// by one of them): the load phases' runs go to server k % N, run k's eight ranks together;
+// with --ranks, rank r is given the servers' addresses from entry r % N on (as an agent given
+// `server=a,b` and a DNS name spreading its first choice) and follows the Redirect of a server
+// that does not own the run. The keys say the store: server_postgres_* (one server on
+// PostgreSQL), server_2pg_* (two on one PostgreSQL), server_<N>_ranks_2pg_* and so on.
 #include <curl/curl.h>
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -72,6 +83,10 @@
 #include "ampscope/proto/stats_codec.h"
 #include "ampscope/tensor_stats.h"
 #include "ampscope/v1/telemetry.grpc.pb.h"
+
+#ifdef AMPSCOPE_BENCH_POSTGRES
+#include "ampscope/testing/postgres.h"
+#endif
 
 #ifndef AMPSCOPE_SERVER_BINARY
 #define AMPSCOPE_SERVER_BINARY "ampscope-server"
@@ -116,21 +131,48 @@ struct Options {
   bool require_acked = false;
   std::int64_t long_run = 0;  // > 0: fill --server with one run of this many steps
   std::string long_run_id = "bench-long";
+  std::string db_backend = "sqlite";
+  int servers = 1;
+  std::string lease_ttl = "10s";
 };
+
+// What the keys say about the store: "" (one server on SQLite, the keys as they always were),
+// "postgres" (one on PostgreSQL), "2pg" (two sharing one PostgreSQL).
+std::string store_tag(const Options& o) {
+  if (o.servers > 1) return std::to_string(o.servers) + "pg";
+  return o.db_backend == "postgres" ? "postgres" : "";
+}
 
 // --- The server under test --------------------------------------------------------------------
 
 class ServerChild {
  public:
-  ServerChild(const Options& o, const std::filesystem::path& dir) {
-    const std::filesystem::path ready = dir / "ready.json";
-    log_ = dir / "server.log";
-    std::vector<std::string> argv = {
-        o.server_binary, "--listen",    "127.0.0.1:0", "--metrics-listen",         "",
-        "--http-listen", "127.0.0.1:0", "--db",        (dir / "load.db").string(), "--ready-file",
-        ready.string(),  "--sync",      o.sync,        "--max-in-flight",          "1024"};
+  // Server `index` (its files are named after it) on the store `db`.
+  ServerChild(const Options& o, const std::filesystem::path& dir, const std::string& db,
+              int index) {
+    const std::string name = "server-" + std::to_string(index);
+    const std::filesystem::path ready = dir / (name + "-ready.json");
+    log_ = dir / (name + ".log");
+    std::vector<std::string> argv = {o.server_binary,
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--metrics-listen",
+                                     "",
+                                     "--http-listen",
+                                     "127.0.0.1:0",
+                                     "--db",
+                                     db,
+                                     "--ready-file",
+                                     ready.string(),
+                                     "--sync",
+                                     o.sync,
+                                     "--max-in-flight",
+                                     "1024"};
     // --metrics-listen: the runs and ranks measurements scrape
     if (o.runs > 0 || o.ranks > 0) argv[4] = "127.0.0.1:0";
+    // Servers sharing a store: one owner per run (a lease row in the store), and agents sent
+    // to it; the advertised address is --listen's, with the port the server bound.
+    if (o.servers > 1) argv.insert(argv.end(), {"--run-leases", "--lease-ttl", o.lease_ttl});
     argv.insert(argv.end(), o.server_args.begin(), o.server_args.end());
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
@@ -164,6 +206,7 @@ class ServerChild {
   }
   const std::string& address() const { return address_; }
   const std::string& metrics_address() const { return metrics_address_; }
+  const std::filesystem::path& log() const { return log_; }
   // kB from /proc/PID/status ("VmHWM", "VmRSS").
   long status_kb(const std::string& key) const {
     std::ifstream in("/proc/" + std::to_string(pid_) + "/status");
@@ -172,24 +215,93 @@ class ServerChild {
     }
     return -1;
   }
-  // CPU seconds (user + system) the server has used so far, from /proc/PID/stat.
-  double cpu_s() const {
-    std::ifstream in("/proc/" + std::to_string(pid_) + "/stat");
-    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::istringstream fields(stat.substr(stat.rfind(')') + 2));  // after "pid (comm) "
-    std::string field;
-    double ticks = 0;
-    for (int i = 3; i <= 15 && fields >> field; ++i) {
-      if (i >= 14) ticks += std::stod(field);  // utime, stime
-    }
-    return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
-  }
+  // CPU seconds (user + system) the server has used so far.
+  double cpu_s() const;
 
  private:
   pid_t pid_ = -1;
   std::filesystem::path log_;
   std::string address_;
   std::string metrics_address_;
+};
+
+// The fields of /proc/PID/stat after "pid (comm) ", the first being field 3 (state); empty when
+// the process is gone.
+std::vector<std::string> proc_stat(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> fields;
+  if (const std::size_t paren = stat.rfind(')'); paren != std::string::npos) {
+    std::istringstream in_fields(stat.substr(paren + 2));
+    for (std::string f; in_fields >> f;) fields.push_back(f);
+  }
+  return fields;
+}
+
+// CPU seconds (user + system) process `pid` has used so far; 0 when it is gone.
+double process_cpu_s(pid_t pid) {
+  const std::vector<std::string> f = proc_stat(pid);
+  if (f.size() < 13) return 0;
+  return (std::stod(f[11]) + std::stod(f[12])) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+double ServerChild::cpu_s() const { return process_cpu_s(pid_); }
+
+// CPU seconds of `root` and its children now running (PostgreSQL: the postmaster and its
+// backends and workers).
+double process_tree_cpu_s(pid_t root) {
+  double total = process_cpu_s(root);
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    const auto pid = static_cast<pid_t>(std::stol(name));
+    const std::vector<std::string> f = proc_stat(pid);
+    if (f.size() > 1 && std::stol(f[1]) == root) total += process_cpu_s(pid);
+  }
+  return total;
+}
+
+// The servers under test (--servers of them on one store) and what the measurements read of
+// them together.
+class Servers {
+ public:
+  Servers(const Options& o, const std::filesystem::path& dir, const std::string& db) {
+    for (int i = 0; i < o.servers; ++i) {
+      servers_.push_back(std::make_unique<ServerChild>(o, dir, db, i));
+    }
+  }
+  std::size_t size() const { return servers_.size(); }
+  ServerChild& operator[](std::size_t i) const { return *servers_[i]; }
+  std::vector<std::string> addresses() const {
+    std::vector<std::string> out;
+    for (const auto& s : servers_) out.push_back(s->address());
+    return out;
+  }
+  // kB: the sum of their VmRSS (the service's memory); -1 when one cannot be read.
+  long rss_kb() const {
+    long total = 0;
+    for (const auto& s : servers_) {
+      const long kb = s->status_kb("VmRSS");
+      if (kb < 0) return -1;
+      total += kb;
+    }
+    return total;
+  }
+  // kB: the largest VmHWM of one server.
+  long peak_kb() const {
+    long peak = -1;
+    for (const auto& s : servers_) peak = std::max(peak, s->status_kb("VmHWM"));
+    return peak;
+  }
+  double cpu_s() const {
+    double total = 0;
+    for (const auto& s : servers_) total += s->cpu_s();
+    return total;
+  }
+
+ private:
+  std::vector<std::unique_ptr<ServerChild>> servers_;
 };
 
 // --- Realistic reports --------------------------------------------------------------------------
@@ -370,6 +482,18 @@ class LoadStream : public grpc::ClientBidiReactor<v1::AgentMessage, v1::ServerMe
     std::lock_guard lock(mu_);
     return answered_;
   }
+  // The owner a server that does not own the run sent this stream to (its Redirect; the
+  // stream ends after it); empty when none came.
+  std::string redirected_to() {
+    std::lock_guard lock(mu_);
+    return redirect_;
+  }
+  // How the stream ended ("" while it runs): the status code and message.
+  std::string end_status() {
+    std::lock_guard lock(mu_);
+    if (!done_) return "";
+    return std::to_string(static_cast<int>(status_.error_code())) + " " + status_.error_message();
+  }
   void close() {
     {
       std::lock_guard lock(mu_);
@@ -416,6 +540,8 @@ class LoadStream : public grpc::ClientBidiReactor<v1::AgentMessage, v1::ServerMe
       } else if (in_.has_policy()) {
         ++policy_updates_;
         policy_seq_ = std::max(policy_seq_, in_.policy().seq());
+      } else if (in_.has_redirect()) {
+        redirect_ = in_.redirect().owner();
       }
     }
     StartRead(&in_);
@@ -467,6 +593,7 @@ class LoadStream : public grpc::ClientBidiReactor<v1::AgentMessage, v1::ServerMe
   std::uint64_t policy_updates_ = 0;
   std::uint64_t policy_seq_ = 0;
   bool answered_ = false;
+  std::string redirect_;
   bool done_ = false;
   grpc::Status status_;
 };
@@ -501,18 +628,22 @@ std::string scrape(const std::string& address) {
 
 double mb(long kb) { return kb > 0 ? std::round(kb / 102.4) / 10 : -1; }
 
-// `n` connections to the server at `address` (distinct channel arguments give each its own
-// subchannel), each with its Telemetry client stub (which keeps its channel alive).
+// A connection to the server at `address`, the `index`th of this process (distinct channel
+// arguments give each its own subchannel), with its Telemetry client stub (which keeps its
+// channel alive).
+std::unique_ptr<v1::Telemetry::Stub> open_connection(const std::string& address, int index) {
+  grpc::ChannelArguments a;
+  a.SetMaxSendMessageSize(64 << 20);
+  a.SetInt("ampscope.channel", index);
+  return v1::Telemetry::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), a));
+}
+
+// `n` connections to the server at `address`.
 std::vector<std::unique_ptr<v1::Telemetry::Stub>> open_connections(const std::string& address,
                                                                    int n) {
   std::vector<std::unique_ptr<v1::Telemetry::Stub>> stubs;
-  for (int i = 0; i < n; ++i) {
-    grpc::ChannelArguments a;
-    a.SetMaxSendMessageSize(64 << 20);
-    a.SetInt("ampscope.channel", i);
-    stubs.push_back(v1::Telemetry::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), a)));
-  }
+  for (int i = 0; i < n; ++i) stubs.push_back(open_connection(address, i));
   return stubs;
 }
 
@@ -594,16 +725,17 @@ nlohmann::ordered_json measure_runs(const Options& o, ServerChild& server,
   return j;
 }
 
-// Samples the server's VmRSS every `every` from `from` until stopped: (seconds since `from`, kB).
+// Samples the servers' VmRSS (their sum) every `every` from `from` until stopped: (seconds
+// since `from`, kB).
 class RssSampler {
  public:
-  RssSampler(const ServerChild& server, Clock::time_point from, Clock::duration every)
-      : thread_([this, &server, from, every] {
+  RssSampler(const Servers& servers, Clock::time_point from, Clock::duration every)
+      : thread_([this, &servers, from, every] {
           std::unique_lock lock(mu_);
           for (auto at = from; !stop_; at += every) {
             if (cv_.wait_until(lock, at, [&] { return stop_; })) break;
             samples_.emplace_back(std::chrono::duration<double>(Clock::now() - from).count(),
-                                  server.status_kb("VmRSS"));
+                                  servers.rss_kb());
           }
         }) {}
   ~RssSampler() { stop(); }
@@ -682,10 +814,13 @@ void raise_open_files_limit() {
 // of step k at k / rate seconds plus a delay drawn uniformly from [0, spread) anew for every
 // rank and step (ranks leave the all-reduce together, within a few ms). Measures the time from
 // each report to its Ack over all ranks, the acknowledged rate, and the server's RSS every few
-// seconds of the measured window.
-nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
-                                     const std::string& address) {
-  const std::string key = "server_" + std::to_string(o.ranks) + "_ranks_";
+// seconds of the measured window. With several servers, rank r connects to server r % N first
+// and follows its Redirect to the run's owner; RSS and CPU are the servers' sums (and
+// PostgreSQL's CPU, `database_pid` and its children, apart), the peak the largest server's.
+nlohmann::ordered_json measure_ranks(const Options& o, Servers& servers, pid_t database_pid) {
+  const std::string tag = store_tag(o);
+  const std::string key =
+      "server_" + std::to_string(o.ranks) + "_ranks_" + (tag.empty() ? "" : tag + "_");
   std::cerr << "building report templates (" << o.rank_tensors << " tensors)...\n";
   std::vector<v1::StepReport> templates;
   for (std::uint32_t i = 0; i < 8; ++i) {
@@ -709,7 +844,10 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
 
   // One connection per rank: each rank is its own process.
   const auto world = static_cast<std::uint32_t>(o.ranks);
-  const auto stubs = open_connections(address, o.ranks);
+  const std::vector<std::string> addresses = servers.addresses();
+  std::vector<std::unique_ptr<v1::Telemetry::Stub>> stubs;
+  std::vector<v1::Hello> hellos;
+  std::vector<const std::vector<v1::StepReport>*> sends;
   std::vector<std::unique_ptr<LoadStream>> streams;
   ampscope::agent::AgentConfig sampling;  // the ranks' agent configuration, as far as it matters
   ampscope::agent::set_option(sampling, "sample_full_ranks", o.sample_full_ranks);  // checked
@@ -724,15 +862,34 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
     const bool full = ampscope::agent::sends_full_stats(
         sampling, rank % static_cast<std::uint32_t>(o.ranks_per_node));
     full_ranks += full ? 1 : 0;
-    streams.push_back(std::make_unique<LoadStream>(stubs[rank].get(), hello,
-                                                   full ? &templates : &counts_templates));
+    hellos.push_back(hello);
+    sends.push_back(full ? &templates : &counts_templates);
+    stubs.push_back(open_connection(addresses[rank % addresses.size()], static_cast<int>(rank)));
+    streams.push_back(std::make_unique<LoadStream>(stubs.back().get(), hello, sends.back()));
   }
   const auto connect_deadline = Clock::now() + 60s;
-  for (auto& s : streams) {
-    while (!s->answered() && !s->failed() && Clock::now() < connect_deadline) {
-      std::this_thread::sleep_for(5ms);
+  const auto wait_answered = [&] {
+    for (auto& s : streams) {
+      while (!s->answered() && !s->failed() && Clock::now() < connect_deadline) {
+        std::this_thread::sleep_for(5ms);
+      }
     }
+  };
+  wait_answered();
+  // A server that does not own the run sent its ranks to the owner: they go there, on a
+  // connection of their own, as the agent does.
+  int redirected = 0;
+  for (std::uint32_t rank = 0; rank < world; ++rank) {
+    const std::string owner = streams[rank]->redirected_to();
+    if (streams[rank]->answered() || owner.empty()) continue;
+    streams[rank]->wait_done();
+    stubs.push_back(open_connection(owner, static_cast<int>(world + rank)));
+    streams[rank] = std::make_unique<LoadStream>(stubs.back().get(), hellos[rank], sends[rank]);
+    ++redirected;
   }
+  wait_answered();
+  std::cerr << "  " << servers.size() << " server(s); " << redirected
+            << " ranks redirected to the run's owner\n";
 
   const auto period =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / o.rank_rate));
@@ -754,6 +911,7 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
   std::uint64_t acked_at_start = 0;
   long rss_start_kb = -1;
   double server_cpu_start = 0;
+  double database_cpu_start = 0;
   double client_cpu_start = 0;
   std::vector<std::pair<Clock::duration, std::size_t>> order(streams.size());
   for (std::int64_t step = 0; step < warmup_steps + measured_steps; ++step) {
@@ -761,11 +919,12 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
     if (step == warmup_steps) {
       std::this_thread::sleep_until(step_at);
       for (auto& s : streams) acked_at_start += s->acked();
-      rss_start_kb = server.status_kb("VmRSS");
-      server_cpu_start = server.cpu_s();
+      rss_start_kb = servers.rss_kb();
+      server_cpu_start = servers.cpu_s();
+      database_cpu_start = database_pid > 0 ? process_tree_cpu_s(database_pid) : 0;
       client_cpu_start = own_cpu_s();
       sampler =
-          std::make_unique<RssSampler>(server, step_at,
+          std::make_unique<RssSampler>(servers, step_at,
                                        std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(o.rank_rss_every_s)));
     }
@@ -787,9 +946,11 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
   std::this_thread::sleep_until(measure_to);
   std::uint64_t acked_at_end = 0;
   for (auto& s : streams) acked_at_end += s->acked();
-  const long rss_end_kb = server.status_kb("VmRSS");
+  const long rss_end_kb = servers.rss_kb();
   const double window_s = std::chrono::duration<double>(measure_to - measure_from).count();
-  const double server_cpu = (server.cpu_s() - server_cpu_start) / window_s;
+  const double server_cpu = (servers.cpu_s() - server_cpu_start) / window_s;
+  const double database_cpu =
+      database_pid > 0 ? (process_tree_cpu_s(database_pid) - database_cpu_start) / window_s : NAN;
   const double client_cpu = (own_cpu_s() - client_cpu_start) / window_s;
   const std::vector<std::pair<double, long>> rss =
       sampler ? sampler->stop() : std::vector<std::pair<double, long>>{};
@@ -806,6 +967,7 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
   std::uint64_t sent = 0, acked = 0, rejects = 0, policy_updates = 0, policy_seq = 0;
   int failed = 0;
   std::string first_reject;
+  std::string first_failure;
   for (auto& s : streams) {
     auto l = s->take_latencies();
     latencies.insert(latencies.end(), l.begin(), l.end());
@@ -815,14 +977,21 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
     if (first_reject.empty()) first_reject = s->first_reject();
     policy_updates += s->policy_updates();
     policy_seq = std::max(policy_seq, s->policy_seq());
-    if (s->failed()) ++failed;
+    if (s->failed() && failed++ == 0) first_failure = s->end_status();
   }
-  const long peak_kb = server.status_kb("VmHWM");
+  const long peak_kb = servers.peak_kb();
   // The per-step merge's verdicts (complete steps, no divergence expected: the ranks report the
-  // same replicated weight gradients and scales).
-  const std::string metrics = scrape(server.metrics_address());
-  const double partial_steps = metric_sum(metrics, "ampscope_partial_steps_total");
-  const double divergences = metric_sum(metrics, "ampscope_rank_divergence_total");
+  // same replicated weight gradients and scales), summed over the servers (only the owner
+  // merges the run).
+  bool scraped = true;
+  double partial_steps = 0;
+  double divergences = 0;
+  for (std::size_t i = 0; i < servers.size(); ++i) {
+    const std::string metrics = scrape(servers[i].metrics_address());
+    scraped = scraped && !metrics.empty();
+    partial_steps += metric_sum(metrics, "ampscope_partial_steps_total");
+    divergences += metric_sum(metrics, "ampscope_rank_divergence_total");
+  }
   for (auto& s : streams) s->close();
   for (auto& s : streams) s->wait_done();
 
@@ -857,8 +1026,8 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
             << "  RSS " << mb(rss_start_kb) << " MB at start, " << mb(rss_from_kb) << " MB at "
             << growth_from << " s, " << mb(rss_end_kb) << " MB at the end, peak " << mb(peak_kb)
             << " MB; load average " << load_start << " -> " << load_end
-            << "; CPU cores used: server " << server_cpu << ", load generator " << client_cpu
-            << "\n";
+            << "; CPU cores used: server(s) " << server_cpu << ", PostgreSQL " << database_cpu
+            << ", load generator " << client_cpu << "\n";
 
   nlohmann::ordered_json j;
   j[key + "ack_p50_ms"] = round_to(p50, 0.01);
@@ -874,8 +1043,9 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
   j[key + "rejects"] = rejects;
   if (rejects > 0) j[key + "first_reject"] = first_reject;
   j[key + "streams_failed"] = failed;
-  j[key + "partial_steps"] = metrics.empty() ? NAN : partial_steps;
-  j[key + "rank_divergences"] = metrics.empty() ? NAN : divergences;
+  if (failed > 0) j[key + "first_stream_failure"] = first_failure;
+  j[key + "partial_steps"] = scraped ? partial_steps : NAN;
+  j[key + "rank_divergences"] = scraped ? divergences : NAN;
   j[key + "policy_updates_received"] = policy_updates;
   j[key + "policy_seq"] = policy_seq;
   j[key + "rss_start_mb"] = mb(rss_start_kb);
@@ -902,7 +1072,11 @@ nlohmann::ordered_json measure_ranks(const Options& o, ServerChild& server,
   std::string extra;
   for (const auto& a : o.server_args) extra += (extra.empty() ? "" : " ") + a;
   j[key + "server_args"] = extra;
+  j[key + "db_backend"] = o.db_backend;
+  j[key + "servers"] = o.servers;
+  j[key + "redirected_ranks"] = redirected;
   j[key + "server_cpu_cores"] = round_to(server_cpu, 0.01);
+  if (database_pid > 0) j[key + "postgres_cpu_cores"] = round_to(database_cpu, 0.01);
   j[key + "load_generator_cpu_cores"] = round_to(client_cpu, 0.01);
   j[key + "load_average_start"] = load_start;
   j[key + "load_average_end"] = load_end;
@@ -1048,6 +1222,18 @@ int main(int argc, char** argv) {
                  "Ranks on one node: rank r's local rank is r % this (--sample-full-ranks)")
       ->check(CLI::Range(1, 65536))
       ->capture_default_str();
+  app.add_option("--db-backend", o.db_backend,
+                 "The servers' store: sqlite (a file in the work directory) or postgres (a "
+                 "PostgreSQL this tool starts, with durable settings)")
+      ->check(CLI::IsMember({"sqlite", "postgres"}))
+      ->capture_default_str();
+  app.add_option("--servers", o.servers,
+                 "Servers sharing the one store (more than one: --db-backend postgres, each "
+                 "with --run-leases)")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  app.add_option("--lease-ttl", o.lease_ttl, "The servers' --lease-ttl (--servers > 1)")
+      ->capture_default_str();
   app.add_flag("--require-acked", o.require_acked,
                "--ranks: exit 1 unless every report was acknowledged without a Reject");
   app.add_option("--long-run", o.long_run,
@@ -1071,6 +1257,26 @@ int main(int argc, char** argv) {
     std::cerr << "--runs and --ranks are separate measurements: choose one\n";
     return 2;
   }
+  if (!o.server_address.empty() && (o.db_backend != "sqlite" || o.servers > 1)) {
+    std::cerr << "--db-backend and --servers are for the servers this tool starts: drop "
+                 "--server\n";
+    return 2;
+  }
+  if (o.servers > 1 && o.db_backend != "postgres") {
+    std::cerr << "--servers " << o.servers << " share one store: give --db-backend postgres\n";
+    return 2;
+  }
+  if (o.servers > 1 && o.runs > 0) {
+    std::cerr << "--runs measures one server's /metrics: drop --servers\n";
+    return 2;
+  }
+#ifndef AMPSCOPE_BENCH_POSTGRES
+  if (o.db_backend == "postgres") {
+    std::cerr << "--db-backend postgres: this build has no PostgreSQL launcher (it comes with "
+                 "the tests' support library: configure with AMPSCOPE_BUILD_TESTS=ON)\n";
+    return 2;
+  }
+#endif
   const bool policy_set = std::any_of(o.server_args.begin(), o.server_args.end(), [](auto& a) {
     return a == "--policy" || a.rfind("--policy=", 0) == 0;
   });
@@ -1082,19 +1288,39 @@ int main(int argc, char** argv) {
                                                        ("ampscope-load-" + std::to_string(getpid()))
                                                  : std::filesystem::path(o.work_dir);
   std::filesystem::create_directories(dir);
-  std::unique_ptr<ServerChild> server;
-  std::string address = o.server_address;
-  if (address.empty()) {
-    server = std::make_unique<ServerChild>(o, dir);
-    address = server->address();
+  // The store: a SQLite file in the work directory, or a database on a PostgreSQL of our own
+  // (stopped after the servers: declared before them).
+  std::string db = (dir / "load.db").string();
+  pid_t database_pid = 0;
+  std::string database_version;
+#ifdef AMPSCOPE_BENCH_POSTGRES
+  std::unique_ptr<ampscope::testing::PostgresInstance> postgres;
+  if (o.db_backend == "postgres") {
+    std::cerr << "starting PostgreSQL...\n";
+    postgres = std::make_unique<ampscope::testing::PostgresInstance>(
+        ampscope::testing::PostgresOptions{.durable = true, .max_connections = 100});
+    db = postgres->create_database();
+    database_pid = postgres->pid();
+    database_version = postgres->version();
+    std::cerr << "  " << database_version << "; --db '" << db << "'\n";
   }
+#endif
+  std::unique_ptr<Servers> servers;
+  std::vector<std::string> addresses = {o.server_address};
+  if (o.server_address.empty()) {
+    servers = std::make_unique<Servers>(o, dir, db);
+    addresses = servers->addresses();
+  }
+  const std::string tag = store_tag(o);
   if (o.ranks > 0) {
-    const nlohmann::ordered_json j = measure_ranks(o, *server, address);
-    server.reset();
+    nlohmann::ordered_json j = measure_ranks(o, *servers, database_pid);
+    servers.reset();
+    const std::string key =
+        "server_" + std::to_string(o.ranks) + "_ranks_" + (tag.empty() ? "" : tag + "_");
+    if (!database_version.empty()) j[key + "postgres_version"] = database_version;
     std::cout << j.dump(2) << "\n";
     if (!o.out.empty()) std::ofstream(o.out) << j.dump(2) << "\n";
     if (o.work_dir.empty()) std::filesystem::remove_all(dir);
-    const std::string key = "server_" + std::to_string(o.ranks) + "_ranks_";
     if (o.require_acked && (!j.at(key + "all_acked").get<bool>() || j.at(key + "rejects") != 0)) {
       std::cerr << "not every report was acknowledged without a Reject\n";
       return 1;
@@ -1111,12 +1337,15 @@ int main(int argc, char** argv) {
   std::size_t bins = 0;
   for (const auto& t : templates[0].tensors()) bins += t.histogram().counts_size();
 
-  // One connection per 8 streams, as agents on different hosts would have their own.
-  const std::vector<std::unique_ptr<v1::Telemetry::Stub>> stubs =
-      open_connections(address, (o.streams + 7) / 8);
+  // One connection per 8 streams (one run's ranks), as agents on different hosts would have
+  // their own; connection k to server k % N, so that the servers own the runs in turn.
+  std::vector<std::unique_ptr<v1::Telemetry::Stub>> stubs;
+  for (int c = 0; c < (o.streams + 7) / 8; ++c) {
+    stubs.push_back(open_connection(addresses[static_cast<std::size_t>(c) % addresses.size()], c));
+  }
   if (o.runs > 0) {
-    const nlohmann::ordered_json j = measure_runs(o, *server, stubs, templates);
-    server.reset();
+    const nlohmann::ordered_json j = measure_runs(o, (*servers)[0], stubs, templates);
+    servers.reset();
     std::cout << j.dump(2) << "\n";
     if (!o.out.empty()) std::ofstream(o.out) << j.dump(2) << "\n";
     if (o.work_dir.empty()) std::filesystem::remove_all(dir);
@@ -1201,6 +1430,8 @@ int main(int argc, char** argv) {
   std::uint64_t acked_at_start = 0;
   long rss_start_kb = -1;
   long rss_end_kb = -1;
+  double server_cpu_start = 0;
+  double database_cpu_start = 0;
   bool started = false;
   std::vector<long> rss_samples;
   while (Clock::now() < measure_to) {
@@ -1210,47 +1441,67 @@ int main(int argc, char** argv) {
     if (!started && Clock::now() >= measure_from) {
       started = true;
       for (auto& s : streams) acked_at_start += s->acked();
-      if (server) rss_start_kb = server->status_kb("VmRSS");
+      if (servers) rss_start_kb = servers->rss_kb();
+      if (servers) server_cpu_start = servers->cpu_s();
+      if (database_pid > 0) database_cpu_start = process_tree_cpu_s(database_pid);
     }
-    if (started && server) rss_samples.push_back(server->status_kb("VmRSS"));
+    if (started && servers) rss_samples.push_back(servers->rss_kb());
     for (auto& s : streams) s->take_latencies();
     std::this_thread::sleep_for(1ms);
   }
   std::uint64_t acked_at_end = 0;
   for (auto& s : streams) acked_at_end += s->acked();
-  if (server) rss_end_kb = server->status_kb("VmRSS");
+  if (servers) rss_end_kb = servers->rss_kb();
+  const double server_cpu = servers ? (servers->cpu_s() - server_cpu_start) / o.duration_s : NAN;
+  const double database_cpu =
+      database_pid > 0 ? (process_tree_cpu_s(database_pid) - database_cpu_start) / o.duration_s
+                       : NAN;
   const double tensor_stats_per_s =
       static_cast<double>(acked_at_end - acked_at_start) * o.tensors / o.duration_s;
+  int failed = 0;
+  for (auto& s : streams) failed += s->failed() ? 1 : 0;
   std::cerr << "  " << static_cast<long>(tensor_stats_per_s) << " TensorStats/s ("
-            << static_cast<long>(tensor_stats_per_s / o.tensors) << " reports/s)\n";
+            << static_cast<long>(tensor_stats_per_s / o.tensors) << " reports/s); CPU cores "
+            << "used: server(s) " << server_cpu << ", PostgreSQL " << database_cpu << "; " << failed
+            << " streams failed\n";
 
-  const long peak_kb = server ? server->status_kb("VmHWM") : -1;
+  const long peak_kb = servers ? servers->peak_kb() : -1;
   long rss_max_kb = 0;
   for (long v : rss_samples) rss_max_kb = std::max(rss_max_kb, v);
   for (auto& s : streams) s->close();
   for (auto& s : streams) s->wait_done();
-  server.reset();
+  servers.reset();
 
+  // server_* on one SQLite server (the keys as they always were), server_postgres_* on one
+  // PostgreSQL server, server_2pg_* on two sharing one PostgreSQL.
+  const std::string k = tag.empty() ? "server_" : "server_" + tag + "_";
   nlohmann::ordered_json j;
-  j["server_ingest_tensor_stats_per_s"] = std::round(tensor_stats_per_s);
-  j["server_ack_p99_ms"] = std::round(p99 * 100) / 100;
-  j["server_ack_p50_ms"] = std::round(p50 * 100) / 100;
-  j["server_peak_rss_mb"] = peak_kb > 0 ? std::round(peak_kb / 102.4) / 10 : -1;
-  j["server_rss_throughput_start_mb"] =
-      rss_start_kb > 0 ? std::round(rss_start_kb / 102.4) / 10 : -1;
-  j["server_rss_throughput_end_mb"] = rss_end_kb > 0 ? std::round(rss_end_kb / 102.4) / 10 : -1;
-  j["server_load_streams"] = o.streams;
-  j["server_load_tensors_per_report"] = o.tensors;
-  j["server_load_histogram_bins_per_report"] = bins;
-  j["server_load_report_bytes"] = report_bytes;
-  j["server_load_window"] = o.window;
-  j["server_load_duration_s"] = o.duration_s;
-  j["server_ack_offered_tensor_stats_per_s"] = o.offered;
-  j["server_load_sync"] = o.sync;
+  j[k + "ingest_tensor_stats_per_s"] = std::round(tensor_stats_per_s);
+  j[k + "ack_p99_ms"] = std::round(p99 * 100) / 100;
+  j[k + "ack_p50_ms"] = std::round(p50 * 100) / 100;
+  j[k + "peak_rss_mb"] = peak_kb > 0 ? std::round(peak_kb / 102.4) / 10 : -1;
+  j[k + "rss_throughput_start_mb"] = rss_start_kb > 0 ? std::round(rss_start_kb / 102.4) / 10 : -1;
+  j[k + "rss_throughput_end_mb"] = rss_end_kb > 0 ? std::round(rss_end_kb / 102.4) / 10 : -1;
+  j[k + "throughput_server_cpu_cores"] = round_to(server_cpu, 0.01);
+  if (database_pid > 0) {
+    j[k + "throughput_postgres_cpu_cores"] = round_to(database_cpu, 0.01);
+    j[k + "postgres_version"] = database_version;
+  }
+  j[k + "load_db_backend"] = o.db_backend;
+  j[k + "load_servers"] = o.servers;
+  j[k + "load_streams"] = o.streams;
+  j[k + "load_streams_failed"] = failed;
+  j[k + "load_tensors_per_report"] = o.tensors;
+  j[k + "load_histogram_bins_per_report"] = bins;
+  j[k + "load_report_bytes"] = report_bytes;
+  j[k + "load_window"] = o.window;
+  j[k + "load_duration_s"] = o.duration_s;
+  j[k + "ack_offered_tensor_stats_per_s"] = o.offered;
+  j[k + "load_sync"] = o.sync;
   std::string extra;
   for (const auto& a : o.server_args) extra += (extra.empty() ? "" : " ") + a;
-  j["server_load_server_args"] = extra;
-  j["server_load_hardware_threads"] = std::thread::hardware_concurrency();
+  j[k + "load_server_args"] = extra;
+  j[k + "load_hardware_threads"] = std::thread::hardware_concurrency();
   std::cout << j.dump(2) << "\n";
   if (!o.out.empty()) {
     std::ofstream out(o.out);
