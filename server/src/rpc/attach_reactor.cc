@@ -22,8 +22,12 @@ std::optional<DecodedMessage> decode_agent_message(const grpc::ByteBuffer& buffe
   }
   // One arena per message: a report's hundreds of tensors and histograms are allocated in a few
   // blocks and freed at once when it is settled, instead of one by one (docs/server.md).
+  // Block sizes in whole 64-byte units: protobuf puts its cleanup records at a block's end, and
+  // a size that is not a multiple of 8 leaves them misaligned (undefined behaviour that
+  // UBSan stops at).
   google::protobuf::ArenaOptions options;
-  options.start_block_size = std::clamp<std::size_t>(2 * d.wire.size(), 4096, 1u << 20);
+  options.start_block_size =
+      (std::clamp<std::size_t>(2 * d.wire.size(), 4096, 1u << 20) + 63) & ~std::size_t{63};
   options.max_block_size = std::max<std::size_t>(options.start_block_size, 256u << 10);
   d.arena = std::make_unique<google::protobuf::Arena>(options);
   d.message = google::protobuf::Arena::CreateMessage<v1::AgentMessage>(d.arena.get());
