@@ -224,14 +224,29 @@ done
 # --run-leases: rank r asks server r % 2 first, and the server that does not own the run sends
 # it to the one that does (a Redirect, as the agent given server=a,b follows): keys
 # server_1024_ranks_2pg_* (ack p50/p99, all_acked, streams_failed, redirected_ranks, RSS and CPU
-# of both servers summed, PostgreSQL's CPU). 5 s warm-up + 40 s measured
-# (AMPSCOPE_BENCH_SERVER_2PG_DURATION), under a minute.
+# of both servers summed, PostgreSQL's CPU). 5 s warm-up + 30 s measured
+# (AMPSCOPE_BENCH_SERVER_2PG_DURATION) + at most 15 s for the last Acks: under a minute.
 rm -f "$fragments"/server_1024_ranks_2pg.json
 "$build_dir/bench/ampscope_server_load" --out "$fragments/server_1024_ranks_2pg.json" \
   --db-backend postgres --servers 2 --ranks 1024 --sample-full-ranks auto --ranks-per-node 8 \
-  --rank-tensors 200 --rank-rate 1 --rank-duration "${AMPSCOPE_BENCH_SERVER_2PG_DURATION:-40}"
+  --rank-tensors 200 --rank-rate 1 --rank-duration "${AMPSCOPE_BENCH_SERVER_2PG_DURATION:-30}" \
+  --rank-drain 15
 "$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/server_1024_ranks_2pg.json"
 echo "results: $out_dir/results.json"
+
+# ---- Failover (bench/server_failover.cc) -------------------------------------------------------
+# Two ampscope-server processes sharing one PostgreSQL database with --run-leases (the default
+# --lease-ttl 10s), one agent with its default reconnect settings at 10 steps/s; the run's owner
+# is killed with SIGKILL, three times: server_failover_s (median seconds from the kill to the
+# first report the other server stored), _max, server_failover_lease_s. About a minute. A build
+# without the tests has no PostgreSQL launcher and no such benchmark.
+rm -f "$fragments"/server_failover.json
+if [[ -x $build_dir/bench/ampscope_server_failover ]]; then
+  "$build_dir/bench/ampscope_server_failover" --out "$fragments/server_failover.json"
+  "$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/server_failover.json"
+else
+  echo "server failover: n/a (ampscope_server_failover is built with the tests)" >&2
+fi
 
 # ---- The web UI on a long run (bench/webui_page_load.mjs) ------------------------------------
 # A real ampscope-server (headroom policy) filled with one run of 100,000 steps of 24 tensors

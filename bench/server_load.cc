@@ -126,6 +126,7 @@ struct Options {
   double rank_spread_ms = 20;
   double rank_rss_every_s = 2;
   double rank_growth_from_s = 10;
+  double rank_drain_s = 30;               // after the window, the longest wait for outstanding Acks
   std::string sample_full_ranks = "all";  // the agent option the ranks follow
   int ranks_per_node = 8;
   bool require_acked = false;
@@ -387,8 +388,8 @@ class LoadStream : public grpc::ClientBidiReactor<v1::AgentMessage, v1::ServerMe
     StartCall();
   }
 
-  // Queues the next report, step = seq; its latency counts.
-  void send_next() {
+  // Queues the next report, step = seq; `measured`: its latency counts.
+  void send_next(bool measured = true) {
     std::uint64_t seq = 0;
     {
       std::lock_guard lock(mu_);
@@ -397,7 +398,7 @@ class LoadStream : public grpc::ClientBidiReactor<v1::AgentMessage, v1::ServerMe
     }
     v1::AgentMessage m;
     *m.mutable_report() = (*templates_)[seq % templates_->size()];
-    enqueue(std::move(m), seq, static_cast<std::int64_t>(seq), /*measured=*/true);
+    enqueue(std::move(m), seq, static_cast<std::int64_t>(seq), measured);
   }
 
   // Queues the report of `step` of a data-parallel rank: the weight gradients are those every
@@ -957,7 +958,8 @@ nlohmann::ordered_json measure_ranks(const Options& o, Servers& servers, pid_t d
   const double load_end = load_average_1m();
 
   // Every report sent gets its Ack (or counts as missing).
-  const auto ack_deadline = Clock::now() + 30s;
+  const auto ack_deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                               std::chrono::duration<double>(o.rank_drain_s));
   for (auto& s : streams) {
     while (s->in_flight() > 0 && !s->failed() && Clock::now() < ack_deadline) {
       std::this_thread::sleep_for(5ms);
@@ -1209,6 +1211,11 @@ int main(int argc, char** argv) {
   app.add_option("--rank-growth-from", o.rank_growth_from_s,
                  "RSS growth is measured from this second of the window to its end (--ranks)")
       ->capture_default_str();
+  app.add_option("--rank-drain", o.rank_drain_s,
+                 "Seconds to wait after the window for the Acks still outstanding; reports "
+                 "unacknowledged then count as not acknowledged (--ranks)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--sample-full-ranks", o.sample_full_ranks,
                  "The ranks that send full reports, as the agent option sample_full_ranks: auto "
                  "(the agent's default), all, node, every:K or a list; the others send counts "
@@ -1385,19 +1392,18 @@ int main(int argc, char** argv) {
     const auto now = Clock::now();
     if (!measuring && now >= l_measure) {
       measuring = true;
-      sent = 0;
       for (auto& s : streams) s->take_latencies();
     }
     for (std::size_t i = 0; i < streams.size(); ++i) {
       while (next[i] <= now) {
-        streams[i]->send_next();
-        ++sent;
+        // Reports sent in the warm-up are not measured, even when their Ack comes later.
+        streams[i]->send_next(measuring);
+        sent += measuring ? 1 : 0;
         next[i] += period;
       }
     }
     std::this_thread::sleep_for(500us);
   }
-  (void)measuring;
   // Every report sent in the window gets its ack (or counts as missing below).
   const auto ack_deadline = Clock::now() + 10s;
   for (auto& s : streams) {
