@@ -136,8 +136,9 @@ void add_flags(CLI::App& app, Flags& f) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--rank-merge-max-steps", o.rank_merge.max_pending_steps,
-                 "Steps per run waiting for their ranks at most; the oldest is merged partial")
-      ->check(CLI::PositiveNumber)
+                 "Steps per run waiting for their ranks at most; the oldest is merged partial. "
+                 "0: as many as 16,384 reports of the run's ranks fill, at least 64")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--shutdown-timeout", f.shutdown_timeout,
                  "Deadline of the graceful shutdown on SIGTERM/SIGINT")

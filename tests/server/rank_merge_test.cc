@@ -261,5 +261,35 @@ TEST(RankMergeTest, PendingStepsAreBoundedOldestFlushedPartial) {
   EXPECT_TRUE(out[0].partial);
 }
 
+// By default the bound is 16,384 waiting reports: a rank of two replaying a long spool after a
+// failover keeps thousands of steps waiting for the other; a world of 1,024 keeps 64 steps.
+TEST(RankMergeTest, TheDefaultBoundScalesWithTheWorld) {
+  const Clock::time_point t0 = Clock::now();
+  RankMerger pair;
+  pair.set_layout(2, false);
+  for (std::int64_t step = 0; step < 8192; ++step) {
+    ASSERT_TRUE(pair.add(report(0, step, step + 1), t0, nullptr).empty()) << step;
+  }
+  std::vector<MergedStep> out = pair.add(report(0, 8192, 8193), t0, nullptr);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].step, 0);
+  EXPECT_TRUE(out[0].partial);
+  // Rank 1 then completes every step still waiting, none of them partial.
+  for (std::int64_t step = 1; step <= 8192; ++step) {
+    out = pair.add(report(1, step, 10000 + step), t0, nullptr);
+    ASSERT_EQ(out.size(), 1u) << step;
+    EXPECT_FALSE(out[0].partial) << step;
+  }
+
+  RankMerger wide;
+  wide.set_layout(1024, false);
+  for (std::int64_t step = 0; step < 64; ++step) {
+    ASSERT_TRUE(wide.add(report(0, step, step + 1), t0, nullptr).empty()) << step;
+  }
+  out = wide.add(report(0, 64, 65), t0, nullptr);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].step, 0);
+}
+
 }  // namespace
 }  // namespace ampscope::server

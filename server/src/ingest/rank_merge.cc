@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sstream>
 #include <string_view>
 #include <unordered_map>
-#include <sstream>
 
 #include "report_digest.h"
 
@@ -123,8 +123,8 @@ policy::StepInput merge_inputs(const std::vector<RankStep>& ranks, bool gradient
 
 // The field as each rank reported it; a divergence when they are not all the same.
 template <typename F>
-void compare(const std::vector<RankStep>& ranks, std::int64_t step, const char* field,
-             F&& value_of, std::vector<v1::RankDivergence>* out) {
+void compare(const std::vector<RankStep>& ranks, std::int64_t step, const char* field, F&& value_of,
+             std::vector<v1::RankDivergence>* out) {
   v1::RankDivergence d;
   d.set_step(step);
   d.set_field(field);
@@ -183,8 +183,9 @@ void compare_weight_grads(const std::vector<RankStep>& ranks, std::int64_t step,
     std::string s;
     for (std::size_t n = 0; n < std::min(names.size(), kMaxNamed); ++n) {
       const auto& on_ranks = by_name.at(names[n]);
-      const bool histograms = std::all_of(on_ranks.begin(), on_ranks.end(),
-                                          [](const policy::TensorInput* t) { return t->histogram; });
+      const bool histograms =
+          std::all_of(on_ranks.begin(), on_ranks.end(),
+                      [](const policy::TensorInput* t) { return t->histogram; });
       s += (s.empty() ? "" : "; ") + weight_grad_fingerprint(*on_ranks[i], histograms);
     }
     if (names.size() > kMaxNamed) {
@@ -197,19 +198,24 @@ void compare_weight_grads(const std::vector<RankStep>& ranks, std::int64_t step,
   out->push_back(std::move(d));
 }
 
-std::vector<v1::RankDivergence> divergences(const std::vector<RankStep>& ranks,
-                                            std::int64_t step, bool gradients_sharded) {
+std::vector<v1::RankDivergence> divergences(const std::vector<RankStep>& ranks, std::int64_t step,
+                                            bool gradients_sharded) {
   std::vector<v1::RankDivergence> out;
   if (ranks.size() < 2) return out;
-  compare(ranks, step, "loss_scale", [](const RankStep& r) { return number_text(r.input.loss_scale); },
-          &out);
-  compare(ranks, step, "scale_after",
-          [](const RankStep& r) { return number_text(r.input.scale_after); }, &out);
-  compare(ranks, step, "found_inf", [](const RankStep& r) { return bool_text(r.input.found_inf); },
-          &out);
-  compare(ranks, step, "skipped", [](const RankStep& r) { return bool_text(r.input.skipped); }, &out);
-  compare(ranks, step, "policy_seq",
-          [](const RankStep& r) { return std::to_string(r.policy_seq); }, &out);
+  compare(
+      ranks, step, "loss_scale", [](const RankStep& r) { return number_text(r.input.loss_scale); },
+      &out);
+  compare(
+      ranks, step, "scale_after",
+      [](const RankStep& r) { return number_text(r.input.scale_after); }, &out);
+  compare(
+      ranks, step, "found_inf", [](const RankStep& r) { return bool_text(r.input.found_inf); },
+      &out);
+  compare(
+      ranks, step, "skipped", [](const RankStep& r) { return bool_text(r.input.skipped); }, &out);
+  compare(
+      ranks, step, "policy_seq", [](const RankStep& r) { return std::to_string(r.policy_seq); },
+      &out);
   // A rank that handled no update at the step says so rather than showing an empty value.
   compare(
       ranks, step, "policy_outcomes",
@@ -289,8 +295,8 @@ std::vector<MergedStep> RankMerger::add(RankStep rank, Clock::time_point now,
     return out;
   }
   if (auto done = merged_.find(step); done != merged_.end()) {
-    const bool rerun = std::find(done->second.begin(), done->second.end(), rank.rank) !=
-                       done->second.end();
+    const bool rerun =
+        std::find(done->second.begin(), done->second.end(), rank.rank) != done->second.end();
     if (!rerun) {  // its step went without it
       if (late != nullptr) *late = true;
       return out;
@@ -304,10 +310,16 @@ std::vector<MergedStep> RankMerger::add(RankStep rank, Clock::time_point now,
   }
   it->second.ranks.insert_or_assign(rank.rank, std::move(rank));
   if (it->second.ranks.size() >= world_size_) out.push_back(finish(it, false));
-  while (pending_.size() > options_.max_pending_steps) {
+  while (pending_.size() > max_pending_steps()) {
     out.push_back(finish(pending_.begin(), true));
   }
   return out;
+}
+
+std::size_t RankMerger::max_pending_steps() const {
+  if (options_.max_pending_steps > 0) return options_.max_pending_steps;
+  return std::max(MergeOptions::kMinAutoPendingSteps,
+                  MergeOptions::kAutoPendingReports / std::max<std::uint32_t>(world_size_, 1));
 }
 
 std::vector<MergedStep> RankMerger::flush(Clock::time_point now,

@@ -64,8 +64,14 @@ MergedStep merge_ranks(std::vector<RankStep> ranks, bool gradients_sharded, bool
 struct MergeOptions {
   // A step waits this long for its missing ranks, then is merged as partial.
   std::chrono::milliseconds deadline{3000};
-  // Steps waiting per run at most; beyond it the oldest is merged as partial.
-  std::size_t max_pending_steps = 64;
+  // Steps waiting per run at most; beyond it the oldest is merged as partial. 0: as many as
+  // hold kAutoPendingReports reports of the run's world, at least kMinAutoPendingSteps. A rank
+  // that reconnects (a restarted or moved server) replays its spool in a burst while the
+  // others come back: a run of two ranks may then have thousands of steps waiting, which must
+  // not be merged without the ranks still on their way.
+  std::size_t max_pending_steps = 0;
+  static constexpr std::size_t kAutoPendingReports = 16384;
+  static constexpr std::size_t kMinAutoPendingSteps = 64;
 };
 
 class RankMerger {
@@ -84,8 +90,8 @@ class RankMerger {
   // `connected` (asked when a step starts waiting) names the ranks with a stream open then; a
   // step also stops waiting for a rank whose stream has ended since (flush). A late report of a
   // step already merged without its rank is dropped (*late set when given).
-  std::vector<MergedStep> add(RankStep rank, Clock::time_point now,
-                              const ConnectedRanks& connected, bool* late = nullptr);
+  std::vector<MergedStep> add(RankStep rank, Clock::time_point now, const ConnectedRanks& connected,
+                              bool* late = nullptr);
   // Steps past their deadline, or waiting only on ranks whose stream ended (not in
   // `connected`), merged as partial.
   std::vector<MergedStep> flush(Clock::time_point now, const std::set<std::uint32_t>& connected);
@@ -104,6 +110,7 @@ class RankMerger {
   };
   using PendingMap = std::map<std::int64_t, Pending>;
   MergedStep finish(PendingMap::iterator it, bool partial);
+  std::size_t max_pending_steps() const;
 
   MergeOptions options_;
   std::uint32_t world_size_ = 1;

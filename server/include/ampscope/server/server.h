@@ -82,7 +82,7 @@ struct ServerOptions {
   // may wait, before they are merged without them.
   struct RankMerge {
     std::chrono::milliseconds deadline{3000};
-    std::size_t max_pending_steps = 64;
+    std::size_t max_pending_steps = 0;  // 0: 16,384 reports' worth, at least 64 steps
   } rank_merge;
   policy::EngineConfig policy;  // validated by create()
   // Servers sharing one store (PostgreSQL): each run is owned by one server at a time through
