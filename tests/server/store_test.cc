@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <thread>
+#include <tuple>
 
 #include "ampscope/testing/net.h"
 #include "pg_connection.h"
@@ -217,6 +219,74 @@ TEST_P(ServerStoreTest, TensorTotalsKeepTheLatestTargetFormat) {
   ASSERT_GE(run->worst_underflow_size(), 1);
   EXPECT_EQ(run->worst_underflow(0).format(), v1::FORMAT_FP16);
   EXPECT_DOUBLE_EQ(run->worst_underflow(0).underflow_ratio(), 0.07);
+}
+
+// add_tensor_totals over many tensors (multi-row statements of at most 50 rows) adds up as
+// the same deltas given one at a time: 123 tensors, so 50 + 50 + 23 rows, added twice so that
+// the second round updates every row (a format of 0 keeps the stored one, max_abs and
+// last_step keep the larger).
+TEST_P(ServerStoreTest, ManyTensorTotalsAddUpAsOneAtATime) {
+  StoreWriter w(StoreOptions{path(), true});
+  w.begin();
+  for (const char* run : {"rows", "single"}) {
+    w.upsert_run(make_hello(run), kSecond);
+    w.upsert_agent(make_hello(run), kSecond);
+  }
+  w.commit();
+  constexpr int kTensors = 123;
+  const auto delta = [](int round, int i) {
+    TensorTotals t;
+    t.name = "layer" + std::to_string(i);
+    t.role = i % 2 == 0 ? v1::TENSOR_ROLE_WEIGHT_GRAD : v1::TENSOR_ROLE_ACTIVATION_GRAD;
+    t.format = round == 1 && i % 3 == 0 ? 0 : (i % 2 == 0 ? v1::FORMAT_FP16 : v1::FORMAT_BF16);
+    t.samples = 1 + round;
+    t.values = 100 * static_cast<std::uint64_t>(i) + round;
+    t.overflow = i % 5;
+    t.underflow = i % 7 + round;
+    t.nonfinite = i % 11 == 0 ? 1 : 0;
+    t.max_abs = round == 0 ? i * 0.5 : i * 0.25 + (i % 4 == 0 ? 100.0 : 0.0);
+    t.last_step = round == 0 ? 10 : 5 + i % 10;
+    return t;
+  };
+  for (int round = 0; round < 2; ++round) {
+    std::vector<TensorTotals> deltas;
+    for (int i = 0; i < kTensors; ++i) deltas.push_back(delta(round, i));
+    std::vector<const TensorTotals*> rows;
+    for (TensorTotals& d : deltas) {
+      d.run_id = "rows";
+      rows.push_back(&d);
+    }
+    w.begin();
+    w.add_tensor_totals(rows);
+    for (TensorTotals d : deltas) {
+      d.run_id = "single";
+      w.add_tensor_totals(d);
+    }
+    w.commit();
+  }
+  std::map<std::string, std::map<std::pair<std::string, int>, TensorTotals>> stored;
+  for (const TensorTotals& t : w.load_state().tensors) stored[t.run_id][{t.name, t.role}] = t;
+  ASSERT_EQ(stored["rows"].size(), static_cast<std::size_t>(kTensors));
+  ASSERT_EQ(stored["single"].size(), static_cast<std::size_t>(kTensors));
+  for (int i = 0; i < kTensors; ++i) {
+    const TensorTotals first = delta(0, i);
+    const TensorTotals second = delta(1, i);
+    const TensorTotals& r = stored["rows"][{first.name, first.role}];
+    const TensorTotals& s = stored["single"][{first.name, first.role}];
+    SCOPED_TRACE(first.name);
+    EXPECT_EQ(r.format, second.format != 0 ? second.format : first.format);
+    EXPECT_EQ(r.samples, 3u);
+    EXPECT_EQ(r.values, first.values + second.values);
+    EXPECT_EQ(r.overflow, first.overflow + second.overflow);
+    EXPECT_EQ(r.underflow, first.underflow + second.underflow);
+    EXPECT_EQ(r.nonfinite, first.nonfinite + second.nonfinite);
+    EXPECT_EQ(r.max_abs, std::max(first.max_abs, second.max_abs));
+    EXPECT_EQ(r.last_step, std::max(first.last_step, second.last_step));
+    EXPECT_EQ(std::tie(r.format, r.samples, r.values, r.overflow, r.underflow, r.nonfinite,
+                       r.max_abs, r.last_step),
+              std::tie(s.format, s.samples, s.values, s.overflow, s.underflow, s.nonfinite,
+                       s.max_abs, s.last_step));
+  }
 }
 
 TEST_P(ServerStoreTest, DeleteRunRemovesEveryRowOfThatRunOnly) {

@@ -526,9 +526,12 @@ void Ingest::write(Shard& shard, std::vector<IngestItem>& items, Batch& batch,
     store_.save_policy_state(s.run_id, std::string(policy_.mode_name()), s.state, s.last_report_id,
                              s.last_merged_id, now_ns);
   }
+  std::vector<const TensorTotals*> rows;
+  rows.reserve(deltas.size());
+  for (const auto& [k, delta] : deltas) rows.push_back(&delta.totals);
+  store_.add_tensor_totals(rows);
   for (auto& [k, delta] : deltas) {
     const TensorTotals& d = delta.totals;
-    store_.add_tensor_totals(d);
     TensorTotals& total = delta.run->totals[{d.name, d.role}];
     if (total.samples == 0) {
       total.run_id = d.run_id;

@@ -191,6 +191,9 @@ class StoreWriter {
   std::int64_t insert_report(const v1::StepReport& report, const std::string& payload,
                              std::int64_t received_ns);
   void add_tensor_totals(const TensorTotals& delta);
+  // The same for many tensors, in multi-row statements (a group commit's 200 tensors in 4
+  // statements instead of 200). No two deltas may be of the same (run, name, role).
+  void add_tensor_totals(const std::vector<const TensorTotals*>& deltas);
   // A merged step (rank_merge.h) and its divergences; returns the merged step's id.
   std::int64_t insert_merged_step(const std::string& run_id, const MergedStep& step);
   void insert_rejection(const std::string& run_id, std::uint32_t rank, std::uint64_t seq,
@@ -230,6 +233,9 @@ class StoreWriter {
   std::unique_ptr<Connection> conn_;
   std::unique_ptr<Statements> st_;
   std::map<std::string, std::int64_t> run_keys_;
+  // Runs whose last_seen_ns this transaction raised, to the time given: raising it again to an
+  // earlier or equal time changes nothing (one UPDATE per run per group commit, not per rank).
+  std::map<std::int64_t, std::int64_t> touched_runs_;
   bool in_transaction_ = false;
 };
 

@@ -48,22 +48,6 @@ struct StoreWriter::Statements {
             "?10, ?11, ?12, ?13, ?14, ?15, ?16) ON CONFLICT (run, rank, seq) DO NOTHING "
             "RETURNING id")),
         insert_counts(prepare_report_counts(c)),
-        add_tensor(c.prepare(
-            "INSERT INTO tensor_totals (run, name, role, format, samples, \"values\", overflow, "
-            "underflow, nonfinite, max_abs, last_step) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, "
-            "?9, ?10, ?11) ON CONFLICT (run, name, role) DO UPDATE SET "
-            // As add_totals: the latest format of a sample that had one; a batch whose samples
-            // had no target (a weight gradient after unscaling) keeps the stored one.
-            // The stored row's columns named by the table's name (on PostgreSQL a bare name
-            // could also be the proposed row's).
-            "format = CASE WHEN ?4 != 0 THEN ?4 ELSE tensor_totals.format END, "
-            "samples = tensor_totals.samples + ?5, "
-            "\"values\" = tensor_totals.\"values\" + ?6, "
-            "overflow = tensor_totals.overflow + ?7, underflow = tensor_totals.underflow + ?8, "
-            "nonfinite = tensor_totals.nonfinite + ?9, "
-            "max_abs = " +
-            sql_greatest("tensor_totals.max_abs", "?10") +
-            ", last_step = " + sql_greatest("tensor_totals.last_step", "?11"))),
         insert_rejection(c.prepare(
             "INSERT INTO rejections (run, rank, seq, field, reason, message, received_ns) "
             "VALUES ((SELECT id FROM runs WHERE run_id = ?1), ?2, ?3, ?4, ?5, ?6, ?7)")),
@@ -103,14 +87,58 @@ struct StoreWriter::Statements {
             "INSERT INTO tensor_history (report, run, rank, step, name, role, phase, stats) "
             "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)")) {}
 
+  // Tensor totals upserted per statement at most, kTensorColumns parameters each.
+  static constexpr std::size_t kTensorRows = 50;
+  static constexpr std::size_t kTensorColumns = 11;
+
+  // An upsert of `rows` deltas into tensor_totals.
+  static Statement prepare_add_tensors(Connection& c, std::size_t rows) {
+    std::string sql =
+        "INSERT INTO tensor_totals (run, name, role, format, samples, \"values\", overflow, "
+        "underflow, nonfinite, max_abs, last_step) VALUES ";
+    for (std::size_t row = 0; row < rows; ++row) {
+      sql += row == 0 ? "(" : ", (";
+      for (std::size_t column = 1; column <= kTensorColumns; ++column) {
+        sql += (column == 1 ? "?" : ", ?") + std::to_string(row * kTensorColumns + column);
+      }
+      sql += ")";
+    }
+    // As add_totals: the latest format of a sample that had one; a batch whose samples had no
+    // target (a weight gradient after unscaling) keeps the stored one. The stored row's columns
+    // named by the table's name (on PostgreSQL a bare name could also be the proposed row's).
+    sql +=
+        " ON CONFLICT (run, name, role) DO UPDATE SET "
+        "format = CASE WHEN excluded.format != 0 THEN excluded.format "
+        "ELSE tensor_totals.format END, "
+        "samples = tensor_totals.samples + excluded.samples, "
+        "\"values\" = tensor_totals.\"values\" + excluded.\"values\", "
+        "overflow = tensor_totals.overflow + excluded.overflow, "
+        "underflow = tensor_totals.underflow + excluded.underflow, "
+        "nonfinite = tensor_totals.nonfinite + excluded.nonfinite, "
+        "max_abs = " +
+        sql_greatest("tensor_totals.max_abs", "excluded.max_abs") +
+        ", last_step = " + sql_greatest("tensor_totals.last_step", "excluded.last_step");
+    return c.prepare(sql);
+  }
+
+  // The upsert of `rows` deltas, prepared at its first use.
+  Statement& add_tensors(Connection& c, std::size_t rows) {
+    auto it = add_tensors_by_rows.find(rows);
+    if (it == add_tensors_by_rows.end()) {
+      it = add_tensors_by_rows.emplace(rows, prepare_add_tensors(c, rows)).first;
+    }
+    return it->second;
+  }
+
   Statement upsert_run, run_id_of, touch_run, upsert_agent, agent_progress, agent_policy_seq,
-      agent_notice, insert_report, insert_counts, add_tensor, insert_rejection, insert_decision,
+      agent_notice, insert_report, insert_counts, insert_rejection, insert_decision,
       set_decision_update, insert_merged, insert_divergence, upsert_application, save_policy;
   // A run's rows, every table; the runs row last.
   Statement delete_reports, delete_applications, delete_agents, delete_notices, delete_tensors,
       delete_policy_state, delete_decisions, delete_merged, delete_divergences, delete_rejections,
       delete_run;
   Statement insert_history;
+  std::map<std::size_t, Statement> add_tensors_by_rows;  // 1..kTensorRows
 };
 
 StoreWriter::StoreWriter(const StoreOptions& options)
@@ -347,11 +375,13 @@ std::vector<StoredMerge> StoreWriter::merges_since(const std::string& run_id,
 void StoreWriter::begin() {
   conn_->begin_write();
   in_transaction_ = true;
+  touched_runs_.clear();
 }
 
 void StoreWriter::commit() {
   conn_->commit();
   in_transaction_ = false;
+  touched_runs_.clear();
 }
 
 Connection& StoreWriter::transaction_connection() {
@@ -361,6 +391,7 @@ Connection& StoreWriter::transaction_connection() {
 
 void StoreWriter::rollback() {
   in_transaction_ = false;
+  touched_runs_.clear();
   try {
     conn_->rollback();
   } catch (const StoreError&) {
@@ -386,6 +417,7 @@ std::int64_t StoreWriter::run_key(const std::string& run_id) {
 }
 
 void StoreWriter::upsert_run(const v1::Hello& hello, std::int64_t now_ns) {
+  touched_runs_.clear();  // last_seen_ns is set, not raised
   const std::string blob = hello.SerializeAsString();
   st_->upsert_run.bind(1, hello.run_id())
       .bind(2, std::int64_t{hello.world_size()})
@@ -425,7 +457,10 @@ void StoreWriter::set_agent_progress(const std::string& run_id, std::uint32_t ra
     s.bind_null(5);
   }
   s.run();
+  const auto touched = touched_runs_.find(run);
+  if (touched != touched_runs_.end() && touched->second >= now_ns) return;
   st_->touch_run.bind(1, run).bind(2, now_ns).run();
+  touched_runs_[run] = now_ns;
 }
 
 void StoreWriter::add_agent_notice(const std::string& run_id, std::uint32_t rank,
@@ -501,19 +536,38 @@ void StoreWriter::insert_history(std::int64_t run, std::int64_t report, const v1
   }
 }
 
-void StoreWriter::add_tensor_totals(const TensorTotals& d) {
-  st_->add_tensor.bind(1, run_key(d.run_id))
-      .bind(2, d.name)
-      .bind(3, std::int64_t{d.role})
-      .bind(4, std::int64_t{d.format})
-      .bind(5, static_cast<std::int64_t>(d.samples))
-      .bind(6, static_cast<std::int64_t>(d.values))
-      .bind(7, static_cast<std::int64_t>(d.overflow))
-      .bind(8, static_cast<std::int64_t>(d.underflow))
-      .bind(9, static_cast<std::int64_t>(d.nonfinite))
-      .bind(10, d.max_abs)
-      .bind(11, d.last_step)
-      .run();
+namespace {
+
+// One delta's values as the row at `row` (from 0) of an add_tensors statement.
+void bind_tensor_row(Statement& s, std::size_t row, std::int64_t run, const TensorTotals& d,
+                     std::size_t columns) {
+  const int at = static_cast<int>(row * columns);
+  s.bind(at + 1, run)
+      .bind(at + 2, d.name)
+      .bind(at + 3, std::int64_t{d.role})
+      .bind(at + 4, std::int64_t{d.format})
+      .bind(at + 5, static_cast<std::int64_t>(d.samples))
+      .bind(at + 6, static_cast<std::int64_t>(d.values))
+      .bind(at + 7, static_cast<std::int64_t>(d.overflow))
+      .bind(at + 8, static_cast<std::int64_t>(d.underflow))
+      .bind(at + 9, static_cast<std::int64_t>(d.nonfinite))
+      .bind(at + 10, d.max_abs)
+      .bind(at + 11, d.last_step);
+}
+
+}  // namespace
+
+void StoreWriter::add_tensor_totals(const TensorTotals& delta) { add_tensor_totals({&delta}); }
+
+void StoreWriter::add_tensor_totals(const std::vector<const TensorTotals*>& deltas) {
+  for (std::size_t i = 0; i < deltas.size();) {
+    const std::size_t rows = std::min(deltas.size() - i, Statements::kTensorRows);
+    Statement& s = st_->add_tensors(*conn_, rows);
+    for (std::size_t row = 0; row < rows; ++row, ++i) {
+      bind_tensor_row(s, row, run_key(deltas[i]->run_id), *deltas[i], Statements::kTensorColumns);
+    }
+    s.run();
+  }
 }
 
 void StoreWriter::insert_rejection(const std::string& run_id, std::uint32_t rank, std::uint64_t seq,
@@ -626,6 +680,7 @@ std::optional<std::int64_t> StoreWriter::delete_run(const std::string& run_id) {
   }
   const std::int64_t reports = delete_run_rows(key);
   run_keys_.erase(run_id);
+  touched_runs_.erase(key);
   return reports;
 }
 
