@@ -55,8 +55,10 @@ std::optional<Takeover> LeasedServers::kill_owner(const std::string& run_id,
   const std::optional<std::size_t> killed = owner(run_id);
   if (!killed) throw std::runtime_error("run '" + run_id + "' has no owner to kill");
   const Clock::time_point start = Clock::now();
-  servers_[*killed]->kill9();  // returns once the process is gone: it commits nothing more
-  const std::int64_t before = last_report_id(run_id);
+  servers_[*killed]->kill9();
+  // The dead server's last transaction may still commit: PostgreSQL finishes what it received.
+  // Reports stored before the lease moved are the old owner's, however late.
+  std::int64_t before = last_report_id(run_id);
   Takeover t;
   t.killed = *killed;
   bool leased = false;
@@ -73,8 +75,10 @@ std::optional<Takeover> LeasedServers::kill_owner(const std::string& run_id,
         t.lease = now - start;
       }
     }
-    // Only a live server commits after the kill; only the lease's holder commits the run.
-    if (!reported && last_report_id(run_id) > before) {
+    const std::int64_t last = last_report_id(run_id);
+    if (!leased) {
+      before = last;
+    } else if (!reported && last > before) {
       reported = true;
       t.first_report = now - start;
     }

@@ -49,8 +49,9 @@ class LeasedServers {
   // The highest id among the run's stored reports (0: none).
   std::int64_t last_report_id(const std::string& run_id);
   // Kills the run's owner with SIGKILL (the run must have one) and polls the store every few
-  // milliseconds until another server holds the lease and has stored a report of the run;
-  // nullopt when that did not happen within `timeout`.
+  // milliseconds until another server holds the lease and has stored a report of the run since
+  // (what the dead server's last transaction commits after its death does not count); nullopt
+  // when that did not happen within `timeout`.
   std::optional<Takeover> kill_owner(const std::string& run_id, std::chrono::milliseconds timeout);
   // The store, for the caller's own queries.
   PostgresConnection& db() { return db_; }
