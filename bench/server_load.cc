@@ -135,6 +135,7 @@ struct Options {
   std::string db_backend = "sqlite";
   int servers = 1;
   std::string lease_ttl = "10s";
+  bool postgres_durable = true;
 };
 
 // What the keys say about the store: "" (one server on SQLite, the keys as they always were),
@@ -886,6 +887,7 @@ nlohmann::ordered_json measure_ranks(const Options& o, Servers& servers, pid_t d
     streams[rank]->wait_done();
     stubs.push_back(open_connection(owner, static_cast<int>(world + rank)));
     streams[rank] = std::make_unique<LoadStream>(stubs.back().get(), hellos[rank], sends[rank]);
+    stubs[rank].reset();  // the connection to the server that redirected: closed
     ++redirected;
   }
   wait_answered();
@@ -1241,6 +1243,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--lease-ttl", o.lease_ttl, "The servers' --lease-ttl (--servers > 1)")
       ->capture_default_str();
+  app.add_option("--postgres-durable", o.postgres_durable,
+                 "PostgreSQL's fsync, synchronous_commit and full_page_writes (false: what "
+                 "durability costs)")
+      ->capture_default_str();
   app.add_flag("--require-acked", o.require_acked,
                "--ranks: exit 1 unless every report was acknowledged without a Reject");
   app.add_option("--long-run", o.long_run,
@@ -1305,7 +1311,7 @@ int main(int argc, char** argv) {
   if (o.db_backend == "postgres") {
     std::cerr << "starting PostgreSQL...\n";
     postgres = std::make_unique<ampscope::testing::PostgresInstance>(
-        ampscope::testing::PostgresOptions{.durable = true, .max_connections = 100});
+        ampscope::testing::PostgresOptions{.durable = o.postgres_durable, .max_connections = 100});
     db = postgres->create_database();
     database_pid = postgres->pid();
     database_version = postgres->version();
