@@ -38,7 +38,7 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
 constexpr const char* kRun = "failover";
-constexpr int kSteps = 600;
+constexpr int kSteps = 900;
 constexpr int kRanks = 2;
 
 class FailoverTest : public ::testing::Test {
@@ -63,14 +63,8 @@ std::int64_t as_int(const std::string& s) { return s.empty() ? 0 : std::stoll(s)
 TEST_F(FailoverTest, OwnerKilledMidRunTheOtherServerTakesOverEveryStepOnce) {
   TempDir dir;
   PostgresInstance postgres;
-  // The trainer takes tens to hundreds of steps a second here: the backlog a takeover leaves
-  // (seconds of steps) outgrows the 64 steps a run's merge holds by default, and the first rank
-  // to replay would push its steps out partial before the other rank is back. For a real run
-  // the backlog is its steps per second times the ttl plus the agents' backoff (docs/deploy.md,
-  // failover, says when to raise it); the test raises it.
-  LeasedServers servers(
-      dir.path(), postgres.create_database(), 2, "2s",
-      {"--policy", "headroom", "--policy-lead-steps", "1", "--rank-merge-max-steps", "4096"});
+  LeasedServers servers(dir.path(), postgres.create_database(), 2, "2s",
+                        {"--policy", "headroom", "--policy-lead-steps", "1"});
   PostgresConnection& db = servers.db();
   // Started far too high, the scale is lowered at once; an overflow injected every 50 steps
   // (an outlier no scale avoids) makes the engine restore the scale the local scaler backed off
