@@ -89,6 +89,52 @@ TEST_P(LeaseOwnershipTest, ANewProcessAtTheSameAddressWaitsForItsOldLease) {
   EXPECT_TRUE(testing::wait_until([&] { return second->claim("r").kind == Kind::kOwned; }, 5s));
 }
 
+// What the ingest is told and asks: a run claimed afresh drops the server's copy (not taken),
+// a run the heartbeat finds taken ends its streams (taken); the fence confirms only the runs
+// whose row still names this process, and a run it does not confirm is asked of the store again.
+TEST_P(LeaseOwnershipTest, TheIngestIsToldWhatIsStaleAndTheFenceConfirmsOnlyOwnRuns) {
+  auto a = lease("a.example:50051", 1200ms, 250ms);
+  auto b = lease("b.example:50051", 1200ms, 250ms);
+  std::mutex mu;
+  std::vector<std::pair<std::string, bool>> told;
+  a->on_lost([&](const std::string& run, bool taken) {
+    std::lock_guard lock(mu);
+    told.emplace_back(run, taken);
+  });
+  ASSERT_EQ(a->claim("r").kind, Kind::kOwned);
+  ASSERT_EQ(a->claim("r").kind, Kind::kOwned);  // held: nothing more to drop
+  {
+    std::lock_guard lock(mu);
+    EXPECT_EQ(told, (std::vector<std::pair<std::string, bool>>{{"r", false}}));
+  }
+  const auto c = connect();
+  {
+    Transaction tx(*c);
+    EXPECT_EQ(a->confirm(*c, {"r", "never"}), (std::set<std::string>{"r"}));
+    tx.commit();
+  }
+  // The row is taken over behind A's back (its expiry forced): the heartbeat says so.
+  c->exec("UPDATE run_leases SET expires_ms = 0 WHERE run_id = 'r'");
+  ASSERT_EQ(b->claim("r").kind, Kind::kOwned);
+  EXPECT_TRUE(testing::wait_until(
+      [&] {
+        std::lock_guard lock(mu);
+        return told.size() == 2;
+      },
+      5s));
+  {
+    std::lock_guard lock(mu);
+    ASSERT_EQ(told.size(), 2u);
+    EXPECT_EQ(told[1], (std::pair<std::string, bool>{"r", true}));
+  }
+  {
+    Transaction tx(*c);
+    EXPECT_EQ(a->confirm(*c, {"r"}), (std::set<std::string>{}));
+    tx.commit();
+  }
+  EXPECT_EQ(a->claim("r").owner, "b.example:50051");
+}
+
 TEST(LeaseOwnershipPostgresTest, ALostConnectionIsUnavailableOnceThenConnectsAgain) {
   StoreLocation store(Backend::kPostgres);
   { StoreWriter make(StoreOptions{store.path(), true}); }
