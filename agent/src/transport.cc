@@ -199,6 +199,10 @@ bool Transport::connect(grpc::Channel& channel) {
     if (now >= deadline) return false;
     const auto slice = std::min<Clock::duration>(kConnectSlice, deadline - now);
     if (channel.WaitForConnected(std::chrono::system_clock::now() + slice)) return true;
+    // Refused or failed (a dead server's port, a TLS handshake refused): gRPC would try again
+    // until the deadline, but the next server of the list is the better try. A peer that does
+    // not answer at all stays CONNECTING and is waited for.
+    if (channel.GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE) return false;
   }
 }
 
