@@ -10,7 +10,8 @@
 //     stored once, and the other server answers queries about the run from the shared store;
 //   - a run taken over while its old owner streams: the old owner's commit is fenced, the new
 //     owner restores the run from the store, every step stored once;
-//   - PostgreSQL refusing the server for a while: nothing acknowledged, nothing lost.
+//   - PostgreSQL stopped and started again under a streaming agent: nothing acknowledged while
+//     it is away, nothing lost.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -338,36 +339,32 @@ TEST(LeasedServersTest, AServerThatLostARunWritesNothingMoreAndTheNewOwnerGoesOn
   }
 }
 
-// PostgreSQL refuses the server for a while (its connections cut, new ones refused): nothing is
-// acknowledged meanwhile, the agent keeps its reports, and once the database answers again the
-// server connects anew, restores the run and every step is stored once.
+// PostgreSQL stopped under a streaming agent and started again: nothing is acknowledged
+// meanwhile, the agent keeps its reports, and once the database is back the server connects
+// anew, restores the run and every step is stored once.
 TEST(LeasedServersTest, AServerThatLosesPostgresAcknowledgesNothingAndRecoversLosingNothing) {
-  StoreLocation store(Backend::kPostgres);
+  testing::PostgresInstance postgres;
+  const std::string db = postgres.create_database();
+  { StoreWriter make(StoreOptions{db}); }
   testing::TempDir dir;
-  LeasedServer a(store.path());
+  LeasedServer a(db);
   auto rank0 = rank_agent(dir, 0, a.address(), 1);
   run_steps(*rank0, 0, 5);
   ASSERT_TRUE(rank0->flush(20s).ok());
 
-  testing::PostgresConnection admin(testing::PostgresServer::get().conninfo("postgres"));
-  const std::string db =
-      testing::PostgresConnection(store.path()).value("SELECT current_database()");
-  admin.query("ALTER DATABASE \"" + db + "\" ALLOW_CONNECTIONS false");
-  admin.query(
-      "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> "
-      "pg_backend_pid()",
-      {db});
+  postgres.stop();
   run_steps(*rank0, 5, 10);
   EXPECT_FALSE(rank0->flush(1500ms).ok());  // nothing new acknowledged while it is away
   EXPECT_EQ(rank0->counters().reports_acked, 5u);
 
-  admin.query("ALTER DATABASE \"" + db + "\" ALLOW_CONNECTIONS true");
+  postgres.start();
+  run_steps(*rank0, 10, 12);  // and the run goes on
   ASSERT_TRUE(rank0->shutdown(30s).ok());
   // The query connection finds out it broke at its first query after the outage, which fails;
   // the next one connects anew.
   EXPECT_TRUE(
       testing::wait_until([&] { return testing::get_run(a.address(), "shared").has_value(); }, 5s));
-  EXPECT_EQ(stored_steps(a.address(), "shared")[0], range(0, 10));
+  EXPECT_EQ(stored_steps(a.address(), "shared")[0], range(0, 12));
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ namespace fs = std::filesystem;
 
 struct PostgresInstance::State {
   TempDir dir;
+  std::vector<std::string> argv;  // postgres's command line, for start()
   std::unique_ptr<ChildProcess> postgres;
   int databases = 0;
 };
@@ -142,12 +143,19 @@ PostgresInstance::PostgresInstance(PostgresOptions options) : s_(std::make_uniqu
   make_cluster(bindir, data);
   const std::string durability = options.durable ? "on" : "off";
   // Unix socket only, in the temporary directory.
-  s_->postgres = std::make_unique<ChildProcess>(
+  s_->argv =
       as_server_user({bindir + "/postgres", "-D", data.string(), "-k", s_->dir.path().string(),
                       "-c", "listen_addresses=", "-p", "5432", "-c", "fsync=" + durability, "-c",
                       "synchronous_commit=" + durability, "-c", "full_page_writes=" + durability,
-                      "-c", "max_connections=" + std::to_string(options.max_connections)}),
-      s_->dir / "postgres.log");
+                      "-c", "max_connections=" + std::to_string(options.max_connections)});
+  start();
+}
+
+PostgresInstance::~PostgresInstance() { stop(); }
+
+void PostgresInstance::start() {
+  if (s_->postgres) return;
+  s_->postgres = std::make_unique<ChildProcess>(s_->argv, s_->dir / "postgres.log");
   const std::string admin = conninfo("postgres");
   if (!wait_until([&] { return PQping(admin.c_str()) == PQPING_OK || !s_->postgres->running(); },
                   std::chrono::seconds(60)) ||
@@ -156,12 +164,12 @@ PostgresInstance::PostgresInstance(PostgresOptions options) : s_(std::make_uniqu
   }
 }
 
-PostgresInstance::~PostgresInstance() {
-  if (s_->postgres) {
-    // SIGINT: PostgreSQL's fast shutdown (SIGTERM would wait for clients to leave).
-    ::kill(s_->postgres->pid(), SIGINT);
-    if (s_->postgres->wait(std::chrono::seconds(10)) < 0) s_->postgres->kill9();
-  }
+void PostgresInstance::stop() {
+  if (!s_->postgres) return;
+  // SIGINT: PostgreSQL's fast shutdown (SIGTERM would wait for clients to leave).
+  ::kill(s_->postgres->pid(), SIGINT);
+  if (s_->postgres->wait(std::chrono::seconds(10)) < 0) s_->postgres->kill9();
+  s_->postgres.reset();
 }
 
 std::string PostgresInstance::conninfo(const std::string& dbname) const {
@@ -174,13 +182,15 @@ std::string PostgresInstance::create_database() {
   return conninfo(name);
 }
 
-pid_t PostgresInstance::pid() const { return s_->postgres->pid(); }
+pid_t PostgresInstance::pid() const { return s_->postgres ? s_->postgres->pid() : -1; }
 
 std::string PostgresInstance::version() const {
   return exec(conninfo("postgres"), "SELECT version()");
 }
 
-std::string PostgresInstance::log_tail() const { return s_->postgres->log_tail(); }
+std::string PostgresInstance::log_tail() const {
+  return s_->postgres ? s_->postgres->log_tail() : "(stopped)";
+}
 
 PostgresConnection::PostgresConnection(const std::string& conninfo)
     : conn_(PQconnectdb(conninfo.c_str())) {

@@ -40,12 +40,18 @@ class PostgresInstance {
   PostgresInstance(const PostgresInstance&) = delete;
   PostgresInstance& operator=(const PostgresInstance&) = delete;
 
+  // Stops the server (fast shutdown: its clients' connections are cut) and starts it again on
+  // the same data, socket and port: a database that goes away and comes back. Each does
+  // nothing when the server is already so; start() throws as the constructor does.
+  void stop();
+  void start();
+
   // A fresh, empty database (test_1, test_2, ...); returns its libpq connection string
   // ("host=<socket dir> port=5432 user=ampscope dbname=test_N").
   std::string create_database();
   // The connection string of `dbname` on this server.
   std::string conninfo(const std::string& dbname) const;
-  // The postmaster's process id (its backends are its children).
+  // The postmaster's process id (its backends are its children); -1 while stopped.
   pid_t pid() const;
   // "PostgreSQL 15.x ..." as the server reports it.
   std::string version() const;
