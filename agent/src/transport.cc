@@ -23,6 +23,10 @@ constexpr std::chrono::milliseconds kPoll{200};
 // How late a stop is seen while connecting (a peer that accepts TCP and never speaks HTTP/2
 // keeps the channel connecting until connect_timeout).
 constexpr std::chrono::milliseconds kConnectSlice{50};
+// A run whose owner cannot be reached (a server redirected this agent there) is changing hands:
+// the owner's lease expires within the servers' --lease-ttl and the next Hello after that finds
+// the new owner. Asked again at most this often meanwhile, however far the backoff has grown.
+constexpr std::chrono::milliseconds kOwnerRetryMax{1000};
 // A stream acknowledged and open this long resets the backoff (the lesser of backoff_max and
 // this cap): a server that ends every stream at once, even cleanly, is not called in a loop.
 constexpr std::chrono::milliseconds kHealthyStreamCap{10000};
@@ -264,6 +268,7 @@ void Transport::run() {
     } else if (to_owner && !end.failure.empty()) {
       end.failure = "cannot reach the owner of run '" + config_.run_id + "' at " + target +
                     " (redirected by " + redirected_by + "): " + end.failure;
+      backoff = std::min<std::chrono::milliseconds>(backoff, kOwnerRetryMax);
     }
     redirects = 0;
     // A server that did not serve this agent well: the next one of the list gets the next try.

@@ -96,6 +96,10 @@ RunClaim LeaseOwnership::claim_locked(const std::string& run_id, bool& afresh) {
     if (auto it = held_.find(run_id); it != held_.end() && it->second > start) {
       return RunClaim::owned();
     }
+    if (auto it = foreign_.find(run_id); it != foreign_.end()) {
+      if (it->second.until > start) return RunClaim::elsewhere(it->second.owner);
+      foreign_.erase(it);
+    }
   }
   if (options_.advertised.empty()) {
     return RunClaim::unavailable("the server does not know its own address yet");
@@ -119,13 +123,20 @@ RunClaim LeaseOwnership::claim_locked(const std::string& run_id, bool& afresh) {
   take.reset();
   if (taken) {
     std::lock_guard held(held_mu_);
+    foreign_.erase(run_id);
     held_[run_id] = start + options_.ttl - options_.renew_every;
     afresh = true;
     return RunClaim::owned();
   }
-  Statement who = db.prepare("SELECT owner_address FROM run_leases WHERE run_id = ?1");
+  Statement who = db.prepare("SELECT owner_address, expires_ms - " + now +
+                             " FROM run_leases WHERE run_id = ?1");
   who.bind(1, run_id);
-  const std::string owner = who.step() ? who.column_text(0) : "";
+  std::string owner;
+  std::int64_t left_ms = 0;
+  if (who.step()) {
+    owner = who.column_text(0);
+    left_ms = who.column_int(1);
+  }
   who.reset();
   if (owner.empty()) return RunClaim::unavailable("its lease changed hands while it was read");
   if (owner == options_.advertised) {
@@ -133,6 +144,15 @@ RunClaim LeaseOwnership::claim_locked(const std::string& run_id, bool& afresh) {
         "its lease is held by this server's previous process, until "
         "it expires within " +
         std::to_string(options_.ttl.count()) + " ms");
+  }
+  // Every rank of the run asks, and keeps asking while its owner is unreachable: the answer is
+  // kept until the lease could expire, at most kForeignAnswerFor, so that a run changing hands
+  // costs the store one question a second, not one per rank.
+  const auto keep = std::min<std::chrono::milliseconds>(
+      kForeignAnswerFor, std::chrono::milliseconds(std::max<std::int64_t>(left_ms, 0)));
+  if (keep.count() > 0) {
+    std::lock_guard held(held_mu_);
+    foreign_[run_id] = Foreign{owner, start + keep};
   }
   return RunClaim::elsewhere(owner);
 }

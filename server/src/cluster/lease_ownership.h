@@ -96,6 +96,14 @@ class LeaseOwnership final : public RunOwnership {
   // updates it inside its transaction while a claim may wait on that transaction's row lock.
   std::mutex held_mu_;
   std::map<std::string, Clock::time_point> held_;
+  // Runs another server owns, as last read: the owner's address, trusted until `until`
+  // (claim_locked). Under held_mu_.
+  struct Foreign {
+    std::string owner;
+    Clock::time_point until;
+  };
+  static constexpr std::chrono::milliseconds kForeignAnswerFor{1000};
+  std::map<std::string, Foreign> foreign_;
   std::thread thread_;
 };
 
