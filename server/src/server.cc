@@ -142,10 +142,7 @@ std::unique_ptr<Server> Server::create(ServerOptions options) {
                                           impl->streams, io);
   impl->ingest->restore();
   impl->ownership->on_lost([ingest = impl->ingest.get()](const std::string& run_id, bool taken) {
-    ingest->drop_run(run_id, taken ? "run '" + run_id +
-                                         "' is owned by another server now; reconnecting finds "
-                                         "its owner"
-                                   : "");
+    ingest->drop_run(run_id, taken);
   });
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }

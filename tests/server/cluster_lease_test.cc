@@ -167,8 +167,7 @@ class RecordedLeases final : public RunOwnership {
   void on_lost(std::function<void(const std::string&, bool)> callback) override {
     leases_->on_lost(std::move(callback));
   }
-  std::optional<std::set<std::string>> confirm(Connection& tx,
-                                               const std::vector<std::string>& runs) override {
+  std::set<std::string> confirm(Connection& tx, const std::vector<std::string>& runs) override {
     return leases_->confirm(tx, runs);
   }
   std::vector<RunClaim> answers() {

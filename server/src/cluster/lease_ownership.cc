@@ -189,8 +189,8 @@ std::vector<std::string> LeaseOwnership::renew_locked() {
   return gone;
 }
 
-std::optional<std::set<std::string>> LeaseOwnership::confirm(Connection& tx,
-                                                             const std::vector<std::string>& runs) {
+std::set<std::string> LeaseOwnership::confirm(Connection& tx,
+                                              const std::vector<std::string>& runs) {
   std::set<std::string> owned;
   if (runs.empty()) return owned;
   std::string sql = "SELECT run_id FROM run_leases WHERE owner_id = ?1 AND run_id IN (";

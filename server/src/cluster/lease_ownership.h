@@ -11,8 +11,8 @@
 // Redirect needs (a lock names only a backend pid); it runs on the store's clock and survives a
 // reconnect shorter than the ttl, where a session's locks go with the session, every run at
 // once, and outlive a dead host until PostgreSQL's TCP keepalive notices it (minutes to hours,
-// not ampscope's to choose); and its epoch, raised at every change of owner, is a fencing token
-// that a commit can check in its own transaction.
+// not ampscope's to choose); and a commit can check the row in its own transaction (the
+// fence: confirm()). The epoch, raised at every change of owner, counts the moves.
 //
 // This process believes it owns a run until the start of the last claim or renewal that found
 // it, plus ttl - renew_every: a server cut off from the store stops claiming the run before
@@ -69,10 +69,9 @@ class LeaseOwnership final : public RunOwnership {
   bool runs_move() const override { return true; }
   void advertise(const std::string& address) override;
   void on_lost(std::function<void(const std::string&, bool)> callback) override;
-  std::optional<std::set<std::string>> confirm(Connection& tx,
-                                               const std::vector<std::string>& runs) override;
+  std::set<std::string> confirm(Connection& tx, const std::vector<std::string>& runs) override;
 
-  // The lease's epoch for `run_id` as the store has it (0: no lease), for tests and fencing.
+  // The lease's epoch for `run_id` as the store has it (0: no lease): how often it moved.
   std::int64_t epoch(const std::string& run_id);
 
  private:

@@ -47,6 +47,11 @@ TensorTotals sample_totals(const TensorDigest& t, std::int64_t step) {
   return s;
 }
 
+// What a run's streams are told when another server took the run.
+std::string moved_away(const std::string& run_id) {
+  return "run '" + run_id + "' is owned by another server now; reconnecting finds its owner";
+}
+
 }  // namespace
 
 // Everything one transaction produced, for after the commit.
@@ -137,7 +142,7 @@ Ingest::Ingest(StoreWriter& store, RunRegistry& runs, Metrics& metrics, PolicyHo
 Ingest::~Ingest() { stop(); }
 
 void Ingest::restore() {
-  if (options_.ownership != nullptr && options_.ownership->runs_move()) return;
+  if (runs_move()) return;
   RestoredState state = store_.load_state();
   restore_runs(state);
   log_info("store: restored ", state.runs.size(), " runs, ", state.agents.size(), " agents");
@@ -189,33 +194,40 @@ void Ingest::restore_unknown(const std::vector<IngestItem>& items) {
 
 std::set<std::string> Ingest::fence(Shard& shard, const std::vector<IngestItem>& items) {
   std::set<std::string> lost;
-  if (options_.ownership == nullptr || !options_.ownership->runs_move()) return lost;
-  // Every run this shard may write in the transaction: its known runs (merges waiting, policy
-  // snapshots) and the runs the items' Hellos bring.
+  if (!runs_move()) return lost;
+  // Every run the transaction may write: the items' runs, and the shard's runs whose waiting
+  // steps may be merged or whose engine state saved (not the idle ones: their rows stay as
+  // they are, however many runs the server took since it started).
   std::set<std::string> ids;
-  runs_.for_each([&](RunState& run) { ids.insert(run.id); }, shard.index);
   for (const IngestItem& item : items) {
-    if (item.kind == IngestItem::Kind::kHello) ids.insert(item.run_id);
+    if (item.kind != IngestItem::Kind::kDelete) ids.insert(item.run_id);
   }
+  runs_.for_each(
+      [&](RunState& run) {
+        if (run.merge.waiting() || policy_.unsaved(run)) ids.insert(run.id);
+      },
+      shard.index);
+  if (ids.empty()) return lost;
   const std::vector<std::string> asked(ids.begin(), ids.end());
-  const std::optional<std::set<std::string>> owned =
+  const std::set<std::string> owned =
       options_.ownership->confirm(store_.transaction_connection(), asked);
-  if (!owned) return lost;
   for (const std::string& id : asked) {
-    if (owned->contains(id)) continue;
+    if (owned.contains(id)) continue;
     lost.insert(id);
-    forget(shard, id,
-           "run '" + id + "' is owned by another server now; reconnecting finds its owner");
-    log_info("runs: run '", id, "' moved to another server: forgotten here");
+    if (runs_.find(id) != nullptr) {
+      log_info("runs: run '", id, "' moved to another server: forgotten here");
+    }
+    forget(shard, id, moved_away(id));
   }
   return lost;
 }
 
-void Ingest::drop_run(const std::string& run_id, std::string why) {
+void Ingest::drop_run(const std::string& run_id, bool taken) {
   Shard& owner = shard_of(run_id);
   {
     std::lock_guard lock(owner.mu);
-    owner.pending_forget.emplace_back(run_id, std::move(why));
+    owner.pending_forget.emplace_back(run_id,
+                                      taken ? std::optional(moved_away(run_id)) : std::nullopt);
   }
   owner.cv.notify_one();
 }
@@ -362,7 +374,7 @@ void Ingest::process(Shard& shard, std::vector<IngestItem>& items) {
     } catch (const std::exception& e) {
       store_.rollback();
       store.unlock();
-      fail(shard, items, batch, e.what());
+      fail(shard, items, e.what());
       return;
     }
   }
@@ -632,9 +644,7 @@ void Ingest::publish(Shard& shard, Batch& batch, std::int64_t now_ns) {
   }
 }
 
-void Ingest::fail(Shard& shard, std::vector<IngestItem>& items, Batch& batch,
-                  const std::string& message) {
-  (void)batch;  // its RunState pointers go with the runs below
+void Ingest::fail(Shard& shard, std::vector<IngestItem>& items, const std::string& message) {
   // Nothing of the batch is stored, and what the shard holds of its runs (settled seqs, merges,
   // engines, totals) may be ahead of the store: every run of the shard is forgotten and its
   // streams end UNAVAILABLE, unacknowledged. The agents keep those reports in their spools and
@@ -700,16 +710,16 @@ void Ingest::remove_run(Shard& shard, IngestItem& item) {
 }
 
 void Ingest::forget_pending(Shard& shard) {
-  std::vector<std::pair<std::string, std::string>> runs;
+  std::vector<std::pair<std::string, std::optional<std::string>>> runs;
   {
     std::lock_guard lock(shard.mu);
     runs.swap(shard.pending_forget);
   }
   for (const auto& [run_id, why] : runs) {
-    if (why.empty()) {
-      runs_.forget(run_id);  // the streams stay: restore_unknown brings the run back
+    if (why) {
+      forget(shard, run_id, *why);
     } else {
-      forget(shard, run_id, why);
+      runs_.forget(run_id);  // the streams stay: restore_unknown brings the run back
     }
   }
 }

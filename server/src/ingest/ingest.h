@@ -45,6 +45,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -129,10 +130,10 @@ class Ingest {
   // first Hello instead; any run unknown here is looked up in the store at its Hello).
   void restore();
   // Drops everything this server holds of the run, on the run's shard before its next
-  // transaction, and ends its streams with `why` (another server owns the run now); an empty
-  // `why` keeps the streams (this server claims the run afresh: what it held may be stale, and
-  // the run is restored from the store before anything more of it is taken). Any thread.
-  void drop_run(const std::string& run_id, std::string why);
+  // transaction. `taken`: another server owns the run now, and its streams end; otherwise this
+  // server claims it afresh (what it held may be stale): the streams stay, and the run is
+  // restored from the store before anything more of it is taken. Any thread.
+  void drop_run(const std::string& run_id, bool taken);
   void start();
   // False once the run's shard stopped: the item was not taken.
   bool submit(IngestItem item);
@@ -157,9 +158,10 @@ class Ingest {
     std::deque<IngestItem> queue;
     bool stopping = false;
     bool stopped = false;
-    // Runs of this shard to forget before its next transaction, and why (retention on shard 0
-    // deleted them; drop_run). Under mu.
-    std::vector<std::pair<std::string, std::string>> pending_forget;
+    // Runs of this shard to forget before its next transaction (retention on shard 0 deleted
+    // them; drop_run), and what their streams are told as they end; nullopt: the streams stay.
+    // Under mu.
+    std::vector<std::pair<std::string, std::optional<std::string>>> pending_forget;
     std::thread thread;
     // The shard's thread only.
     std::chrono::steady_clock::time_point next_retention{};
@@ -177,9 +179,14 @@ class Ingest {
   // Under the store lock, before the transaction: the runs of the items that this server does
   // not hold, from the store (a run new to this server, or dropped by drop_run).
   void restore_unknown(const std::vector<IngestItem>& items);
-  // Inside the transaction: the runs of this shard (and of the items' Hellos) that another
-  // server owns now are forgotten, their streams ended; returns them (their items are skipped).
+  // Where runs move between servers, inside the transaction: of the runs it may write (the
+  // items' runs, this shard's runs with steps waiting for ranks or an engine state not saved),
+  // those another server owns now are forgotten, their streams ended; returns them (their
+  // items are skipped).
   std::set<std::string> fence(Shard& shard, const std::vector<IngestItem>& items);
+  bool runs_move() const {
+    return options_.ownership != nullptr && options_.ownership->runs_move();
+  }
   void write(Shard& shard, std::vector<IngestItem>& items, Batch& batch, std::int64_t now_ns);
   void publish(Shard& shard, Batch& batch, std::int64_t now_ns);
   // A step merged over the ranks of `run`: stored, observed by the policy engine, its decisions
@@ -187,7 +194,7 @@ class Ingest {
   void settle_merged(RunState& run, MergedStep& step, Batch& batch, std::int64_t now_ns);
   // A failed transaction: nothing acknowledged, the shard's runs forgotten (restored from the
   // store at their next Hello), their streams ended UNAVAILABLE; the shard goes on.
-  void fail(Shard& shard, std::vector<IngestItem>& items, Batch& batch, const std::string& message);
+  void fail(Shard& shard, std::vector<IngestItem>& items, const std::string& message);
   void remove_run(Shard& shard, IngestItem& item);
   // Runs handed over by shard 0's retention or by drop_run: forgotten now. Under the store lock.
   void forget_pending(Shard& shard);

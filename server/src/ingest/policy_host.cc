@@ -218,6 +218,10 @@ std::vector<EngineUpdate> PolicyHost::observe(RunState& run, const MergedStep& s
   return updates;
 }
 
+bool PolicyHost::unsaved(const RunState& run) const {
+  return run.policy && run.policy->engine && (run.policy->dirty || run.policy->force_save);
+}
+
 std::vector<PolicySnapshot> PolicyHost::snapshots(std::chrono::steady_clock::time_point now,
                                                   bool all, std::size_t shard) {
   std::vector<PolicySnapshot> out;

@@ -86,6 +86,9 @@ class PolicyHost {
   std::vector<EngineUpdate> observe(RunState& run, const MergedStep& step, std::int64_t merged_id,
                                     std::int64_t now_ns, int* errors);
 
+  // The run's engine has state its last snapshot does not hold (snapshots() may save it).
+  bool unsaved(const RunState& run) const;
+
   // Engines whose state should be saved now: every `snapshot_interval`, after a decision, and
   // all of them when `all`; those of the runs of `shard` (RunRegistry::shard_of).
   std::vector<PolicySnapshot> snapshots(std::chrono::steady_clock::time_point now, bool all,
