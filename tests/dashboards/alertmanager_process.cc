@@ -28,10 +28,12 @@ AlertmanagerProcess::AlertmanagerProcess(const std::filesystem::path& dir,
   process_ = start_when_ready(
       "alertmanager", dir,
       [&](const std::string& address) {
-        return std::vector<std::string>{binary, "--config.file=" + config.string(),
+        return std::vector<std::string>{binary,
+                                        "--config.file=" + config.string(),
                                         "--storage.path=" + (dir / "data").string(),
                                         "--web.listen-address=" + address,
-                                        "--cluster.listen-address=", "--log.level=debug"};
+                                        "--cluster.listen-address=",
+                                        "--log.level=debug"};
       },
       &address_);
 }

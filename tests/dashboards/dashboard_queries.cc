@@ -5,9 +5,17 @@
 #include <regex>
 #include <stdexcept>
 
+#ifndef AMPSCOPE_DASHBOARDS_DIR
+#error "AMPSCOPE_DASHBOARDS_DIR must name the source tree's dashboards/ directory"
+#endif
+
 namespace ampscope::testing {
 
 using nlohmann::json;
+
+std::filesystem::path dashboards_dir() { return AMPSCOPE_DASHBOARDS_DIR; }
+std::filesystem::path dashboard_json() { return dashboards_dir() / "grafana" / "ampscope.json"; }
+std::filesystem::path alert_rules() { return dashboards_dir() / "prometheus" / "alerts.yml"; }
 
 json load_json(const std::filesystem::path& path) {
   std::ifstream in(path);

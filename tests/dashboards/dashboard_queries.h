@@ -12,6 +12,11 @@
 
 namespace ampscope::testing {
 
+// The source tree's dashboards/ folder, and the dashboard and alert rules the tests read there.
+std::filesystem::path dashboards_dir();
+std::filesystem::path dashboard_json();  // grafana/ampscope.json
+std::filesystem::path alert_rules();     // prometheus/alerts.yml
+
 // The file parsed; throws with the position on a syntax error, or when it cannot be read.
 nlohmann::json load_json(const std::filesystem::path& path);
 

@@ -18,18 +18,16 @@
 #include <set>
 #include <thread>
 
+#include "alertmanager_process.h"
 #include "ampscope/testing/child_process.h"
 #include "ampscope/testing/files.h"
 #include "ampscope/testing/server_process.h"
 #include "ampscope/testing/wait_until.h"
-#include "alertmanager_process.h"
+#include "dashboard_queries.h"
 #include "prometheus_process.h"
 #include "server_harness.h"
 #include "webhook_receiver.h"
 
-#ifndef AMPSCOPE_DASHBOARDS_DIR
-#error "AMPSCOPE_DASHBOARDS_DIR must name the source tree's dashboards/ directory"
-#endif
 #ifndef AMPSCOPE_TRAIN_BIN
 #error "AMPSCOPE_TRAIN_BIN must name the ampscope-train executable"
 #endif
@@ -76,8 +74,8 @@ int replace_all(std::string& text, const std::string& from, const std::string& t
 // Replaces every match of `pattern` in `text` with `to`; returns how many.
 int replace_matches(std::string& text, const std::string& pattern, const std::string& to) {
   const std::regex re(pattern);
-  const auto n = std::distance(std::sregex_iterator(text.begin(), text.end(), re),
-                               std::sregex_iterator());
+  const auto n =
+      std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator());
   text = std::regex_replace(text, re, to);
   return static_cast<int>(n);
 }
@@ -125,7 +123,7 @@ double server_value(const std::string& metrics_address, const std::string& name,
 
 TEST(AlertingE2ETest, InjectedNanIsNotifiedThroughAlertmanagerAndResolves) {
   TempDir dir;
-  const fs::path shipped = fs::path(AMPSCOPE_DASHBOARDS_DIR);
+  const fs::path shipped = dashboards_dir();
 
   // 1. The server, on ports it picks.
   ServerProcess server(dir.path(), dir / "store.db");
@@ -160,9 +158,9 @@ TEST(AlertingE2ETest, InjectedNanIsNotifiedThroughAlertmanagerAndResolves) {
   PrometheusOptions options;
   options.config_yaml = read_text(shipped / "prometheus" / "prometheus.yml");
   ASSERT_EQ(replace_all(options.config_yaml, "\"127.0.0.1:9464\"", "\"" + metrics + "\""), 1);
-  ASSERT_EQ(replace_all(options.config_yaml, "\"127.0.0.1:9093\"",
-                        "\"" + alertmanager.address() + "\""),
-            1);
+  ASSERT_EQ(
+      replace_all(options.config_yaml, "\"127.0.0.1:9093\"", "\"" + alertmanager.address() + "\""),
+      1);
   ASSERT_EQ(replace_all(options.config_yaml, "interval: 15s", "interval: 1s"), 2);
   PrometheusProcess prometheus(prom_dir, options);
   ASSERT_TRUE(prometheus.wait_targets_up(20s)) << prometheus.log_tail();
@@ -311,9 +309,12 @@ TEST(AlertingE2ETest, InjectedNanIsNotifiedThroughAlertmanagerAndResolves) {
 
   // 6. The NaN alert reaches the webhook through the critical route, naming the run, the rank,
   //    the tensor role and the runbook section ...
-  const std::map<std::string, std::string> alert_labels = {
-      {"alertname", "AmpscopeNonFiniteValues"}, {"severity", "critical"}, {"run", kRun},
-      {"rank", "0"}, {"role", "activation"}, {"kind", "nan"}};
+  const std::map<std::string, std::string> alert_labels = {{"alertname", "AmpscopeNonFiniteValues"},
+                                                           {"severity", "critical"},
+                                                           {"run", kRun},
+                                                           {"rank", "0"},
+                                                           {"role", "activation"},
+                                                           {"kind", "nan"}};
   const auto notified = [&](const std::string& status) {
     return [&, status](const WebhookReceiver::Post& p) {
       const json* alert = find_alert(p, alert_labels);
@@ -322,9 +323,10 @@ TEST(AlertingE2ETest, InjectedNanIsNotifiedThroughAlertmanagerAndResolves) {
     };
   };
   const auto firing = receiver.wait_for(notified("firing"), 60s);
-  ASSERT_TRUE(firing.has_value()) << "notifications:\n" << dump_posts(receiver)
-                                  << "alertmanager:\n" << alertmanager.log_tail()
-                                  << "prometheus:\n" << prometheus.log_tail();
+  ASSERT_TRUE(firing.has_value()) << "notifications:\n"
+                                  << dump_posts(receiver) << "alertmanager:\n"
+                                  << alertmanager.log_tail() << "prometheus:\n"
+                                  << prometheus.log_tail();
   EXPECT_EQ(firing->body.value("receiver", ""), "ampscope-critical");
   const json& fired = *find_alert(*firing, alert_labels);
   EXPECT_EQ(fired.at("annotations").value("runbook_url", ""),
@@ -336,9 +338,10 @@ TEST(AlertingE2ETest, InjectedNanIsNotifiedThroughAlertmanagerAndResolves) {
   // ... and resolves: the run went on to its last step without another non-finite value, so
   //    once the window has passed Prometheus sends the alert's end and the receiver hears of it.
   const auto resolved = receiver.wait_for(notified("resolved"), 60s);
-  ASSERT_TRUE(resolved.has_value()) << "notifications:\n" << dump_posts(receiver)
-                                    << "alertmanager:\n" << alertmanager.log_tail()
-                                    << "prometheus:\n" << prometheus.log_tail();
+  ASSERT_TRUE(resolved.has_value()) << "notifications:\n"
+                                    << dump_posts(receiver) << "alertmanager:\n"
+                                    << alertmanager.log_tail() << "prometheus:\n"
+                                    << prometheus.log_tail();
   const json& ended = *find_alert(*resolved, alert_labels);
   EXPECT_EQ(ended.value("fingerprint", ""), fired.value("fingerprint", "")) << ended.dump();
   EXPECT_EQ(ended.value("startsAt", ""), fired.value("startsAt", "")) << ended.dump();

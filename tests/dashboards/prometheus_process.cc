@@ -72,10 +72,12 @@ PrometheusProcess::PrometheusProcess(const std::filesystem::path& dir,
   process_ = start_when_ready(
       "prometheus", dir,
       [&](const std::string& address) {
-        return std::vector<std::string>{binary, "--config.file=" + config.string(),
+        return std::vector<std::string>{binary,
+                                        "--config.file=" + config.string(),
                                         "--storage.tsdb.path=" + (dir / "tsdb").string(),
                                         "--storage.tsdb.retention.time=1h",
-                                        "--web.listen-address=" + address, "--log.level=info"};
+                                        "--web.listen-address=" + address,
+                                        "--log.level=info"};
       },
       &address_);
 }

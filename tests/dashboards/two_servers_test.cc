@@ -28,19 +28,15 @@
 #include "realistic_reports.h"
 #include "server_harness.h"
 
-#ifndef AMPSCOPE_DASHBOARDS_DIR
-#error "AMPSCOPE_DASHBOARDS_DIR must name the source tree's dashboards/ directory"
-#endif
-
 namespace ampscope::testing {
 namespace {
 
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-const fs::path kDashboards = AMPSCOPE_DASHBOARDS_DIR;
-const fs::path kDashboardJson = kDashboards / "grafana" / "ampscope.json";
-const fs::path kAlertRules = kDashboards / "prometheus" / "alerts.yml";
+const fs::path kDashboards = dashboards_dir();
+const fs::path kDashboardJson = dashboard_json();
+const fs::path kAlertRules = alert_rules();
 
 constexpr std::uint64_t kReports = 12;
 
