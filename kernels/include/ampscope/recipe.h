@@ -6,8 +6,8 @@
 // Recipes (docs/numerics.md states every rule with its source). amax is over finite values.
 //   current   per-tensor FP32 scale from the tensor's own amax:
 //             s = fl32(max_elem / amax) / 2^margin (amax 0: s = 1; an infinite s is clamped to
-//             FP32 max; an s below 2^-126 is raised to 2^-126 so that 1 / s stays finite), element = round(fl32(x * s)), dequantised
-//             q * fl32(1 / s). Transformer Engine's current scaling.
+//             FP32 max; an s below 2^-126 is raised to 2^-126 so that 1 / s stays finite),
+//             element = round(fl32(x * s)), dequantised q * fl32(1 / s). Transformer Engine's current scaling.
 //   delayed   the same with s given (from an amax history: AmaxHistory below).
 //   tile      an FP32 decode scale per block of block_rows x block_cols (1x128 activation tiles,
 //             128x128 weight blocks, DeepSeek-V3 style): d = fl32(amax_block / max_elem) (amax 0:
