@@ -34,7 +34,10 @@ static_assert(detail::same(AMPSCOPE_FORMAT_FP32, Format::kFP32) &&
               detail::same(AMPSCOPE_FORMAT_BF16, Format::kBF16) &&
               detail::same(AMPSCOPE_FORMAT_E4M3, Format::kE4M3) &&
               detail::same(AMPSCOPE_FORMAT_E5M2, Format::kE5M2) &&
-              AMPSCOPE_FORMAT_E5M2 + 1 == kNumFormats);
+              detail::same(AMPSCOPE_FORMAT_E2M1, Format::kE2M1) &&
+              detail::same(AMPSCOPE_FORMAT_E3M2, Format::kE3M2) &&
+              detail::same(AMPSCOPE_FORMAT_E2M3, Format::kE2M3) &&
+              AMPSCOPE_FORMAT_E2M3 + 1 == kNumFormats);
 static_assert(detail::same(AMPSCOPE_ROLE_WEIGHT, TensorRole::kWeight) &&
               detail::same(AMPSCOPE_ROLE_MASTER_WEIGHT, TensorRole::kMasterWeight) &&
               detail::same(AMPSCOPE_ROLE_ACTIVATION, TensorRole::kActivation) &&

@@ -151,7 +151,9 @@ AMPSCOPE_INLINE_AVX2 __m256 decode_narrow(__m256i b) {
       _mm256_or_si256(_mm256_or_si256(splat(0x7F800000), _mm256_slli_epi32(frac, 23 - m)), quiet);
   const __m256i is_special = _mm256_cmpgt_epi32(a, splat(c.special_min - 1));
   v = _mm256_blendv_epi8(v, special_value, is_special);
-  const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(b, c.total_bits - 1), 31);
+  // The sign bit to bit 31; bits above the code (an FP6/FP4 byte's top) shift out.
+  const __m256i sign =
+      _mm256_and_si256(_mm256_slli_epi32(b, 32 - c.total_bits), splat(0x80000000));
   return _mm256_castsi256_ps(_mm256_or_si256(v, sign));
 }
 
@@ -291,6 +293,15 @@ void with_codec(Format f, OverflowMode mode, Args... args) {
     case Format::kE5M2:
       return sat ? Op<NarrowCodec<Format::kE5M2, true>>::run(args...)
                  : Op<NarrowCodec<Format::kE5M2, false>>::run(args...);
+    case Format::kE2M1:
+      return sat ? Op<NarrowCodec<Format::kE2M1, true>>::run(args...)
+                 : Op<NarrowCodec<Format::kE2M1, false>>::run(args...);
+    case Format::kE3M2:
+      return sat ? Op<NarrowCodec<Format::kE3M2, true>>::run(args...)
+                 : Op<NarrowCodec<Format::kE3M2, false>>::run(args...);
+    case Format::kE2M3:
+      return sat ? Op<NarrowCodec<Format::kE2M3, true>>::run(args...)
+                 : Op<NarrowCodec<Format::kE2M3, false>>::run(args...);
     case Format::kFP32:
       break;
   }

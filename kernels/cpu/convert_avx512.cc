@@ -148,7 +148,9 @@ AMPSCOPE_INLINE_AVX512 __m512 decode_narrow(__m512i b) {
   special_value = _mm512_mask_or_epi32(special_value, has_frac, special_value, splat(0x00400000));
   const __mmask16 is_special = _mm512_cmpge_epi32_mask(a, splat(c.special_min));
   v = _mm512_mask_mov_epi32(v, is_special, special_value);
-  const __m512i sign = _mm512_slli_epi32(_mm512_srli_epi32(b, c.total_bits - 1), 31);
+  // The sign bit to bit 31; bits above the code (an FP6/FP4 byte's top) shift out.
+  const __m512i sign =
+      _mm512_and_si512(_mm512_slli_epi32(b, 32 - c.total_bits), splat(0x80000000));
   return _mm512_castsi512_ps(_mm512_or_si512(v, sign));
 }
 
@@ -297,6 +299,15 @@ void with_codec(Format f, OverflowMode mode, Args... args) {
     case Format::kE5M2:
       return sat ? Op<NarrowCodec<Format::kE5M2, true>>::run(args...)
                  : Op<NarrowCodec<Format::kE5M2, false>>::run(args...);
+    case Format::kE2M1:
+      return sat ? Op<NarrowCodec<Format::kE2M1, true>>::run(args...)
+                 : Op<NarrowCodec<Format::kE2M1, false>>::run(args...);
+    case Format::kE3M2:
+      return sat ? Op<NarrowCodec<Format::kE3M2, true>>::run(args...)
+                 : Op<NarrowCodec<Format::kE3M2, false>>::run(args...);
+    case Format::kE2M3:
+      return sat ? Op<NarrowCodec<Format::kE2M3, true>>::run(args...)
+                 : Op<NarrowCodec<Format::kE2M3, false>>::run(args...);
     case Format::kFP32:
       break;
   }

@@ -1,6 +1,6 @@
 // Private pieces shared by the bulk conversion paths (convert_bulk.cc, convert_avx2.cc,
 // convert_avx512.cc): the per-format codes the lane-wise algorithms need (derived from
-// formats.h, never written by hand) and the entry points of each level. The target attributes
+// formats.h, never written by hand; FP8, FP6 and FP4 alike) and the entry points of each level. The target attributes
 // are the project's one set (cpu_features.h).
 #pragma once
 
@@ -22,8 +22,8 @@ struct NarrowCodes {
   int total_bits;
   int min_normal_exponent;        // 1 - bias
   std::uint32_t max_finite_code;  // +max finite
-  std::uint32_t overflow_code;    // what a non-saturating overflow becomes: Inf, or NaN (E4M3)
-  std::uint32_t nan_code;         // quiet NaN with a zero payload
+  std::uint32_t overflow_code;    // what a non-saturating overflow becomes: Inf, NaN (E4M3), max
+  std::uint32_t nan_code;         // quiet NaN with a zero payload (max finite: FP6/FP4)
   std::uint32_t payload_mask;     // fraction bits that carry the FP32 payload (0: one NaN)
   std::uint32_t special_min;      // magnitude codes >= this are Inf or NaN
   // Encoder constants. Normal range (|x| >= min normal, FP32 bits >= min_normal_fp32): the
@@ -54,18 +54,28 @@ constexpr NarrowCodes narrow_codes(Format format) {
   c.bias = f.bias;
   c.total_bits = f.total_bits;
   c.min_normal_exponent = f.min_normal_exponent;
-  if (f.has_inf) {
-    c.max_finite_code = ((exp_all_ones - 1) << m) | frac_all_ones;
-    c.overflow_code = exp_all_ones << m;
-    c.nan_code = (exp_all_ones << m) | (1u << (m - 1));
-    c.payload_mask = frac_all_ones;
-    c.special_min = exp_all_ones << m;
-  } else {  // E4M3 fn: S.1111.111 is the only NaN and overflow lands on it
-    c.max_finite_code = (exp_all_ones << m) | (frac_all_ones - 1);
-    c.overflow_code = (exp_all_ones << m) | frac_all_ones;
-    c.nan_code = c.overflow_code;
-    c.payload_mask = 0;
-    c.special_min = c.overflow_code;
+  switch (f.special) {
+    case SpecialCodes::kIeee:
+      c.max_finite_code = ((exp_all_ones - 1) << m) | frac_all_ones;
+      c.overflow_code = exp_all_ones << m;
+      c.nan_code = (exp_all_ones << m) | (1u << (m - 1));
+      c.payload_mask = frac_all_ones;
+      c.special_min = exp_all_ones << m;
+      break;
+    case SpecialCodes::kNanOnlyFn:  // E4M3 fn: S.1111.111 is the only NaN and overflow lands on it
+      c.max_finite_code = (exp_all_ones << m) | (frac_all_ones - 1);
+      c.overflow_code = (exp_all_ones << m) | frac_all_ones;
+      c.nan_code = c.overflow_code;
+      c.payload_mask = 0;
+      c.special_min = c.overflow_code;
+      break;
+    case SpecialCodes::kFiniteOnly:  // FP6/FP4: overflow, Inf and NaN all become max finite
+      c.max_finite_code = (exp_all_ones << m) | frac_all_ones;
+      c.overflow_code = c.max_finite_code;
+      c.nan_code = c.max_finite_code;
+      c.payload_mask = 0;
+      c.special_min = c.max_finite_code + 1;  // past every magnitude code: nothing is special
+      break;
   }
   c.min_normal_fp32 = static_cast<std::uint32_t>(127 + c.min_normal_exponent) << 23;
   c.rebias_and_half = (static_cast<std::uint32_t>(c.bias - 127) << 23) + (1u << (22 - m)) - 1;
@@ -74,6 +84,10 @@ constexpr NarrowCodes narrow_codes(Format format) {
                       ((c.max_finite_code & frac_all_ones) << (23 - m));
   c.nan_fp32 = 0x7FC00000u | ((c.nan_code & frac_all_ones) << (23 - m));
   c.overflow_fp32 = f.has_inf ? 0x7F800000u : c.nan_fp32;
+  if (!f.has_nan) {  // the reference's +-max for NaN and overflow alike
+    c.nan_fp32 = c.max_finite_fp32;
+    c.overflow_fp32 = c.max_finite_fp32;
+  }
   c.payload_mask_fp32 = c.payload_mask << (23 - m);
   return c;
 }
@@ -90,6 +104,18 @@ static_assert(narrow_codes(Format::kE4M3).max_finite_fp32 == 0x43E00000);  // 44
 static_assert(narrow_codes(Format::kE4M3).overflow_fp32 == 0x7FF00000);
 static_assert(narrow_codes(Format::kE5M2).max_finite_fp32 == 0x47600000);  // 57344.0f
 static_assert(narrow_codes(Format::kE5M2).nan_fp32 == 0x7FC00000);
+// ... and of OCP Microscaling v1.0's FP6/FP4 elements.
+static_assert(narrow_codes(Format::kE2M1).max_finite_code == 0x7);         // 6
+static_assert(narrow_codes(Format::kE2M1).subnormal_magic == 0x4A800000);  // 2^22, ulp 2^-1
+static_assert(narrow_codes(Format::kE2M1).max_finite_fp32 == 0x40C00000);  // 6.0f
+static_assert(narrow_codes(Format::kE3M2).max_finite_code == 0x1F);        // 28
+static_assert(narrow_codes(Format::kE3M2).subnormal_magic == 0x49000000);  // 2^19, ulp 2^-4
+static_assert(narrow_codes(Format::kE3M2).max_finite_fp32 == 0x41E00000);  // 28.0f
+static_assert(narrow_codes(Format::kE2M3).max_finite_code == 0x1F);        // 7.5
+static_assert(narrow_codes(Format::kE2M3).subnormal_magic == 0x49800000);  // 2^20, ulp 2^-3
+static_assert(narrow_codes(Format::kE2M3).max_finite_fp32 == 0x40F00000);  // 7.5f
+static_assert(narrow_codes(Format::kE2M3).overflow_fp32 == 0x40F00000);
+static_assert(narrow_codes(Format::kE2M3).nan_fp32 == 0x40F00000);
 
 // round_through() at an explicit level (clamped to what the CPU has), for the tests: convert.h
 // has no level overload for it.

@@ -2,11 +2,12 @@
 //
 // Design: elementwise and memory-bound, so the only concern is moving bytes efficiently. Each
 // thread handles a group of 4 elements per grid-stride step: one 16-byte FP32 load or store and
-// one 8-byte (FP16/BF16) or 4-byte (FP8) narrow load or store. Where either pointer is not
-// aligned to its group size the launcher picks the per-element kernel instead, which reads
-// typed elements when the pointers are element-aligned and assembles them from bytes otherwise
-// (a misaligned view is rare but legal). The rounding itself is convert_element.cuh: one
-// template instantiation per format, chosen once by the launcher's switch.
+// one 8-byte (FP16/BF16) or 4-byte (FP8, FP6, FP4: a byte each) narrow load or store. Where
+// either pointer is not aligned to its group size the launcher picks the per-element kernel
+// instead, which reads typed elements when the pointers are element-aligned and assembles them
+// from bytes otherwise (a misaligned view is rare but legal). The rounding itself is
+// convert_element.cuh: one template instantiation per format, chosen once by the launcher's
+// switch.
 #include <cstdint>
 #include <type_traits>
 
@@ -23,7 +24,7 @@ namespace {
 constexpr int kGroup = 4;        // elements per thread per grid-stride step
 constexpr int kBlocksPerSm = 8;  // 2048 resident threads per SM at 256 threads per block
 
-// Four narrow elements in one aligned word: uint2 for 16-bit formats, uint32_t for FP8.
+// Four narrow elements in one aligned word: uint2 for 16-bit formats, uint32_t for byte ones.
 template <Format F>
 using NarrowGroup = std::conditional_t<sizeof(NarrowStorage<F>) == 2, uint2, std::uint32_t>;
 
@@ -229,6 +230,12 @@ void convert_from_fp32(const float* src, void* dst, std::size_t n, Format dst_fo
       return launch_from_fp32<Format::kE4M3>(src, dst, n, mode, stream);
     case Format::kE5M2:
       return launch_from_fp32<Format::kE5M2>(src, dst, n, mode, stream);
+    case Format::kE2M1:
+      return launch_from_fp32<Format::kE2M1>(src, dst, n, mode, stream);
+    case Format::kE3M2:
+      return launch_from_fp32<Format::kE3M2>(src, dst, n, mode, stream);
+    case Format::kE2M3:
+      return launch_from_fp32<Format::kE2M3>(src, dst, n, mode, stream);
   }
 }
 
@@ -252,6 +259,12 @@ void convert_to_fp32(const void* src, float* dst, std::size_t n, Format src_form
       return launch_to_fp32<Format::kE4M3>(src, dst, n, stream);
     case Format::kE5M2:
       return launch_to_fp32<Format::kE5M2>(src, dst, n, stream);
+    case Format::kE2M1:
+      return launch_to_fp32<Format::kE2M1>(src, dst, n, stream);
+    case Format::kE3M2:
+      return launch_to_fp32<Format::kE3M2>(src, dst, n, stream);
+    case Format::kE2M3:
+      return launch_to_fp32<Format::kE2M3>(src, dst, n, stream);
   }
 }
 

@@ -17,10 +17,18 @@
 //   __half2float, __bfloat162float, __nv_cvt_fp8_to_halfraw: exact for every non-NaN pattern.
 //     BF16 widening is a shift (a signalling NaN stays signalling; the reference quiets it);
 //     the FP8 path returns the canonical half NaN (sign dropped; the reference keeps it).
+//   __nv_cvt_float_to_fp6 / __nv_cvt_float_to_fp4 (cudaRoundNearest): round to nearest even and
+//     always saturate (+-max for overflow and +-Inf), which is the reference's rule for these
+//     formats in both modes. A NaN input becomes +max (sign dropped); the reference keeps the
+//     sign (S.max), so NaN is mapped here explicitly and the element code matches bit for bit.
+//   __nv_cvt_fp6_to_halfraw / __nv_cvt_fp4_to_halfraw: exact (every FP6/FP4 value is an FP16
+//     value); the code is masked to its low 6 / 4 bits first, as decode() reads it.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp4.h>
+#include <cuda_fp6.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -43,6 +51,43 @@ __host__ __device__ inline std::uint16_t saturate_inf(std::uint16_t bits, std::u
 }
 
 template <Format F>
+inline constexpr bool kIsMxElement =
+    F == Format::kE2M1 || F == Format::kE3M2 || F == Format::kE2M3;
+// Their widths (format_info is host-only constexpr); checked against formats.h below.
+template <Format F>
+inline constexpr int kMxElementBits = F == Format::kE2M1 ? 4 : 6;
+static_assert(kMxElementBits<Format::kE2M1> == format_info(Format::kE2M1).total_bits &&
+              kMxElementBits<Format::kE3M2> == format_info(Format::kE3M2).total_bits &&
+              kMxElementBits<Format::kE2M3> == format_info(Format::kE2M3).total_bits);
+
+// The toolkit's FP6/FP4 kinds, and the sign bit and max code of each (formats.h: no Inf, no
+// NaN, so max finite is the all-ones magnitude).
+template <Format F>
+__host__ __device__ inline std::uint8_t mx_element_from_fp32(float x) {
+  constexpr int kBits = kMxElementBits<F>;
+  constexpr std::uint8_t kSign = 1u << (kBits - 1);
+  constexpr std::uint8_t kMax = kSign - 1;
+  if (x != x) return (signbit(x) ? kSign : 0) | kMax;  // NaN: S.max, as the reference
+  if constexpr (F == Format::kE2M1) {
+    return __nv_cvt_float_to_fp4(x, __NV_E2M1, cudaRoundNearest);
+  } else {
+    constexpr __nv_fp6_interpretation_t kKind = F == Format::kE3M2 ? __NV_E3M2 : __NV_E2M3;
+    return __nv_cvt_float_to_fp6(x, kKind, cudaRoundNearest);
+  }
+}
+
+template <Format F>
+__host__ __device__ inline float mx_element_to_fp32(std::uint8_t bits) {
+  constexpr std::uint8_t kMask = (1u << kMxElementBits<F>) - 1;
+  if constexpr (F == Format::kE2M1) {
+    return __half2float(__half(__nv_cvt_fp4_to_halfraw(bits & kMask, __NV_E2M1)));
+  } else {
+    constexpr __nv_fp6_interpretation_t kKind = F == Format::kE3M2 ? __NV_E3M2 : __NV_E2M3;
+    return __half2float(__half(__nv_cvt_fp6_to_halfraw(bits & kMask, kKind)));
+  }
+}
+
+template <Format F>
 __host__ __device__ inline NarrowStorage<F> narrow_from_fp32(float x, OverflowMode mode) {
   const bool saturate = mode == OverflowMode::kSaturating;
   if constexpr (F == Format::kFP16) {
@@ -51,6 +96,8 @@ __host__ __device__ inline NarrowStorage<F> narrow_from_fp32(float x, OverflowMo
   } else if constexpr (F == Format::kBF16) {
     const std::uint16_t bits = __bfloat16_as_ushort(__float2bfloat16_rn(x));
     return saturate ? saturate_inf(bits, 0x7F80u, 0x7F7Fu) : bits;
+  } else if constexpr (kIsMxElement<F>) {
+    return mx_element_from_fp32<F>(x);  // saturating in both modes: no Inf or NaN code
   } else {
     static_assert(F == Format::kE4M3 || F == Format::kE5M2, "not a narrow format");
     constexpr __nv_fp8_interpretation_t kKind = F == Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;
@@ -64,6 +111,8 @@ __host__ __device__ inline float narrow_to_fp32(NarrowStorage<F> bits) {
     return __half2float(__ushort_as_half(bits));
   } else if constexpr (F == Format::kBF16) {
     return __bfloat162float(__ushort_as_bfloat16(bits));
+  } else if constexpr (kIsMxElement<F>) {
+    return mx_element_to_fp32<F>(bits);
   } else {
     static_assert(F == Format::kE4M3 || F == Format::kE5M2, "not a narrow format");
     constexpr __nv_fp8_interpretation_t kKind = F == Format::kE4M3 ? __NV_E4M3 : __NV_E5M2;

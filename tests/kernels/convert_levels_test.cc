@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <vector>
 
@@ -26,9 +27,11 @@ void PrintTo(SimdLevel level, std::ostream* os) { *os << simd_level_name(level);
 
 namespace {
 
-constexpr Format kNarrowFormats[] = {Format::kFP16, Format::kBF16, Format::kE4M3, Format::kE5M2};
+constexpr Format kNarrowFormats[] = {Format::kFP16, Format::kBF16, Format::kE4M3, Format::kE5M2,
+                                     Format::kE2M1, Format::kE3M2, Format::kE2M3};
 constexpr Format kAllFormats[] = {Format::kFP32, Format::kFP16, Format::kBF16, Format::kE4M3,
-                                  Format::kE5M2};
+                                  Format::kE5M2, Format::kE2M1, Format::kE3M2, Format::kE2M3};
+static_assert(std::size(kAllFormats) == kNumFormats, "a format the level tests do not cover");
 constexpr OverflowMode kModes[] = {OverflowMode::kNonSaturating, OverflowMode::kSaturating};
 constexpr std::size_t kSizes[] = {0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 65, 1023};
 constexpr std::size_t kSrcOffsets[] = {0, 1, 3};  // elements past a 64-byte boundary
@@ -84,7 +87,8 @@ std::vector<std::uint32_t> fp32_pool(std::size_t count, std::uint32_t seed) {
   return out;
 }
 
-// Codes to decode, shuffled: for FP8 every code; for FP16/BF16 every zero, subnormal, Inf and
+// Codes to decode, shuffled: for FP8 every code; for FP6/FP4 every byte (the bits above the
+// code must be ignored); for FP16/BF16 every zero, subnormal, Inf and
 // NaN code and as many random normal ones; for FP32 the FP32 pool.
 const std::vector<std::uint32_t>& code_pool(Format f) {
   static const auto pools = [] {
@@ -97,11 +101,11 @@ const std::vector<std::uint32_t>& code_pool(Format f) {
         pool = fp32_pool(2048, 17);
         continue;
       }
-      const std::uint32_t count = 1u << info.total_bits;
+      const std::uint32_t count = 1u << std::max(info.total_bits, 8);
       const std::uint32_t exp_mask = ((1u << info.exponent_bits) - 1) << info.mantissa_bits;
       for (std::uint32_t c = 0; c < count; ++c) {
         const std::uint32_t e = c & exp_mask;
-        if (info.total_bits == 8 || e == 0 || e == exp_mask) pool.push_back(c);
+        if (info.total_bits <= 8 || e == 0 || e == exp_mask) pool.push_back(c);
       }
       const std::size_t specials = pool.size();
       for (std::size_t i = 0; i < specials && info.total_bits == 16; ++i) {

@@ -1,7 +1,7 @@
 // The scalar reference encode()/decode() against definitions written here from scratch and
-// against the hardware: every FP16/BF16/FP8 bit pattern decodes to the value its fields say
+// against the hardware: every FP16/BF16/FP8/FP6/FP4 bit pattern decodes to the value its fields say
 // and round-trips; FP32 -> FP16 matches F16C, FP32 -> BF16 matches AVX512_BF16 where that
-// instruction is exact, and FP32 -> BF16/FP8 matches a bit-level encoder written in this file
+// instruction is exact, and FP32 -> BF16/FP8/FP6/FP4 matches a bit-level encoder written in this file
 // on every FP32 pattern class (see every_pattern_class) plus boundary neighbourhoods and random
 // samples. The bulk paths at every SIMD level are checked on the same inputs where cheap;
 // convert_levels_test.cc compares them with the reference exhaustively.
@@ -27,32 +27,54 @@ namespace {
 
 // ---- encodings written out here, independently of formats.h --------------------------------
 
+// What the all-ones exponent holds: Inf/NaN (IEEE), numbers except S.1111.111 = NaN (E4M3
+// fn), numbers only (the FP6/FP4 elements of OCP Microscaling v1.0: no Inf, no NaN).
+enum class Specials { kIeee, kNanOnly, kNone };
+
 struct Layout {
   Format format;
   int exponent_bits;
   int mantissa_bits;
   int bias;
-  bool ieee_specials;  // all-ones exponent = Inf/NaN; false: E4M3 fn, only S.1111.111 is NaN
+  Specials specials;
 
   int total_bits() const { return 1 + exponent_bits + mantissa_bits; }
   std::uint32_t exp_ones() const { return (1u << exponent_bits) - 1; }
   std::uint32_t frac_ones() const { return (1u << mantissa_bits) - 1; }
   std::uint32_t max_finite_code() const {
-    return ieee_specials ? ((exp_ones() - 1) << mantissa_bits) | frac_ones()
-                         : (exp_ones() << mantissa_bits) | (frac_ones() - 1);
+    switch (specials) {
+      case Specials::kIeee:
+        return ((exp_ones() - 1) << mantissa_bits) | frac_ones();
+      case Specials::kNanOnly:
+        return (exp_ones() << mantissa_bits) | (frac_ones() - 1);
+      case Specials::kNone:
+        break;
+    }
+    return (exp_ones() << mantissa_bits) | frac_ones();
   }
-  // Non-saturating overflow: Inf, or the NaN for E4M3 fn.
+  // Non-saturating overflow: Inf, the NaN for E4M3 fn, max finite where there is neither.
   std::uint32_t overflow_code() const {
-    return ieee_specials ? exp_ones() << mantissa_bits
-                         : (exp_ones() << mantissa_bits) | frac_ones();
+    switch (specials) {
+      case Specials::kIeee:
+        return exp_ones() << mantissa_bits;
+      case Specials::kNanOnly:
+        return (exp_ones() << mantissa_bits) | frac_ones();
+      case Specials::kNone:
+        break;
+    }
+    return max_finite_code();
   }
 };
 
-constexpr Layout kFp16{Format::kFP16, 5, 10, 15, true};
-constexpr Layout kBf16{Format::kBF16, 8, 7, 127, true};
-constexpr Layout kE4m3{Format::kE4M3, 4, 3, 7, false};
-constexpr Layout kE5m2{Format::kE5M2, 5, 2, 15, true};
-constexpr Layout kNarrowLayouts[] = {kFp16, kBf16, kE4m3, kE5m2};
+constexpr Layout kFp16{Format::kFP16, 5, 10, 15, Specials::kIeee};
+constexpr Layout kBf16{Format::kBF16, 8, 7, 127, Specials::kIeee};
+constexpr Layout kE4m3{Format::kE4M3, 4, 3, 7, Specials::kNanOnly};
+constexpr Layout kE5m2{Format::kE5M2, 5, 2, 15, Specials::kIeee};
+constexpr Layout kE2m1{Format::kE2M1, 2, 1, 1, Specials::kNone};
+constexpr Layout kE3m2{Format::kE3M2, 3, 2, 3, Specials::kNone};
+constexpr Layout kE2m3{Format::kE2M3, 2, 3, 1, Specials::kNone};
+constexpr Layout kNarrowLayouts[] = {kFp16, kBf16, kE4m3, kE5m2, kE2m1, kE3m2, kE2m3};
+constexpr Layout kMxElementLayouts[] = {kE2m1, kE3m2, kE2m3};
 
 constexpr SimdLevel kLevels[] = {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512};
 constexpr OverflowMode kModes[] = {OverflowMode::kNonSaturating, OverflowMode::kSaturating};
@@ -72,10 +94,12 @@ std::uint32_t expected_decode(std::uint32_t bits, const Layout& l) {
   const std::uint32_t exp = (bits >> m) & l.exp_ones();
   const std::uint32_t frac = bits & l.frac_ones();
   const std::uint32_t sign = negative ? 0x80000000u : 0u;
-  const bool is_nan = l.ieee_specials ? (exp == l.exp_ones() && frac != 0)
-                                      : (exp == l.exp_ones() && frac == l.frac_ones());
+  const bool all_ones = exp == l.exp_ones();
+  const bool is_nan = l.specials == Specials::kIeee    ? all_ones && frac != 0
+                      : l.specials == Specials::kNanOnly ? all_ones && frac == l.frac_ones()
+                                                         : false;
   if (is_nan) return sign | 0x7FC00000u | (frac << (23 - m));
-  if (l.ieee_specials && exp == l.exp_ones()) return sign | 0x7F800000u;
+  if (l.specials == Specials::kIeee && all_ones) return sign | 0x7F800000u;
   const double fraction = static_cast<double>(frac) / static_cast<double>(1u << m);
   const double magnitude = exp == 0 ? std::ldexp(fraction, 1 - l.bias)
                                     : std::ldexp(1.0 + fraction, static_cast<int>(exp) - l.bias);
@@ -99,7 +123,8 @@ std::uint32_t expected_encode(std::uint32_t u, const Layout& l, OverflowMode mod
   const std::uint32_t sign_bit = (u >> 31) << (l.total_bits() - 1);
   const std::uint32_t a = u & 0x7FFFFFFFu;
   if (a > 0x7F800000u) {
-    if (!l.ieee_specials) return sign_bit | l.overflow_code();
+    if (l.specials == Specials::kNanOnly) return sign_bit | l.overflow_code();
+    if (l.specials == Specials::kNone) return sign_bit | l.max_finite_code();  // no NaN code
     return sign_bit | (l.exp_ones() << m) | (1u << (m - 1)) | ((a & 0x7FFFFFu) >> (23 - m));
   }
   const std::uint32_t overflowed = sign_bit | (saturate ? l.max_finite_code() : l.overflow_code());
@@ -321,7 +346,7 @@ void check_round_trip_every_pattern(const Layout& l) {
     std::uint32_t want_sat = b;
     if (std::isnan(x)) {
       // Quiet bit set (E4M3's one NaN per sign already is its own quiet form).
-      want = l.ieee_specials ? b | (1u << (l.mantissa_bits - 1)) : b;
+      want = l.specials == Specials::kIeee ? b | (1u << (l.mantissa_bits - 1)) : b;
       want_sat = want;
     } else if (std::isinf(x)) {
       want_sat = (b & sign_bit) | l.max_finite_code();
@@ -570,6 +595,42 @@ TEST(ConvertTest, Fp8OverflowAndUnderflowThresholds) {
       EXPECT_EQ(out[0], c.want) << simd_level_name(level);
       EXPECT_EQ(out[1], c.want_saturating) << simd_level_name(level);
     }
+  }
+}
+
+// ---- FP6 / FP4 (OCP Microscaling elements) --------------------------------------------------
+// The same bit-level checks as FP8; convert_mx_test.cc checks them against the specification's
+// value tables.
+
+TEST(ConvertTest, MxElementsDecodeEveryPattern) {
+  for (const Layout& l : kMxElementLayouts) {
+    SCOPED_TRACE(format_name(l.format));
+    check_decode_every_pattern(l);
+  }
+}
+
+TEST(ConvertTest, MxElementsRoundTripEveryPattern) {
+  for (const Layout& l : kMxElementLayouts) {
+    SCOPED_TRACE(format_name(l.format));
+    check_round_trip_every_pattern(l);
+  }
+}
+
+TEST(ConvertTest, MxElementsEncodeMatchesBitReferenceOnEveryPatternClass) {
+  const std::vector<std::uint32_t> inputs = every_pattern_class();
+  for (const Layout& l : kMxElementLayouts) check_against_bit_reference(l, inputs);
+}
+
+TEST(ConvertTest, MxElementsEncodeMatchesBitReferenceNearEveryBoundary) {
+  for (const Layout& l : kMxElementLayouts) check_against_bit_reference(l, boundary_inputs(l, 64));
+}
+
+TEST(ConvertTest, MxElementsEncodeMatchesBitReferenceOnRandomPatterns) {
+  const std::vector<std::uint32_t> uniform = random_inputs(1'000'000, 199);
+  const std::vector<std::uint32_t> in_range = random_inputs_in_range(1'000'000, 118, 134, 200);
+  for (const Layout& l : kMxElementLayouts) {
+    check_against_bit_reference(l, uniform);
+    check_against_bit_reference(l, in_range);
   }
 }
 

@@ -7,6 +7,13 @@
 // __NV_SATFINITE semantics). NaN stays NaN in both modes: the result is a quiet NaN that keeps
 // the sign and the top payload bits that fit (what F16C does); E4M3 has one NaN per sign.
 //
+// The FP6/FP4 elements (E3M2, E2M3, E2M1) have neither Inf nor NaN: every code is a value, so
+// there is no code for a non-finite result. A value whose rounded magnitude exceeds max finite,
+// an Inf and a NaN all encode as +-max finite, the sign kept, in both OverflowModes. (OCP
+// Microscaling v1.0 leaves converting NaN/Inf to these elements to the implementation; the MX
+// recipes never encode one: a block holding one gets a NaN scale, recipe.h.) Their codes sit in
+// the low bits of a byte; decode() ignores the bits above total_bits.
+//
 // encode()/decode() are the scalar reference: plain, format-generic code written from the
 // definition. The bulk functions dispatch at run time to AVX2/F16C or AVX-512 code and are
 // tested bit-for-bit against the reference.
@@ -51,8 +58,23 @@ inline std::uint8_t fp32_to_e5m2(float x, OverflowMode m = OverflowMode::kNonSat
 }
 inline float e5m2_to_fp32(std::uint8_t b) { return decode(b, Format::kE5M2); }
 
+// E8M0, the shared scale of an OCP MX block: an unsigned power of two 2^(code - 127), codes 0
+// to 254 (2^-127 to 2^127), 0xFF is NaN. No sign, no zero, no Inf.
+inline constexpr std::uint8_t kE8M0Nan = 0xFF;
+inline constexpr int kE8M0Bias = 127;
+inline constexpr int kE8M0MinExponent = -127;
+inline constexpr int kE8M0MaxExponent = 127;
+// The exact value of the code: 2^(code - 127) (code 0 is 2^-127, an FP32 subnormal, built from
+// bits so that FTZ/DAZ cannot flush it), a quiet NaN for 0xFF.
+float decode_e8m0(std::uint8_t code);
+// The code of 2^exponent, the exponent clamped to [-127, 127] first. Never returns the NaN code.
+std::uint8_t encode_e8m0(int exponent);
+// floor(log2 |x|) for finite nonzero x, exact, FP32 subnormals included (read from the bits:
+// -149 for the smallest). Throws ampscope::Error on zero, Inf or NaN.
+int floor_log2(float x);
+
 // Bulk conversions. dst holds n elements of dst_format's storage (uint16_t for FP16/BF16,
-// uint8_t for FP8, float for FP32). src and dst may be unaligned; they must not overlap unless
+// uint8_t for FP8, FP6 and FP4, float for FP32). src and dst may be unaligned; they must not overlap unless
 // equal (in-place is only possible for FP32 -> FP32). `level` defaults to the active level.
 void convert_from_fp32(const float* src, void* dst, std::size_t n, Format dst_format,
                        OverflowMode mode = OverflowMode::kNonSaturating);

@@ -23,7 +23,15 @@ inline float from_bits(std::uint32_t u) { return std::bit_cast<float>(u); }
 inline std::uint32_t to_bits(float x) { return std::bit_cast<std::uint32_t>(x); }
 
 inline constexpr Format kNarrowFormats[] = {Format::kFP16, Format::kBF16, Format::kE4M3,
-                                            Format::kE5M2};
+                                            Format::kE5M2, Format::kE2M1, Format::kE3M2,
+                                            Format::kE2M3};
+
+// Every bit pattern a decoder reads: all of FP16/BF16's, every byte for the byte formats (the
+// FP6/FP4 code is the byte's low bits; the rest must be ignored).
+inline std::uint32_t decode_patterns(Format f) {
+  const int bits = format_info(f).total_bits;
+  return 1u << (bits < 8 ? 8 : bits);
+}
 
 // FP32 inputs that a rounding into f has to get right:
 //   - every value v of f (both signs) and its FP32 neighbours up to 3 ulps away;
@@ -48,8 +56,9 @@ inline std::vector<float> conversion_probes(Format f) {
     if (std::isnan(v) || std::isinf(v)) continue;
     around(v, 3);
     const float next = decode(b + 1, f);
-    const double upper = (std::isnan(next) || std::isinf(next)) ? info.overflow_threshold
-                                                                : static_cast<double>(next);
+    // Past max finite: the next code is Inf, NaN or (FP6/FP4, no specials) the sign bit.
+    const bool past_max = b + 1 == sign_bit || std::isnan(next) || std::isinf(next);
+    const double upper = past_max ? info.overflow_threshold : static_cast<double>(next);
     if (upper > v) around(static_cast<float>((static_cast<double>(v) + upper) / 2), 2);
   }
   for (std::uint32_t u :

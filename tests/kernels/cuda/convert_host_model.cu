@@ -19,6 +19,12 @@ std::uint32_t host_model_from_fp32(float x, Format f, OverflowMode mode) {
       return narrow_from_fp32<Format::kE4M3>(x, mode);
     case Format::kE5M2:
       return narrow_from_fp32<Format::kE5M2>(x, mode);
+    case Format::kE2M1:
+      return narrow_from_fp32<Format::kE2M1>(x, mode);
+    case Format::kE3M2:
+      return narrow_from_fp32<Format::kE3M2>(x, mode);
+    case Format::kE2M3:
+      return narrow_from_fp32<Format::kE2M3>(x, mode);
     case Format::kFP32:
       break;
   }
@@ -35,6 +41,12 @@ float host_model_to_fp32(std::uint32_t bits, Format f) {
       return narrow_to_fp32<Format::kE4M3>(static_cast<NarrowStorage<Format::kE4M3>>(bits));
     case Format::kE5M2:
       return narrow_to_fp32<Format::kE5M2>(static_cast<NarrowStorage<Format::kE5M2>>(bits));
+    case Format::kE2M1:
+      return narrow_to_fp32<Format::kE2M1>(static_cast<NarrowStorage<Format::kE2M1>>(bits));
+    case Format::kE3M2:
+      return narrow_to_fp32<Format::kE3M2>(static_cast<NarrowStorage<Format::kE3M2>>(bits));
+    case Format::kE2M3:
+      return narrow_to_fp32<Format::kE2M3>(static_cast<NarrowStorage<Format::kE2M3>>(bits));
     case Format::kFP32:
       break;
   }

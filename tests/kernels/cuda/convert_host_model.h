@@ -11,7 +11,7 @@
 
 namespace ampscope::cuda::testing {
 
-// Narrow formats only (FP16, BF16, E4M3, E5M2).
+// Narrow formats only (FP16, BF16, E4M3, E5M2, E2M1, E3M2, E2M3).
 std::uint32_t host_model_from_fp32(float x, Format f, OverflowMode mode);
 float host_model_to_fp32(std::uint32_t bits, Format f);
 

@@ -104,7 +104,13 @@ typedef enum ampscope_format {
   AMPSCOPE_FORMAT_FP16 = 1,
   AMPSCOPE_FORMAT_BF16 = 2,
   AMPSCOPE_FORMAT_E4M3 = 3,
-  AMPSCOPE_FORMAT_E5M2 = 4
+  AMPSCOPE_FORMAT_E5M2 = 4,
+  /* OCP Microscaling v1.0 elements (FP4, FP6): stats targets and compute formats, not storage
+   * the statistics read. A library older than these values refuses them with
+   * AMPSCOPE_INVALID_ARGUMENT. */
+  AMPSCOPE_FORMAT_E2M1 = 5,
+  AMPSCOPE_FORMAT_E3M2 = 6,
+  AMPSCOPE_FORMAT_E2M3 = 7
 } ampscope_format;
 
 typedef enum ampscope_role {

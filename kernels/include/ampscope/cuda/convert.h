@@ -13,6 +13,8 @@
 //   - FP16/E4M3/E5M2 -> FP32 go through the hardware half conversion: a NaN stays a NaN, with
 //     a sign and payload that the instruction defines and the reference may not match.
 // Tests therefore compare NaN results by isnan only and every other result bit for bit.
+// FP6/FP4 (E2M1, E3M2, E2M3) have no NaN or Inf code and match the reference bit for bit: a NaN
+// input, an Inf and an overflow become +-max finite, the sign kept, in both modes.
 // Inf and overflow follow the reference exactly: non-saturating gives +-Inf (NaN for E4M3),
 // saturating (__NV_SATFINITE for FP8, an explicit clamp for FP16/BF16) gives +-max finite for
 // overflowing values and for +-Inf inputs alike.
@@ -34,8 +36,8 @@
 
 namespace ampscope::cuda {
 
-// dst holds n elements of dst_format's storage (uint16_t for FP16/BF16, uint8_t for FP8, float
-// for FP32: then this is a device-to-device copy).
+// dst holds n elements of dst_format's storage (uint16_t for FP16/BF16, uint8_t for FP8, FP6 and
+// FP4, one unpacked code per byte; float for FP32: then this is a device-to-device copy).
 void convert_from_fp32(const float* src, void* dst, std::size_t n, Format dst_format,
                        OverflowMode mode, cudaStream_t stream);
 

@@ -27,6 +27,9 @@ static_assert(detail::one_up(v1::FORMAT_FP32, Format::kFP32) &&
               detail::one_up(v1::FORMAT_BF16, Format::kBF16) &&
               detail::one_up(v1::FORMAT_E4M3, Format::kE4M3) &&
               detail::one_up(v1::FORMAT_E5M2, Format::kE5M2) &&
+              detail::one_up(v1::FORMAT_E2M1, Format::kE2M1) &&
+              detail::one_up(v1::FORMAT_E3M2, Format::kE3M2) &&
+              detail::one_up(v1::FORMAT_E2M3, Format::kE2M3) &&
               v1::Format_MAX == kNumFormats);
 static_assert(detail::one_up(v1::TENSOR_ROLE_WEIGHT, TensorRole::kWeight) &&
               detail::one_up(v1::TENSOR_ROLE_MASTER_WEIGHT, TensorRole::kMasterWeight) &&
