@@ -1,5 +1,7 @@
 // Checkpoints: "AMPSCKPT", u32 version, u64 header length, a JSON header (config, step, scaler
-// and data-loader state), the raw parameter, first- and second-moment buffers in their storage
+// and data-loader state, the FP32 overrides; in the FP8/FP4 modes the per-layer GEMM precision
+// and fp8-delayed's amax histories, fields an older checkpoint lacks and a reader treats as
+// empty), the raw parameter, first- and second-moment buffers in their storage
 // dtype, and a CRC-32 (zlib) of everything before it. Written to a temporary file and renamed,
 // so a crash never leaves a half-written checkpoint under the final name.
 #include <zlib.h>
@@ -8,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "require.h"
@@ -97,6 +100,26 @@ void Trainer::write_checkpoint(const std::string& path) const {
   nlohmann::json overrides = nlohmann::json::array();
   for (const auto& [name, from] : overrides_.entries()) overrides.push_back({name, from});
   h["fp32_overrides"] = overrides;
+  nlohmann::json bf16 = nlohmann::json::array();
+  for (const auto& [name, from] : gemm_.bf16_entries()) bf16.push_back({name, from});
+  h["gemm_bf16"] = bf16;
+  nlohmann::json delayed = nlohmann::json::array();
+  for (const auto& e : gemm_.delayed_entries()) {
+    delayed.push_back({e.layer, e.settings.history_length, e.settings.margin, e.from_step});
+  }
+  h["gemm_delayed"] = delayed;
+  if (delayed_) {
+    nlohmann::json histories = nlohmann::json::array();
+    for (std::size_t i = 0; i < delayed_->inputs().size(); ++i) {
+      const auto history = delayed_->history(i).history();
+      histories.push_back({{"name", delayed_->inputs()[i].name},
+                           {"history_length", delayed_->settings(i).history_length},
+                           {"margin", delayed_->settings(i).margin},
+                           {"scale", delayed_->scale(i)},
+                           {"amaxes", std::vector<float>(history.begin(), history.end())}});
+    }
+    h["amax_histories"] = histories;
+  }
   const std::string header = h.dump();
 
   std::string out;
@@ -148,7 +171,14 @@ void Trainer::load_checkpoint(const std::string& path) {
   std::int64_t step = 0, updates = 0, drawn = 0;
   ScalerState scaler;
   std::array<std::uint64_t, 4> rng{};
-  std::vector<std::pair<std::string, std::int64_t>> overrides;
+  std::vector<std::pair<std::string, std::int64_t>> overrides, bf16;
+  std::vector<GemmPrecisionSet::DelayedEntry> delayed;
+  struct History {
+    DelayedSettings settings;
+    float scale = 1.0f;
+    std::vector<float> amaxes;
+  };
+  std::vector<History> histories;
   try {
     const nlohmann::json h = nlohmann::json::parse(in.substr(pos, header_len));
     AMPSCOPE_REQUIRE(h.at("model") == model_to_json(config_.model), "checkpoint '", path,
@@ -169,11 +199,39 @@ void Trainer::load_checkpoint(const std::string& path) {
     for (const auto& e : h.at("fp32_overrides")) {
       overrides.emplace_back(e.at(0).get<std::string>(), e.at(1).get<std::int64_t>());
     }
+    for (const auto& e : h.value("gemm_bf16", nlohmann::json::array())) {
+      bf16.emplace_back(e.at(0).get<std::string>(), e.at(1).get<std::int64_t>());
+    }
+    for (const auto& e : h.value("gemm_delayed", nlohmann::json::array())) {
+      delayed.push_back({e.at(0).get<std::string>(), {e.at(1).get<int>(), e.at(2).get<int>()},
+                         e.at(3).get<std::int64_t>()});
+    }
+    if (delayed_) {
+      const auto& hs = h.at("amax_histories");
+      AMPSCOPE_REQUIRE(hs.size() == delayed_->inputs().size(), "checkpoint '", path, "' has ",
+                       hs.size(), " amax histories, this run ", delayed_->inputs().size());
+      for (std::size_t i = 0; i < hs.size(); ++i) {
+        AMPSCOPE_REQUIRE(hs[i].at("name").get<std::string>() == delayed_->inputs()[i].name,
+                         "checkpoint '", path, "' has the amax history of ",
+                         hs[i].at("name").get<std::string>(), " where this run has ",
+                         delayed_->inputs()[i].name);
+        histories.push_back({{hs[i].at("history_length").get<int>(), hs[i].at("margin").get<int>()},
+                             hs[i].at("scale").get<float>(),
+                             hs[i].at("amaxes").get<std::vector<float>>()});
+      }
+    }
   } catch (const nlohmann::json::exception& e) {
     throw Error("checkpoint '" + path + "' has a bad header: " + e.what());
   }
   AMPSCOPE_REQUIRE(validate(scaler.config).empty(), "checkpoint '", path,
                    "' has an invalid scaler: ", validate(scaler.config));
+  std::optional<DelayedScaling> restored;
+  if (delayed_) {
+    restored.emplace(*delayed_);
+    for (std::size_t i = 0; i < histories.size(); ++i) {
+      restored->restore(i, histories[i].settings, histories[i].amaxes, histories[i].scale);
+    }
+  }
   pos += header_len;
   std::size_t need = 0;
   for (const Tensor& t : {model_->param_buffer(), model_->m_buffer(), model_->v_buffer()}) {
@@ -194,6 +252,10 @@ void Trainer::load_checkpoint(const std::string& path) {
   loader_.set_batches_drawn(drawn);
   overrides_.clear();
   for (const auto& [name, from] : overrides) (void)overrides_.add(name, from);
+  gemm_.clear();
+  for (const auto& [name, from] : bf16) (void)gemm_.add_bf16(name, from);
+  for (const auto& e : delayed) (void)gemm_.set_delayed(e.layer, e.settings, e.from_step);
+  if (restored) *delayed_ = std::move(*restored);
 }
 
 }  // namespace ampscope::trainer

@@ -206,6 +206,11 @@ void check_same_numel(const Tensor& a, const Tensor& b, const char* what) {
                  b.numel());
 }
 
+layers::OperandRecipe operand(const std::optional<QuantizedOperand>& q) {
+  if (!q) return {};
+  return {&q->recipe, q->counts};
+}
+
 int resolve_threads(int requested) {
   if (requested > 0) openblas_set_num_threads(requested);
   return std::max(1, requested > 0 ? requested : openblas_get_num_threads());
@@ -341,6 +346,22 @@ class CpuBackend final : public Backend {
 
   void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
                       const Tensor& bias, Format compute) override {
+    quantized_matmul_forward(out, inp, weight, bias, compute, {});
+  }
+
+  void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                       const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                       Format compute) override {
+    quantized_matmul_backward(dinp, dweight, dbias, dout, inp, weight, compute, {});
+  }
+
+  // The FP8/FP4 emulation: the operands read and rounded to `compute` as above, then
+  // fake_quantize'd by the layer (layers/matmul) before the same sgemm.
+  bool supports_gemm_recipes() const override { return true; }
+
+  void quantized_matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
+                                const Tensor& bias, Format compute,
+                                const MatmulForwardRecipes& q) override {
     const std::int64_t C = inp.dim(inp.rank - 1), N = inp.numel() / C, OC = weight.dim(0);
     AMPSCOPE_CHECK(weight.dim(1) == C, "matmul weight has ", weight.dim(1), " columns, input ", C);
     AMPSCOPE_CHECK(out.numel() == N * OC, "matmul output has ", out.numel(), " elements, expected ",
@@ -349,14 +370,15 @@ class CpuBackend final : public Backend {
     std::optional<In> b;
     if (!bias.empty()) b.emplace(bias, compute, ex_);
     Out o(out, compute, ex_);
-    layers::matmul_forward_cpu(cpu_, o.get(), x.get(), w.get(), b ? b->get() : nullptr, size(N),
-                               size(C), size(OC));
+    layers::matmul_forward_quantized_cpu(cpu_, o.get(), x.get(), w.get(), b ? b->get() : nullptr,
+                                         size(N), size(C), size(OC), operand(q.inp),
+                                         operand(q.weight));
     o.commit();
   }
 
-  void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
-                       const Tensor& dout, const Tensor& inp, const Tensor& weight,
-                       Format compute) override {
+  void quantized_matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                                 const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                 Format compute, const MatmulBackwardRecipes& q) override {
     const std::int64_t C = inp.dim(inp.rank - 1), N = inp.numel() / C, OC = weight.dim(0);
     In d(dout, compute, ex_), x(inp, compute, ex_);
     std::optional<In> w;
@@ -367,9 +389,12 @@ class CpuBackend final : public Backend {
     }
     Out dw(dweight, compute, ex_, OutMode::kAccumulate);
     if (!dbias.empty()) db.emplace(dbias, compute, ex_, OutMode::kAccumulate);
-    layers::matmul_backward_cpu(cpu_, di ? di->get() : nullptr, dw.get(), db ? db->get() : nullptr,
-                                d.get(), x.get(), w ? w->get() : nullptr, size(N), size(C),
-                                size(OC));
+    const layers::BackwardRecipes recipes{operand(q.dgrad_dout), operand(q.dgrad_weight),
+                                          operand(q.wgrad_dout), operand(q.wgrad_inp)};
+    layers::matmul_backward_quantized_cpu(cpu_, di ? di->get() : nullptr, dw.get(),
+                                          db ? db->get() : nullptr, d.get(), x.get(),
+                                          w ? w->get() : nullptr, size(N), size(C), size(OC),
+                                          recipes);
     if (di) di->commit();
     dw.commit();
     if (db) db->commit();

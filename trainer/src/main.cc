@@ -63,7 +63,8 @@ struct Options {
   std::optional<std::int64_t> growth_interval;
   std::optional<int> hysteresis;
   std::optional<float> min_scale;
-  std::vector<std::string> inject_nan, inject_inf, fp32_layers;
+  std::vector<std::string> inject_nan, inject_inf, fp32_layers, bf16_gemms;
+  std::optional<int> fp8_amax_history, fp8_margin;
   std::vector<std::int64_t> inject_overflow;
   std::int64_t inject_overflow_every = 0;
   std::string inject_overflow_tensor;
@@ -139,6 +140,14 @@ TrainerConfig to_config(const Options& o) {
   c.grad_shrink_end = o.grad_shrink_end;
   c.eval_every = o.eval_every;
   c.eval_batches = o.eval_batches;
+  if ((o.fp8_amax_history || o.fp8_margin) && c.precision != PrecisionMode::kFP8Delayed) {
+    throw UsageError("--fp8-amax-history and --fp8-margin apply to --precision fp8-delayed");
+  }
+  if (!o.bf16_gemms.empty() && !PrecisionPolicy::for_mode(c.precision).scaled_gemms) {
+    throw UsageError("--bf16-gemm applies to --precision fp8-delayed, fp8-current, mxfp8, nvfp4");
+  }
+  c.fp8_delayed.history_length = o.fp8_amax_history.value_or(c.fp8_delayed.history_length);
+  c.fp8_delayed.margin = o.fp8_margin.value_or(c.fp8_delayed.margin);
   ScalerConfig s = default_scaler(c.precision);
   if (!o.scaler.empty()) {
     auto kind = parse_scaler_kind(o.scaler);
@@ -214,6 +223,7 @@ nlohmann::json to_json(const StepEvent& e) {
                       {"step_time_s", e.step_time_s},
                       {"optimizer_steps", e.optimizer_steps}};
   if (!e.fp32_layers.empty()) j["fp32_layers"] = e.fp32_layers;
+  if (!e.bf16_gemms.empty()) j["bf16_gemms"] = e.bf16_gemms;
   if (e.val_loss) j["val_loss"] = *e.val_loss;
   return j;
 }
@@ -260,6 +270,12 @@ int run(const Options& o, std::unique_ptr<Communicator> comm, const CudaBackendO
   for (const auto& spec : o.fp32_layers) {
     auto [name, step] = split_at_step(spec, "--fp32-layer", true);
     if (std::string e = trainer.fp32_overrides().add(name, step); !e.empty()) throw UsageError(e);
+  }
+  for (const auto& spec : o.bf16_gemms) {
+    auto [name, step] = split_at_step(spec, "--bf16-gemm", true);
+    if (std::string e = trainer.gemm_precision().add_bf16(name, step); !e.empty()) {
+      throw UsageError(e);
+    }
   }
   const std::string ckpt =
       o.checkpoint_dir.empty() ? "" : (std::filesystem::path(o.checkpoint_dir) / "checkpoint.bin");
@@ -336,8 +352,11 @@ int main(int argc, char** argv) {
   CLI::App app{"Train the built-in GPT in a chosen precision mode and watch mixed precision "
                "succeed or fail.",
                "ampscope-train"};
-  app.add_option("--precision", o.precision, "fp32 | fp16 | amp-fp16 | amp-bf16")
-      ->check(CLI::IsMember({"fp32", "fp16", "amp-fp16", "amp-bf16"}))
+  app.add_option("--precision", o.precision,
+                 "fp32 | fp16 | amp-fp16 | amp-bf16 | fp8-delayed | fp8-current | mxfp8 | nvfp4 "
+                 "(the last four: amp-bf16 with the linear layers' GEMM inputs quantised by the "
+                 "recipe; CPU back end)")
+      ->check(CLI::IsMember(precision_names()))
       ->capture_default_str();
   app.add_option("--device", o.device,
                  "cpu | cuda (the first CUDA device; under NCCL, one device per rank of a node)")
@@ -433,6 +452,16 @@ int main(int argc, char** argv) {
                  "--grad-shrink (gradients shrinking over training)")
       ->check(CLI::PositiveNumber);
   app.add_option("--fp32-layer", o.fp32_layers, "compute LAYER in FP32 from STEP: LAYER[@STEP]");
+  app.add_option("--bf16-gemm", o.bf16_gemms,
+                 "FP8/FP4 modes: run linear LAYER (e.g. h0.mlp.fc, or *) in BF16, unquantised, "
+                 "from STEP: LAYER[@STEP] (repeatable)");
+  app.add_option("--fp8-amax-history", o.fp8_amax_history,
+                 "fp8-delayed: amax history length per GEMM input (default 16; Transformer "
+                 "Engine's default is 1024)")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--fp8-margin", o.fp8_margin,
+                 "fp8-delayed: scale = max / amax / 2^margin (default 0)")
+      ->check(CLI::Range(0, 64));
   app.add_option("--log-json", o.log_json,
                  "write one JSON object per step to FILE (rank r > 0 of a multi-rank run: to "
                  "FILE.rank<r>)");

@@ -211,6 +211,16 @@ std::vector<std::string> Gpt::layer_names() const {
   return names;
 }
 
+std::vector<std::string> Gpt::gemm_layers() const {
+  std::vector<std::string> names;
+  for (const auto& L : acts_->layers) {
+    for (const char* s : {".attn.qkv", ".attn.proj", ".mlp.fc", ".mlp.proj"}) {
+      names.push_back(L.prefix + s);
+    }
+  }
+  return names;
+}
+
 std::string Gpt::layer_of(std::string_view tensor) const {
   for (std::string_view t : kHeadTensors) {
     if (tensor == t) return std::string(kHead);
@@ -358,6 +368,104 @@ Format Gpt::compute_for(const StepContext& ctx, const std::string& layer) const 
   if (policy_.compute == Format::kFP32) return Format::kFP32;
   if (ctx.overrides != nullptr && ctx.overrides->active(layer, ctx.step)) return Format::kFP32;
   return policy_.compute;
+}
+
+// A layer moved to FP32 computes everything in FP32, unquantised; one moved to BF16 computes as
+// amp-bf16 does.
+bool Gpt::quantize_gemm(const StepContext& ctx, const std::string& layer, Format compute) const {
+  if (!policy_.scaled_gemms || compute == Format::kFP32) return false;
+  return ctx.gemm == nullptr || !ctx.gemm->bf16(layer, ctx.step);
+}
+
+std::optional<Recipe> Gpt::recipe_for(const StepContext& ctx, const std::string& layer,
+                                      GemmOperand operand, GemmUse use,
+                                      int* delayed_index) const {
+  *delayed_index = -1;
+  std::optional<Recipe> r = gemm_recipe(mode_, operand, use);
+  if (!r || r->scaling != Scaling::kDelayed) return r;
+  AMPSCOPE_CHECK(ctx.delayed != nullptr, "fp8-delayed needs the run's DelayedScaling");
+  *delayed_index = ctx.delayed->index(layer, operand);
+  AMPSCOPE_CHECK(*delayed_index >= 0, "no amax history for ", layer, ".", operand_name(operand));
+  const auto i = static_cast<std::size_t>(*delayed_index);
+  r->scale = ctx.delayed->scale(i);
+  r->margin = ctx.delayed->settings(i).margin;
+  return r;
+}
+
+void Gpt::report_quantized(const StepContext& ctx, const std::string& layer, GemmOperand operand,
+                           GemmUse use, const RecipeCounts& counts, int delayed_index) const {
+  if (delayed_index >= 0 && ctx.record_amax && use != GemmUse::kWgrad) {
+    ctx.delayed->record(static_cast<std::size_t>(delayed_index), counts.amax);
+  }
+  if (ctx.observer == nullptr) return;
+  const std::string name = layer + "." + std::string(operand_name(operand));
+  QuantizedGemmInput q;
+  q.name = name;
+  q.layer = layer;
+  q.operand = operand;
+  q.role = operand == GemmOperand::kInput    ? TensorRole::kActivation
+           : operand == GemmOperand::kWeight ? TensorRole::kWeight
+                                             : TensorRole::kActivationGrad;
+  q.phase = use == GemmUse::kForward ? TensorPhase::kForward : TensorPhase::kBackward;
+  q.use = use;
+  q.recipe = counts.recipe;
+  q.counts = counts;
+  if (delayed_index >= 0) {
+    q.amax_history = ctx.delayed->history(static_cast<std::size_t>(delayed_index)).history();
+  }
+  q.scale = operand == GemmOperand::kOutputGrad ? ctx.loss_scale : 1.0f;
+  q.step = ctx.step;
+  q.micro_step = ctx.micro_step;
+  ctx.observer->on_quantized(q);
+}
+
+void Gpt::linear_forward(const StepContext& ctx, const std::string& layer, const Tensor& out,
+                         const Tensor& inp, const Tensor& weight, const Tensor& bias,
+                         Format compute) {
+  if (!quantize_gemm(ctx, layer, compute)) {
+    backend_.matmul_forward(out, inp, weight, bias, compute);
+    return;
+  }
+  int ix = -1, iw = -1;
+  RecipeCounts cx, cw;
+  MatmulForwardRecipes q;
+  q.inp = QuantizedOperand{*recipe_for(ctx, layer, GemmOperand::kInput, GemmUse::kForward, &ix),
+                           &cx};
+  q.weight = QuantizedOperand{
+      *recipe_for(ctx, layer, GemmOperand::kWeight, GemmUse::kForward, &iw), &cw};
+  backend_.quantized_matmul_forward(out, inp, weight, bias, compute, q);
+  report_quantized(ctx, layer, GemmOperand::kInput, GemmUse::kForward, cx, ix);
+  report_quantized(ctx, layer, GemmOperand::kWeight, GemmUse::kForward, cw, iw);
+}
+
+// Per-tensor recipes quantise the backward's operands as the forward did (the same scale: the
+// same values), and dout once for both GEMMs: only dout is new, and only it is reported. Block
+// recipes quantise each operand along the GEMM's own reduction axis: all four are reported.
+void Gpt::linear_backward(const StepContext& ctx, const std::string& layer, const Tensor& dinp,
+                          const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                          const Tensor& inp, const Tensor& weight, Format compute) {
+  if (!quantize_gemm(ctx, layer, compute)) {
+    backend_.matmul_backward(dinp, dweight, dbias, dout, inp, weight, compute);
+    return;
+  }
+  const bool blocks = gemm_block_length(mode_) > 0;
+  int i_dd = -1, i_dw = -1, i_wd = -1, i_wx = -1;
+  RecipeCounts c_dd, c_dw, c_wd, c_wx;
+  MatmulBackwardRecipes q;
+  q.dgrad_dout = QuantizedOperand{
+      *recipe_for(ctx, layer, GemmOperand::kOutputGrad, GemmUse::kDgrad, &i_dd), &c_dd};
+  q.dgrad_weight = QuantizedOperand{
+      *recipe_for(ctx, layer, GemmOperand::kWeight, GemmUse::kDgrad, &i_dw), &c_dw};
+  q.wgrad_dout = QuantizedOperand{
+      *recipe_for(ctx, layer, GemmOperand::kOutputGrad, GemmUse::kWgrad, &i_wd), &c_wd};
+  q.wgrad_inp = QuantizedOperand{
+      *recipe_for(ctx, layer, GemmOperand::kInput, GemmUse::kWgrad, &i_wx), &c_wx};
+  backend_.quantized_matmul_backward(dinp, dweight, dbias, dout, inp, weight, compute, q);
+  report_quantized(ctx, layer, GemmOperand::kOutputGrad, GemmUse::kDgrad, c_dd, i_dd);
+  if (!blocks) return;
+  report_quantized(ctx, layer, GemmOperand::kWeight, GemmUse::kDgrad, c_dw, i_dw);
+  report_quantized(ctx, layer, GemmOperand::kOutputGrad, GemmUse::kWgrad, c_wd, i_wd);
+  report_quantized(ctx, layer, GemmOperand::kInput, GemmUse::kWgrad, c_wx, i_wx);
 }
 
 namespace {
@@ -571,8 +679,8 @@ void Gpt::forward(const Batch& batch, const StepContext& ctx, double* loss_sum) 
 
     L.c_qkv = compute_for(ctx, p + ".attn.qkv");
     L.qkv = act(L.qkv_b, L.c_qkv, {B, T, 3 * C});
-    backend_.matmul_forward(L.qkv, L.ln1, weight(L.qkvw, L.c_qkv), weight(L.qkvb, L.c_qkv),
-                            L.c_qkv);
+    linear_forward(ctx, p + ".attn.qkv", L.qkv, L.ln1, weight(L.qkvw, L.c_qkv),
+                   weight(L.qkvb, L.c_qkv), L.c_qkv);
     fwd(p + ".attn.qkv", L.qkv);
 
     L.c_core = compute_for(ctx, p + ".attn.core");
@@ -605,8 +713,8 @@ void Gpt::forward(const Batch& batch, const StepContext& ctx, double* loss_sum) 
 
     L.c_proj = compute_for(ctx, p + ".attn.proj");
     L.proj = act(L.proj_b, L.c_proj, {B, T, C});
-    backend_.matmul_forward(L.proj, L.ctx, weight(L.projw, L.c_proj), weight(L.projb, L.c_proj),
-                            L.c_proj);
+    linear_forward(ctx, p + ".attn.proj", L.proj, L.ctx, weight(L.projw, L.c_proj),
+                   weight(L.projb, L.c_proj), L.c_proj);
     fwd(p + ".attn.proj", L.proj);
 
     L.res1 = act(L.res1_b, pp.residual, {B, T, C});
@@ -622,7 +730,8 @@ void Gpt::forward(const Batch& batch, const StepContext& ctx, double* loss_sum) 
 
     L.c_fc = compute_for(ctx, p + ".mlp.fc");
     L.fc = act(L.fc_b, L.c_fc, {B, T, 4 * C});
-    backend_.matmul_forward(L.fc, L.ln2, weight(L.fcw, L.c_fc), weight(L.fcb, L.c_fc), L.c_fc);
+    linear_forward(ctx, p + ".mlp.fc", L.fc, L.ln2, weight(L.fcw, L.c_fc), weight(L.fcb, L.c_fc),
+                   L.c_fc);
     fwd(p + ".mlp.fc", L.fc);
 
     L.c_gelu = compute_for(ctx, p + ".mlp.gelu");
@@ -632,8 +741,8 @@ void Gpt::forward(const Batch& batch, const StepContext& ctx, double* loss_sum) 
 
     L.c_fcproj = compute_for(ctx, p + ".mlp.proj");
     L.fcproj = act(L.fcproj_b, L.c_fcproj, {B, T, C});
-    backend_.matmul_forward(L.fcproj, L.gelu, weight(L.fcprojw, L.c_fcproj),
-                            weight(L.fcprojb, L.c_fcproj), L.c_fcproj);
+    linear_forward(ctx, p + ".mlp.proj", L.fcproj, L.gelu, weight(L.fcprojw, L.c_fcproj),
+                   weight(L.fcprojb, L.c_fcproj), L.c_fcproj);
     fwd(p + ".mlp.proj", L.fcproj);
 
     L.res2 = act(L.res2_b, pp.residual, {B, T, C});
@@ -710,8 +819,8 @@ void Gpt::backward(float dloss, const StepContext& ctx) {
     const Tensor& x_in = li == 0 ? a.encoded : a.layers[li - 1].res2;
 
     Tensor dgelu = act(a.dgelu_b, L.gelu.dtype, {B, T, 4 * C});
-    backend_.matmul_backward(dgelu, grad(L.fcprojw), grad(L.fcprojb), dres, L.gelu,
-                             weight(L.fcprojw, L.c_fcproj), L.c_fcproj);
+    linear_backward(ctx, p + ".mlp.proj", dgelu, grad(L.fcprojw), grad(L.fcprojb), dres, L.gelu,
+                    weight(L.fcprojw, L.c_fcproj), L.c_fcproj);
     bwd(p + ".mlp.gelu", dgelu);
 
     Tensor dfc = act(a.dfc_b, L.fc.dtype, {B, T, 4 * C});
@@ -719,8 +828,8 @@ void Gpt::backward(float dloss, const StepContext& ctx) {
     bwd(p + ".mlp.fc", dfc);
 
     Tensor dln2 = act(a.dln_b, L.ln2.dtype, {B, T, C});
-    backend_.matmul_backward(dln2, grad(L.fcw), grad(L.fcb), dfc, L.ln2, weight(L.fcw, L.c_fc),
-                             L.c_fc);
+    linear_backward(ctx, p + ".mlp.fc", dln2, grad(L.fcw), grad(L.fcb), dfc, L.ln2,
+                    weight(L.fcw, L.c_fc), L.c_fc);
     bwd(p + ".ln2", dln2);
 
     backend_.layernorm_backward(dres, grad(L.ln2w), grad(L.ln2b), dln2, L.res1, param(L.ln2w),
@@ -728,8 +837,8 @@ void Gpt::backward(float dloss, const StepContext& ctx) {
     bwd(p + ".res1", dres);
 
     Tensor dctx = act(a.dctx_b, L.ctx.dtype, {B, T, C});
-    backend_.matmul_backward(dctx, grad(L.projw), grad(L.projb), dres, L.ctx,
-                             weight(L.projw, L.c_proj), L.c_proj);
+    linear_backward(ctx, p + ".attn.proj", dctx, grad(L.projw), grad(L.projb), dres, L.ctx,
+                    weight(L.projw, L.c_proj), L.c_proj);
     bwd(p + ".attn.context", dctx);
 
     Tensor dqkv = act(a.dqkv_b, L.qkv.dtype, {B, T, 3 * C});
@@ -738,8 +847,8 @@ void Gpt::backward(float dloss, const StepContext& ctx) {
     bwd(p + ".attn.qkv", dqkv);
 
     Tensor dln1 = act(a.dln_b, L.ln1.dtype, {B, T, C});
-    backend_.matmul_backward(dln1, grad(L.qkvw), grad(L.qkvb), dqkv, L.ln1,
-                             weight(L.qkvw, L.c_qkv), L.c_qkv);
+    linear_backward(ctx, p + ".attn.qkv", dln1, grad(L.qkvw), grad(L.qkvb), dqkv, L.ln1,
+                    weight(L.qkvw, L.c_qkv), L.c_qkv);
     bwd(p + ".ln1", dln1);
 
     backend_.layernorm_backward(dres, grad(L.ln1w), grad(L.ln1b), dln1, x_in, param(L.ln1w),

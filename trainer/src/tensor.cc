@@ -24,4 +24,15 @@ Tensor Tensor::as(Format new_dtype) const {
   return t;
 }
 
+void Backend::quantized_matmul_forward(const Tensor&, const Tensor&, const Tensor&,
+                                       const Tensor&, Format, const MatmulForwardRecipes&) {
+  throw Error("the " + name() + " back end does not implement FP8/FP4 GEMM recipes");
+}
+
+void Backend::quantized_matmul_backward(const Tensor&, const Tensor&, const Tensor&,
+                                        const Tensor&, const Tensor&, const Tensor&, Format,
+                                        const MatmulBackwardRecipes&) {
+  throw Error("the " + name() + " back end does not implement FP8/FP4 GEMM recipes");
+}
+
 }  // namespace ampscope::trainer

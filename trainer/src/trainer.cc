@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <sstream>
 
 #include "ampscope/check.h"
@@ -50,6 +51,10 @@ std::string validate(const TrainerConfig& c) {
     os << "eval_every must be >= 0, got " << c.eval_every;
   } else if (c.eval_batches < 0) {
     os << "eval_batches must be >= 0, got " << c.eval_batches;
+  } else if (c.fp8_delayed.history_length < 1) {
+    os << "fp8 amax history length must be >= 1, got " << c.fp8_delayed.history_length;
+  } else if (c.fp8_delayed.margin < 0 || c.fp8_delayed.margin > 64) {
+    os << "fp8 margin must be in [0, 64], got " << c.fp8_delayed.margin;
   } else if (c.inject_rank && *c.inject_rank < 0) {
     os << "inject_rank must be >= 0, got " << *c.inject_rank;
   } else if (c.scaler) {
@@ -68,15 +73,17 @@ struct StepScalars {
 };
 
 // The step's one max all-reduce of host doubles: {found_inf, -received_seq, fallback, loss_nan,
-// loss_sum of rank 0, ..., of rank N-1}. A rank fills its own loss slot and -inf in the others,
+// loss_sum of rank 0, ..., of rank N-1, then fp8-delayed's amaxes of the step}. A rank fills its own loss slot and -inf in the others,
 // so the maximum gathers every rank's loss and the mean is summed on the host in rank order
 // (the same bits for any reduction tree). MPI and NCCL order NaN differently: a NaN loss
 // travels as +inf with loss_nan set. received_seq is exact up to 2^53.
 class StepAgreement {
  public:
-  StepAgreement(bool found_inf, const PolicyVote& vote, double loss_sum, int rank, int ranks)
-      : values_(kLossSlots + static_cast<std::size_t>(ranks),
-                -std::numeric_limits<double>::infinity()) {
+  StepAgreement(bool found_inf, const PolicyVote& vote, double loss_sum, int rank, int ranks,
+                std::span<const double> amaxes)
+      : ranks_(static_cast<std::size_t>(ranks)),
+        values_(kLossSlots + ranks_, -std::numeric_limits<double>::infinity()) {
+    values_.insert(values_.end(), amaxes.begin(), amaxes.end());
     values_[kFoundInf] = found_inf ? 1.0 : 0.0;
     values_[kNegSeq] = -static_cast<double>(vote.received_seq);
     values_[kFallback] = vote.fallback ? 1.0 : 0.0;
@@ -93,12 +100,16 @@ class StepAgreement {
   double loss_sum() const {
     if (values_[kLossNan] != 0.0) return std::numeric_limits<double>::quiet_NaN();
     double sum = 0.0;
-    for (std::size_t i = kLossSlots; i < values_.size(); ++i) sum += values_[i];
+    for (std::size_t i = kLossSlots; i < kLossSlots + ranks_; ++i) sum += values_[i];
     return sum;
+  }
+  std::span<const double> amaxes() const {
+    return std::span<const double>(values_).subspan(kLossSlots + ranks_);
   }
 
  private:
   enum : std::size_t { kFoundInf, kNegSeq, kFallback, kLossNan, kLossSlots };
+  std::size_t ranks_;
   std::vector<double> values_;
 };
 
@@ -123,7 +134,16 @@ Trainer::Trainer(const TrainerConfig& config, const Corpus& corpus,
       loader_(corpus, config_.batch, config_.model.context, config_.val_fraction, config_.seed),
       model_(std::make_unique<Gpt>(config_.model, config_.precision, *backend_, config_.batch)),
       scaler_(*config_.scaler),
-      overrides_(model_->layer_names()) {
+      overrides_(model_->layer_names()),
+      gemm_(model_->gemm_layers()) {
+  if (model_->policy().scaled_gemms) {
+    AMPSCOPE_REQUIRE(backend_->supports_gemm_recipes(), "--precision ",
+                     precision_name(config_.precision), " needs FP8/FP4 GEMM recipes, which the ",
+                     backend_->name(), " back end does not implement (use the cpu back end)");
+  }
+  if (config_.precision == PrecisionMode::kFP8Delayed) {
+    delayed_ = std::make_unique<DelayedScaling>(model_->gemm_layers(), config_.fp8_delayed);
+  }
   const auto names = model_->injectable_tensors();
   for (const auto& inj : config_.injections) {
     AMPSCOPE_REQUIRE(std::find(names.begin(), names.end(), inj.tensor) != names.end(),
@@ -162,6 +182,10 @@ StepEvent Trainer::step() {
   ctx.step = step;
   ctx.loss_scale = scale;
   ctx.overrides = &overrides_;
+  ctx.gemm = &gemm_;
+  ctx.delayed = delayed_.get();
+  ctx.record_amax = true;
+  if (delayed_) apply_delayed_settings(step);
   ctx.observer = observing ? observer_ : nullptr;
   ctx.injections = &injections_;
   ctx.order = &order;
@@ -213,8 +237,11 @@ StepEvent Trainer::step() {
   // decision.
   StepAgreement agreement(host.found_inf != 0.0f || !std::isfinite(norm),
                           agreement_ != nullptr ? agreement_->vote() : PolicyVote{},
-                          host.loss_sum, comm_->rank(), ranks);
+                          host.loss_sum, comm_->rank(), ranks,
+                          delayed_ ? delayed_->step_amaxes() : std::span<const double>{});
   agreement.reduce(*comm_);
+  // After every use of this step's scales (TE: the amax is pushed after it was used).
+  if (delayed_) delayed_->end_step(agreement.amaxes());
   if (agreement_ != nullptr) agreement_->agreed(agreement.vote());
   const bool found = agreement.found_inf();
 
@@ -253,6 +280,7 @@ StepEvent Trainer::step() {
                        : scaler_.end_step(host.scaler);
   ev.optimizer_steps = updates_;
   ev.fp32_layers = overrides_.active_layers(step);
+  if (model.policy().scaled_gemms) ev.bf16_gemms = gemm_.bf16_layers(step);
   ++step_;
   be.stream().synchronize();
   ev.step_time_s =
@@ -288,6 +316,13 @@ void Trainer::all_reduce_grads(const Tensor& grads) {
   be.convert(grads, fp32);
 }
 
+void Trainer::apply_delayed_settings(std::int64_t step) {
+  const auto& inputs = delayed_->inputs();
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    delayed_->apply(i, gemm_.delayed(inputs[i].layer, step).value_or(config_.fp8_delayed));
+  }
+}
+
 double Trainer::grad_shrink_at(std::int64_t step) const {
   const double start = config_.grad_shrink;
   if (!config_.grad_shrink_end || config_.steps < 2) return start;
@@ -301,6 +336,8 @@ double Trainer::evaluate(int batches) {
   StepContext ctx;
   ctx.step = step_;
   ctx.overrides = &overrides_;
+  ctx.gemm = &gemm_;
+  ctx.delayed = delayed_.get();  // the scales of the next step; nothing recorded
   Batch b;
   double sum = 0.0;
   for (int i = 0; i < batches; ++i) {

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "ampscope/formats.h"
+#include "ampscope/recipe.h"
 #include "ampscope/tensor_stats.h"
 #include "ampscope/trainer/loss_scaler.h"
 #include "ampscope/vocabulary.h"
@@ -98,6 +99,26 @@ struct AttentionFaults {
   std::optional<ElementFault> probs;
 };
 
+// FP8/FP4 emulation of a linear layer (precision.h): an operand with a recipe is quantised ->
+// dequantised by fake_quantize (ampscope/recipe.h) after it is read and rounded to `compute`,
+// over its row-major [rows, cols] view, and the GEMM multiplies the dequantised values with
+// FP32 accumulation. `counts`, when set, receives what that pass measured.
+struct QuantizedOperand {
+  Recipe recipe;
+  RecipeCounts* counts = nullptr;
+};
+// Forward Y = X W^T: inp (N,C) and weight (OC,C), their recipes' blocks along C.
+struct MatmulForwardRecipes {
+  std::optional<QuantizedOperand> inp, weight;
+};
+// dinp = dout W: dout (N,OC) blocks along OC, weight (OC,C) blocks down its columns.
+// dweight = dout^T inp: dout and inp blocks down their columns (over N).
+// dout quantised under two equal recipes is quantised once (per-tensor recipes); dbias is the
+// column sums of dout as read (not quantised).
+struct MatmulBackwardRecipes {
+  std::optional<QuantizedOperand> dgrad_dout, dgrad_weight, wgrad_dout, wgrad_inp;
+};
+
 struct AdamWParams {
   float lr = 0.0f;
   float beta1 = 0.9f;
@@ -151,6 +172,17 @@ class Backend {
   virtual void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                                const Tensor& dout, const Tensor& inp, const Tensor& weight,
                                Format compute) = 0;
+  // matmul_forward / matmul_backward with the operands quantised by their recipes (FP8/FP4
+  // modes). A back end that cannot says so with supports_gemm_recipes() false, and these throw
+  // ampscope::Error (the trainer refuses such modes at start).
+  virtual bool supports_gemm_recipes() const { return false; }
+  virtual void quantized_matmul_forward(const Tensor& out, const Tensor& inp,
+                                        const Tensor& weight, const Tensor& bias, Format compute,
+                                        const MatmulForwardRecipes& recipes);
+  virtual void quantized_matmul_backward(const Tensor& dinp, const Tensor& dweight,
+                                         const Tensor& dbias, const Tensor& dout,
+                                         const Tensor& inp, const Tensor& weight, Format compute,
+                                         const MatmulBackwardRecipes& recipes);
   // Causal multi-head attention on qkv (B,T,3C) packed [q|k|v], n_head heads:
   // scores (B,NH,T,T) = q k^T / sqrt(hs) (masked positions hold 0), probs (B,NH,T,T) =
   // softmax(scores) computed in `softmax` and stored in probs.dtype, out (B,T,C) = probs v.

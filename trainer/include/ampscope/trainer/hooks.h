@@ -13,9 +13,11 @@
 #include <vector>
 
 #include "ampscope/formats.h"
+#include "ampscope/recipe.h"
 #include "ampscope/tensor_stats.h"
 #include "ampscope/vocabulary.h"
 #include "ampscope/trainer/backend.h"
+#include "ampscope/trainer/precision.h"
 
 namespace ampscope::trainer {
 
@@ -44,6 +46,37 @@ struct TensorView {
   std::optional<Format> held;
 };
 
+// What the quantiser of an FP8/FP4 mode (precision.h) measured on one GEMM input: the counts
+// fake_quantize returned from the pass that quantised it (no second pass over the data). Valid
+// during the callback only.
+//   name      "<layer>.<operand>": "h0.attn.qkv.input", "h0.attn.qkv.weight",
+//             "h0.attn.qkv.output_grad" (the layers GemmPrecisionSet names)
+//   role      kActivation (input), kWeight (weight), kActivationGrad (output_grad)
+//   use       the GEMM that read the quantised values. Per-tensor recipes quantise an operand
+//             once per micro-batch and every GEMM reads that: input and weight are reported
+//             with kForward, output_grad with kDgrad. Block recipes quantise again for each
+//             GEMM along its reduction axis: also weight (kDgrad), output_grad and input
+//             (kWgrad), each with its own block shape in `recipe`.
+//   recipe    the recipe applied (a delayed recipe's scale is the one used)
+//   counts    fake_quantize's RecipeCounts of this quantisation (counts.recipe == recipe)
+//   amax_history  fp8-delayed: the input's history (oldest first) the scale came from, before
+//             this step's amax is pushed; empty for the other recipes
+// `scale` is the loss scale output_grad carries (1 for input and weight).
+struct QuantizedGemmInput {
+  std::string_view name;
+  std::string_view layer;
+  GemmOperand operand = GemmOperand::kInput;
+  TensorRole role = TensorRole::kActivation;
+  TensorPhase phase = TensorPhase::kForward;
+  GemmUse use = GemmUse::kForward;
+  Recipe recipe;
+  RecipeCounts counts;
+  std::span<const float> amax_history;
+  float scale = 1.0f;
+  std::int64_t step = 0;
+  int micro_step = 0;
+};
+
 // Called on the training thread, synchronously, in execution order. Implementations must not
 // throw and should return quickly (copy what they need).
 class TensorObserver {
@@ -66,6 +99,9 @@ class TensorObserver {
     (void)stats;
     on_tensor(tensor);
   }
+  // FP8/FP4 modes: after each GEMM of a quantised linear layer, once per input it quantised
+  // (QuantizedGemmInput says which), on steps observe_step() accepted. Default: nothing.
+  virtual void on_quantized(const QuantizedGemmInput& input) { (void)input; }
 };
 
 // One optimizer step (one effective batch).
@@ -84,6 +120,7 @@ struct StepEvent {
   double step_time_s = 0.0;
   std::int64_t optimizer_steps = 0;  // applied updates so far, after this step
   std::vector<std::string> fp32_layers;  // layers computed in FP32 this step
+  std::vector<std::string> bf16_gemms;   // FP8/FP4 modes: layers not quantised this step
   std::optional<double> val_loss;        // validation loss after this step, when evaluated
 };
 

@@ -5,7 +5,9 @@
 //   final LayerNorm, LM head tied to the token embedding, cross-entropy loss.
 // Every operation goes through a Backend (backend.h); the PrecisionPolicy decides each tensor's
 // storage and each operation's compute format, and the Fp32OverrideSet can move single layers
-// to FP32 at a step boundary.
+// to FP32 at a step boundary. In the FP8/FP4 modes the linear layers' GEMMs quantise their
+// inputs by the mode's recipe (precision.h; the LM head stays BF16), unless the
+// GemmPrecisionSet has moved the layer to BF16.
 //
 // Parameters, their gradients and the AdamW moments live in one buffer each (in the policy's
 // param format); in AMP a second buffer holds the compute-format copy of every parameter that
@@ -65,6 +67,11 @@ struct StepContext {
   int micro_step = 0;
   float loss_scale = 1.0f;
   const Fp32OverrideSet* overrides = nullptr;
+  // FP8/FP4 modes: layers moved to BF16 (null: none); fp8-delayed: the scales, and whether this
+  // pass records its amaxes (training steps do, evaluation does not).
+  const GemmPrecisionSet* gemm = nullptr;
+  DelayedScaling* delayed = nullptr;
+  bool record_amax = false;
   TensorObserver* observer = nullptr;  // null or not observing this step: no callbacks
   const std::vector<Injection>* injections = nullptr;
   int* order = nullptr;  // running execution-order index within the step
@@ -90,6 +97,9 @@ class Gpt {
   std::int64_t num_parameters() const { return num_params_; }
   // Layers an Fp32OverrideSet may name.
   std::vector<std::string> layer_names() const;
+  // The linear layers whose GEMMs the FP8/FP4 modes quantise, in execution order per block:
+  // "h{i}.attn.qkv", "h{i}.attn.proj", "h{i}.mlp.fc", "h{i}.mlp.proj" (GemmPrecisionSet's).
+  std::vector<std::string> gemm_layers() const;
   // The layer (one of layer_names()) whose FP32 override computes `tensor`, a name the model
   // shows its observer: an activation and the gradient of one (which has its dtype), a weight
   // or weight gradient of a matmul layer, or "lm_head"; empty for tensors no override changes
@@ -176,6 +186,21 @@ class Gpt {
   std::optional<float> injection_due(const StepContext& ctx, const std::string& name,
                                      TensorRole role, TensorPhase phase, Format stored) const;
   Format compute_for(const StepContext& ctx, const std::string& layer) const;
+  // A linear layer's forward and backward: through the mode's recipe when quantize_gemm says
+  // so (reporting to the observer and recording delayed amaxes), else the plain matmul.
+  bool quantize_gemm(const StepContext& ctx, const std::string& layer, Format compute) const;
+  void linear_forward(const StepContext& ctx, const std::string& layer, const Tensor& out,
+                      const Tensor& inp, const Tensor& weight, const Tensor& bias,
+                      Format compute);
+  void linear_backward(const StepContext& ctx, const std::string& layer, const Tensor& dinp,
+                       const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                       const Tensor& inp, const Tensor& weight, Format compute);
+  // The recipe of (layer, operand) in `use`, with fp8-delayed's scale; -1 or the input's
+  // DelayedScaling index in *delayed_index.
+  std::optional<Recipe> recipe_for(const StepContext& ctx, const std::string& layer,
+                                   GemmOperand operand, GemmUse use, int* delayed_index) const;
+  void report_quantized(const StepContext& ctx, const std::string& layer, GemmOperand operand,
+                        GemmUse use, const RecipeCounts& counts, int delayed_index) const;
   // Where parameter i's gradient can overflow at this step (TensorView::held).
   Format grad_held(const StepContext& ctx, std::size_t i) const;
   Tensor act(const std::unique_ptr<Buffer>& buf, Format dtype,

@@ -24,8 +24,12 @@
 // carries found_inf (every rank skips the same steps), the policy votes (PolicyAgreement) and
 // every rank's loss. Weights, moments, scaler, schedule and data position stay identical on
 // every rank; rank 0 writes checkpoints.
-// Thread safety: the Trainer runs on one thread; scaler() and fp32_overrides() may be used from
-// others (see their headers).
+// FP8/FP4 modes (precision.h): the linear layers quantise their GEMM inputs by the mode's
+// recipe; gemm_precision() moves layers to BF16 and changes delayed scaling's settings at a
+// step; under fp8-delayed each step's amaxes are max-reduced over ranks (in the step's one
+// all-reduce) and pushed into the histories after the step, so every rank holds the same.
+// Thread safety: the Trainer runs on one thread; scaler(), fp32_overrides() and
+// gemm_precision() may be used from others (see their headers).
 #pragma once
 
 #include <cstdint>
@@ -72,6 +76,9 @@ struct TrainerConfig {
   // one; eval_every 0: after the last step only; eval_batches 0: never.
   std::int64_t eval_every = 0;
   int eval_batches = 4;
+  // fp8-delayed: every layer's amax history length and margin unless GemmPrecisionSet says
+  // otherwise for it (--fp8-amax-history, --fp8-margin).
+  DelayedSettings fp8_delayed;
 };
 
 // Dynamic (PyTorch defaults) for amp-fp16; static 1 for fp32, fp16 and amp-bf16.
@@ -101,6 +108,9 @@ class Trainer {
   void set_policy_agreement(PolicyAgreement* agreement) { agreement_ = agreement; }
   ScalerHandle& scaler() { return scaler_; }
   Fp32OverrideSet& fp32_overrides() { return overrides_; }
+  GemmPrecisionSet& gemm_precision() { return gemm_; }
+  // fp8-delayed's amax histories (null in the other modes). Trainer thread only.
+  const DelayedScaling* delayed_scaling() const { return delayed_.get(); }
 
   std::int64_t next_step() const { return step_; }
   std::int64_t optimizer_steps() const { return updates_; }
@@ -125,6 +135,8 @@ class Trainer {
   void next_batch();
   void write_checkpoint(const std::string& path) const;
   void all_reduce_grads(const Tensor& grads);
+  // fp8-delayed: each history takes the settings in force for its layer at `step`.
+  void apply_delayed_settings(std::int64_t step);
 
   TrainerConfig config_;
   std::unique_ptr<Backend> backend_;
@@ -134,6 +146,8 @@ class Trainer {
   std::unique_ptr<Gpt> model_;
   ScalerHandle scaler_;
   Fp32OverrideSet overrides_;
+  GemmPrecisionSet gemm_;
+  std::unique_ptr<DelayedScaling> delayed_;
   LrSchedule schedule_;
   TensorObserver* observer_ = nullptr;
   std::vector<StepListener*> listeners_;
