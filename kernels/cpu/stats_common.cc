@@ -56,8 +56,11 @@ std::optional<TargetSpec> parse_target(std::string_view text, std::string* error
   const std::string_view name = text.substr(0, at);
   const auto format = parse_format(name);
   if (!format) {
-    return fail("unknown format '" + std::string(name) +
-                "' (expected fp32, fp16, bf16, e4m3 or e5m2)");
+    std::string known;
+    for (const FormatInfo& f : kFormatInfos) {
+      known += (known.empty() ? "" : ", ") + std::string(f.name);
+    }
+    return fail("unknown format '" + std::string(name) + "' (expected one of " + known + ")");
   }
   TargetSpec t{*format, 0};
   if (at != std::string_view::npos) {
