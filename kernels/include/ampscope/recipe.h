@@ -7,7 +7,8 @@
 //   current   per-tensor FP32 scale from the tensor's own amax:
 //             s = fl32(max_elem / amax) / 2^margin (amax 0: s = 1; an infinite s is clamped to
 //             FP32 max; an s below 2^-126 is raised to 2^-126 so that 1 / s stays finite),
-//             element = round(fl32(x * s)), dequantised q * fl32(1 / s). Transformer Engine's current scaling.
+//             element = round(fl32(x * s)), dequantised q * fl32(1 / s). Transformer Engine's
+//             current scaling.
 //   delayed   the same with s given (from an amax history: AmaxHistory below).
 //   tile      an FP32 decode scale per block of block_rows x block_cols (1x128 activation tiles,
 //             128x128 weight blocks, DeepSeek-V3 style): d = fl32(amax_block / max_elem) (amax 0:
@@ -36,7 +37,9 @@
 //   underflow  x != 0 and y rounds to zero (nvfp4: every nonzero x of a block whose d is 0)
 //   subnormal  y rounds to a nonzero value below the element's min normal
 //   saturated  |y| rounds above the element's max finite and was clamped to it
-//   overflow   x finite but decoded non-finite (its block's scale is NaN)
+//   overflow   x finite but decoded non-finite: its block's scale is NaN, or q x scale is
+//              beyond FP32 (only for an amax within a rounding of FP32 max: mx:ceil rounds
+//              FP32 max / 2^126 up to 4, decoded 2^128)
 // Non-finite inputs are counted in `nonfinite` only.
 //
 // Thread safety: pure functions; AmaxHistory is a plain value type.
@@ -91,9 +94,9 @@ struct RecipeCounts {
   std::uint64_t subnormal = 0;
   std::uint64_t saturated = 0;
   std::uint64_t overflow = 0;
-  double amax = 0.0;            // largest finite |x|
-  double signal_sq = 0.0;       // sum of x^2 over finite values that decode finite
-  double error_sq = 0.0;        // sum of (x - dequantised x)^2 over the same values
+  double amax = 0.0;       // largest finite |x|
+  double signal_sq = 0.0;  // sum of x^2 over finite values that decode finite
+  double error_sq = 0.0;   // sum of (x - dequantised x)^2 over the same values
   // Per-tensor recipes: the scale s applied (current, delayed); nvfp4: the per-tensor decode
   // scale g; tile and mx: 0.
   double tensor_scale = 0.0;
@@ -120,9 +123,10 @@ struct RecipeCounts {
 RecipeCounts fake_quantize(const float* x, float* out, std::size_t rows, std::size_t cols,
                            const Recipe& recipe);
 
-// The same counts for a tensor stored as FP32, FP16 or BF16 (n elements, rows of row_length;
-// row_length 0 = one row; it must divide n). FP16/BF16 are converted to FP32 a strip of block
-// rows at a time and go through the same code. What `ampscope stats --target RECIPE` and the
+// The same counts for a tensor stored in a statistics storage format (is_stats_storage_format:
+// FP32, FP16, BF16, ...; n elements, rows of row_length; row_length 0 = one row; it must divide
+// n). Narrow storage is converted to FP32 (convert_to_fp32) a strip of block rows at a time and
+// goes through the same code. What `ampscope stats --target RECIPE` and the
 // agent report.
 RecipeCounts recipe_counts(const void* data, std::size_t n, Format dtype, std::size_t row_length,
                            const Recipe& recipe);
