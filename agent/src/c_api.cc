@@ -202,7 +202,7 @@ ampscope_status stats_into(ampscope_tensor_stats* out, int32_t dtype, char* reas
     }
     const auto format = c::from_c_format(dtype);
     const char* bad = !format || !ampscope::is_stats_storage_format(*format)
-                          ? "dtype: fp32, fp16 or bf16 storage"
+                          ? "dtype: fp32, fp16, bf16, e4m3 or e5m2 storage"
                       : in.histogram_counts == nullptr
                           ? "out.histogram_counts: room for AMPSCOPE_HISTOGRAM_BINS counts"
                       : in.num_targets > kMaxCTargets || (in.num_targets > 0 && !in.targets)

@@ -16,8 +16,8 @@
 namespace ampscope::agent {
 
 // Fills numel, zeros, nan, pos_inf, neg_inf and max_abs of a TensorStats (the rest stays 0).
-// dtype must be FP32, FP16 or BF16 (is_stats_storage_format); anything else counts nothing
-// and returns false.
+// dtype must be FP32, FP16, BF16, E4M3 or E5M2 (is_stats_storage_format); anything else counts
+// nothing and returns false.
 bool count_nonfinite(const void* data, std::size_t n, Format dtype, TensorStats* out);
 
 // The same at an explicit SIMD level (clamped to what the CPU has); the call above uses

@@ -65,6 +65,7 @@ Kernel select_kernel(SimdLevel level, Format dtype, std::size_t part_elements,
                      const StatsOptions& options) {
   const SimdLevel l = clamp_simd_level(level);
   if (l == SimdLevel::kScalar) return stats_kernel_scalar;
+  if (dtype == Format::kE4M3 || dtype == Format::kE5M2) return stats_kernel_pattern8;
   if (dtype != Format::kFP32 && part_elements >= options.pattern_histogram_threshold) {
     return stats_kernel_pattern16;
   }
@@ -80,8 +81,8 @@ constexpr std::size_t kMinPart = 1024;
 namespace {
 
 void check_input(const void* data, std::size_t n, Format dtype) {
-  AMPSCOPE_CHECK(is_stats_storage_format(dtype), "statistics read fp32, fp16 or bf16 storage, ",
-                 "not ", format_name(dtype));
+  AMPSCOPE_CHECK(is_stats_storage_format(dtype),
+                 "statistics read fp32, fp16, bf16, e4m3 or e5m2 storage, not ", format_name(dtype));
   AMPSCOPE_CHECK(n == 0 || data != nullptr, "null data pointer for ", n, " elements");
 }
 
@@ -135,6 +136,9 @@ TensorStats scale_and_compute_stats(void* data, std::size_t n, Format dtype, flo
                                     const StatsOptions& options) {
   using namespace detail;
   check_input(data, n, dtype);
+  AMPSCOPE_CHECK(dtype == Format::kFP32 || dtype == Format::kFP16 || dtype == Format::kBF16,
+                 "scale_and_compute_stats scales fp32, fp16 or bf16 storage, not ",
+                 format_name(dtype));
   const std::vector<TargetThresholds> th = compute_thresholds(targets);
   const SimdLevel level = clamp_simd_level(options.simd.value_or(active_simd_level()));
   const auto kernel =

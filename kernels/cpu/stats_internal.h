@@ -175,8 +175,15 @@ inline std::uint32_t fp16_bits_to_fp32_bits(std::uint16_t h) {
   return sign | ((e + 112) << 23) | (m << 13);
 }
 
+// FP32 bits of every E4M3 (fp8_bits_to_fp32_bits(kE4M3)[b]) or E5M2 pattern: decode()'s values,
+// built once. FP8 storage is read through these tables (the formats have 256 values each).
+const std::uint32_t* fp8_bits_to_fp32_bits(Format dtype);
+
 inline std::uint32_t widen_to_fp32_bits(const void* data, std::size_t i, Format dtype) {
   switch (dtype) {
+    case Format::kE4M3:
+    case Format::kE5M2:
+      return fp8_bits_to_fp32_bits(dtype)[static_cast<const unsigned char*>(data)[i]];
     case Format::kFP32: {
       std::uint32_t u;
       __builtin_memcpy(&u, static_cast<const char*>(data) + 4 * i, 4);
@@ -301,6 +308,9 @@ void scale_stats_kernel_scalar(void* data, std::size_t n, Format dtype, float fa
                                std::span<const TargetThresholds> th, StatsAccumulator& acc);
 void scale_stats_kernel_avx2(void* data, std::size_t n, Format dtype, float factor,
                              std::span<const TargetThresholds> th, StatsAccumulator& acc);
+// FP8 (E4M3, E5M2) storage: the count of each of the 256 bit patterns, folded once per call.
+void stats_kernel_pattern8(const void* data, std::size_t n, Format dtype,
+                           std::span<const TargetThresholds> th, StatsAccumulator& acc);
 // FP16/BF16 only: histogram of the raw 16-bit patterns, folded once per call.
 void stats_kernel_pattern16(const void* data, std::size_t n, Format dtype,
                             std::span<const TargetThresholds> th, StatsAccumulator& acc);

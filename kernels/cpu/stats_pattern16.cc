@@ -1,4 +1,5 @@
-// Statistics of FP16 and BF16 tensors from a histogram of their raw 16-bit patterns.
+// Statistics of FP16 and BF16 tensors from a histogram of their raw 16-bit patterns (and of FP8
+// tensors from their 8-bit patterns).
 //
 // A 16-bit tensor has only 65,536 possible values, so the count of each bit pattern is a
 // sufficient statistic for everything TensorStats holds: zeros, NaN, +-Inf, extrema, the binade
@@ -11,10 +12,13 @@
 //
 // Two tables take alternate elements: runs of one pattern (zeros from a ReLU) would otherwise
 // serialise on store-to-load forwarding. The tables live per thread and are reused.
+#include <array>
+#include <bit>
 #include <cstring>
 #include <memory>
 
 #include "ampscope/check.h"
+#include "ampscope/convert.h"
 #include "stats_internal.h"
 
 namespace ampscope::detail {
@@ -52,8 +56,41 @@ void count_patterns(const unsigned char* p, std::size_t n, PatternTables& tables
   }
 }
 
-// Folds the tables into acc (pattern by pattern, as accumulate_one would element by element,
-// weighted by the count) and clears them.
+// Adds c elements of the value with FP32 bits `bits` to acc, as accumulate_one would one by one.
+// c < 2^32 and a 16-bit (or 8-bit) value has at most 11 significant bits: c * m is exact, and
+// (c * m) * m goes in exactly as a product.
+void fold_pattern(std::uint32_t bits, std::uint64_t c, std::span<const TargetThresholds> th,
+                  StatsAccumulator& acc) {
+  const std::uint32_t a = bits & kAbsMask;
+  if (a >= kInfBits) {
+    if (a > kInfBits) {
+      acc.nan += c;
+    } else if (bits >> 31) {
+      acc.neg_inf += c;
+    } else {
+      acc.pos_inf += c;
+    }
+    return;
+  }
+  if (a == 0) {
+    acc.zeros += c;
+    return;
+  }
+  acc.max_abs_bits = a > acc.max_abs_bits ? a : acc.max_abs_bits;
+  acc.min_abs_bits = a < acc.min_abs_bits ? a : acc.min_abs_bits;
+  const double m = fp32_abs_bits_to_double(a);
+  const double cm = static_cast<double>(c) * m;
+  acc.sum.add((bits >> 31) ? -cm : cm);
+  acc.sum_sq.add_product(cm, m);
+  acc.hist[static_cast<std::size_t>(binade_of_bits(a) - kHistogramMinExponent)] += c;
+  for (std::size_t i = 0; i < th.size(); ++i) {
+    if (a >= th[i].ovf_lo) acc.target_counts[i][0] += c;
+    if (a <= th[i].ufl_hi) acc.target_counts[i][1] += c;
+    if (a > th[i].ufl_hi && a <= th[i].sub_hi) acc.target_counts[i][2] += c;
+  }
+}
+
+// Folds the tables into acc (pattern by pattern, weighted by the count) and clears them.
 void fold_patterns(PatternTables& tables, Format dtype, std::span<const TargetThresholds> th,
                    StatsAccumulator& acc) {
   for (std::size_t pattern = 0; pattern < kPatterns; ++pattern) {
@@ -62,37 +99,8 @@ void fold_patterns(PatternTables& tables, Format dtype, std::span<const TargetTh
     tables.t[0][pattern] = 0;
     tables.t[1][pattern] = 0;
     const auto h = static_cast<std::uint16_t>(pattern);
-    const std::uint32_t bits =
-        dtype == Format::kBF16 ? std::uint32_t{h} << 16 : fp16_bits_to_fp32_bits(h);
-    const std::uint32_t a = bits & kAbsMask;
-    if (a >= kInfBits) {
-      if (a > kInfBits) {
-        acc.nan += c;
-      } else if (bits >> 31) {
-        acc.neg_inf += c;
-      } else {
-        acc.pos_inf += c;
-      }
-      continue;
-    }
-    if (a == 0) {
-      acc.zeros += c;
-      continue;
-    }
-    acc.max_abs_bits = a > acc.max_abs_bits ? a : acc.max_abs_bits;
-    acc.min_abs_bits = a < acc.min_abs_bits ? a : acc.min_abs_bits;
-    // c < 2^32 and a 16-bit value has at most 11 significant bits: c * m is exact, and
-    // (c * m) * m goes in exactly as a product.
-    const double m = fp32_abs_bits_to_double(a);
-    const double cm = static_cast<double>(c) * m;
-    acc.sum.add((bits >> 31) ? -cm : cm);
-    acc.sum_sq.add_product(cm, m);
-    acc.hist[static_cast<std::size_t>(binade_of_bits(a) - kHistogramMinExponent)] += c;
-    for (std::size_t i = 0; i < th.size(); ++i) {
-      if (a >= th[i].ovf_lo) acc.target_counts[i][0] += c;
-      if (a <= th[i].ufl_hi) acc.target_counts[i][1] += c;
-      if (a > th[i].ufl_hi && a <= th[i].sub_hi) acc.target_counts[i][2] += c;
-    }
+    fold_pattern(dtype == Format::kBF16 ? std::uint32_t{h} << 16 : fp16_bits_to_fp32_bits(h), c,
+                 th, acc);
   }
 }
 
@@ -110,6 +118,47 @@ void stats_kernel_pattern16(const void* data, std::size_t n, Format dtype,
     count_patterns(p + 2 * begin, count, tables);
     fold_patterns(tables, dtype, th, acc);
   }
+}
+
+void stats_kernel_pattern8(const void* data, std::size_t n, Format dtype,
+                           std::span<const TargetThresholds> th, StatsAccumulator& acc) {
+  AMPSCOPE_CHECK(dtype == Format::kE4M3 || dtype == Format::kE5M2,
+                 "the 8-bit pattern kernel reads FP8 storage, not ", format_name(dtype));
+  acc.numel += n;
+  const std::uint32_t* widen = fp8_bits_to_fp32_bits(dtype);
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t begin = 0; begin < n; begin += kBlock) {
+    const std::size_t count = n - begin < kBlock ? n - begin : kBlock;
+    // Four tables take alternate bytes (runs of one pattern would serialise on one counter).
+    std::uint32_t t[4][256] = {};
+    std::size_t i = 0;
+    for (; i + 4 <= count; i += 4) {
+      ++t[0][p[begin + i]];
+      ++t[1][p[begin + i + 1]];
+      ++t[2][p[begin + i + 2]];
+      ++t[3][p[begin + i + 3]];
+    }
+    for (; i < count; ++i) ++t[0][p[begin + i]];
+    for (std::size_t pattern = 0; pattern < 256; ++pattern) {
+      const std::uint64_t c = std::uint64_t{t[0][pattern]} + t[1][pattern] + t[2][pattern] +
+                              t[3][pattern];
+      if (c != 0) fold_pattern(widen[pattern], c, th, acc);
+    }
+  }
+}
+
+const std::uint32_t* fp8_bits_to_fp32_bits(Format dtype) {
+  using Table = std::array<std::uint32_t, 256>;
+  static const auto make = [](Format f) {
+    Table t{};
+    for (std::uint32_t b = 0; b < 256; ++b) t[b] = std::bit_cast<std::uint32_t>(decode(b, f));
+    return t;
+  };
+  static const Table e4m3 = make(Format::kE4M3);
+  static const Table e5m2 = make(Format::kE5M2);
+  AMPSCOPE_CHECK(dtype == Format::kE4M3 || dtype == Format::kE5M2, "not an FP8 format: ",
+                 format_name(dtype));
+  return dtype == Format::kE4M3 ? e4m3.data() : e5m2.data();
 }
 
 }  // namespace ampscope::detail

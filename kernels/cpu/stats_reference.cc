@@ -19,6 +19,7 @@ float load_value(const void* data, std::size_t i, Format dtype) {
     std::memcpy(&f, static_cast<const char*>(data) + 4 * i, 4);
     return f;
   }
+  if (storage_bytes(dtype) == 1) return decode(static_cast<const unsigned char*>(data)[i], dtype);
   std::uint16_t h;
   std::memcpy(&h, static_cast<const char*>(data) + 2 * i, 2);
   return decode(h, dtype);
@@ -28,8 +29,8 @@ float load_value(const void* data, std::size_t i, Format dtype) {
 
 TensorStats compute_stats_reference(const void* data, std::size_t n, Format dtype,
                                     std::span<const TargetSpec> targets) {
-  AMPSCOPE_CHECK(is_stats_storage_format(dtype), "statistics read fp32, fp16 or bf16 storage, ",
-                 "not ", format_name(dtype));
+  AMPSCOPE_CHECK(is_stats_storage_format(dtype),
+                 "statistics read fp32, fp16, bf16, e4m3 or e5m2 storage, not ", format_name(dtype));
   AMPSCOPE_CHECK(n == 0 || data != nullptr, "null data pointer for ", n, " elements");
   for (const TargetSpec& t : targets) {
     AMPSCOPE_CHECK(t.scale_log2 >= -kMaxScaleLog2 && t.scale_log2 <= kMaxScaleLog2,

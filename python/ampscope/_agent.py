@@ -101,9 +101,9 @@ def _stats_call(fn, *args, targets):
 
 
 def compute_stats(data, numel, dtype, targets=()):
-    """The full statistics of numel elements of `dtype` storage (FP32, FP16 or BF16) at the
-    host address `data`, counting `targets` ((format, scale_log2) pairs). ValueError on a bad
-    argument."""
+    """The full statistics of numel elements of `dtype` storage (FP32, FP16, BF16, or FP8 E4M3 /
+    E5M2 bytes as torch.float8_e4m3fn / float8_e5m2 hold them) at the host address `data`,
+    counting `targets` ((format, scale_log2) pairs). ValueError on a bad argument."""
     lib = _capi.library()
     return _stats_call(lib.ampscope_compute_stats, data, numel, dtype, targets=targets)
 

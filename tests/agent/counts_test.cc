@@ -158,10 +158,26 @@ TEST(CountsTest, EveryFp16PatternOnce) {
   EXPECT_EQ(got.max_abs, 65504.0);
 }
 
-TEST(CountsTest, RefusesFp8Storage) {
-  std::uint8_t v[4] = {0};
+TEST(CountsTest, Fp8StorageCountsEveryPattern) {
+  // Every byte: E4M3 has two zeros, no infinity and one NaN per sign (S.1111.111), max 448;
+  // E5M2 two zeros, +-Inf, six NaNs, max 57344.
+  std::vector<std::uint8_t> all(256);
+  for (std::uint32_t i = 0; i < 256; ++i) all[i] = static_cast<std::uint8_t>(i);
   TensorStats got;
-  EXPECT_FALSE(count_nonfinite(v, 4, Format::kE4M3, &got));
+  ASSERT_TRUE(count_nonfinite(all.data(), all.size(), Format::kE4M3, &got));
+  EXPECT_EQ(got.numel, 256u);
+  EXPECT_EQ(got.zeros, 2u);
+  EXPECT_EQ(got.pos_inf + got.neg_inf, 0u);
+  EXPECT_EQ(got.nan, 2u);
+  EXPECT_EQ(got.max_abs, 448.0);
+  ASSERT_TRUE(count_nonfinite(all.data(), all.size(), Format::kE5M2, &got));
+  EXPECT_EQ(got.zeros, 2u);
+  EXPECT_EQ(got.pos_inf, 1u);
+  EXPECT_EQ(got.neg_inf, 1u);
+  EXPECT_EQ(got.nan, 6u);
+  EXPECT_EQ(got.max_abs, 57344.0);
+  std::uint8_t v[4] = {0};
+  EXPECT_FALSE(count_nonfinite(v, 4, Format::kE2M1, &got));  // FP4 is not a storage format
 }
 
 }  // namespace

@@ -195,6 +195,17 @@ TEST(TensorStatsReferenceTest, ThresholdsFollowDesign) {
   EXPECT_EQ(count(0x1.ffcp-15f, t[0]).subnormal, 0u);  // the tie rounds to 2^-14
 }
 
+// FP6/FP4 saturate, so their conversion never shows an overflow; it is read off the rounding
+// instead. Above max, |y| < 2^(max_exponent + 1) lies in the top binade, and y/2 in the normal
+// binade below it, which has the same quantum relative to it: 2 * round(y/2) is y rounded as
+// if the range went on, and it is beyond max exactly when y overflows.
+bool rounds_past_max(float y, const FormatInfo& f) {
+  const double a = std::fabs(static_cast<double>(y));
+  if (a <= f.max_finite) return false;
+  if (a >= std::ldexp(1.0, f.max_exponent + 1)) return true;
+  return 2.0 * static_cast<double>(round_to(static_cast<float>(a / 2), f.format)) > f.max_finite;
+}
+
 // The statistics' overflow/underflow/subnormal must say exactly what the conversion does.
 TEST(TensorStatsReferenceTest, PredicatesAgreeWithConversions) {
   std::mt19937 rng(7);
@@ -214,7 +225,7 @@ TEST(TensorStatsReferenceTest, PredicatesAgreeWithConversions) {
         const float r = round_to(yf, f.format);
         const double v = std::fabs(static_cast<double>(x));
         SCOPED_TRACE(std::string(f.name) + " x=" + std::to_string(x) + " k=" + std::to_string(k));
-        EXPECT_EQ(detail::overflows(v, t), !std::isfinite(r));
+        EXPECT_EQ(detail::overflows(v, t), f.has_nan ? !std::isfinite(r) : rounds_past_max(yf, f));
         EXPECT_EQ(detail::underflows(v, t), r == 0.0f);
         EXPECT_EQ(detail::is_subnormal_in(v, t),
                   r != 0.0f && std::isfinite(r) && std::fabs(r) < f.min_normal());
@@ -352,9 +363,53 @@ TEST(TensorStatsTest, MergeOfPartsEqualsWhole) {
   expect_same_stats(a, whole);
 }
 
+// FP8 storage (torch.float8_e4m3fn / float8_e5m2 memory): every byte pattern, each a different
+// number of times, gives the statistics of its decoded FP32 values, at every level and split.
+TEST(TensorStatsTest, EveryFp8PatternReadsAsItsValue) {
+  for (const Format dtype : {Format::kE4M3, Format::kE5M2}) {
+    SCOPED_TRACE(std::string(format_name(dtype)));
+    std::vector<unsigned char> bytes;
+    std::vector<float> decoded;
+    for (std::uint32_t b = 0; b < 256; ++b) {
+      for (std::uint32_t k = 0; k <= b % 5; ++k) {
+        bytes.push_back(static_cast<unsigned char>(b));
+        decoded.push_back(decode(b, dtype));
+      }
+    }
+    std::mt19937 rng(7);
+    std::vector<std::size_t> order(bytes.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), rng);
+    Tensor t{dtype, bytes.size(), std::vector<unsigned char>(bytes.size() + 1), 1};
+    std::vector<float> as_fp32(bytes.size());
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      t.bytes[1 + i] = bytes[order[i]];  // misaligned by one byte on purpose
+      as_fp32[i] = decoded[order[i]];
+    }
+    check_all_paths(t);
+    expect_same_stats(compute_stats(t.data(), t.n, dtype, kTargets),
+                      compute_stats_reference(as_fp32.data(), as_fp32.size(), Format::kFP32,
+                                              kTargets));
+    const TensorStats s = compute_stats(t.data(), t.n, dtype);
+    if (dtype == Format::kE4M3) {
+      EXPECT_EQ(s.nan, (0x7Fu % 5 + 1) + (0xFFu % 5 + 1));  // S.1111.111 only, both signs
+      EXPECT_EQ(s.pos_inf + s.neg_inf, 0u);
+      EXPECT_EQ(s.max_abs, 448.0);
+      EXPECT_EQ(s.min_abs_nonzero, 0x1p-9);
+    } else {
+      EXPECT_EQ(s.pos_inf, 0x7Cu % 5 + 1);
+      EXPECT_EQ(s.max_abs, 57344.0);
+      EXPECT_EQ(s.min_abs_nonzero, 0x1p-16);
+    }
+  }
+  unsigned char b = 0;
+  float f = 1.0f;
+  EXPECT_THROW(scale_and_compute_stats(&b, 1, Format::kE4M3, 0.5f), Error);
+  EXPECT_NO_THROW(scale_and_compute_stats(&f, 1, Format::kFP32, 0.5f));
+}
+
 TEST(TensorStatsTest, RejectsBadInput) {
   const float x = 1.0f;
-  EXPECT_THROW(compute_stats(&x, 1, Format::kE4M3), Error);
   const std::vector<TargetSpec> bad = {{Format::kFP16, kMaxScaleLog2 + 1}};
   EXPECT_THROW(compute_stats(&x, 1, Format::kFP32, bad), Error);
   EXPECT_THROW(compute_stats(nullptr, 4, Format::kFP32), Error);

@@ -162,9 +162,12 @@ inline std::optional<Format> parse_format(std::string_view name) {
   return std::nullopt;
 }
 
-// Storage types the statistics kernels read.
+// Storage types the statistics kernels read: FP32, FP16, BF16 and FP8 (E4M3, E5M2; one byte per
+// element, as torch.float8_e4m3fn / float8_e5m2 store them). Device statistics read the first
+// three only.
 constexpr bool is_stats_storage_format(Format f) {
-  return f == Format::kFP32 || f == Format::kFP16 || f == Format::kBF16;
+  return f == Format::kFP32 || f == Format::kFP16 || f == Format::kBF16 || f == Format::kE4M3 ||
+         f == Format::kE5M2;
 }
 
 // Bytes per element in memory. The narrow formats take one byte each, unpacked: an FP6/FP4

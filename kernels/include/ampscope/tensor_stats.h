@@ -1,6 +1,6 @@
 // Tensor statistics: the core measurement of ampscope.
 //
-// One pass over a tensor stored as FP32, FP16 or BF16 yields TensorStats:
+// One pass over a tensor stored as FP32, FP16, BF16, FP8 E4M3 or FP8 E5M2 yields TensorStats:
 //   - numel, zeros, nan, pos_inf, neg_inf
 //   - max_abs and min_abs_nonzero over finite values; sum and sum_sq over finite values: sum is
 //     the exactly rounded (nearest even) sum however much it cancels, sum_sq is within a few
@@ -120,7 +120,8 @@ struct StatsOptions {
 };
 
 // The dispatched, possibly multi-threaded, implementation. `data` points to n elements of
-// `dtype` storage (float, or uint16_t bit patterns for FP16/BF16) with any alignment.
+// `dtype` storage (float, uint16_t bit patterns for FP16/BF16, one byte per element for E4M3 and
+// E5M2: torch.float8_e4m3fn / float8_e5m2 memory) with any alignment.
 // Throws ampscope::Error on an unsupported dtype or a target whose scale is out of
 // [-kMaxScaleLog2, kMaxScaleLog2].
 TensorStats compute_stats(const void* data, std::size_t n, Format dtype,
