@@ -484,10 +484,11 @@ AMPSCOPE_API ampscope_status ampscope_loss_scale_apply_change(ampscope_loss_scal
                                                               char* reason, size_t reason_size);
 
 /* ABI 6. Tensor statistics; they need no agent. `data`: n elements of `dtype` storage
- * (AMPSCOPE_FORMAT_FP32, FP16 or BF16) in host memory. `out`: struct_size set, its targets
- * (num_targets of them, at most 64) say what to count, histogram_counts has room for
- * AMPSCOPE_HISTOGRAM_BINS. On failure `reason` (when not NULL; NUL-terminated, at most
- * reason_size bytes) says why. Multi-threaded on large tensors (the library's pool).
+ * (AMPSCOPE_FORMAT_FP32, FP16, BF16, or E4M3/E5M2: one byte each) in host memory. `out`:
+ * struct_size set, its targets (num_targets of them, at most 64) say what to count,
+ * histogram_counts has room for AMPSCOPE_HISTOGRAM_BINS. On failure `reason` (when not NULL;
+ * NUL-terminated, at most reason_size bytes) says why. scale_and_compute_stats reads the first
+ * three only. Multi-threaded on large tensors (the library's pool).
  * compute_stats: the statistics of the values. scale_and_compute_stats: multiplies each value
  * by `factor` in place (FP32 product, rounded to nearest even into dtype) and returns the
  * statistics of the results, in one pass over memory: a gradient unscale (factor 1/scale)
