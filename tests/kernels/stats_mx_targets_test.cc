@@ -2,7 +2,8 @@
 // path: the thresholds the kernels derive from formats.h must count exactly what the conversion
 // does. These formats saturate instead of overflowing, so "overflow" is read off the rounding
 // (rounds_past_max below) and the counts are checked against conversions, value by value, at
-// every SIMD level, threaded and through the pattern histogram, for FP32, FP16 and BF16 storage.
+// every SIMD level, threaded and through the pattern histogram, for every storage format the
+// statistics read (FP32, FP16, BF16, E4M3, E5M2).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -142,7 +143,9 @@ TEST(MxTargetStatsTest, EveryPathCountsWhatTheConversionDoes) {
   for (int i = 0; i < 20000; ++i) xs.push_back(std::ldexp(mantissa(rng), exponent(rng)));
   std::shuffle(xs.begin(), xs.end(), rng);
   const std::vector<TargetSpec> targets = mx_targets();
-  for (Format dtype : {Format::kFP32, Format::kFP16, Format::kBF16}) {
+  for (const FormatInfo& storage : kFormatInfos) {
+    const Format dtype = storage.format;
+    if (!is_stats_storage_format(dtype)) continue;
     std::vector<float> as_read;
     const std::vector<unsigned char> bytes = store(xs, dtype, &as_read);
     std::vector<TargetCounts> want;
