@@ -209,6 +209,11 @@ Status Agent::observe_stats(const TensorView& meta, const TensorStats& stats) no
                         [&] { return impl_->recorder->observe_stats(meta, stats); });
 }
 
+Status Agent::observe_quantizer(const QuantizerView& quantizer) noexcept {
+  return guarded_status(impl_->notices, "observe_quantizer",
+                        [&] { return impl_->recorder->observe_quantizer(quantizer); });
+}
+
 std::optional<TargetSpec> Agent::stats_target(const TensorView& meta) noexcept {
   return guarded(impl_->notices, "stats_target", std::optional<TargetSpec>{},
                  [&] { return impl_->recorder->stats_target(meta); });

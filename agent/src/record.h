@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ampscope/agent/interfaces.h"
+#include "ampscope/recipe.h"
 #include "ampscope/tensor_stats.h"
 #include "sampling.h"
 
@@ -41,6 +42,16 @@ struct TensorSample {
   std::shared_ptr<GpuJob> gpu;       // device tensors: the job in flight
 };
 
+// A quantiser's measurement (Agent::observe_quantizer), checked and ready to encode.
+struct QuantizerSample {
+  std::string name;
+  TensorRole role = TensorRole::kActivation;
+  TensorPhase phase = TensorPhase::kUnknown;
+  int micro_step = 0;
+  RecipeCounts counts;
+  std::vector<float> amax_history;  // empty on steps that do not send it
+};
+
 struct PolicyOutcome {
   std::string policy_id;
   bool applied = false;
@@ -50,6 +61,7 @@ struct PolicyOutcome {
 struct StepRecord {
   StepInfo info;
   std::vector<TensorSample> samples;
+  std::vector<QuantizerSample> quantizers;
   std::vector<PolicyOutcome> outcomes;
   std::uint64_t policy_seq = 0;  // the highest policy seq handled so far (PolicyApplier)
   std::optional<double> tensor_core_active_ratio;

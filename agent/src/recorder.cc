@@ -5,6 +5,7 @@
 #include <span>
 #include <string>
 
+#include "ampscope/proto/quantizer_codec.h"
 #include "ampscope/text.h"
 #include "delivery.h"
 #include "measure.h"
@@ -84,6 +85,53 @@ std::string check_provided_stats(const TensorView& t, const TensorStats& s) {
         c.subnormal > finite_nonzero - c.overflow - c.underflow) {
       return "target " + to_string(c.target) + " counts more values than are finite and nonzero";
     }
+  }
+  return {};
+}
+
+// Why a quantiser's measurement would not pass the server's rules (telemetry.proto,
+// QuantizerStats), or empty.
+std::string check_quantizer(const QuantizerView& q) {
+  const RecipeCounts& c = q.counts;
+  std::string error;
+  // What goes on the wire is the canonical text, which the server reads back with parse_recipe
+  // (a delayed recipe's margin is not part of it: its scale already holds it).
+  const std::string text = to_string(c.recipe);
+  const std::optional<Recipe> back = parse_recipe(text, &error);
+  if (!back || to_string(*back) != text || back->element != c.recipe.element ||
+      text.size() > proto::kRecipeMaxBytes) {
+    return "recipe '" + text + "' does not read back as itself" +
+           (error.empty() ? "" : ": " + error);
+  }
+  const std::uint64_t counted[] = {c.underflow, c.subnormal, c.saturated, c.overflow};
+  std::uint64_t sum = 0;
+  for (std::uint64_t n : counted) {
+    if (n > c.values - sum) return "underflow, subnormal, saturated and overflow exceed values";
+    sum += n;
+  }
+  const auto magnitude = [](double x) { return std::isfinite(x) && x >= 0.0; };
+  if (!magnitude(c.amax) || !magnitude(c.signal_sq) || !magnitude(c.error_sq) ||
+      !magnitude(c.tensor_scale)) {
+    return "amax, signal_sq, error_sq or tensor_scale not finite and >= 0";
+  }
+  if (c.zero_blocks > c.blocks || c.nan_blocks > c.blocks - c.zero_blocks ||
+      c.saturated_blocks > c.blocks) {
+    return "block counts above the " + std::to_string(c.blocks) + " blocks";
+  }
+  const BinadeHistogram& h = c.scale_histogram;
+  if (!h.empty() &&
+      (h.min_exponent < kHistogramMinExponent || h.max_exponent() > kHistogramMaxExponent)) {
+    return "scale histogram bins outside [" + std::to_string(kHistogramMinExponent) + ", " +
+           std::to_string(kHistogramMaxExponent) + "]";
+  }
+  const std::uint64_t scaled = c.blocks - c.zero_blocks - c.nan_blocks;
+  std::uint64_t binned = 0;
+  for (std::uint64_t n : h.counts) {
+    if (n > scaled - binned) return "the scale histogram holds more than the scaled blocks";
+    binned += n;
+  }
+  for (float a : q.amax_history) {
+    if (!magnitude(a)) return "an amax history entry not finite and >= 0";
   }
   return {};
 }
@@ -247,6 +295,37 @@ Status Recorder::observe_stats(const TensorView& t, const TensorStats& stats) {
     current_.dropped_tensors += 1;
     throw;
   }
+}
+
+Status Recorder::observe_quantizer(const QuantizerView& q) {
+  Call call(*this, true);
+  if (call.reentered()) return refuse_reentry("observe_quantizer");
+  if (closed_) return {StatusCode::kFailedPrecondition, "observe_quantizer after shutdown"};
+  if (std::string why = check_quantizer(q); !why.empty()) {
+    why = "observe_quantizer: tensor '" + std::string(q.name) + "': " + why;
+    notices_->raise("observe_quantizer-invalid", "agent: " + why + "; not recorded");
+    if (in_step_ && observing_) current_.dropped_tensors += 1;
+    return {StatusCode::kInvalidArgument, std::move(why)};
+  }
+  if (!in_step_ || !observing_) return Status::Ok();
+  if (current_.quantizers.size() >= proto::kMaxQuantizersPerReport) {
+    current_.dropped_tensors += 1;
+    return Status::Ok();
+  }
+  QuantizerSample s;
+  s.name = wire_name(q.name);
+  s.role = q.role;
+  s.phase = q.phase;
+  s.micro_step = q.micro_step;
+  s.counts = q.counts;
+  // The history is the large part (up to 4 KiB): it travels at the full level only.
+  if (sampler_.level(q.role, q.phase) == Level::kFull) {
+    const std::size_t keep = std::min(q.amax_history.size(), proto::kMaxAmaxHistory);
+    const auto newest = q.amax_history.last(keep);
+    s.amax_history.assign(newest.begin(), newest.end());
+  }
+  current_.quantizers.push_back(std::move(s));
+  return Status::Ok();
 }
 
 std::optional<TargetSpec> Recorder::stats_target(const TensorView& t) {

@@ -61,6 +61,8 @@ class Recorder {
   // Agent::observe_stats and Agent::stats_target (agent.h).
   Status observe_stats(const TensorView& meta, const TensorStats& stats);
   std::optional<TargetSpec> stats_target(const TensorView& meta);
+  // Agent::observe_quantizer (agent.h).
+  Status observe_quantizer(const QuantizerView& q);
   Status mark_phase(StepPhase phase);
   Status end_step(const StepInfo& info);
   // What observe() of a tensor of `role` in `phase` would measure at this point of the step:

@@ -8,6 +8,7 @@
 
 #include "ampscope/proto/wire_time.h"
 
+#include "ampscope/proto/quantizer_codec.h"
 #include "ampscope/proto/stats_codec.h"
 #include "ampscope/proto/vocabulary_codec.h"
 #include "ampscope/text.h"
@@ -138,6 +139,14 @@ void encode_report(const StepRecord& record, const ReportContext& context, v1::S
     f->set_phase(to_proto(first->phase));
     f->set_order(static_cast<std::uint32_t>(std::max(0, first->order)));
     f->set_micro_step(static_cast<std::uint32_t>(std::max(0, first->micro_step)));
+  }
+  for (const QuantizerSample& q : record.quantizers) {
+    v1::QuantizerStats* w = out->add_quantizers();
+    w->set_name(q.name);
+    w->set_role(to_proto(q.role));
+    w->set_phase(to_proto(q.phase));
+    w->set_micro_step(static_cast<std::uint32_t>(std::max(0, q.micro_step)));
+    proto::encode_quantizer(q.counts, q.amax_history, w);
   }
   for (std::size_t i = 0; i < record.outcomes.size() && i < kMaxOutcomesPerReport; ++i) {
     const PolicyOutcome& o = record.outcomes[i];

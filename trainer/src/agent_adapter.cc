@@ -216,6 +216,25 @@ void AgentAdapter::on_tensor_stats(const TensorView& t, const TensorStats& stats
   count_unscaled(t);
 }
 
+std::string quantizer_name(const QuantizedGemmInput& q) {
+  const GemmUse first = q.operand == GemmOperand::kOutputGrad ? GemmUse::kDgrad : GemmUse::kForward;
+  std::string name(q.name);
+  if (q.use != first) name.append("@").append(gemm_use_name(q.use));
+  return name;
+}
+
+void AgentAdapter::on_quantized(const QuantizedGemmInput& q) {
+  const std::string name = quantizer_name(q);
+  agent::QuantizerView v;
+  v.name = name;
+  v.role = q.role;
+  v.phase = q.phase;
+  v.micro_step = q.micro_step;
+  v.counts = q.counts;
+  v.amax_history = q.amax_history;
+  agent_->observe_quantizer(v);
+}
+
 // The trainer shows every weight gradient once after unscaling, then runs the norm and the
 // optimizer: the last of them opens the optimizer's range.
 void AgentAdapter::count_unscaled(const TensorView& t) {

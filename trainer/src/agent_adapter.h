@@ -49,6 +49,12 @@ agent::RunInfo run_info(Trainer& trainer);
 // The trainer's tensor as the agent's (borrowing the same data and name).
 agent::TensorView to_agent_view(const TensorView& tensor);
 
+// The name a quantised GEMM input is reported under: its own name for the operand's first use
+// (input and weight: forward; output_grad: dgrad), "<name>@<use>" for the others ("h0.mlp.fc
+// .weight@dgrad", "h0.mlp.fc.output_grad@wgrad"), so that a block recipe's quantisation along
+// each GEMM's reduction axis is a quantiser of its own.
+std::string quantizer_name(const QuantizedGemmInput& input);
+
 class AgentAdapter final : public TensorObserver, public StepListener, public PolicyAgreement {
  public:
   // Attaches the agent's scaler and override controls; with install_hooks, also sets itself as
@@ -62,6 +68,8 @@ class AgentAdapter final : public TensorObserver, public StepListener, public Po
   // Fused statistics: the agent's target (Agent::stats_target) and Agent::observe_stats.
   std::optional<std::vector<TargetSpec>> stats_targets(const TensorView& meta) override;
   void on_tensor_stats(const TensorView& tensor, const TensorStats& stats) override;
+  // FP8/FP4 modes: the quantiser's counts as Agent::observe_quantizer, under quantizer_name().
+  void on_quantized(const QuantizedGemmInput& input) override;
   void on_step(const StepEvent& event) override;
   // The per-step policy agreement (installed when the agent's mode is per_step: several ranks).
   PolicyVote vote() override;

@@ -26,8 +26,8 @@
 // exception is asked for: with policy_lockstep on, begin_step waits, bounded by
 // policy_lockstep_timeout, for the server's acknowledgement of the reports before it (config.h).
 //
-// Threads. The step calls (begin_step, observe, observe_stats, stats_target, mark_phase,
-// end_step, wanted) and attach_* may come
+// Threads. The step calls (begin_step, observe, observe_stats, observe_quantizer, stats_target,
+// mark_phase, end_step, wanted) and attach_* may come
 // from any thread: the agent serialises them, one at a time, under its own step lock held for
 // the whole call. So a training thread and PyTorch's autograd threads (whose hooks call
 // observe, even concurrently with each other) need no lock of their own; the calls of a step
@@ -58,12 +58,14 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "ampscope/agent/config.h"
 #include "ampscope/agent/interfaces.h"
 #include "ampscope/formats.h"
+#include "ampscope/recipe.h"
 #include "ampscope/tensor_stats.h"
 
 namespace ampscope::agent {
@@ -85,6 +87,20 @@ struct Status {
 };
 
 // What the Hello tells the server about the run (besides the config's run_id/rank/world_size).
+// What a quantiser measured of one tensor this step (a GEMM input under an FP8/FP6/FP4 recipe):
+// the counts ampscope/recipe.h's fake_quantize or recipe_counts returned for the recipe it
+// applied, and, for delayed scaling, the amax history the scale came from. Borrowed for the
+// call only.
+struct QuantizerView {
+  // Any bytes, sent as TensorView::name is (escaped when not clean text within 256 bytes).
+  std::string_view name;
+  TensorRole role = TensorRole::kActivation;
+  TensorPhase phase = TensorPhase::kUnknown;
+  int micro_step = 0;
+  RecipeCounts counts;
+  std::span<const float> amax_history;  // oldest first; the newest 1024 are sent
+};
+
 struct RunInfo {
   std::string host;        // empty: gethostname()
   std::string trainer;     // "ampscope-train 0.1.0"
@@ -164,6 +180,19 @@ class Agent {
   // makes it a full one. A step call, serialised like the others. Ask it just before computing
   // the statistics: it depends on the loss-scaled tensors shown before it in the step.
   std::optional<TargetSpec> stats_target(const TensorView& meta) noexcept;
+  // A quantiser's measurement for this step, carried in the step's report next to the tensor
+  // statistics (StepReport.quantizers). Cheap: the counts come from the pass that quantised the
+  // tensor, nothing is measured here. Recorded on every step whose begin_step returned true (at
+  // most 4096 a step, the server's bound; more are counted drops); the amax history goes with it
+  // on steps where the sampling takes full statistics of the tensor's role and phase, and is
+  // left out on the others. The recipe goes as to_string's canonical text. Checked before
+  // anything is recorded, with the server's rules: a recipe whose text parse_recipe does not
+  // read back (an element format the recipe cannot have), counts above the finite
+  // values, non-finite or negative amax, sums or scale, block counts above the blocks, a scale
+  // histogram outside [kHistogramMinExponent, kHistogramMaxExponent] or holding more blocks
+  // than have a scale, a non-finite or negative amax history entry: kInvalidArgument with a
+  // notice, nothing recorded. Outside a step it does nothing (Ok).
+  Status observe_quantizer(const QuantizerView& quantizer) noexcept;
   // An optional phase marker for the NVTX timeline (on the thread of begin_step).
   Status mark_phase(StepPhase phase) noexcept;
   // After the step (the optimizer update or its skip).
