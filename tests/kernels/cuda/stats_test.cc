@@ -29,9 +29,10 @@ namespace {
 constexpr double kUnitRoundoff = 0x1p-53;
 
 const std::vector<TargetSpec>& eight_targets() {
+  // Every format family, FP6/FP4 (saturating, no Inf or NaN) included, at several scales.
   static const std::vector<TargetSpec> targets = {
-      {Format::kFP16, 0},  {Format::kFP16, 12}, {Format::kBF16, 0},  {Format::kE4M3, 0},
-      {Format::kE4M3, -6}, {Format::kE5M2, 0},  {Format::kE5M2, 10}, {Format::kFP32, -100},
+      {Format::kFP16, 0},  {Format::kE2M1, 0}, {Format::kBF16, 0},  {Format::kE4M3, 0},
+      {Format::kE3M2, -4}, {Format::kE5M2, 0}, {Format::kE2M3, 10}, {Format::kFP32, -100},
   };
   return targets;
 }
