@@ -1,0 +1,601 @@
+// The FP8/FP4 modes of the trainer (precision.h): the recipes each GEMM operand gets, the linear
+// layer's quantised forward and backward against fake_quantize followed by the plain reference,
+// delayed scaling's amax histories across steps, the per-layer BF16 set, a short training run
+// per mode, bit-exact resume and the hook that reports what the quantiser measured.
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "ampscope/check.h"
+#include "ampscope/testing/files.h"
+#include "ampscope/trainer/trainer.h"
+#include "counting_backend.h"
+#include "layers/cpu_exec.h"
+#include "layers/matmul/matmul.h"
+#include "random_tensor.h"
+
+namespace ampscope::trainer {
+namespace {
+
+using testing::randn;
+
+constexpr PrecisionMode kScaledModes[] = {PrecisionMode::kFP8Delayed, PrecisionMode::kFP8Current,
+                                          PrecisionMode::kMXFP8, PrecisionMode::kNVFP4};
+
+// ---- Recipes ---------------------------------------------------------------------------------
+
+TEST(GemmRecipeTest, BlocksRunAlongEachGemmsReductionAxis) {
+  using O = GemmOperand;
+  using U = GemmUse;
+  for (auto mode : {PrecisionMode::kMXFP8, PrecisionMode::kNVFP4}) {
+    const int k = mode == PrecisionMode::kMXFP8 ? 32 : 16;
+    const Format element = mode == PrecisionMode::kMXFP8 ? Format::kE4M3 : Format::kE2M1;
+    struct Case {
+      O operand;
+      U use;
+      int rows, cols;
+    };
+    for (const Case& c : {Case{O::kInput, U::kForward, 1, k}, Case{O::kWeight, U::kForward, 1, k},
+                          Case{O::kOutputGrad, U::kDgrad, 1, k}, Case{O::kWeight, U::kDgrad, k, 1},
+                          Case{O::kOutputGrad, U::kWgrad, k, 1},
+                          Case{O::kInput, U::kWgrad, k, 1}}) {
+      const auto r = gemm_recipe(mode, c.operand, c.use);
+      ASSERT_TRUE(r.has_value());
+      EXPECT_EQ(r->element, element);
+      EXPECT_EQ(r->block_rows, c.rows) << operand_name(c.operand) << " " << gemm_use_name(c.use);
+      EXPECT_EQ(r->block_cols, c.cols) << operand_name(c.operand) << " " << gemm_use_name(c.use);
+    }
+  }
+  // Per-tensor FP8: E4M3 forward operands, E5M2 gradients (HYBRID), the same in every GEMM.
+  for (auto mode : {PrecisionMode::kFP8Delayed, PrecisionMode::kFP8Current}) {
+    EXPECT_EQ(gemm_recipe(mode, O::kInput, U::kForward)->element, Format::kE4M3);
+    EXPECT_EQ(gemm_recipe(mode, O::kWeight, U::kDgrad)->element, Format::kE4M3);
+    EXPECT_EQ(gemm_recipe(mode, O::kOutputGrad, U::kDgrad)->element, Format::kE5M2);
+    EXPECT_EQ(gemm_recipe(mode, O::kOutputGrad, U::kWgrad),
+              gemm_recipe(mode, O::kOutputGrad, U::kDgrad));
+  }
+  EXPECT_EQ(gemm_recipe(PrecisionMode::kFP8Delayed, O::kInput, U::kForward)->scaling,
+            Scaling::kDelayed);
+  EXPECT_EQ(gemm_recipe(PrecisionMode::kFP8Current, O::kInput, U::kForward)->scaling,
+            Scaling::kCurrent);
+  // Operands a GEMM does not read, and modes without scaled GEMMs.
+  EXPECT_FALSE(gemm_recipe(PrecisionMode::kMXFP8, O::kOutputGrad, U::kForward));
+  EXPECT_FALSE(gemm_recipe(PrecisionMode::kMXFP8, O::kInput, U::kDgrad));
+  EXPECT_FALSE(gemm_recipe(PrecisionMode::kMXFP8, O::kWeight, U::kWgrad));
+  EXPECT_FALSE(gemm_recipe(PrecisionMode::kAmpBF16, O::kInput, U::kForward));
+  for (auto mode : kScaledModes) {
+    EXPECT_EQ(parse_precision(precision_name(mode)), mode);
+    EXPECT_TRUE(PrecisionPolicy::for_mode(mode).scaled_gemms);
+    EXPECT_EQ(PrecisionPolicy::for_mode(mode).compute, Format::kBF16);
+  }
+}
+
+// ---- The linear layer ------------------------------------------------------------------------
+
+// |got - want| <= tol * max|want| for every element: FP32 sums of at most 80 products of
+// quantised values of order 1 against FP64 ones.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 0.0;
+  for (float w : want) scale = std::max(scale, static_cast<double>(std::abs(w)));
+  int bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (!(std::abs(static_cast<double>(got[i]) - want[i]) <= 1e-5 * scale) && bad++ < 5) {
+      ADD_FAILURE() << what << "[" << i << "]: " << got[i] << ", reference " << want[i];
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+std::vector<float> quantized(const std::vector<float>& x, std::size_t rows, std::size_t cols,
+                             const Recipe& r, RecipeCounts* counts = nullptr) {
+  std::vector<float> out(x.size());
+  RecipeCounts c = fake_quantize(x.data(), out.data(), rows, cols, r);
+  if (counts != nullptr) *counts = c;
+  return out;
+}
+
+Recipe recipe(PrecisionMode mode, GemmOperand operand, GemmUse use) {
+  Recipe r = *gemm_recipe(mode, operand, use);
+  if (r.scaling == Scaling::kDelayed) r.scale = operand == GemmOperand::kOutputGrad ? 2048 : 37.5f;
+  return r;
+}
+
+class QuantizedMatmulTest : public ::testing::TestWithParam<PrecisionMode> {
+ protected:
+  layers::ScratchPool pool_;
+  layers::Workers workers_{2};
+  layers::CpuExec ex_{pool_, workers_, active_simd_level()};
+};
+
+TEST_P(QuantizedMatmulTest, ForwardAndBackwardAreFakeQuantizeThenTheReference) {
+  using O = GemmOperand;
+  using U = GemmUse;
+  const PrecisionMode mode = GetParam();
+  struct Shape {
+    std::size_t N, C, OC;
+  };
+  // Multiples of the blocks, and ragged edges in every axis.
+  for (const Shape& s : {Shape{64, 64, 32}, Shape{13, 40, 19}, Shape{1, 17, 5}, Shape{50, 80, 48}}) {
+    const std::string at =
+        " " + std::to_string(s.N) + "x" + std::to_string(s.C) + "x" + std::to_string(s.OC);
+    const auto x = randn(s.N * s.C, 51), w = randn(s.OC * s.C, 52, 0.05), b = randn(s.OC, 53);
+    const auto d = randn(s.N * s.OC, 54, 1e-3);
+    const Recipe rx = recipe(mode, O::kInput, U::kForward), rw = recipe(mode, O::kWeight, U::kForward);
+    RecipeCounts cx, cw, cx_ref, cw_ref;
+    std::vector<float> out(s.N * s.OC), out_r(s.N * s.OC), plain(s.N * s.OC);
+    layers::matmul_forward_quantized_cpu(ex_, out.data(), x.data(), w.data(), b.data(), s.N, s.C,
+                                         s.OC, {&rx, &cx}, {&rw, &cw});
+    layers::matmul_forward_reference(out_r.data(), quantized(x, s.N, s.C, rx, &cx_ref).data(),
+                                     quantized(w, s.OC, s.C, rw, &cw_ref).data(), b.data(), s.N,
+                                     s.C, s.OC);
+    expect_close(out, out_r, "out" + at);
+    EXPECT_EQ(cx, cx_ref) << at;
+    EXPECT_EQ(cw, cw_ref) << at;
+    // The quantisation is not a no-op: the plain product differs.
+    layers::matmul_forward_cpu(ex_, plain.data(), x.data(), w.data(), b.data(), s.N, s.C, s.OC);
+    EXPECT_NE(plain, out) << at;
+
+    const Recipe rdd = recipe(mode, O::kOutputGrad, U::kDgrad),
+                 rdw = recipe(mode, O::kWeight, U::kDgrad),
+                 rwd = recipe(mode, O::kOutputGrad, U::kWgrad),
+                 rwx = recipe(mode, O::kInput, U::kWgrad);
+    RecipeCounts c_dd, c_dw, c_wd, c_wx, c_dd_ref, c_dw_ref, c_wd_ref, c_wx_ref;
+    std::vector<float> di(s.N * s.C), dw(s.OC * s.C), db(s.OC);
+    layers::matmul_backward_quantized_cpu(
+        ex_, di.data(), dw.data(), db.data(), d.data(), x.data(), w.data(), s.N, s.C, s.OC,
+        {{&rdd, &c_dd}, {&rdw, &c_dw}, {&rwd, &c_wd}, {&rwx, &c_wx}});
+    std::vector<float> di_r(s.N * s.C), dw_r(s.OC * s.C), db_r(s.OC), unused(s.OC * s.C);
+    layers::matmul_backward_reference(di_r.data(), unused.data(), nullptr,
+                                      quantized(d, s.N, s.OC, rdd, &c_dd_ref).data(), x.data(),
+                                      quantized(w, s.OC, s.C, rdw, &c_dw_ref).data(), s.N, s.C,
+                                      s.OC);
+    layers::matmul_backward_reference(nullptr, dw_r.data(), nullptr,
+                                      quantized(d, s.N, s.OC, rwd, &c_wd_ref).data(),
+                                      quantized(x, s.N, s.C, rwx, &c_wx_ref).data(), w.data(),
+                                      s.N, s.C, s.OC);
+    // The bias gradient from dout as read.
+    layers::matmul_backward_reference(nullptr, unused.data(), db_r.data(), d.data(), x.data(),
+                                      w.data(), s.N, s.C, s.OC);
+    expect_close(di, di_r, "dinp" + at);
+    expect_close(dw, dw_r, "dweight" + at);
+    expect_close(db, db_r, "dbias" + at);
+    EXPECT_EQ(c_dd, c_dd_ref) << at;
+    EXPECT_EQ(c_dw, c_dw_ref) << at;
+    EXPECT_EQ(c_wd, c_wd_ref) << at;
+    EXPECT_EQ(c_wx, c_wx_ref) << at;
+  }
+}
+
+TEST_P(QuantizedMatmulTest, WithoutRecipesItIsThePlainLayerBitForBit) {
+  const std::size_t N = 37, C = 40, OC = 19;
+  const auto x = randn(N * C, 61), w = randn(OC * C, 62), b = randn(OC, 63), d = randn(N * OC, 64);
+  std::vector<float> out(N * OC), out_q(N * OC);
+  layers::matmul_forward_cpu(ex_, out.data(), x.data(), w.data(), b.data(), N, C, OC);
+  layers::matmul_forward_quantized_cpu(ex_, out_q.data(), x.data(), w.data(), b.data(), N, C, OC,
+                                       {}, {});
+  EXPECT_EQ(out, out_q);
+  std::vector<float> di(N * C), dw(OC * C), db(OC), di_q(N * C), dw_q(OC * C), db_q(OC);
+  layers::matmul_backward_cpu(ex_, di.data(), dw.data(), db.data(), d.data(), x.data(), w.data(),
+                              N, C, OC);
+  layers::matmul_backward_quantized_cpu(ex_, di_q.data(), dw_q.data(), db_q.data(), d.data(),
+                                        x.data(), w.data(), N, C, OC, {});
+  EXPECT_EQ(di, di_q);
+  EXPECT_EQ(dw, dw_q);
+  EXPECT_EQ(db, db_q);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, QuantizedMatmulTest, ::testing::ValuesIn(kScaledModes),
+                         [](const auto& info) {
+                           std::string n(precision_name(info.param));
+                           for (char& ch : n) ch = ch == '-' ? '_' : ch;
+                           return n;
+                         });
+
+// ---- Delayed scaling -------------------------------------------------------------------------
+
+TEST(DelayedScalingTest, TheScaleComesFromTheLastStepsAmaxesPushedAfterUse) {
+  DelayedScaling ds({"h0.mlp.fc"}, {.history_length = 3, .margin = 0});
+  ASSERT_EQ(ds.inputs().size(), 3u);
+  const int in = ds.index("h0.mlp.fc", GemmOperand::kInput);
+  const int dy = ds.index("h0.mlp.fc", GemmOperand::kOutputGrad);
+  ASSERT_GE(in, 0);
+  ASSERT_GE(dy, 0);
+  EXPECT_EQ(ds.inputs()[std::size_t(in)].name, "h0.mlp.fc.input");
+  EXPECT_EQ(ds.index("h9.mlp.fc", GemmOperand::kInput), -1);
+  const auto i = std::size_t(in), g = std::size_t(dy);
+  EXPECT_EQ(ds.scale(i), 1.0f);  // no history yet
+  // Step 0: two micro-batches; the step's amax is their max, pushed at the end.
+  ds.record(i, 2.0);
+  ds.record(i, 4.0);
+  EXPECT_EQ(ds.scale(i), 1.0f);  // not before the step ends
+  ds.end_step(ds.step_amaxes());
+  EXPECT_EQ(ds.scale(i), 448.0f / 4.0f);
+  EXPECT_EQ(ds.scale(g), 1.0f);  // not quantised in step 0: nothing pushed
+  EXPECT_TRUE(ds.history(g).history().empty());
+  for (double a : {1.0, 0.5, 0.25}) {
+    ds.record(i, a);
+    ds.end_step(ds.step_amaxes());
+  }
+  // The history holds 1, 0.5, 0.25: 4 has left the window.
+  EXPECT_EQ(std::vector<float>(ds.history(i).history().begin(), ds.history(i).history().end()),
+            (std::vector<float>{1.0f, 0.5f, 0.25f}));
+  EXPECT_EQ(ds.scale(i), 448.0f);
+  // Margin 2 divides by 4 at once; length 1 keeps the newest.
+  ds.apply(i, {.history_length = 1, .margin = 2});
+  EXPECT_EQ(ds.scale(i), 448.0f / 0.25f / 4.0f);
+  EXPECT_EQ(ds.history(i).history().size(), 1u);
+  // Gradients: E5M2.
+  ds.record(g, 8.0);
+  ds.end_step(ds.step_amaxes());
+  EXPECT_EQ(ds.scale(g), 57344.0f / 8.0f);
+  // restore() rebuilds a history and checks the scale it gives.
+  DelayedScaling copy({"h0.mlp.fc"}, {});
+  const auto h = ds.history(i).history();
+  copy.restore(i, ds.settings(i), std::vector<float>(h.begin(), h.end()), ds.scale(i));
+  EXPECT_EQ(copy.scale(i), ds.scale(i));
+  EXPECT_THROW(copy.restore(i, ds.settings(i), std::vector<float>(h.begin(), h.end()), 3.0f),
+               Error);
+}
+
+TEST(GemmPrecisionSetTest, LayersMoveToBf16AndBackAndDelayedSettingsApplyFromTheirStep) {
+  GemmPrecisionSet set({"h0.mlp.fc", "h0.attn.qkv"});
+  EXPECT_EQ(set.add_bf16("h0.mlp.fc", 3), "");
+  EXPECT_NE(set.add_bf16("h9.mlp.fc", 3), "");
+  EXPECT_NE(set.add_bf16("h0.mlp.fc", -1), "");
+  EXPECT_FALSE(set.bf16("h0.mlp.fc", 2));
+  EXPECT_TRUE(set.bf16("h0.mlp.fc", 3));
+  EXPECT_FALSE(set.bf16("h0.attn.qkv", 3));
+  EXPECT_EQ(set.bf16_layers(3), std::vector<std::string>{"h0.mlp.fc"});
+  EXPECT_TRUE(set.remove_bf16("h0.mlp.fc"));
+  EXPECT_FALSE(set.bf16("h0.mlp.fc", 3));
+  EXPECT_EQ(set.add_bf16("*", 0), "");
+  EXPECT_TRUE(set.bf16("h0.attn.qkv", 0));
+
+  EXPECT_EQ(set.set_delayed("*", {.history_length = 4, .margin = 1}, 2), "");
+  EXPECT_EQ(set.set_delayed("h0.mlp.fc", {.history_length = 8, .margin = 0}, 5), "");
+  EXPECT_NE(set.set_delayed("h0.mlp.fc", {.history_length = 0, .margin = 0}, 5), "");
+  EXPECT_NE(set.set_delayed("h0.mlp.fc", {.history_length = 4, .margin = 65}, 5), "");
+  EXPECT_FALSE(set.delayed("h0.mlp.fc", 1).has_value());
+  EXPECT_EQ(set.delayed("h0.mlp.fc", 2)->history_length, 4);  // "*" until its own entry is due
+  EXPECT_EQ(set.delayed("h0.mlp.fc", 5)->history_length, 8);
+  EXPECT_EQ(set.delayed("h0.attn.qkv", 5)->margin, 1);
+  EXPECT_EQ(set.delayed_entries().size(), 2u);
+}
+
+// ---- Training --------------------------------------------------------------------------------
+
+const Corpus& corpus() {
+  static const Corpus c = Corpus::synthetic();
+  return c;
+}
+
+TrainerConfig tiny(PrecisionMode mode, std::int64_t steps) {
+  TrainerConfig c;
+  c.model = {.vocab_size = 0, .context = 32, .n_embd = 32, .n_head = 2, .n_layer = 2};
+  c.precision = mode;
+  c.batch = 8;
+  c.steps = steps;
+  c.seed = 1;
+  c.lr = 5e-3f;
+  c.min_lr = 5e-4f;
+  c.warmup_steps = 10;
+  return c;
+}
+
+std::unique_ptr<Trainer> make(const TrainerConfig& c) {
+  return std::make_unique<Trainer>(c, corpus(), make_cpu_backend({.blas_threads = 1}));
+}
+
+void expect_same_state(Trainer& a, Trainer& b) {
+  for (auto buf : {&Gpt::param_buffer, &Gpt::m_buffer, &Gpt::v_buffer}) {
+    const Tensor x = (a.model().*buf)(), y = (b.model().*buf)();
+    ASSERT_EQ(x.bytes(), y.bytes());
+    EXPECT_EQ(std::memcmp(x.data, y.data, x.bytes()), 0);
+  }
+}
+
+// Every on_quantized call of the chosen steps.
+class QuantRecorder : public TensorObserver {
+ public:
+  struct Seen {
+    std::string name, layer;
+    GemmOperand operand;
+    TensorRole role;
+    GemmUse use;
+    Recipe recipe;
+    RecipeCounts counts;
+    std::vector<float> history;
+    std::int64_t step;
+    int micro_step;
+  };
+  std::vector<std::int64_t> steps;  // empty: every step
+  std::vector<Seen> seen;
+  bool observe_step(std::int64_t step) override {
+    return steps.empty() || std::find(steps.begin(), steps.end(), step) != steps.end();
+  }
+  void on_tensor(const TensorView&) override {}
+  void on_quantized(const QuantizedGemmInput& q) override {
+    seen.push_back({std::string(q.name), std::string(q.layer), q.operand, q.role, q.use, q.recipe,
+                    q.counts, std::vector<float>(q.amax_history.begin(), q.amax_history.end()),
+                    q.step, q.micro_step});
+  }
+};
+
+TEST(Fp8TrainingTest, EveryModeTrainsWithItsLossFallingAndFinite) {
+  for (auto mode : kScaledModes) {
+    auto t = make(tiny(mode, 60));
+    std::vector<StepEvent> ev;
+    while (t->next_step() < 60) ev.push_back(t->step());
+    const double val = t->evaluate(4);
+    for (const auto& e : ev) {
+      ASSERT_TRUE(std::isfinite(e.loss)) << precision_name(mode) << " step " << e.step;
+      EXPECT_FALSE(e.skipped) << precision_name(mode) << " step " << e.step;
+    }
+    // The synthetic corpus starts near ln(47) = 3.85.
+    EXPECT_GT(ev.front().loss, 3.5) << precision_name(mode);
+    EXPECT_LT(ev.back().loss, ev.front().loss - 1.0) << precision_name(mode);
+    EXPECT_TRUE(std::isfinite(val)) << precision_name(mode);
+    EXPECT_LT(val, ev.front().loss - 1.0) << precision_name(mode);
+  }
+}
+
+TEST(Fp8TrainingTest, EveryLayerInBf16IsAmpBf16BitForBit) {
+  const auto reference = make(tiny(PrecisionMode::kAmpBF16, 4));
+  std::vector<StepEvent> want;
+  for (int i = 0; i < 4; ++i) want.push_back(reference->step());
+  for (auto mode : kScaledModes) {
+    auto t = make(tiny(mode, 4));
+    ASSERT_EQ(t->gemm_precision().add_bf16("*", 0), "");
+    QuantRecorder rec;
+    t->set_observer(&rec);
+    for (int i = 0; i < 4; ++i) {
+      const StepEvent e = t->step();
+      EXPECT_EQ(e.loss, want[std::size_t(i)].loss) << precision_name(mode) << " step " << i;
+      EXPECT_EQ(e.bf16_gemms, std::vector<std::string>{"*"});
+    }
+    EXPECT_TRUE(rec.seen.empty()) << precision_name(mode);
+    expect_same_state(*t, *reference);
+  }
+}
+
+TEST(Fp8TrainingTest, ALayerInBf16IsNotQuantisedFromItsStepUntilItIsRemoved) {
+  auto t = make(tiny(PrecisionMode::kMXFP8, 6));
+  ASSERT_EQ(t->gemm_precision().add_bf16("h1.mlp.fc", 2), "");
+  EXPECT_NE(t->gemm_precision().add_bf16("lm_head", 2), "");  // the head is never quantised
+  QuantRecorder rec;
+  t->set_observer(&rec);
+  std::vector<StepEvent> ev;
+  for (int i = 0; i < 6; ++i) {
+    if (i == 4) {
+      EXPECT_TRUE(t->gemm_precision().remove_bf16("h1.mlp.fc"));
+    }
+    ev.push_back(t->step());
+  }
+  std::map<std::int64_t, int> fc_seen, other_seen;
+  for (const auto& s : rec.seen) ++(s.layer == "h1.mlp.fc" ? fc_seen : other_seen)[s.step];
+  // Block recipes: input and weight forward, output_grad and weight in dgrad, output_grad and
+  // input in wgrad.
+  EXPECT_EQ(fc_seen[0], 6);
+  EXPECT_EQ(fc_seen[1], 6);
+  EXPECT_EQ(fc_seen[2], 0);
+  EXPECT_EQ(fc_seen[3], 0);
+  EXPECT_EQ(fc_seen[4], 6);
+  for (std::int64_t s = 0; s < 6; ++s) EXPECT_EQ(other_seen[s], 7 * 6) << "step " << s;
+  EXPECT_TRUE(ev[1].bf16_gemms.empty());
+  EXPECT_EQ(ev[2].bf16_gemms, std::vector<std::string>{"h1.mlp.fc"});
+  EXPECT_TRUE(ev[4].bf16_gemms.empty());
+}
+
+TEST(Fp8TrainingTest, TheHookReportsEachQuantisationWithItsRecipeAndCounts) {
+  for (auto mode : kScaledModes) {
+    auto t = make(tiny(mode, 2));
+    QuantRecorder rec;
+    rec.steps = {1};
+    t->set_observer(&rec);
+    t->step();
+    t->step();
+    const bool blocks = gemm_block_length(mode) > 0;
+    // 2 blocks x 4 linear layers, 3 reports each per micro-batch (per-tensor), 6 (blocks).
+    EXPECT_EQ(rec.seen.size(), std::size_t(8 * (blocks ? 6 : 3))) << precision_name(mode);
+    for (const auto& s : rec.seen) {
+      EXPECT_EQ(s.step, 1);
+      EXPECT_EQ(s.name, s.layer + "." + std::string(operand_name(s.operand)));
+      EXPECT_EQ(s.counts.recipe, s.recipe) << s.name;
+      const auto want = gemm_recipe(mode, s.operand, s.use);
+      ASSERT_TRUE(want.has_value()) << s.name;
+      EXPECT_EQ(s.recipe.element, want->element) << s.name;
+      EXPECT_EQ(s.recipe.block_rows, want->block_rows) << s.name;
+      EXPECT_EQ(s.recipe.block_cols, want->block_cols) << s.name;
+      EXPECT_GT(s.counts.values, 0u) << s.name;
+      EXPECT_GT(s.counts.amax, 0.0) << s.name;
+      EXPECT_EQ(s.role, s.operand == GemmOperand::kInput    ? TensorRole::kActivation
+                        : s.operand == GemmOperand::kWeight ? TensorRole::kWeight
+                                                            : TensorRole::kActivationGrad);
+      EXPECT_EQ(s.history.empty(), mode != PrecisionMode::kFP8Delayed) << s.name;
+    }
+  }
+}
+
+// Under fp8-delayed every quantisation of step s uses 448 (E4M3) or 57344 (E5M2) over the max
+// of the amaxes of steps s-3 .. s-1 (history length 3), each the max over the micro-batches of
+// its step, as the hook reported them.
+TEST(Fp8TrainingTest, DelayedScalingUsesTheAmaxesOfThePreviousSteps) {
+  TrainerConfig c = tiny(PrecisionMode::kFP8Delayed, 7);
+  c.accum = 2;
+  c.batch = 4;
+  c.fp8_delayed = {.history_length = 3, .margin = 1};
+  auto t = make(c);
+  QuantRecorder rec;
+  t->set_observer(&rec);
+  for (int i = 0; i < 7; ++i) t->step();
+  for (const std::string name : {"h0.attn.qkv.input", "h1.mlp.proj.weight", "h0.mlp.fc.output_grad"}) {
+    std::map<std::int64_t, double> step_amax;
+    std::map<std::int64_t, std::vector<const QuantRecorder::Seen*>> at;
+    for (const auto& s : rec.seen) {
+      if (s.name != name) continue;
+      step_amax[s.step] = std::max(step_amax[s.step], s.counts.amax);
+      at[s.step].push_back(&s);
+    }
+    ASSERT_EQ(at.size(), 7u) << name;
+    const float max_elem = name.ends_with("output_grad") ? 57344.0f : 448.0f;
+    for (std::int64_t step = 0; step < 7; ++step) {
+      ASSERT_EQ(at[step].size(), 2u) << name << " step " << step;  // two micro-batches
+      std::vector<float> window;
+      for (std::int64_t k = std::max<std::int64_t>(0, step - 3); k < step; ++k) {
+        window.push_back(static_cast<float>(step_amax[k]));
+      }
+      float want = 1.0f;
+      if (!window.empty()) {
+        want = max_elem / *std::max_element(window.begin(), window.end()) / 2.0f;  // margin 1
+      }
+      for (const auto* s : at[step]) {
+        EXPECT_EQ(s->history, window) << name << " step " << step;
+        EXPECT_EQ(s->recipe.scale, want) << name << " step " << step;
+        EXPECT_EQ(s->counts.tensor_scale, want) << name << " step " << step;
+      }
+    }
+  }
+  // The trainer's histories end with the last step's amax.
+  const DelayedScaling* ds = t->delayed_scaling();
+  ASSERT_NE(ds, nullptr);
+  const int i = ds->index("h0.attn.qkv", GemmOperand::kInput);
+  EXPECT_EQ(ds->history(std::size_t(i)).history().size(), 3u);
+}
+
+TEST(Fp8TrainingTest, DelayedSettingsChangeAtTheirStep) {
+  auto t = make(tiny(PrecisionMode::kFP8Delayed, 5));
+  ASSERT_EQ(t->gemm_precision().set_delayed("h0.mlp.fc", {.history_length = 2, .margin = 3}, 3),
+            "");
+  QuantRecorder rec;
+  t->set_observer(&rec);
+  for (int i = 0; i < 5; ++i) t->step();
+  for (const auto& s : rec.seen) {
+    if (s.layer == "h0.mlp.fc") {
+      EXPECT_EQ(s.recipe.margin, s.step >= 3 ? 3 : 0) << s.name << " step " << s.step;
+      EXPECT_EQ(s.history.size(), std::size_t(s.step >= 3 ? 2 : s.step)) << s.name;
+    } else {
+      EXPECT_EQ(s.recipe.margin, 0) << s.name;
+      EXPECT_EQ(s.history.size(), std::size_t(s.step)) << s.name;
+    }
+  }
+}
+
+TEST(Fp8TrainingTest, ResumeReproducesTheUninterruptedRunBitForBit) {
+  for (auto mode : {PrecisionMode::kFP8Delayed, PrecisionMode::kNVFP4}) {
+    TrainerConfig c = tiny(mode, 9);
+    c.accum = 2;
+    c.batch = 4;
+    c.fp8_delayed.history_length = 4;
+    const ampscope::testing::TempDir dir;
+    const std::string path = (dir / "fp8.ckpt").string();
+    // The per-layer choices are part of the checkpoint.
+    auto setup = [&](Trainer& t) {
+      ASSERT_EQ(t.gemm_precision().add_bf16("h1.mlp.fc", 3), "");
+      ASSERT_EQ(t.gemm_precision().set_delayed("*", {.history_length = 2, .margin = 1}, 4), "");
+    };
+    auto straight = make(c);
+    setup(*straight);
+    for (int i = 0; i < 5; ++i) straight->step();
+    auto first = make(c);
+    setup(*first);
+    for (int i = 0; i < 5; ++i) first->step();
+    first->save_checkpoint(path);
+    first.reset();
+    auto resumed = make(c);
+    resumed->load_checkpoint(path);
+    EXPECT_EQ(resumed->gemm_precision().bf16_entries(), straight->gemm_precision().bf16_entries());
+    EXPECT_EQ(resumed->gemm_precision().delayed_entries().size(), 1u);
+    for (int i = 5; i < 9; ++i) {
+      const StepEvent a = straight->step(), b = resumed->step();
+      EXPECT_EQ(a.loss, b.loss) << precision_name(mode) << " step " << i;
+      EXPECT_EQ(a.grad_norm, b.grad_norm) << precision_name(mode) << " step " << i;
+      EXPECT_EQ(a.bf16_gemms, b.bf16_gemms);
+    }
+    expect_same_state(*straight, *resumed);
+    if (mode == PrecisionMode::kFP8Delayed) {
+      const DelayedScaling &x = *straight->delayed_scaling(), &y = *resumed->delayed_scaling();
+      for (std::size_t i = 0; i < x.inputs().size(); ++i) {
+        EXPECT_EQ(x.scale(i), y.scale(i)) << x.inputs()[i].name;
+        EXPECT_TRUE(std::ranges::equal(x.history(i).history(), y.history(i).history()))
+            << x.inputs()[i].name;
+        EXPECT_EQ(x.settings(i), y.settings(i)) << x.inputs()[i].name;
+      }
+    }
+  }
+}
+
+// A checkpoint written before the FP8/FP4 modes has no gemm_bf16 / gemm_delayed fields.
+TEST(Fp8TrainingTest, ACheckpointWithoutTheGemmFieldsStillLoads) {
+  const TrainerConfig c = tiny(PrecisionMode::kAmpBF16, 3);
+  const ampscope::testing::TempDir dir;
+  const std::string path = (dir / "old.ckpt").string();
+  auto t = make(c);
+  t->step();
+  t->save_checkpoint(path);
+  std::string bytes;
+  {
+    std::ifstream f(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  std::uint64_t header_len = 0;
+  std::memcpy(&header_len, bytes.data() + 12, 8);
+  nlohmann::json h = nlohmann::json::parse(bytes.substr(20, header_len));
+  ASSERT_TRUE(h.contains("gemm_bf16"));
+  h.erase("gemm_bf16");
+  h.erase("gemm_delayed");
+  const std::string header = h.dump();
+  const std::uint64_t len = header.size();
+  std::string old = bytes.substr(0, 12);
+  old.append(reinterpret_cast<const char*>(&len), 8);
+  old += header;
+  old += bytes.substr(20 + header_len, bytes.size() - 4 - 20 - header_len);
+  const auto crc = static_cast<std::uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(old.data()), static_cast<uInt>(old.size())));
+  old.append(reinterpret_cast<const char*>(&crc), 4);
+  {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f.write(old.data(), static_cast<std::streamsize>(old.size()));
+  }
+  auto resumed = make(c);
+  resumed->load_checkpoint(path);
+  EXPECT_EQ(resumed->next_step(), 1);
+  EXPECT_TRUE(resumed->gemm_precision().bf16_entries().empty());
+  EXPECT_EQ(resumed->step().loss, t->step().loss);
+}
+
+TEST(Fp8TrainingTest, ABackEndWithoutRecipesIsRefusedAtStart) {
+  for (auto mode : kScaledModes) {
+    try {
+      Trainer t(tiny(mode, 1), corpus(),
+                std::make_unique<testing::CountingBackend>(make_cpu_backend({.blas_threads = 1})));
+      ADD_FAILURE() << precision_name(mode) << ": expected an error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(precision_name(mode)), std::string::npos) << e.what();
+    }
+  }
+  // The other modes do not need them.
+  EXPECT_NO_THROW(Trainer(tiny(PrecisionMode::kAmpBF16, 1), corpus(),
+                          std::make_unique<testing::CountingBackend>(
+                              make_cpu_backend({.blas_threads = 1}))));
+}
+
+TEST(Fp8TrainingTest, BadDelayedSettingsAreRejected) {
+  TrainerConfig c = tiny(PrecisionMode::kFP8Delayed, 1);
+  c.fp8_delayed.history_length = 0;
+  EXPECT_NE(validate(c), "");
+  c.fp8_delayed = {.history_length = 16, .margin = -1};
+  EXPECT_NE(validate(c), "");
+}
+
+}  // namespace
+}  // namespace ampscope::trainer
