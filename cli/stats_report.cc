@@ -147,6 +147,124 @@ void print_targets(std::ostream& out, const TensorStats& s) {
   }
 }
 
+const char* scaling_name(Scaling s) {
+  switch (s) {
+    case Scaling::kCurrent:
+      return "current";
+    case Scaling::kDelayed:
+      return "delayed";
+    case Scaling::kTile:
+      return "tile";
+    case Scaling::kMX:
+      return "mx";
+    case Scaling::kNVFP4:
+      return "nvfp4";
+  }
+  return "?";
+}
+
+bool has_blocks(const Recipe& r) {
+  return r.scaling == Scaling::kTile || r.scaling == Scaling::kMX || r.scaling == Scaling::kNVFP4;
+}
+
+std::string sqnr_string(const RecipeCounts& c) {
+  const double db = c.sqnr_db();
+  if (std::isnan(db)) return "-";
+  if (std::isinf(db)) return "exact";
+  return printf_string("%.2f", db);
+}
+
+// "block scales 2^-12 .. 2^3 over 4096 blocks (12 zero, 3 saturated, 0 NaN)" and the binades as
+// "e:count" pairs, wrapped to the report's width.
+void print_block_scales(std::ostream& out, const RecipeCounts& c) {
+  const BinadeHistogram& h = c.scale_histogram;
+  std::string line = "    " + count_string(c.blocks) + " blocks (" + count_string(c.zero_blocks) +
+                     " zero, " + count_string(c.saturated_blocks) + " with a saturated value, " +
+                     count_string(c.nan_blocks) + " NaN)";
+  if (h.empty()) {
+    out << line << "\n";
+    return;
+  }
+  line += printf_string("; scales 2^%d .. 2^%d:", h.min_exponent, h.max_exponent());
+  for (int e = h.min_exponent; e <= h.max_exponent(); ++e) {
+    const std::uint64_t n = h.count_at(e);
+    if (n == 0) continue;
+    const std::string item = printf_string(" %d:", e) + count_string(n);
+    if (line.size() + item.size() > 98) {
+      out << line << "\n";
+      line = "     ";
+    }
+    line += item;
+  }
+  out << line << "\n";
+}
+
+void print_recipes(std::ostream& out, const std::vector<RecipeCounts>& recipes) {
+  if (recipes.empty()) return;
+  out << "\nrecipes: x scaled, rounded to nearest even into the element (saturating) and decoded; "
+         "shares of\nthe finite values; SQNR = 10 log10(sum x^2 / sum (x - decoded)^2)\n";
+  out << printf_string("  %-20s %10s %7s %10s %7s %10s %7s %9s %8s\n", "recipe", "underflow",
+                       "share", "subnormal", "share", "saturated", "share", "overflow", "SQNR dB");
+  for (const RecipeCounts& c : recipes) {
+    const std::uint64_t n = c.values;
+    std::string name = to_string(c.recipe);
+    if (name.size() > 20) {
+      out << "  " << name << "\n";
+      name.clear();
+    }
+    out << printf_string("  %-20s %10s %7s %10s %7s %10s %7s %9s %8s\n", name.c_str(),
+                         count_string(c.underflow).c_str(), share_string(c.underflow, n).c_str(),
+                         count_string(c.subnormal).c_str(), share_string(c.subnormal, n).c_str(),
+                         count_string(c.saturated).c_str(), share_string(c.saturated, n).c_str(),
+                         count_string(c.overflow).c_str(), sqnr_string(c).c_str());
+    if (c.recipe.scaling == Scaling::kCurrent || c.recipe.scaling == Scaling::kDelayed) {
+      out << "    scale " << value_string(c.tensor_scale) << " (" << log2_string(c.tensor_scale)
+          << "), amax " << value_string(c.amax) << "\n";
+      continue;
+    }
+    if (c.recipe.scaling == Scaling::kNVFP4) {
+      out << "    tensor decode scale " << value_string(c.tensor_scale) << " ("
+          << log2_string(c.tensor_scale) << "), amax " << value_string(c.amax) << "\n";
+    }
+    print_block_scales(out, c);
+  }
+}
+
+nlohmann::ordered_json recipe_json(const RecipeCounts& c) {
+  nlohmann::ordered_json j;
+  const Recipe& r = c.recipe;
+  j["recipe"] = to_string(r);
+  j["scaling"] = scaling_name(r.scaling);
+  j["element"] = std::string(format_name(r.element));
+  if (has_blocks(r)) {
+    j["block_rows"] = r.block_rows;
+    j["block_cols"] = r.block_cols;
+  }
+  if (r.scaling == Scaling::kMX) {
+    j["scale_rounding"] = r.rounding == ScaleRounding::kCeil ? "ceil" : "floor";
+  }
+  if (r.scaling == Scaling::kCurrent) j["margin"] = r.margin;
+  j["values"] = c.values;
+  j["nonfinite"] = c.nonfinite;
+  j["underflow"] = c.underflow;
+  j["subnormal"] = c.subnormal;
+  j["saturated"] = c.saturated;
+  j["overflow"] = c.overflow;
+  j["amax"] = c.amax;
+  j["signal_sq"] = c.signal_sq;
+  j["error_sq"] = c.error_sq;
+  const double db = c.sqnr_db();
+  j["sqnr_db"] = std::isfinite(db) ? nlohmann::ordered_json(db) : nlohmann::ordered_json(nullptr);
+  j["tensor_scale"] = c.tensor_scale;
+  j["blocks"] = c.blocks;
+  j["zero_blocks"] = c.zero_blocks;
+  j["saturated_blocks"] = c.saturated_blocks;
+  j["nan_blocks"] = c.nan_blocks;
+  j["scale_histogram"] = {{"min_exponent", c.scale_histogram.min_exponent},
+                          {"counts", c.scale_histogram.counts}};
+  return j;
+}
+
 }  // namespace
 
 char binade_mark(int e, Format f) {
@@ -163,15 +281,18 @@ char binade_mark(int e, Format f) {
   return 'N';
 }
 
-void print_stats_text(std::ostream& out, const TensorInfo& info, const TensorStats& stats) {
+void print_stats_text(std::ostream& out, const TensorInfo& info, const TensorStats& stats,
+                      const std::vector<RecipeCounts>& recipes) {
   print_header(out, info);
   print_counts(out, stats);
   print_magnitudes(out, stats);
   print_histogram(out, stats);
   print_targets(out, stats);
+  print_recipes(out, recipes);
 }
 
-void print_stats_json(std::ostream& out, const TensorInfo& info, const TensorStats& s) {
+void print_stats_json(std::ostream& out, const TensorInfo& info, const TensorStats& s,
+                      const std::vector<RecipeCounts>& recipes) {
   // ordered_json keeps the fields in TensorStats order. nlohmann writes doubles in the shortest
   // form that parses back to the same value (at most max_digits10 = 17 significant digits).
   nlohmann::ordered_json j;
@@ -195,6 +316,8 @@ void print_stats_json(std::ostream& out, const TensorInfo& info, const TensorSta
                             {"underflow", t.underflow},
                             {"subnormal", t.subnormal}});
   }
+  j["recipes"] = nlohmann::ordered_json::array();
+  for (const RecipeCounts& c : recipes) j["recipes"].push_back(recipe_json(c));
   out << j.dump() << "\n";
 }
 

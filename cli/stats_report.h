@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ampscope/formats.h"
+#include "ampscope/recipe.h"
 #include "ampscope/tensor_stats.h"
 
 namespace ampscope::cli {
@@ -22,12 +23,17 @@ struct TensorInfo {
 };
 
 // The readable report: counts with shares, extrema, mean and RMS, the dynamic range, the binade
-// histogram against the FP16/BF16/E4M3/E5M2 ranges, and a table of the targets.
-void print_stats_text(std::ostream& out, const TensorInfo& info, const TensorStats& stats);
+// histogram against the FP16/BF16/E4M3/E5M2 ranges, a table of the targets, and a table of the
+// recipes (counts, SQNR, the tensor scale or the block scales' binades).
+void print_stats_text(std::ostream& out, const TensorInfo& info, const TensorStats& stats,
+                      const std::vector<RecipeCounts>& recipes = {});
 
-// One line of JSON: the TensorStats fields under their own names, plus "dtype" and "shape".
+// One line of JSON: the TensorStats fields under their own names, plus "dtype" and "shape", and
+// "recipes": per recipe its canonical text, its parameters and every RecipeCounts field, plus
+// "sqnr_db" (null when it is not a finite number: see signal_sq and error_sq).
 // Doubles are written so that they parse back to the same value.
-void print_stats_json(std::ostream& out, const TensorInfo& info, const TensorStats& stats);
+void print_stats_json(std::ostream& out, const TensorInfo& info, const TensorStats& stats,
+                      const std::vector<RecipeCounts>& recipes = {});
 
 // How the bulk of binade e (values in [2^e, 2^(e+1)), at scale 1) fares in format f:
 // 'N' normal, 's' subnormal, '0' rounds to zero, 'X' overflows. Exposed for tests.

@@ -72,13 +72,15 @@ TEST(ParseDtypeOptionTest, AcceptsStorageFormats) {
   EXPECT_EQ(parse_dtype_option("bf16"), Format::kBF16);
   EXPECT_EQ(parse_dtype_option("bfloat16"), Format::kBF16);
   EXPECT_EQ(parse_dtype_option("fp32"), Format::kFP32);
-  EXPECT_THROW(parse_dtype_option("e4m3"), UsageError);
+  EXPECT_EQ(parse_dtype_option("e4m3"), Format::kE4M3);  // FP8 storage: one byte per element
+  EXPECT_EQ(parse_dtype_option("float8_e5m2"), Format::kE5M2);
+  EXPECT_THROW(parse_dtype_option("e2m1"), UsageError);
   EXPECT_THROW(parse_dtype_option("f8"), UsageError);
 }
 
 TEST(ParseTargetsTest, ParsesEachAndNamesTheBadOne) {
   EXPECT_EQ(
-      parse_targets({"fp16@16", "e4m3@-3", "bf16"}),
+      parse_targets({"fp16@16", "e4m3@-3", "bf16"}).formats,
       (std::vector<TargetSpec>{{Format::kFP16, 16}, {Format::kE4M3, -3}, {Format::kBF16, 0}}));
   try {
     parse_targets({"fp16@16", "fp16@x"});
@@ -86,6 +88,50 @@ TEST(ParseTargetsTest, ParsesEachAndNamesTheBadOne) {
   } catch (const UsageError& e) {
     EXPECT_EQ(std::string(e.what()),
               "--target 'fp16@x': scale 'x' is not an integer power-of-two exponent");
+  }
+}
+
+// Recipes and FORMAT@K targets mixed on one command line land in their own lists, in order;
+// a bad recipe is named with the parser's reason.
+TEST(ParseTargetsTest, RoutesRecipesApart) {
+  const StatsTargets t = parse_targets({"mxfp8_e4m3", "fp16@16", "nvfp4", "e4m3:current"});
+  EXPECT_EQ(t.formats, (std::vector<TargetSpec>{{Format::kFP16, 16}}));
+  ASSERT_EQ(t.recipes.size(), 3u);
+  EXPECT_EQ(to_string(t.recipes[0]), "mxfp8_e4m3");
+  EXPECT_EQ(to_string(t.recipes[1]), "nvfp4");
+  EXPECT_EQ(to_string(t.recipes[2]), "e4m3:current");
+  try {
+    parse_targets({"mxfp8_e4m3:block=0x32"});
+    FAIL() << "expected UsageError";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--target 'mxfp8_e4m3:block=0x32': block must be ROWSxCOLS with each from 1 to "
+              "65536 (found '0x32')");
+  }
+}
+
+// Rows are the last dimension; a scalar is one row of one; Fortran order is refused for block
+// recipes on 2-D and larger arrays only.
+TEST(RecipeRowLengthTest, LastDimensionAndFortranOrder) {
+  npy::Header h = header_with("<f4");
+  const std::vector<Recipe> mx = {*parse_recipe("mxfp4")};
+  const std::vector<Recipe> current = {*parse_recipe("e4m3:current")};
+  h.shape = {3, 5, 64};
+  EXPECT_EQ(recipe_row_length(h, mx, "x.npy"), 64u);
+  h.shape = {};
+  EXPECT_EQ(recipe_row_length(h, mx, "x.npy"), 1u);
+  h.shape = {7};
+  h.fortran_order = true;
+  EXPECT_EQ(recipe_row_length(h, mx, "x.npy"), 7u);
+  h.shape = {4, 64};
+  EXPECT_EQ(recipe_row_length(h, current, "x.npy"), 64u);
+  try {
+    recipe_row_length(h, mx, "x.npy");
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("x.npy: Fortran-order array of shape (4, 64)"),
+              std::string::npos)
+        << e.what();
   }
 }
 

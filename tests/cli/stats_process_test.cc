@@ -12,6 +12,7 @@
 #include <random>
 
 #include "ampscope/convert.h"
+#include "ampscope/recipe.h"
 #include "ampscope/tensor_stats.h"
 #include "ampscope/testing/child_process.h"
 #include "ampscope/testing/files.h"
@@ -64,7 +65,6 @@ class StatsProcessTest : public testing::TempDirTest {
     EXPECT_EQ(lines[0].rfind("ampscope: ", 0), 0u) << lines[0];
     EXPECT_NE(lines[0].find(expected), std::string::npos) << lines[0];
   }
-
 };
 
 // Values spread over every binade FP32 has, with zeros, NaN, both infinities and subnormals,
@@ -251,6 +251,136 @@ TEST_F(StatsProcessTest, ReadableReportShowsCountsHistogramAndTargets) {
   }
 }
 
+// Recipes beside FORMAT@K targets: the JSON carries every RecipeCounts field, equal to what
+// recipe_counts gives in process for the same values and row length (the last dimension).
+TEST_F(StatsProcessTest, JsonRecipesMatchRecipeCounts) {
+  std::vector<float> v = gradient_like(6 * 100, 9);
+  v[7] = 480.0f;  // saturates its MXFP8 E4M3 block (floor scale 2^0)
+  v[150] = std::numeric_limits<float>::quiet_NaN();
+  const std::string path = write("rc.npy", make_npy(v, "<f4", "(2, 3, 100)"));
+  const std::vector<std::string> recipes = {
+      "mxfp8_e4m3",      "nvfp4",           "e4m3:current:margin=1",
+      "e5m2:scale=1024", "e4m3:tile=1x128", "mxfp4:ceil"};
+  std::vector<std::string> args = {path, "--target", "fp16@16"};
+  for (const std::string& r : recipes) {
+    args.push_back("--target");
+    args.push_back(r);
+  }
+  const json j = run_json(args);
+  ASSERT_EQ(j.at("targets").size(), 1u);
+  ASSERT_EQ(j.at("recipes").size(), recipes.size());
+  for (std::size_t i = 0; i < recipes.size(); ++i) {
+    SCOPED_TRACE(recipes[i]);
+    const json& got = j.at("recipes")[i];
+    const RecipeCounts c =
+        recipe_counts(v.data(), v.size(), Format::kFP32, 100, *parse_recipe(recipes[i]));
+    EXPECT_EQ(got.at("recipe"), recipes[i]);
+    EXPECT_EQ(got.at("element"), std::string(format_name(c.recipe.element)));
+    for (const auto& [key, value] : std::vector<std::pair<const char*, std::uint64_t>>{
+             {"values", c.values},
+             {"nonfinite", c.nonfinite},
+             {"underflow", c.underflow},
+             {"subnormal", c.subnormal},
+             {"saturated", c.saturated},
+             {"overflow", c.overflow},
+             {"blocks", c.blocks},
+             {"zero_blocks", c.zero_blocks},
+             {"saturated_blocks", c.saturated_blocks},
+             {"nan_blocks", c.nan_blocks}}) {
+      EXPECT_EQ(got.at(key).get<std::uint64_t>(), value) << key;
+    }
+    EXPECT_EQ(got.at("amax").get<double>(), c.amax);
+    EXPECT_EQ(got.at("signal_sq").get<double>(), c.signal_sq);
+    EXPECT_EQ(got.at("error_sq").get<double>(), c.error_sq);
+    EXPECT_EQ(got.at("sqnr_db").get<double>(), c.sqnr_db());
+    EXPECT_EQ(got.at("tensor_scale").get<double>(), c.tensor_scale);
+    EXPECT_EQ(got.at("scale_histogram").at("min_exponent").get<int>(),
+              c.scale_histogram.min_exponent);
+    EXPECT_EQ(got.at("scale_histogram").at("counts").get<std::vector<std::uint64_t>>(),
+              c.scale_histogram.counts);
+  }
+  // At least the 480 (other blocks saturate too when their amax sits just below a power of two).
+  EXPECT_GE(j.at("recipes")[0].at("saturated").get<std::uint64_t>(), 1u);
+  EXPECT_EQ(j.at("recipes")[0].at("nan_blocks").get<std::uint64_t>(), 1u);
+  EXPECT_EQ(j.at("recipes")[0].at("scale_rounding"), "floor");
+  EXPECT_EQ(j.at("recipes")[2].at("margin"), 1);
+}
+
+// FP16 files go through the same recipe code, converted to FP32.
+TEST_F(StatsProcessTest, JsonRecipesOnFp16) {
+  const std::vector<float> v = gradient_like(4 * 64, 10);
+  std::vector<std::uint16_t> h(v.size());
+  std::vector<float> widened(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    h[i] = fp32_to_fp16(v[i]);
+    widened[i] = fp16_to_fp32(h[i]);
+  }
+  const json j = run_json({write("h.npy", make_npy(h, "<f2", "(4, 64)")), "--target", "mxfp4"});
+  const RecipeCounts c =
+      recipe_counts(widened.data(), v.size(), Format::kFP32, 64, *parse_recipe("mxfp4"));
+  EXPECT_EQ(j.at("recipes")[0].at("underflow").get<std::uint64_t>(), c.underflow);
+  EXPECT_EQ(j.at("recipes")[0].at("error_sq").get<double>(), c.error_sq);
+  EXPECT_EQ(j.at("recipes")[0].at("blocks").get<std::uint64_t>(), 8u);
+}
+
+// FP8 bits saved as uint8 and read with --dtype e4m3: the recipes see the decoded values.
+TEST_F(StatsProcessTest, JsonRecipesOnE4M3Bits) {
+  std::vector<std::uint8_t> bits(2 * 32);
+  std::vector<float> decoded(bits.size());
+  for (std::size_t i = 0; i < bits.size(); ++i) {
+    const auto b = static_cast<std::uint8_t>((i * 37) % 256);  // codes spread over all 256
+    bits[i] = (b & 0x7F) == 0x7F ? 0 : b;                      // S.1111.111 is NaN: none here
+    decoded[i] = e4m3_to_fp32(bits[i]);
+  }
+  const json j = run_json({write("e.npy", make_npy(bits, "|u1", "(2, 32)")), "--dtype", "e4m3",
+                           "--target", "mxfp4", "--target", "e5m2:current"});
+  for (std::size_t i = 0; i < 2; ++i) {
+    const json& got = j.at("recipes")[i];
+    const RecipeCounts c = recipe_counts(decoded.data(), decoded.size(), Format::kFP32, 32,
+                                         *parse_recipe(got.at("recipe").get<std::string>()));
+    EXPECT_EQ(got.at("values").get<std::uint64_t>(), 64u);
+    EXPECT_EQ(got.at("underflow").get<std::uint64_t>(), c.underflow);
+    EXPECT_EQ(got.at("saturated").get<std::uint64_t>(), c.saturated);
+    EXPECT_EQ(got.at("error_sq").get<double>(), c.error_sq);
+  }
+}
+
+TEST_F(StatsProcessTest, ReadableReportShowsRecipes) {
+  std::vector<float> v(2 * 64, 1.0f);
+  v[0] = 480.0f;  // block 0: X = 2^0, 480 saturates to 448
+  const std::string path = write("rr.npy", make_npy(v, "<f4", "(2, 64)"));
+  const CommandResult r =
+      run({"stats", path, "--target", "mxfp8_e4m3", "--target", "e4m3:current:margin=1"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* needle :
+       {"recipes: x scaled, rounded to nearest even", "SQNR dB\n",
+        "  mxfp8_e4m3                    0      0%          0      0%          1   0.78%         0",
+        "    4 blocks (0 zero, 1 with a saturated value, 0 NaN); scales 2^-8 .. 2^0: -8:3 0:1\n",
+        "  e4m3:current:margin=1\n", "    scale 0.4666667 (= 2^-1.10), amax 480\n"}) {
+    EXPECT_NE(r.out.find(needle), std::string::npos) << "missing '" << needle << "' in\n" << r.out;
+  }
+  for (const std::string& line : lines_of(r.out)) EXPECT_LE(line.size(), 100u) << line;
+}
+
+TEST_F(StatsProcessTest, BadRecipesFailWithOneLine) {
+  const std::string f4 = write("b.npy", make_npy(std::vector<float>{1, 2, 3, 4}, "<f4", "(2, 2)"));
+  expect_one_line_failure({"stats", f4, "--target", "mxfp8_e4m3:block=0x32"},
+                          "--target 'mxfp8_e4m3:block=0x32': block must be ROWSxCOLS with each "
+                          "from 1 to 65536 (found '0x32')",
+                          2);
+  expect_one_line_failure({"stats", f4, "--target", "mxfp7"}, "unknown recipe 'mxfp7'", 2);
+  expect_one_line_failure({"stats", f4, "--target", "e4m3:current:scale=2"},
+                          "give one of current, scale=S and tile=RxC, once", 2);
+  const std::string fortran =
+      write("f.npy", make_npy(std::vector<float>{1, 2, 3, 4}, "<f4", "(2, 2)", 1, true));
+  expect_one_line_failure({"stats", fortran, "--target", "nvfp4"},
+                          "Fortran-order array of shape (2, 2): block recipes read blocks along "
+                          "the last dimension",
+                          1);
+  // Per-tensor recipes do not care about the order.
+  EXPECT_EQ(run_json({fortran, "--target", "e4m3:current"}).at("recipes")[0].at("values"), 4);
+}
+
 TEST_F(StatsProcessTest, HelpListsTheStatsSubcommand) {
   const CommandResult r = run({"--help"});
   EXPECT_EQ(r.code, 0);
@@ -258,6 +388,10 @@ TEST_F(StatsProcessTest, HelpListsTheStatsSubcommand) {
   const CommandResult sub = run({"stats", "--help"});
   EXPECT_EQ(sub.code, 0);
   EXPECT_NE(sub.out.find("--target"), std::string::npos);
+  for (const char* recipe : {"mxfp8_e4m3", "mxfp6_e2m3", "mxfp4", "nvfp4", ":ceil", ":block=RxC",
+                             "ELEMENT:current[:margin=M]", "ELEMENT:scale=S", "ELEMENT:tile=RxC"}) {
+    EXPECT_NE(sub.out.find(recipe), std::string::npos) << recipe;
+  }
 }
 
 // ---- Bad inputs: one line on stderr, non-zero exit -------------------------------------------
