@@ -73,6 +73,13 @@ TEST_F(CliTest, BadInputGivesOneLineErrorAndNonZeroExit) {
       "--inject-overflow-tensor loss",                              // not an activation
       "--inject-overflow-tensor h1.attn.scores",                    // no block h1
       "extra_positional",
+      "--fp8-margin 1",                                   // not fp8-delayed
+      "--precision fp8-current --fp8-amax-history 4",     // not fp8-delayed
+      "--precision fp8-delayed --fp8-amax-history 0",
+      "--precision fp8-delayed --fp8-margin 65",
+      "--precision amp-bf16 --bf16-gemm h0.mlp.fc",       // no quantised GEMMs
+      "--precision mxfp8 --bf16-gemm h9.mlp.fc",          // no block h9
+      "--precision nvfp4 --bf16-gemm lm_head",            // never quantised
   };
   for (const auto& args : bad) {
     const Result r = run(tiny() + args);
@@ -91,8 +98,22 @@ TEST_F(CliTest, HelpListsTheFlags) {
        {"--precision", "--steps", "--seed", "--batch", "--accum", "--lr", "--data",
         "--checkpoint-dir", "--resume", "--log-json", "--context", "--width", "--heads", "--layers",
         "--inject-nan", "--grad-shrink", "--grad-shrink-end", "--inject-overflow-every",
-        "--inject-overflow-tensor"}) {
+        "--inject-overflow-tensor", "--bf16-gemm", "--fp8-amax-history", "--fp8-margin"}) {
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
+  }
+}
+
+TEST_F(CliTest, Fp8ModesTrainAndLogTheLayersInBf16) {
+  for (const char* mode : {"fp8-delayed", "fp8-current", "mxfp8", "nvfp4"}) {
+    const fs::path log = dir_ / (std::string(mode) + ".jsonl");
+    const Result r = run(tiny() + "--steps 4 --precision " + mode +
+                         " --bf16-gemm h0.mlp.fc@2 --log-json '" + log.string() + "'");
+    ASSERT_EQ(r.code, 0) << mode << ": " << r.err;
+    const auto lines = log_lines(log);
+    ASSERT_EQ(lines.size(), 4u) << mode;
+    EXPECT_FALSE(lines[1].contains("bf16_gemms")) << mode;
+    EXPECT_EQ(lines[2].at("bf16_gemms"), nlohmann::json::array({"h0.mlp.fc"})) << mode;
+    EXPECT_TRUE(lines[3].at("loss").is_number()) << mode;
   }
 }
 
