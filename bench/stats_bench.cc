@@ -6,7 +6,9 @@
 //   - the memory-read ceiling (memory_read.h) on the thread count compute_stats uses, and
 //   - ampscope::compute_stats with the configured targets, called the way a user calls it;
 // then compute_stats at every SIMD level from scalar up to the active one (the speedup of the
-// vector kernels, measured in one round-robin), and for FP32 once more without targets.
+// vector kernels, measured in one round-robin), for FP32 once more without targets, and
+// ampscope::recipe_counts with an MX recipe (mxfp8_e4m3 by default, rows of 4096: one thread,
+// what `ampscope stats --target mxfp8_e4m3` runs), keys stats_gbps_<dtype>_mx.
 // Throughput is bytes of input per second (GB = 1e9 bytes) from the median call time.
 // It writes one JSON fragment of flat keys, most prefixed `stats_`, that bench/merge_results.py
 // merges into results.json, and prints each row as it is measured.
@@ -32,6 +34,7 @@
 
 #include "ampscope/cpu_features.h"
 #include "ampscope/formats.h"
+#include "ampscope/recipe.h"
 #include "ampscope/tensor_stats.h"
 #include "gradient_data.h"
 #include "memory_read.h"
@@ -49,6 +52,8 @@ struct Flags {
   int simd_reps = 3;  // the scalar rows are slow and compute-bound: fewer calls suffice
   int threads = 0;
   std::vector<std::string> targets = {"fp16@0", "e4m3@0"};
+  std::string mx_recipe = "mxfp8_e4m3";
+  std::size_t mx_row_length = 4096;  // a hidden size: rows of 128 MX blocks
   std::string out;
 };
 
@@ -93,7 +98,7 @@ std::string utc_timestamp() {
 }
 
 struct Row {
-  std::string name;  // "memory_read" or "compute_stats"
+  std::string name;  // "memory_read", "compute_stats" or "recipe_counts"
   Format dtype;
   std::string simd;  // SIMD level of compute_stats; "" for memory_read
   bool targets;      // whether compute_stats had the target list
@@ -120,6 +125,7 @@ void print_row(const Row& r) {
   std::string label = r.name + " " + std::string(format_name(r.dtype));
   if (!r.simd.empty()) label += " simd=" + r.simd;
   if (r.name == "compute_stats" && !r.targets) label += " no-targets";
+  if (r.name == "recipe_counts") label += " 1 thread";
   std::printf("  %-42s %9.2f ms/call (min %9.2f)  %7.2f GB/s\n", label.c_str(),
               r.timing.median() * 1e3, r.timing.min() * 1e3, r.gbps());
   std::fflush(stdout);
@@ -149,9 +155,10 @@ json counts_json(const TensorStats& s) {
 
 class StatsBench {
  public:
-  StatsBench(const Flags& flags, std::vector<TargetSpec> targets)
+  StatsBench(const Flags& flags, std::vector<TargetSpec> targets, const Recipe& mx)
       : flags_(flags),
         targets_(std::move(targets)),
+        mx_(mx),
         threads_(flags.threads > 0 ? flags.threads : default_thread_count()),
         bytes_(static_cast<std::size_t>(flags.buffer_mib * 1024 * 1024) / kPage * kPage) {
     options_.max_threads = flags.threads;  // 0: the pool size, which threads_ matches
@@ -210,6 +217,24 @@ class StatsBench {
       const auto bt = time_interleaved(bare, flags_.warmup, flags_.reps);
       add_row({"compute_stats", dtype, level_name(active_simd_level()), false, bytes_, bt[0]});
     }
+
+    // The MX recipe's counts over the same buffer, whole rows (the tail that does not fill a
+    // row is left out).
+    const std::size_t rows = n / flags_.mx_row_length;
+    const std::size_t mx_n = rows * flags_.mx_row_length;
+    const RecipeCounts mx = recipe_counts(data, mx_n, dtype, flags_.mx_row_length, mx_);
+    checks_[std::string(format_name(dtype)) + "_mx"] = {
+        {"recipe", to_string(mx_)},  {"values", mx.values},       {"underflow", mx.underflow},
+        {"subnormal", mx.subnormal}, {"saturated", mx.saturated}, {"blocks", mx.blocks},
+        {"sqnr_db", mx.sqnr_db()}};
+    const std::function<void()> recipe[] = {[&] {
+      if (recipe_counts(data, mx_n, dtype, flags_.mx_row_length, mx_) != mx) {
+        throw std::runtime_error("recipe_counts gave different counts on the same data");
+      }
+    }};
+    const auto rt = time_interleaved(recipe, flags_.warmup, flags_.reps);
+    const std::size_t mx_bytes = mx_n * static_cast<std::size_t>(storage_bytes(dtype));
+    add_row({"recipe_counts", dtype, "", true, mx_bytes, rt[0]});
   }
 
   TensorStats stats(const void* data, std::size_t n, Format dtype, bool with_targets,
@@ -234,6 +259,11 @@ class StatsBench {
     if (group == "simd") {
       f["stats_gbps_" + d + "_" + row.simd] = row.gbps();
       f["stats_ms_per_call_" + d + "_" + row.simd] = row.timing.median() * 1e3;
+      return;
+    }
+    if (row.name == "recipe_counts") {
+      f["stats_gbps_" + d + "_mx"] = row.gbps();
+      f["stats_ms_per_call_" + d + "_mx"] = row.timing.median() * 1e3;
       return;
     }
     if (row.name == "memory_read") {
@@ -266,6 +296,9 @@ class StatsBench {
     f["stats_simd_level"] = active;
     f["stats_simd_max_supported"] = level_name(max_supported_simd_level());
     f["stats_targets"] = targets_text();
+    f["stats_mx_recipe"] = to_string(mx_);
+    f["stats_mx_row_length"] = flags_.mx_row_length;
+    f["stats_mx_threads"] = 1;
     f["stats_warmup_calls"] = flags_.warmup;
     f["stats_timed_calls"] = flags_.reps;
     f["stats_simd_timed_calls"] = flags_.simd_reps;
@@ -290,6 +323,7 @@ class StatsBench {
 
   Flags flags_;
   std::vector<TargetSpec> targets_;
+  Recipe mx_;
   int threads_;
   std::size_t bytes_;
   StatsOptions options_;
@@ -318,6 +352,10 @@ int main(int argc, char** argv) {
                  "Threads for both (0: the kernels' pool size, hardware concurrency capped at 16)")
       ->check(CLI::Range(0, 16));
   app.add_option("--targets", flags.targets, "What-if targets, e.g. fp16@0 e4m3@0")->delimiter(',');
+  app.add_option("--mx-recipe", flags.mx_recipe,
+                 "Recipe timed through recipe_counts for the stats_gbps_*_mx keys");
+  app.add_option("--mx-row-length", flags.mx_row_length, "Row length for that recipe")
+      ->check(CLI::Range(1, 1 << 24));
   app.add_option("--out", flags.out, "JSON fragment to write")->required();
   CLI11_PARSE(app, argc, argv);
 
@@ -337,8 +375,15 @@ int main(int argc, char** argv) {
     }
     targets.push_back(*t);
   }
+  std::string error;
+  const std::optional<Recipe> mx = parse_recipe(flags.mx_recipe, &error);
+  if (!mx) {
+    std::cerr << "ampscope_stats_bench: bad --mx-recipe '" << flags.mx_recipe << "': " << error
+              << "\n";
+    return 2;
+  }
   try {
-    const nlohmann::json fragment = bench::StatsBench(flags, std::move(targets)).run();
+    const nlohmann::json fragment = bench::StatsBench(flags, std::move(targets), *mx).run();
     std::ofstream out(flags.out);
     out << fragment.dump(2) << "\n";
     if (!out) {
