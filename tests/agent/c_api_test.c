@@ -636,10 +636,10 @@ static int fused(const char* spool_dir) {
   CHECK(11, ampscope_agent_observe_stats(agent, &view, &bad) == AMPSCOPE_INVALID_ARGUMENT,
         "statistics of another size are refused");
   CHECK(12, strstr(ampscope_agent_last_error(agent), "numel") != NULL, "the error says why");
-  CHECK(13, ampscope_compute_stats(grad, kN, AMPSCOPE_FORMAT_E4M3, &stats, reason,
+  CHECK(13, ampscope_compute_stats(grad, kN, AMPSCOPE_FORMAT_E2M1, &stats, reason,
                                    sizeof(reason)) == AMPSCOPE_INVALID_ARGUMENT &&
                 strstr(reason, "dtype") != NULL,
-        "fp8 storage is refused");
+        "fp4 storage is refused");
 
   view.name = "fc.weight.grad.measured";
   view.data = grad;
