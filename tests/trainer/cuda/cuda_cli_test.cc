@@ -39,6 +39,18 @@ TEST(CudaCliTest, DeviceCudaTrainsOrSaysWhyNotInOneLine) {
   }
 }
 
+// The FP8/FP4 recipes are emulated on the CPU only: refused before any device is touched.
+TEST(CudaCliTest, Fp8AndFp4ModesAreRefusedInOneLine) {
+  for (const char* mode : {"fp8-delayed", "fp8-current", "mxfp8", "nvfp4"}) {
+    const Result r = run({"--device", "cuda", "--precision", mode, "--steps", "1"});
+    EXPECT_EQ(r.code, 2) << mode;
+    EXPECT_EQ(r.err, std::string("ampscope-train: error: --precision ") + mode +
+                         " runs on --device cpu only: the CUDA back end does not implement the "
+                         "FP8/FP4 GEMM recipes\n");
+    EXPECT_EQ(r.out, "");
+  }
+}
+
 TEST(CudaCliTest, UnknownDeviceIsAUsageError) {
   const Result r = run({"--device", "tpu", "--steps", "1"});
   EXPECT_EQ(r.code, 2);
