@@ -136,22 +136,23 @@ std::size_t recipe_row_length(const npy::Header& h, const std::vector<Recipe>& r
 void add_stats_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("stats", "Statistics of a tensor saved with numpy.save");
   cmd->footer(
-      "Prints counts of zeros, NaN and Inf, extrema, mean and RMS, the binade histogram against "
-      "the FP16/BF16/FP8 ranges, and exact overflow/underflow/subnormal counts for each "
-      "--target.\n\n"
-      "A --target is FORMAT@K (x * 2^K rounded into FORMAT) or a scaled RECIPE (rows are the "
-      "array's last dimension; docs/numerics.md, 'Scaled recipes'):\n"
-      "  mxfp8_e4m3 mxfp8_e5m2 mxfp6_e3m2 mxfp6_e2m3 mxfp4   OCP MX: 1x32 blocks, E8M0 scale "
-      "2^(floor(log2 amax) - emax)\n"
-      "      options :block=RxC (32x1: down the columns), :ceil (scale rounded up)\n"
-      "  nvfp4                         E2M1 in 1x16 blocks, E4M3 block scales, FP32 tensor "
-      "scale; :block=RxC\n"
+      "Prints counts of zeros, NaN and Inf, extrema, mean and RMS, the binade histogram against\n"
+      "the FP16/BF16/FP8 ranges, and exact counts for each --target.\n\n"
+      "A --target is FORMAT@K (x * 2^K rounded into FORMAT) or a scaled RECIPE; recipes read\n"
+      "rows along the array's last dimension (docs/numerics.md, 'Scaled recipes'):\n"
+      "  mxfp8_e4m3 mxfp8_e5m2 mxfp6_e3m2 mxfp6_e2m3 mxfp4\n"
+      "                                OCP MX: 1x32 blocks, E8M0 scale 2^(floor(log2 amax) - "
+      "emax);\n"
+      "                                :block=RxC (32x1: down the columns), :ceil (scale rounded "
+      "up)\n"
+      "  nvfp4                         E2M1 in 1x16 blocks, E4M3 block scales, FP32 tensor scale;\n"
+      "                                :block=RxC\n"
       "  ELEMENT:current[:margin=M]    per-tensor scale max / amax / 2^M\n"
       "  ELEMENT:scale=S               per-tensor scale S (delayed scaling)\n"
       "  ELEMENT:tile=RxC              FP32 scale amax / max per RxC tile (1x128, 128x128)\n"
       "  ELEMENT: e4m3 e5m2 e3m2 e2m3 e2m1\n"
-      "For each: values that underflow, become subnormal, saturate or overflow, SQNR (dB) and "
-      "the block scales' binades.\n\n" +
+      "For each: values that underflow, become subnormal, saturate or overflow, the SQNR (dB)\n"
+      "and the block scales' binades.\n\n" +
       std::string(kExitStatusHelp));
   // The callback outlives this function; the options write into this shared state.
   auto args = std::make_shared<StatsArgs>();
@@ -166,11 +167,13 @@ void add_stats_command(CLI::App& app) {
                   "that format's bits: bfloat16 as uint16, float8 as uint8)")
       ->type_name("auto|fp32|fp16|bf16|e4m3|e5m2")
       ->default_str("auto");
-  cmd->add_option("--target", args->targets,
-                  "FORMAT@SCALE_LOG2, e.g. fp16@16 or e4m3@-3 (repeatable): exact counts of "
-                  "values that overflow, underflow or become subnormal when x * 2^SCALE_LOG2 is "
-                  "rounded into FORMAT (fp32, fp16, bf16, e4m3, e5m2); or a scaled RECIPE, "
-                  "e.g. mxfp8_e4m3, nvfp4, e4m3:current (listed below)")
+  cmd->add_option(
+         "--target", args->targets,
+         "FORMAT@SCALE_LOG2, e.g. fp16@16 or e4m3@-3 (repeatable): exact counts of "
+         "values that overflow, underflow or become subnormal when x * 2^SCALE_LOG2 is "
+         "rounded into FORMAT (fp32, fp16, bf16, e4m3, e5m2, e3m2, e2m3, e2m1); or a scaled "
+         "RECIPE, "
+         "e.g. mxfp8_e4m3, nvfp4, e4m3:current (listed below)")
       ->type_name("FORMAT@K|RECIPE");
   cmd->add_flag("--json", args->json,
                 "Print one JSON object (TensorStats fields plus dtype and shape, and the "
