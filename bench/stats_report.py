@@ -90,6 +90,10 @@ def print_table(stats, torch, derived):
     print()
     print(f"  fp32 without targets: {stats['stats_ms_per_call_fp32_no_targets']:.2f} ms/call, "
           f"{stats['stats_gbps_fp32_no_targets']:.2f} GB/s (the table above includes the targets)")
+    if "stats_mx_recipe" in stats:
+        print(f"  recipe_counts {stats['stats_mx_recipe']} (rows of {stats['stats_mx_row_length']}, "
+              f"{stats['stats_mx_threads']} thread): " + ", ".join(
+                  f"{d} {stats[f'stats_gbps_{d}_mx']:.2f} GB/s" for d in DTYPES))
     for d in DTYPES:
         if f"torch_error_{d}" in torch:
             print(f"  torch {d}: {torch[f'torch_error_{d}']}")
