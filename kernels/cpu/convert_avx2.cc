@@ -152,8 +152,7 @@ AMPSCOPE_INLINE_AVX2 __m256 decode_narrow(__m256i b) {
   const __m256i is_special = _mm256_cmpgt_epi32(a, splat(c.special_min - 1));
   v = _mm256_blendv_epi8(v, special_value, is_special);
   // The sign bit to bit 31; bits above the code (an FP6/FP4 byte's top) shift out.
-  const __m256i sign =
-      _mm256_and_si256(_mm256_slli_epi32(b, 32 - c.total_bits), splat(0x80000000));
+  const __m256i sign = _mm256_and_si256(_mm256_slli_epi32(b, 32 - c.total_bits), splat(0x80000000));
   return _mm256_castsi256_ps(_mm256_or_si256(v, sign));
 }
 

@@ -149,8 +149,7 @@ AMPSCOPE_INLINE_AVX512 __m512 decode_narrow(__m512i b) {
   const __mmask16 is_special = _mm512_cmpge_epi32_mask(a, splat(c.special_min));
   v = _mm512_mask_mov_epi32(v, is_special, special_value);
   // The sign bit to bit 31; bits above the code (an FP6/FP4 byte's top) shift out.
-  const __m512i sign =
-      _mm512_and_si512(_mm512_slli_epi32(b, 32 - c.total_bits), splat(0x80000000));
+  const __m512i sign = _mm512_and_si512(_mm512_slli_epi32(b, 32 - c.total_bits), splat(0x80000000));
   return _mm512_castsi512_ps(_mm512_or_si512(v, sign));
 }
 

@@ -1,7 +1,7 @@
 // Private pieces shared by the bulk conversion paths (convert_bulk.cc, convert_avx2.cc,
 // convert_avx512.cc): the per-format codes the lane-wise algorithms need (derived from
-// formats.h, never written by hand; FP8, FP6 and FP4 alike) and the entry points of each level. The target attributes
-// are the project's one set (cpu_features.h).
+// formats.h, never written by hand; FP8, FP6 and FP4 alike) and the entry points of each level. The
+// target attributes are the project's one set (cpu_features.h).
 #pragma once
 
 #include <xmmintrin.h>

@@ -51,8 +51,7 @@ __host__ __device__ inline std::uint16_t saturate_inf(std::uint16_t bits, std::u
 }
 
 template <Format F>
-inline constexpr bool kIsMxElement =
-    F == Format::kE2M1 || F == Format::kE3M2 || F == Format::kE2M3;
+inline constexpr bool kIsMxElement = F == Format::kE2M1 || F == Format::kE3M2 || F == Format::kE2M3;
 // Their widths (format_info is host-only constexpr); checked against formats.h below.
 template <Format F>
 inline constexpr int kMxElementBits = F == Format::kE2M1 ? 4 : 6;
@@ -78,7 +77,8 @@ __host__ __device__ inline std::uint8_t mx_element_from_fp32(float x) {
 
 template <Format F>
 __host__ __device__ inline float mx_element_to_fp32(std::uint8_t bits) {
-  constexpr std::uint8_t kMask = (1u << kMxElementBits<F>) - 1;
+  constexpr std::uint8_t kSignBit = 1u << (kMxElementBits<F> - 1);
+  constexpr std::uint8_t kMask = kSignBit | (kSignBit - 1);
   if constexpr (F == Format::kE2M1) {
     return __half2float(__half(__nv_cvt_fp4_to_halfraw(bits & kMask, __NV_E2M1)));
   } else {

@@ -62,9 +62,9 @@ std::uint32_t bits_of(float x) { return std::bit_cast<std::uint32_t>(x); }
 void expect_encodes_to(const Element& e, float x, std::uint32_t want_code) {
   const float want_value = decode(want_code, e.format);
   for (OverflowMode mode : kModes) {
-    SCOPED_TRACE(::testing::Message() << format_name(e.format) << " x=" << x << " ("
-                                      << std::hexfloat << x << std::defaultfloat << ") mode "
-                                      << static_cast<int>(mode));
+    SCOPED_TRACE(::testing::Message()
+                 << format_name(e.format) << " x=" << x << " (" << std::hexfloat << x
+                 << std::defaultfloat << ") mode " << static_cast<int>(mode));
     EXPECT_EQ(encode(x, e.format, mode), want_code);
     EXPECT_EQ(bits_of(round_to(x, e.format, mode)), bits_of(want_value));
     for (SimdLevel level : kLevels) {
@@ -163,9 +163,9 @@ TEST(MxElementTest, UnderflowsAtHalfTheSmallestSubnormalToASignedZero) {
     for (std::uint32_t s : {0u, e.sign_bit}) {
       const float sign = s != 0 ? -1.0f : 1.0f;
       expect_encodes_to(e, sign * 0.0f, s);
-      expect_encodes_to(e, sign * 0x1p-149f, s);                              // FP32 subnormal
+      expect_encodes_to(e, sign * 0x1p-149f, s);  // FP32 subnormal
       expect_encodes_to(e, sign * std::nextafter(min_sub / 2, 0.0f), s);
-      expect_encodes_to(e, sign * (min_sub / 2), s);                          // tie: even (0)
+      expect_encodes_to(e, sign * (min_sub / 2), s);  // tie: even (0)
       expect_encodes_to(e, sign * std::nextafter(min_sub / 2, INFINITY), s | 1u);
       expect_encodes_to(e, sign * (min_sub * 0.75f), s | 1u);
     }
@@ -182,7 +182,7 @@ TEST(MxElementTest, KnownRoundings) {
   EXPECT_EQ(round_to(7.0f, Format::kE2M1), 6.0f);   // rounds to 8, beyond max: saturates
   EXPECT_EQ(round_to(-100.0f, Format::kE2M1), -6.0f);
   EXPECT_EQ(round_to(29.0f, Format::kE3M2), 28.0f);
-  EXPECT_EQ(round_to(0.03125f, Format::kE3M2), 0.0f);  // half of 2^-4
+  EXPECT_EQ(round_to(0.03125f, Format::kE3M2), 0.0f);    // half of 2^-4
   EXPECT_EQ(round_to(0.09375f, Format::kE3M2), 0.125f);  // 1.5 * 2^-4 ties to 2 * 2^-4
   EXPECT_EQ(round_to(7.7f, Format::kE2M3), 7.5f);
   EXPECT_EQ(round_to(0.0625f, Format::kE2M3), 0.0f);  // half of 2^-3

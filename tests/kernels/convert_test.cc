@@ -1,9 +1,9 @@
 // The scalar reference encode()/decode() against definitions written here from scratch and
 // against the hardware: every FP16/BF16/FP8/FP6/FP4 bit pattern decodes to the value its fields say
 // and round-trips; FP32 -> FP16 matches F16C, FP32 -> BF16 matches AVX512_BF16 where that
-// instruction is exact, and FP32 -> BF16/FP8/FP6/FP4 matches a bit-level encoder written in this file
-// on every FP32 pattern class (see every_pattern_class) plus boundary neighbourhoods and random
-// samples. The bulk paths at every SIMD level are checked on the same inputs where cheap;
+// instruction is exact, and FP32 -> BF16/FP8/FP6/FP4 matches a bit-level encoder written in this
+// file on every FP32 pattern class (see every_pattern_class) plus boundary neighbourhoods and
+// random samples. The bulk paths at every SIMD level are checked on the same inputs where cheap;
 // convert_levels_test.cc compares them with the reference exhaustively.
 #include "ampscope/convert.h"
 
@@ -95,7 +95,7 @@ std::uint32_t expected_decode(std::uint32_t bits, const Layout& l) {
   const std::uint32_t frac = bits & l.frac_ones();
   const std::uint32_t sign = negative ? 0x80000000u : 0u;
   const bool all_ones = exp == l.exp_ones();
-  const bool is_nan = l.specials == Specials::kIeee    ? all_ones && frac != 0
+  const bool is_nan = l.specials == Specials::kIeee      ? all_ones && frac != 0
                       : l.specials == Specials::kNanOnly ? all_ones && frac == l.frac_ones()
                                                          : false;
   if (is_nan) return sign | 0x7FC00000u | (frac << (23 - m));

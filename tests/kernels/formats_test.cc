@@ -100,7 +100,7 @@ TEST(FormatInfoTest, ParsesNamesAndAliases) {
   for (const char* name : {"e2m3", "fp6-e2m3", "float6_e2m3fn", "e2m3fn"}) {
     EXPECT_EQ(parse_format(name), Format::kE2M3) << name;
   }
-  EXPECT_FALSE(parse_format("fp6").has_value());  // two formats: ambiguous
+  EXPECT_FALSE(parse_format("fp6").has_value());   // two formats: ambiguous
   EXPECT_FALSE(parse_format("e8m0").has_value());  // a scale, not an element format
   EXPECT_FALSE(parse_format("fp64").has_value());
   EXPECT_FALSE(parse_format("").has_value());

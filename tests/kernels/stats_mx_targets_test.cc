@@ -126,12 +126,11 @@ void expect_counts(const TensorStats& s, const std::vector<TargetCounts>& want,
                    const std::string& path) {
   ASSERT_EQ(s.targets.size(), want.size()) << path;
   for (std::size_t i = 0; i < want.size(); ++i) {
-    EXPECT_EQ(s.targets[i], want[i]) << path << " target " << to_string(want[i].target)
-                                     << ": overflow/underflow/subnormal " << s.targets[i].overflow
-                                     << "/" << s.targets[i].underflow << "/"
-                                     << s.targets[i].subnormal << ", by conversion "
-                                     << want[i].overflow << "/" << want[i].underflow << "/"
-                                     << want[i].subnormal;
+    EXPECT_EQ(s.targets[i], want[i])
+        << path << " target " << to_string(want[i].target) << ": overflow/underflow/subnormal "
+        << s.targets[i].overflow << "/" << s.targets[i].underflow << "/" << s.targets[i].subnormal
+        << ", by conversion " << want[i].overflow << "/" << want[i].underflow << "/"
+        << want[i].subnormal;
   }
 }
 
@@ -178,16 +177,16 @@ TEST(MxTargetStatsTest, EveryPathCountsWhatTheConversionDoes) {
 // Counted by hand from the E2M1 value set +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}.
 TEST(MxTargetStatsTest, E2m1CountsByHand) {
   const std::vector<float> xs = {
-      7.0f,                          // tie between 6 and 8: rounds to 8, beyond max: overflow
-      -7.0f,                         // overflow
-      std::nextafter(7.0f, 0.0f),    // rounds to 6: counted nowhere
-      100.0f,                        // overflow
-      0.25f,                         // half of 0.5: ties to 0: underflow
-      std::nextafter(0.25f, 1.0f),   // rounds to 0.5: subnormal
-      std::nextafter(0.75f, 0.0f),   // rounds to 0.5: subnormal
-      0.75f,                         // tie between 0.5 and 1: rounds to the even 1: normal
-      0.0f,                          // zero is not an underflow
-      3.5f,                          // normal
+      7.0f,                         // tie between 6 and 8: rounds to 8, beyond max: overflow
+      -7.0f,                        // overflow
+      std::nextafter(7.0f, 0.0f),   // rounds to 6: counted nowhere
+      100.0f,                       // overflow
+      0.25f,                        // half of 0.5: ties to 0: underflow
+      std::nextafter(0.25f, 1.0f),  // rounds to 0.5: subnormal
+      std::nextafter(0.75f, 0.0f),  // rounds to 0.5: subnormal
+      0.75f,                        // tie between 0.5 and 1: rounds to the even 1: normal
+      0.0f,                         // zero is not an underflow
+      3.5f,                         // normal
   };
   for (SimdLevel level : supported_levels()) {
     StatsOptions o;

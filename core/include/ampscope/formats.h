@@ -38,16 +38,16 @@ enum class SpecialCodes : std::uint8_t { kIeee = 0, kNanOnlyFn = 1, kFiniteOnly 
 
 struct FormatInfo {
   Format format;
-  const char* name;        // canonical lower-case name: fp32, fp16, bf16, e4m3, e5m2, e2m1, ...
-  int total_bits;          // storage width
+  const char* name;  // canonical lower-case name: fp32, fp16, bf16, e4m3, e5m2, e2m1, ...
+  int total_bits;    // storage width
   int exponent_bits;
-  int mantissa_bits;       // explicit (stored) fraction bits
+  int mantissa_bits;  // explicit (stored) fraction bits
   int bias;
   SpecialCodes special;
-  bool has_inf;            // all-ones exponent with zero fraction is Inf (kIeee only)
-  bool has_nan;            // some code is NaN (false for the FP6/FP4 formats)
-  int max_exponent;        // floor(log2(max_finite))
-  int min_normal_exponent; // log2(min normal)
+  bool has_inf;                // all-ones exponent with zero fraction is Inf (kIeee only)
+  bool has_nan;                // some code is NaN (false for the FP6/FP4 formats)
+  int max_exponent;            // floor(log2(max_finite))
+  int min_normal_exponent;     // log2(min normal)
   int min_subnormal_exponent;  // log2(smallest positive subnormal)
   double max_finite;
   // Rounded magnitude decides overflow: a value overflows when |x| >= overflow_threshold
@@ -129,9 +129,7 @@ static_assert([] {
   return true;
 }());
 
-constexpr const FormatInfo& format_info(Format f) {
-  return kFormatInfos[static_cast<int>(f)];
-}
+constexpr const FormatInfo& format_info(Format f) { return kFormatInfos[static_cast<int>(f)]; }
 
 constexpr std::string_view format_name(Format f) { return format_info(f).name; }
 

@@ -74,8 +74,9 @@ std::uint8_t encode_e8m0(int exponent);
 int floor_log2(float x);
 
 // Bulk conversions. dst holds n elements of dst_format's storage (uint16_t for FP16/BF16,
-// uint8_t for FP8, FP6 and FP4, float for FP32). src and dst may be unaligned; they must not overlap unless
-// equal (in-place is only possible for FP32 -> FP32). `level` defaults to the active level.
+// uint8_t for FP8, FP6 and FP4, float for FP32). src and dst may be unaligned; they must not
+// overlap unless equal (in-place is only possible for FP32 -> FP32). `level` defaults to the active
+// level.
 void convert_from_fp32(const float* src, void* dst, std::size_t n, Format dst_format,
                        OverflowMode mode = OverflowMode::kNonSaturating);
 void convert_from_fp32(const float* src, void* dst, std::size_t n, Format dst_format,
