@@ -432,26 +432,45 @@ RecipeCounts recipe_counts(const void* data, std::size_t n, Format dtype, std::s
   check_recipe(recipe);
   const auto* bytes = static_cast<const std::byte*>(data);
   const auto row_bytes = cols * static_cast<std::size_t>(storage_bytes(dtype));
-  // Strips of whole block rows, about kChunkElements elements (at least one strip) at a time.
+  // Chunks of about kChunkElements: whole strips of block rows; or, where blocks are one row
+  // high (and for per-tensor recipes), pieces of a long row cut at a block boundary, which
+  // leaves every block as it is in the whole row.
   const std::size_t strip =
       is_block_recipe(recipe.scaling) ? static_cast<std::size_t>(recipe.block_rows) : 1;
+  const std::size_t block_cols =
+      is_block_recipe(recipe.scaling) ? static_cast<std::size_t>(recipe.block_cols) : 1;
+  const bool split_rows = strip == 1 && cols > kChunkElements;
+  const std::size_t piece = std::max(block_cols, kChunkElements / block_cols * block_cols);
   const std::size_t rows_per_chunk =
       strip * std::max<std::size_t>(1, kChunkElements / std::max<std::size_t>(1, strip * cols));
-  std::vector<float> buffer(std::min(rows, rows_per_chunk) * cols);
+  std::vector<float> buffer(split_rows ? piece : std::min(rows, rows_per_chunk) * cols);
+  // Calls fn(values, rows, cols) on each chunk converted to FP32, in order.
+  auto for_each_chunk = [&](auto&& fn) {
+    if (split_rows) {
+      for (std::size_t r = 0; r < rows; ++r) {
+        for (std::size_t c = 0; c < cols; c += piece) {
+          const std::size_t m = std::min(cols - c, piece);
+          convert_to_fp32(bytes + r * row_bytes + c * (row_bytes / cols), buffer.data(), m, dtype);
+          fn(buffer.data(), std::size_t{1}, m);
+        }
+      }
+      return;
+    }
+    for (std::size_t r = 0; r < rows; r += rows_per_chunk) {
+      const std::size_t chunk_rows = std::min(rows - r, rows_per_chunk);
+      convert_to_fp32(bytes + r * row_bytes, buffer.data(), chunk_rows * cols, dtype);
+      fn(buffer.data(), chunk_rows, cols);
+    }
+  };
   float amax = 0.0f;
   if (needs_tensor_amax(recipe.scaling)) {
-    for (std::size_t r = 0; r < rows; r += rows_per_chunk) {
-      const std::size_t m = std::min(rows - r, rows_per_chunk) * cols;
-      convert_to_fp32(bytes + r * row_bytes, buffer.data(), m, dtype);
-      amax = std::max(amax, finite_amax(buffer.data(), m));
-    }
+    for_each_chunk([&](const float* v, std::size_t r, std::size_t c) {
+      amax = std::max(amax, finite_amax(v, r * c));
+    });
   }
   Quantizer q(recipe, amax);
-  for (std::size_t r = 0; r < rows; r += rows_per_chunk) {
-    const std::size_t chunk_rows = std::min(rows - r, rows_per_chunk);
-    convert_to_fp32(bytes + r * row_bytes, buffer.data(), chunk_rows * cols, dtype);
-    q.add_rows(buffer.data(), nullptr, chunk_rows, cols);
-  }
+  for_each_chunk(
+      [&](const float* v, std::size_t r, std::size_t c) { q.add_rows(v, nullptr, r, c); });
   return q.finish();
 }
 

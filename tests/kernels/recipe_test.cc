@@ -521,6 +521,26 @@ TEST(RecipeTest, EveryPathAgrees) {
   }
 }
 
+// Rows longer than recipe_counts' conversion chunk (2^16) are cut into pieces at block
+// boundaries: the counts still equal fake_quantize's on the whole rows, bit for bit.
+TEST(RecipeTest, LongRowsCutIntoPiecesAgree) {
+  const std::size_t rows = 2;
+  const std::size_t cols = 70001;
+  const std::vector<float> x = normal_data(rows * cols, 6);
+  std::vector<std::uint16_t> bits(x.size());
+  std::vector<float> widened(x.size());
+  convert_from_fp32(x.data(), bits.data(), x.size(), Format::kBF16);
+  convert_to_fp32(bits.data(), widened.data(), x.size(), Format::kBF16);
+  for (const char* text :
+       {"mxfp4", "mxfp8_e4m3:ceil", "nvfp4", "e4m3:current", "e5m2:scale=8", "e4m3:tile=1x128",
+        "e4m3:tile=128x128", "mxfp8_e4m3:block=32x1"}) {
+    SCOPED_TRACE(text);
+    const Recipe rec = recipe(text);
+    EXPECT_EQ(recipe_counts(bits.data(), x.size(), Format::kBF16, cols, rec),
+              fake_quantize(widened.data(), nullptr, rows, cols, rec));
+  }
+}
+
 TEST(RecipeTest, SqnrDb) {
   RecipeCounts c;
   EXPECT_TRUE(std::isnan(c.sqnr_db()));
