@@ -43,10 +43,10 @@ TEST(GemmRecipeTest, BlocksRunAlongEachGemmsReductionAxis) {
       U use;
       int rows, cols;
     };
-    for (const Case& c : {Case{O::kInput, U::kForward, 1, k}, Case{O::kWeight, U::kForward, 1, k},
-                          Case{O::kOutputGrad, U::kDgrad, 1, k}, Case{O::kWeight, U::kDgrad, k, 1},
-                          Case{O::kOutputGrad, U::kWgrad, k, 1},
-                          Case{O::kInput, U::kWgrad, k, 1}}) {
+    for (const Case& c :
+         {Case{O::kInput, U::kForward, 1, k}, Case{O::kWeight, U::kForward, 1, k},
+          Case{O::kOutputGrad, U::kDgrad, 1, k}, Case{O::kWeight, U::kDgrad, k, 1},
+          Case{O::kOutputGrad, U::kWgrad, k, 1}, Case{O::kInput, U::kWgrad, k, 1}}) {
       const auto r = gemm_recipe(mode, c.operand, c.use);
       ASSERT_TRUE(r.has_value());
       EXPECT_EQ(r->element, element);
@@ -125,12 +125,14 @@ TEST_P(QuantizedMatmulTest, ForwardAndBackwardAreFakeQuantizeThenTheReference) {
     std::size_t N, C, OC;
   };
   // Multiples of the blocks, and ragged edges in every axis.
-  for (const Shape& s : {Shape{64, 64, 32}, Shape{13, 40, 19}, Shape{1, 17, 5}, Shape{50, 80, 48}}) {
+  for (const Shape& s :
+       {Shape{64, 64, 32}, Shape{13, 40, 19}, Shape{1, 17, 5}, Shape{50, 80, 48}}) {
     const std::string at =
         " " + std::to_string(s.N) + "x" + std::to_string(s.C) + "x" + std::to_string(s.OC);
     const auto x = randn(s.N * s.C, 51), w = randn(s.OC * s.C, 52, 0.05), b = randn(s.OC, 53);
     const auto d = randn(s.N * s.OC, 54, 1e-3);
-    const Recipe rx = recipe(mode, O::kInput, U::kForward), rw = recipe(mode, O::kWeight, U::kForward);
+    const Recipe rx = recipe(mode, O::kInput, U::kForward),
+                 rw = recipe(mode, O::kWeight, U::kForward);
     RecipeCounts cx, cw, cx_ref, cw_ref;
     std::vector<float> out(s.N * s.OC), out_r(s.N * s.OC), plain(s.N * s.OC);
     layers::matmul_forward_quantized_cpu(ex_, out.data(), x.data(), w.data(), b.data(), s.N, s.C,
@@ -155,14 +157,12 @@ TEST_P(QuantizedMatmulTest, ForwardAndBackwardAreFakeQuantizeThenTheReference) {
         ex_, di.data(), dw.data(), db.data(), d.data(), x.data(), w.data(), s.N, s.C, s.OC,
         {{&rdd, &c_dd}, {&rdw, &c_dw}, {&rwd, &c_wd}, {&rwx, &c_wx}});
     std::vector<float> di_r(s.N * s.C), dw_r(s.OC * s.C), db_r(s.OC), unused(s.OC * s.C);
-    layers::matmul_backward_reference(di_r.data(), unused.data(), nullptr,
-                                      quantized(d, s.N, s.OC, rdd, &c_dd_ref).data(), x.data(),
-                                      quantized(w, s.OC, s.C, rdw, &c_dw_ref).data(), s.N, s.C,
-                                      s.OC);
-    layers::matmul_backward_reference(nullptr, dw_r.data(), nullptr,
-                                      quantized(d, s.N, s.OC, rwd, &c_wd_ref).data(),
-                                      quantized(x, s.N, s.C, rwx, &c_wx_ref).data(), w.data(),
-                                      s.N, s.C, s.OC);
+    layers::matmul_backward_reference(
+        di_r.data(), unused.data(), nullptr, quantized(d, s.N, s.OC, rdd, &c_dd_ref).data(),
+        x.data(), quantized(w, s.OC, s.C, rdw, &c_dw_ref).data(), s.N, s.C, s.OC);
+    layers::matmul_backward_reference(
+        nullptr, dw_r.data(), nullptr, quantized(d, s.N, s.OC, rwd, &c_wd_ref).data(),
+        quantized(x, s.N, s.C, rwx, &c_wx_ref).data(), w.data(), s.N, s.C, s.OC);
     // The bias gradient from dout as read.
     layers::matmul_backward_reference(nullptr, unused.data(), db_r.data(), d.data(), x.data(),
                                       w.data(), s.N, s.C, s.OC);
@@ -185,8 +185,8 @@ TEST_P(QuantizedMatmulTest, WithoutRecipesItIsThePlainLayerBitForBit) {
                                        {}, {});
   EXPECT_EQ(out, out_q);
   std::vector<float> di(N * C), dw(OC * C), db(OC), di_q(N * C), dw_q(OC * C), db_q(OC);
-  layers::matmul_backward_cpu(ex_, di.data(), dw.data(), db.data(), d.data(), x.data(), w.data(),
-                              N, C, OC);
+  layers::matmul_backward_cpu(ex_, di.data(), dw.data(), db.data(), d.data(), x.data(), w.data(), N,
+                              C, OC);
   layers::matmul_backward_quantized_cpu(ex_, di_q.data(), dw_q.data(), db_q.data(), d.data(),
                                         x.data(), w.data(), N, C, OC, {});
   EXPECT_EQ(di, di_q);
@@ -438,7 +438,8 @@ TEST(Fp8TrainingTest, DelayedScalingUsesTheAmaxesOfThePreviousSteps) {
   QuantRecorder rec;
   t->set_observer(&rec);
   for (int i = 0; i < 7; ++i) t->step();
-  for (const std::string name : {"h0.attn.qkv.input", "h1.mlp.proj.weight", "h0.mlp.fc.output_grad"}) {
+  for (const std::string name :
+       {"h0.attn.qkv.input", "h1.mlp.proj.weight", "h0.mlp.fc.output_grad"}) {
     std::map<std::int64_t, double> step_amax;
     std::map<std::int64_t, std::vector<const QuantRecorder::Seen*>> at;
     for (const auto& s : rec.seen) {
@@ -584,9 +585,9 @@ TEST(Fp8TrainingTest, ABackEndWithoutRecipesIsRefusedAtStart) {
     }
   }
   // The other modes do not need them.
-  EXPECT_NO_THROW(Trainer(tiny(PrecisionMode::kAmpBF16, 1), corpus(),
-                          std::make_unique<testing::CountingBackend>(
-                              make_cpu_backend({.blas_threads = 1}))));
+  EXPECT_NO_THROW(
+      Trainer(tiny(PrecisionMode::kAmpBF16, 1), corpus(),
+              std::make_unique<testing::CountingBackend>(make_cpu_backend({.blas_threads = 1}))));
 }
 
 TEST(Fp8TrainingTest, BadDelayedSettingsAreRejected) {

@@ -9,10 +9,10 @@
 namespace ampscope::trainer {
 
 namespace {
-constexpr PrecisionMode kModes[] = {
-    PrecisionMode::kFP32,       PrecisionMode::kFP16,       PrecisionMode::kAmpFP16,
-    PrecisionMode::kAmpBF16,    PrecisionMode::kFP8Delayed, PrecisionMode::kFP8Current,
-    PrecisionMode::kMXFP8,      PrecisionMode::kNVFP4};
+constexpr PrecisionMode kModes[] = {PrecisionMode::kFP32,       PrecisionMode::kFP16,
+                                    PrecisionMode::kAmpFP16,    PrecisionMode::kAmpBF16,
+                                    PrecisionMode::kFP8Delayed, PrecisionMode::kFP8Current,
+                                    PrecisionMode::kMXFP8,      PrecisionMode::kNVFP4};
 }  // namespace
 
 std::string_view precision_name(PrecisionMode mode) {
@@ -137,8 +137,8 @@ std::optional<Recipe> gemm_recipe(PrecisionMode mode, GemmOperand operand, GemmU
   }
   // Blocks along the reduction axis: the last axis of X and W in forward and of dY in dgrad
   // (1 x k), the first axis of W in dgrad and of dY and X in wgrad (k x 1).
-  const bool along_rows = use == GemmUse::kForward ||
-                          (use == GemmUse::kDgrad && operand == GemmOperand::kOutputGrad);
+  const bool along_rows =
+      use == GemmUse::kForward || (use == GemmUse::kDgrad && operand == GemmOperand::kOutputGrad);
   const int k = gemm_block_length(mode);
   r.block_rows = along_rows ? 1 : k;
   r.block_cols = along_rows ? k : 1;
@@ -184,8 +184,8 @@ void DelayedScaling::record(std::size_t i, double amax) {
 }
 
 void DelayedScaling::end_step(std::span<const double> amaxes) {
-  AMPSCOPE_CHECK(amaxes.size() == histories_.size(), "end_step: ", amaxes.size(),
-                 " amaxes for ", histories_.size(), " inputs");
+  AMPSCOPE_CHECK(amaxes.size() == histories_.size(), "end_step: ", amaxes.size(), " amaxes for ",
+                 histories_.size(), " inputs");
   for (std::size_t i = 0; i < histories_.size(); ++i) {
     if (std::isfinite(amaxes[i])) histories_[i].push(static_cast<float>(amaxes[i]));
   }
@@ -199,8 +199,8 @@ void DelayedScaling::restore(std::size_t i, const DelayedSettings& s,
                  s.history_length);
   AmaxHistory h(delayed_element(inputs_[i].operand), s.history_length, s.margin);
   for (float a : history) h.push(a);
-  AMPSCOPE_CHECK(h.scale() == scale, inputs_[i].name, ": its amax history gives scale ",
-                 h.scale(), ", the checkpoint holds ", scale);
+  AMPSCOPE_CHECK(h.scale() == scale, inputs_[i].name, ": its amax history gives scale ", h.scale(),
+                 ", the checkpoint holds ", scale);
   histories_[i] = std::move(h);
   settings_[i] = s;
 }
@@ -261,8 +261,7 @@ std::string GemmPrecisionSet::set_delayed(std::string_view layer, const DelayedS
                                           std::int64_t from_step) {
   if (std::string e = check(layer, from_step); !e.empty()) return e;
   if (s.history_length < 1) {
-    return "gemm precision: history_length must be >= 1, got " +
-           std::to_string(s.history_length);
+    return "gemm precision: history_length must be >= 1, got " + std::to_string(s.history_length);
   }
   if (s.margin < 0 || s.margin > 64) {
     return "gemm precision: margin must be in [0, 64], got " + std::to_string(s.margin);
@@ -280,8 +279,8 @@ bool GemmPrecisionSet::remove_delayed(std::string_view layer) {
 std::optional<DelayedSettings> GemmPrecisionSet::delayed(std::string_view layer,
                                                          std::int64_t step) const {
   std::lock_guard lock(mu_);
-  if (auto it = delayed_.find(std::string(layer)); it != delayed_.end() &&
-                                                    step >= it->second.second) {
+  if (auto it = delayed_.find(std::string(layer));
+      it != delayed_.end() && step >= it->second.second) {
     return it->second.first;
   }
   if (auto it = delayed_.find("*"); it != delayed_.end() && step >= it->second.second) {

@@ -23,12 +23,11 @@ void dgrad(float* dinp, const float* dout, const float* weight, std::size_t N, s
 // dweight (OC,C) = dout (N,OC)^T x inp (N,C).
 void wgrad(float* dweight, const float* dout, const float* inp, std::size_t N, std::size_t C,
            std::size_t OC) {
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(OC), int(C), int(N), 1.0f, dout,
-              int(OC), inp, int(C), 0.0f, dweight, int(C));
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(OC), int(C), int(N), 1.0f, dout, int(OC),
+              inp, int(C), 0.0f, dweight, int(C));
 }
 
-void bias_grad(const CpuExec& ex, float* dbias, const float* dout, std::size_t N,
-               std::size_t OC) {
+void bias_grad(const CpuExec& ex, float* dbias, const float* dout, std::size_t N, std::size_t OC) {
   std::fill_n(dbias, OC, 0.0f);
   elementwise_kernels(ex.level).add_column_sums(dout, N, OC, dbias);
 }
