@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "ampscope/proto/vocabulary_codec.h"
 #include "display_width.h"
 #include "query_client.h"
 #include "step_history.h"
@@ -125,6 +126,90 @@ void print_tensors(std::ostream& out, const char* title,
   }
 }
 
+std::string phase_name(v1::TensorPhase phase) {
+  return std::string(ampscope::phase_name(proto::from_proto(phase)));
+}
+
+// What a quantiser's recipe scaled by: the per-tensor scale's range ("s 112..448"), the block
+// scales' binades ("2^-9..2^-3"), or "-" when neither was seen.
+std::string scale_range(const v1::QuantizerRecord& q) {
+  const auto range = [](const std::string& lo, const std::string& hi) {
+    return lo == hi ? lo : lo + ".." + hi;
+  };
+  if (q.has_scale_binades()) {
+    return range("2^" + std::to_string(q.scale_min_exponent()),
+                 "2^" + std::to_string(q.scale_max_exponent()));
+  }
+  if (q.tensor_scale_max() > 0.0) {
+    return "s " + range(format_scale(q.tensor_scale_min()), format_scale(q.tensor_scale_max()));
+  }
+  return "-";
+}
+
+std::string sqnr_text(double db) {
+  if (std::isnan(db)) return "-";
+  if (std::isinf(db)) return "exact";
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << db << " dB";
+  return os.str();
+}
+
+ordered_json quantizer_json(const v1::QuantizerRecord& q) {
+  ordered_json j;
+  j["name"] = q.name();
+  j["role"] = role_name(q.role());
+  j["phase"] = phase_name(q.phase());
+  j["recipe"] = q.recipe();
+  j["element"] = format_name(q.element());
+  j["samples"] = q.samples();
+  j["values"] = q.values();
+  j["nonfinite"] = q.nonfinite();
+  j["underflow"] = q.underflow();
+  j["subnormal"] = q.subnormal();
+  j["saturated"] = q.saturated();
+  j["overflow"] = q.overflow();
+  j["underflow_ratio"] = q.underflow_ratio();
+  j["saturated_ratio"] = q.saturated_ratio();
+  // JSON has no Inf: an exact round trip is null with "exact" true.
+  j["sqnr_db"] = json_number(q.sqnr_db());
+  j["exact"] = std::isinf(q.sqnr_db()) && q.sqnr_db() > 0;
+  j["amax"] = json_number(q.amax());
+  j["last_amax"] = json_number(q.last_amax());
+  if (q.tensor_scale_max() > 0.0) {
+    j["tensor_scale_min"] = json_number(q.tensor_scale_min());
+    j["tensor_scale_max"] = json_number(q.tensor_scale_max());
+    j["last_tensor_scale"] = json_number(q.last_tensor_scale());
+  }
+  if (q.has_scale_binades()) {
+    j["scale_min_exponent"] = q.scale_min_exponent();
+    j["scale_max_exponent"] = q.scale_max_exponent();
+  }
+  j["blocks"] = q.blocks();
+  j["zero_blocks"] = q.zero_blocks();
+  j["saturated_blocks"] = q.saturated_blocks();
+  j["nan_blocks"] = q.nan_blocks();
+  j["last_step"] = q.last_step();
+  return j;
+}
+
+// The FP8/FP4 section: one line per quantised GEMM input, over the run.
+void print_quantizers(std::ostream& out,
+                      const google::protobuf::RepeatedPtrField<v1::QuantizerRecord>& quantizers) {
+  out << "\nFP8/FP4 quantisers (" << quantizers.size() << "):\n";
+  out << "  " << std::left << std::setw(36) << "TENSOR" << std::setw(17) << "ROLE" << std::setw(24)
+      << "RECIPE" << std::setw(22) << "SCALE" << std::setw(11) << "AMAX" << std::setw(11)
+      << "UNDERFLOW" << std::setw(11) << "SATURATED"
+      << "SQNR\n";
+  for (const v1::QuantizerRecord& q : quantizers) {
+    std::ostringstream amax;
+    amax << std::setprecision(4) << q.amax();
+    out << "  " << pad_columns(q.name(), 36) << std::left << std::setw(17) << role_name(q.role())
+        << pad_columns(q.recipe(), 24) << std::setw(22) << scale_range(q) << std::setw(11)
+        << amax.str() << std::setw(11) << percent(q.underflow_ratio()) << std::setw(11)
+        << percent(q.saturated_ratio()) << sqnr_text(q.sqnr_db()) << "\n";
+  }
+}
+
 std::string rank_values(const v1::RankDivergence& d) {
   std::string s;
   for (const v1::RankValue& v : d.values()) {
@@ -189,6 +274,7 @@ void print_run_text(std::ostream& out, const v1::GetRunResponse& run) {
   if (s.world_size() > 1) print_ranks_text(out, run);
   print_tensors(out, "worst tensors by underflow", run.worst_underflow());
   print_tensors(out, "worst tensors by overflow", run.worst_overflow());
+  if (!run.quantizers().empty()) print_quantizers(out, run.quantizers());
   out << "\npolicy decisions (" << run.policy_decisions_size() << "):\n";
   for (const v1::PolicyDecision& d : run.policy_decisions()) {
     const v1::PolicyUpdate& u = d.update();
@@ -277,6 +363,9 @@ void print_run_json(std::ostream& out, const v1::GetRunResponse& run) {
   ordered_json over = ordered_json::array();
   for (const v1::TensorRecord& t : run.worst_overflow()) over.push_back(tensor_json(t));
   j["worst_overflow"] = std::move(over);
+  ordered_json quantizers = ordered_json::array();
+  for (const v1::QuantizerRecord& q : run.quantizers()) quantizers.push_back(quantizer_json(q));
+  j["quantizers"] = std::move(quantizers);
   ordered_json updates = ordered_json::array();
   for (const v1::PolicyDecision& d : run.policy_decisions()) updates.push_back(update_json(d));
   j["policy_updates"] = std::move(updates);
@@ -321,7 +410,9 @@ void print_run_json(std::ostream& out, const v1::GetRunResponse& run) {
 void add_show_command(CLI::App& app) {
   auto args = std::make_shared<ShowArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "show", "What the server saw of one run: steps, skips and why, offenders, scale, policy");
+      "show",
+      "What the server saw of one run: steps, skips and why, offenders, scale, FP8/FP4 "
+      "quantisers, policy");
   cmd->add_option("run", args->run_id, "Run id (see 'ampscope runs')")->required();
   add_server_options(cmd, args->server);
   cmd->add_option("--limit", args->limit, "Entries per list (skipped steps, tensors, ...)")

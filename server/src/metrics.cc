@@ -1,8 +1,12 @@
 #include "metrics.h"
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 
+#include "ampscope/proto/quantizer_codec.h"
 #include "ampscope/proto/vocabulary_codec.h"
+#include "ampscope/recipe.h"
 #include "validation.h"
 
 namespace ampscope::server {
@@ -245,6 +249,30 @@ struct MetricFamilies {
                            .Name("ampscope_tensor_max_abs")
                            .Help("Largest unscaled |x| of a top-K tensor over the run")
                            .Register(*registry)),
+        quantizer_underflow(BuildGauge()
+                                .Name("ampscope_quantizer_underflow_ratio")
+                                .Help("Share of a top-K quantiser's finite values that its "
+                                      "recipe rounds to zero, latest sample")
+                                .Register(*registry)),
+        quantizer_saturated(BuildGauge()
+                                .Name("ampscope_quantizer_saturated_ratio")
+                                .Help("Share of a top-K quantiser's finite values that its "
+                                      "recipe clamps to the element's max, latest sample")
+                                .Register(*registry)),
+        quantizer_sqnr(BuildGauge()
+                           .Name("ampscope_quantizer_sqnr_db")
+                           .Help("Signal-to-quantisation-noise ratio of a top-K quantiser, dB, "
+                                 "latest sample (+Inf: exact)")
+                           .Register(*registry)),
+        quantizer_amax(BuildGauge()
+                           .Name("ampscope_quantizer_amax")
+                           .Help("Largest finite |x| a top-K quantiser saw, latest sample")
+                           .Register(*registry)),
+        quantizer_scale(BuildGauge()
+                            .Name("ampscope_quantizer_scale")
+                            .Help("Per-tensor scale of a top-K quantiser (current and delayed: "
+                                  "the multiplier; nvfp4: the decode scale), latest sample")
+                            .Register(*registry)),
         agents_connected(BuildGauge()
                              .Name("ampscope_agents_connected")
                              .Help("Agents of the run with an open stream")
@@ -328,6 +356,11 @@ struct MetricFamilies {
   Family<Gauge>& tensor_overflow;
   Family<Gauge>& tensor_nonfinite;
   Family<Gauge>& tensor_max_abs;
+  Family<Gauge>& quantizer_underflow;
+  Family<Gauge>& quantizer_saturated;
+  Family<Gauge>& quantizer_sqnr;
+  Family<Gauge>& quantizer_amax;
+  Family<Gauge>& quantizer_scale;
   Family<Gauge>& agents_connected;
   Family<Counter>& policy_decisions;
   Family<Gauge>& policy_last;
@@ -382,6 +415,24 @@ struct RunSeries {
     Gauge* max_abs;
   };
 
+  // A quantiser's latest sample, kept for every quantiser of the run (at most
+  // kMaxQuantizersTracked) so that the top-K can be chosen; only the top-K have series.
+  using QuantizerKey = std::tuple<std::string, int, int>;  // (name, role, phase)
+  struct QuantizerLatest {
+    std::string recipe;  // recipe_label()
+    bool per_tensor = false;
+    double underflow_ratio = 0, saturated_ratio = 0, sqnr_db = 0, amax = 0, scale = 0;
+    double score() const { return std::max(underflow_ratio, saturated_ratio); }
+  };
+  struct QuantizerSeries {
+    std::string recipe;  // the label the series carry
+    Gauge* underflow;
+    Gauge* saturated;
+    Gauge* sqnr;
+    Gauge* amax;
+    Gauge* scale = nullptr;  // per-tensor recipes only
+  };
+
   RunSeries(std::shared_ptr<MetricFamilies> families, const std::string& run_id);
   ~RunSeries();
   RunSeries(const RunSeries&) = delete;
@@ -393,6 +444,7 @@ struct RunSeries {
   // Sets (min_scale > 0) or removes (0: none) ampscope_loss_scale_min of `rank`.
   void set_loss_scale_min(Rank& rank, double min_scale);
   void remove_tensor(const TensorSeries& t);
+  void remove_quantizer(const QuantizerSeries& q);
 
   std::shared_ptr<MetricFamilies> f;
   std::string run_id;
@@ -402,6 +454,8 @@ struct RunSeries {
   std::array<Histogram*, 2> gradient{};  // activation_grad, weight_grad
   std::unordered_map<std::uint32_t, std::unique_ptr<Rank>> ranks;
   std::map<std::pair<std::string, int>, TensorSeries> tensors;        // (name, role) of the top-K
+  std::map<QuantizerKey, QuantizerLatest> quantizer_latest;
+  std::map<QuantizerKey, QuantizerSeries> quantizers;                 // the top-K
   std::map<std::pair<std::string, std::string>, Counter*> decisions;  // by (mode, kind)
   Gauge* policy_last = nullptr;
   Gauge* policy_scale = nullptr;
@@ -471,6 +525,7 @@ RunSeries::~RunSeries() {
     }
   }
   for (const auto& [key, t] : tensors) remove_tensor(t);
+  for (const auto& [key, q] : quantizers) remove_quantizer(q);
   for (const auto& [key, c] : decisions) remove(f->policy_decisions, c);
   remove(f->policy_last, policy_last);
   remove(f->policy_scale, policy_scale);
@@ -485,6 +540,14 @@ void RunSeries::remove_tensor(const TensorSeries& t) {
   remove(f->tensor_overflow, t.overflow);
   remove(f->tensor_nonfinite, t.nonfinite);
   remove(f->tensor_max_abs, t.max_abs);
+}
+
+void RunSeries::remove_quantizer(const QuantizerSeries& q) {
+  remove(f->quantizer_underflow, q.underflow);
+  remove(f->quantizer_saturated, q.saturated);
+  remove(f->quantizer_sqnr, q.sqnr);
+  remove(f->quantizer_amax, q.amax);
+  remove(f->quantizer_scale, q.scale);
 }
 
 RunSeries::Rank& RunSeries::rank(std::uint32_t rank) {
@@ -757,6 +820,90 @@ void Metrics::set_top_tensors(RunState& state, const std::vector<TensorTotals>& 
     it->second.overflow->Set(values > 0 ? static_cast<double>(t->overflow) / values : 0.0);
     it->second.nonfinite->Set(static_cast<double>(t->nonfinite));
     it->second.max_abs->Set(t->max_abs);
+  }
+}
+
+std::string recipe_label(std::string_view recipe) {
+  const std::optional<Recipe> r = parse_recipe(recipe);
+  if (!r) return "unspecified";
+  static constexpr std::array<std::string_view, 5> kScalings = {"current", "delayed", "tile",
+                                                                "mx", "nvfp4"};
+  const auto scaling = static_cast<std::size_t>(r->scaling);
+  if (scaling >= kScalings.size()) return "unspecified";
+  return std::string(kScalings[scaling]) + "_" + std::string(format_name(r->element));
+}
+
+void Metrics::on_quantizers(RunState& state, const v1::StepReport& report, std::size_t top_k) {
+  if (report.quantizers_size() == 0) return;
+  RunSeries* exported = run_series(state);
+  if (exported == nullptr) return;
+  RunSeries& run = *exported;
+  for (const v1::QuantizerStats& q : report.quantizers()) {
+    RunSeries::QuantizerKey key{q.name(), static_cast<int>(q.role()),
+                                static_cast<int>(q.phase())};
+    auto it = run.quantizer_latest.find(key);
+    if (it == run.quantizer_latest.end()) {
+      if (run.quantizer_latest.size() >= kMaxQuantizersTracked) continue;
+      it = run.quantizer_latest.emplace(std::move(key), RunSeries::QuantizerLatest{}).first;
+    }
+    RunSeries::QuantizerLatest& l = it->second;
+    const double values = static_cast<double>(q.values());
+    l.recipe = recipe_label(q.recipe());
+    l.per_tensor = q.blocks() == 0;
+    l.underflow_ratio = values > 0 ? static_cast<double>(q.underflow()) / values : 0.0;
+    l.saturated_ratio = values > 0 ? static_cast<double>(q.saturated()) / values : 0.0;
+    l.sqnr_db = proto::sqnr_db(q.signal_sq(), q.error_sq());
+    l.amax = q.amax();
+    l.scale = q.tensor_scale();
+  }
+  // The top-K by the larger of the two shares, then by name: the layers an alert would name.
+  std::vector<const std::pair<const RunSeries::QuantizerKey, RunSeries::QuantizerLatest>*> ranked;
+  for (const auto& entry : run.quantizer_latest) ranked.push_back(&entry);
+  const std::size_t k = std::min(top_k, ranked.size());
+  std::partial_sort(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(k), ranked.end(),
+                    [](const auto* a, const auto* b) {
+                      const double sa = a->second.score();
+                      const double sb = b->second.score();
+                      return sa != sb ? sa > sb : a->first < b->first;
+                    });
+  ranked.resize(k);
+  std::map<RunSeries::QuantizerKey, const RunSeries::QuantizerLatest*> wanted;
+  for (const auto* entry : ranked) wanted[entry->first] = &entry->second;
+  for (auto it = run.quantizers.begin(); it != run.quantizers.end();) {
+    const auto w = wanted.find(it->first);
+    // A quantiser that left the top-K, or changed recipe (its label), loses its series.
+    if (w != wanted.end() && w->second->recipe == it->second.recipe &&
+        w->second->per_tensor == (it->second.scale != nullptr)) {
+      ++it;
+      continue;
+    }
+    run.remove_quantizer(it->second);
+    it = run.quantizers.erase(it);
+  }
+  for (const auto& [key, l] : wanted) {
+    auto it = run.quantizers.find(key);
+    if (it == run.quantizers.end()) {
+      const auto& [name, role, phase] = key;
+      const prometheus::Labels labels{
+          {"run", state.id},
+          {"tensor", name},
+          {"role", std::string(role_label(role))},
+          {"phase",
+           std::string(phase_name(proto::from_proto(static_cast<v1::TensorPhase>(phase))))},
+          {"recipe", l->recipe}};
+      RunSeries::QuantizerSeries q{l->recipe,
+                                   &f_->quantizer_underflow.Add(labels),
+                                   &f_->quantizer_saturated.Add(labels),
+                                   &f_->quantizer_sqnr.Add(labels),
+                                   &f_->quantizer_amax.Add(labels)};
+      if (l->per_tensor) q.scale = &f_->quantizer_scale.Add(labels);
+      it = run.quantizers.emplace(key, q).first;
+    }
+    it->second.underflow->Set(l->underflow_ratio);
+    it->second.saturated->Set(l->saturated_ratio);
+    it->second.sqnr->Set(l->sqnr_db);
+    it->second.amax->Set(l->amax);
+    if (it->second.scale != nullptr) it->second.scale->Set(l->scale);
   }
 }
 

@@ -5,7 +5,8 @@
 // so the hot path never looks labels up. A run's cached series (RunSeries) hang off its
 // RunState (run_registry.h); destroying them removes them from the families, so a run that is
 // forgotten leaves /metrics. Per-tensor series exist only for the top-K tensors of each run
-// (set_top_tensors replaces them). A report's series are fed from its digest (report_digest.h),
+// (set_top_tensors replaces them), per-quantiser series for the top-K quantisers (on_quantizers).
+// A report's series are fed from its digest (report_digest.h),
 // summed per role and format so each series is touched once. The gradient magnitude
 // distribution is a histogram with power-of-two buckets fed with pre-bucketed counts
 // (ObserveMultiple).
@@ -85,6 +86,11 @@ class Metrics {
   void merged_step(RunState& run, bool partial, const std::vector<v1::RankDivergence>& divergences,
                    std::uint32_t offender_rank = 0, int offender_role = 0);
   void set_top_tensors(RunState& run, const std::vector<TensorTotals>& top);
+  // A stored report's quantisers (StepReport.quantizers): each one's latest sample is kept, and
+  // the run's `top_k` worst (by the larger of its underflow and saturated shares, then by name)
+  // have the ampscope_quantizer_* series; a quantiser leaving the top-K, or whose recipe label
+  // changes, loses its series. At most kMaxQuantizersTracked quantisers per run are tracked.
+  void on_quantizers(RunState& run, const v1::StepReport& report, std::size_t top_k);
   void set_agents_connected(RunState& run, std::size_t n);
   void policy_decision(RunState& run, std::string_view mode, std::string_view kind,
                        const std::string& reason, std::optional<double> loss_scale,
@@ -118,5 +124,11 @@ class Metrics {
 std::string_view role_label(int role);
 // "fp32", "fp16", "bf16", "e4m3", "e5m2"; "unspecified" for 0.
 std::string_view format_label(int format);
+// The `recipe` label of a recipe's canonical text: its scaling and element format
+// ("delayed_e4m3", "mx_e2m1", "nvfp4_e2m1", "current_e5m2", "tile_e4m3"), so that a delayed
+// recipe's scale, which changes every step, never makes a new series; "unspecified" for text
+// parse_recipe refuses.
+std::string recipe_label(std::string_view recipe);
+inline constexpr std::size_t kMaxQuantizersTracked = 4096;
 
 }  // namespace ampscope::server

@@ -26,7 +26,8 @@ std::vector<float> gemm_input() {
   std::vector<float> x(128);
   for (std::size_t i = 0; i < x.size(); ++i) {
     const double sign = i % 3 == 0 ? -1.0 : 1.0;
-    x[i] = static_cast<float>(sign * std::ldexp(1.0 + (i % 7) / 8.0, static_cast<int>(i % 29) - 20));
+    x[i] =
+        static_cast<float>(sign * std::ldexp(1.0 + (i % 7) / 8.0, static_cast<int>(i % 29) - 20));
   }
   x[5] = 511.0f;  // 511 / 2^(8 - 8) = 511 > 448: saturates under MX's rounded-down scale
   return x;

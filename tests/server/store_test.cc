@@ -53,7 +53,7 @@ TEST_P(ServerStoreTest, FreshStoreIsMigratedToTheCurrentVersion) {
   const auto c = connect();
   EXPECT_EQ(schema_version(*c), current_schema_version(backend()));
   for (const char* name : {"reports", "report_counts", "tensor_history", "merged_steps_offender",
-                           "reports_series", "run_leases"}) {
+                           "reports_series", "run_leases", "quantizer_totals"}) {
     EXPECT_TRUE(has_relation(*c, name)) << name;
   }
   if (backend() == Backend::kSqlite) {
@@ -65,13 +65,37 @@ TEST(SqliteStoreTest, AVersion4StoreGetsTheMergedOffenderIndexAndTheRunLeases) {
   const StoreLocation store(Backend::kSqlite);
   { StoreWriter w(StoreOptions{store.path(), true}); }
   store.connect()->exec(
-      "DROP INDEX merged_steps_offender; DROP TABLE run_leases; PRAGMA user_version = 4;");
+      "DROP INDEX merged_steps_offender; DROP TABLE run_leases; DROP TABLE quantizer_totals; "
+      "PRAGMA user_version = 4;");
   ASSERT_FALSE(has_relation(*store.connect(), "run_leases"));
   { StoreWriter w(StoreOptions{store.path(), true}); }
   const auto c = store.connect();
   EXPECT_EQ(schema_version(*c), kSchemaVersion);
   EXPECT_TRUE(has_relation(*c, "merged_steps_offender"));
   EXPECT_TRUE(has_relation(*c, "run_leases"));
+}
+
+// The quantisers' table arrives as a migration of its own on both back ends (SQLite 6 -> 7,
+// PostgreSQL 2 -> 3), with what was stored before left as it was.
+TEST_P(ServerStoreTest, AStoreBeforeQuantizersGetsTheirTableAndKeepsItsReports) {
+  {
+    StoreWriter w(StoreOptions{path(), true});
+    w.begin();
+    w.upsert_run(make_hello("run-q"), kSecond);
+    w.upsert_agent(make_hello("run-q"), kSecond);
+    w.commit();
+    add_reports(w, "run-q", 1, 3, kSecond);
+  }
+  connect()->exec(backend() == Backend::kSqlite
+                      ? "DROP TABLE quantizer_totals; PRAGMA user_version = 6;"
+                      : "DROP TABLE quantizer_totals; "
+                        "DELETE FROM ampscope_schema WHERE version = 3;");
+  ASSERT_FALSE(has_relation(*connect(), "quantizer_totals"));
+  { StoreWriter w(StoreOptions{path(), true}); }
+  const auto c = connect();
+  EXPECT_EQ(schema_version(*c), current_schema_version(backend()));
+  EXPECT_TRUE(has_relation(*c, "quantizer_totals"));
+  EXPECT_EQ(c->query_int("SELECT count(*) FROM reports"), 3);
 }
 
 TEST_P(ServerStoreTest, StoreFromANewerServerIsRefused) {
@@ -287,6 +311,112 @@ TEST_P(ServerStoreTest, ManyTensorTotalsAddUpAsOneAtATime) {
               std::tie(s.format, s.samples, s.values, s.overflow, s.underflow, s.nonfinite,
                        s.max_abs, s.last_step));
   }
+}
+
+v1::QuantizerStats quantizer(const std::string& name, v1::TensorRole role, const char* recipe,
+                             std::uint64_t values, std::uint64_t underflow,
+                             std::uint64_t saturated, double amax, double tensor_scale) {
+  v1::QuantizerStats q;
+  q.set_name(name);
+  q.set_role(role);
+  q.set_phase(v1::TENSOR_PHASE_FORWARD);
+  q.set_recipe(recipe);
+  q.set_element(v1::FORMAT_E4M3);
+  q.set_values(values);
+  q.set_underflow(underflow);
+  q.set_saturated(saturated);
+  q.set_amax(amax);
+  q.set_tensor_scale(tensor_scale);
+  q.set_signal_sq(50.0);
+  q.set_error_sq(0.5);
+  return q;
+}
+
+// A block recipe's sample: `blocks` blocks, one saturated, decode scales 2^lo.. by `binades`.
+v1::QuantizerStats block_quantizer(std::uint64_t saturated, double amax, int lo,
+                                   std::vector<std::uint64_t> binades) {
+  v1::QuantizerStats q =
+      quantizer("h0.fc.weight", v1::TENSOR_ROLE_WEIGHT, "mxfp8_e4m3", 64, 0, saturated, amax, 0);
+  q.set_blocks(2);
+  q.set_saturated_blocks(1);
+  q.mutable_scale_histogram()->set_min_exponent(lo);
+  for (std::uint64_t n : binades) q.mutable_scale_histogram()->add_counts(n);
+  return q;
+}
+
+// quantizer_totals: counts and SQNR sums add up over the samples, amax and the scales' ranges
+// widen, and the sample of the latest step (not the latest to arrive) names the recipe.
+TEST_P(ServerStoreTest, QuantizerTotalsSumTheSamplesAndKeepTheLatestStepsRecipe) {
+  StoreWriter w(StoreOptions{path(), true});
+  w.begin();
+  for (const char* run : {"run-q", "other"}) {
+    w.upsert_run(make_hello(run), kSecond);
+    w.upsert_agent(make_hello(run), kSecond);
+  }
+  const auto input = [](const char* recipe, std::uint64_t underflow, double amax, double s) {
+    return quantizer("h0.fc.input", v1::TENSOR_ROLE_ACTIVATION, recipe, 100, underflow, 0, amax,
+                     s);
+  };
+  struct Sample {
+    std::int64_t step;
+    v1::QuantizerStats a, b;
+  };
+  const Sample samples[] = {
+      {1, input("e4m3:scale=112", 3, 4, 112), block_quantizer(2, 300, -3, {1, 1})},
+      {2, input("e4m3:scale=56", 1, 8, 56), block_quantizer(0, 100, -5, {2})},
+      {0, input("e4m3:scale=7", 0, 2, 7), block_quantizer(0, 1, -4, {2})}};
+  std::uint64_t seq = 0;
+  for (const Sample& sample : samples) {
+    v1::StepReport r = make_report("run-q", 0, ++seq, sample.step, 1);
+    *r.add_quantizers() = sample.a;
+    *r.add_quantizers() = sample.b;
+    w.insert_report(r, r.SerializeAsString(), kSecond);
+  }
+  v1::StepReport other = make_report("other", 0, 1, 5, 1);
+  *other.add_quantizers() = input("e4m3:current", 50, 1, 448);
+  w.insert_report(other, other.SerializeAsString(), kSecond);
+  w.commit();
+
+  StoreReader reader(path());
+  const std::optional<v1::GetRunResponse> run = reader.get_run("run-q", 0);
+  ASSERT_TRUE(run.has_value());
+  ASSERT_EQ(run->quantizers_size(), 2);
+  const v1::QuantizerRecord& a = run->quantizers(0);
+  EXPECT_EQ(a.name(), "h0.fc.input");
+  EXPECT_EQ(a.role(), v1::TENSOR_ROLE_ACTIVATION);
+  EXPECT_EQ(a.phase(), v1::TENSOR_PHASE_FORWARD);
+  EXPECT_EQ(a.recipe(), "e4m3:scale=56");  // step 2's, though step 0's arrived after it
+  EXPECT_EQ(a.element(), v1::FORMAT_E4M3);
+  EXPECT_EQ(a.samples(), 3u);
+  EXPECT_EQ(a.values(), 300u);
+  EXPECT_EQ(a.underflow(), 4u);
+  EXPECT_DOUBLE_EQ(a.underflow_ratio(), 4.0 / 300.0);
+  EXPECT_DOUBLE_EQ(a.sqnr_db(), 20.0);  // 10 log10(150 / 1.5)
+  EXPECT_EQ(a.amax(), 8.0);
+  EXPECT_EQ(a.last_amax(), 8.0);
+  EXPECT_EQ(a.tensor_scale_min(), 7.0);
+  EXPECT_EQ(a.tensor_scale_max(), 112.0);
+  EXPECT_EQ(a.last_tensor_scale(), 56.0);
+  EXPECT_FALSE(a.has_scale_binades());
+  EXPECT_EQ(a.last_step(), 2);
+  const v1::QuantizerRecord& b = run->quantizers(1);
+  EXPECT_EQ(b.name(), "h0.fc.weight");
+  EXPECT_EQ(b.recipe(), "mxfp8_e4m3");
+  EXPECT_EQ(b.saturated(), 2u);
+  EXPECT_DOUBLE_EQ(b.saturated_ratio(), 2.0 / 192.0);
+  EXPECT_EQ(b.amax(), 300.0);
+  EXPECT_EQ(b.last_amax(), 100.0);
+  EXPECT_EQ(b.tensor_scale_max(), 0.0);  // a block recipe has no tensor scale
+  ASSERT_TRUE(b.has_scale_binades());
+  EXPECT_EQ(b.scale_min_exponent(), -5);
+  EXPECT_EQ(b.scale_max_exponent(), -2);
+  EXPECT_EQ(b.blocks(), 6u);
+  EXPECT_EQ(b.saturated_blocks(), 3u);
+
+  w.begin();
+  w.delete_run("run-q");
+  w.commit();
+  EXPECT_EQ(connect()->query_int("SELECT count(*) FROM quantizer_totals"), 1);  // "other"'s
 }
 
 TEST_P(ServerStoreTest, DeleteRunRemovesEveryRowOfThatRunOnly) {

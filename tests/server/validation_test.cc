@@ -8,6 +8,8 @@
 #include <cmath>
 #include <limits>
 
+#include "ampscope/proto/vocabulary_codec.h"
+#include "ampscope/recipe.h"
 #include "server_harness.h"
 
 namespace ampscope::server {
@@ -425,6 +427,124 @@ TEST(ServerValidationTest, BadNoticesLayersAndOutcomesAreRefusedAlone) {
   EXPECT_EQ(r.fp32_layers(0), "h0.mlp");
   EXPECT_EQ(r.policy_outcomes_size(), 0);
   EXPECT_EQ(r.tensors_size(), valid().tensors_size());
+}
+
+// --- StepReport.quantizers: each entry a part of its own -----------------------------------
+
+// A valid report with one valid quantiser: an MX block recipe's sample, history and all.
+v1::StepReport with_quantizer() {
+  v1::StepReport r = valid();
+  v1::QuantizerStats* q = r.add_quantizers();
+  q->set_name("h0.fc.input");
+  q->set_role(v1::TENSOR_ROLE_ACTIVATION);
+  q->set_phase(v1::TENSOR_PHASE_FORWARD);
+  q->set_recipe("mxfp8_e4m3");
+  q->set_element(v1::FORMAT_E4M3);
+  q->set_values(64);
+  q->set_underflow(3);
+  q->set_subnormal(5);
+  q->set_saturated(1);
+  q->set_amax(511);
+  q->set_signal_sq(40);
+  q->set_error_sq(0.25);
+  q->set_blocks(2);
+  q->set_zero_blocks(0);
+  q->set_saturated_blocks(1);
+  q->mutable_scale_histogram()->set_min_exponent(-3);
+  q->mutable_scale_histogram()->add_counts(1);
+  q->mutable_scale_histogram()->add_counts(1);
+  q->add_amax_history(1.5f);
+  return r;
+}
+
+// Refuses the one quantiser of `r` after `breaks` changed it; the field and reason it names.
+void expect_quantizer_refused(void (*breaks)(v1::QuantizerStats&), const std::string& field,
+                              const std::string& reason) {
+  v1::StepReport r = with_quantizer();
+  breaks(*r.mutable_quantizers(0));
+  const std::string named = "refused quantizer '" + r.quantizers(0).name() + "' alone (" + reason;
+  ReportVerdict v = validate_report(r, stream_of());
+  ASSERT_FALSE(v.rejected) << v.rejected->message;
+  ASSERT_EQ(v.refused.size(), 1u) << field;
+  expect_violation(v.refused[0].violation, "report.quantizers[0]" + field, reason);
+  EXPECT_EQ(r.quantizers_size(), 0);
+  EXPECT_EQ(r.tensors_size(), valid().tensors_size());  // the rest of the step is kept
+  EXPECT_NE(v.refused[0].notice.find(named), std::string::npos) << v.refused[0].notice;
+}
+
+TEST(ServerValidationTest, QuantizerRecipeMustBeCanonicalAndMatchItsElement) {
+  EXPECT_TRUE(passes_whole(with_quantizer(), stream_of()));
+  for (const char* recipe : {"e4m3:current", "e4m3:scale=112", "e4m3:tile=1x128", "nvfp4",
+                             "mxfp4", "mxfp8_e4m3:block=32x1", "mxfp8_e4m3:ceil"}) {
+    v1::StepReport r = with_quantizer();
+    r.mutable_quantizers(0)->set_recipe(recipe);
+    const std::optional<Recipe> parsed = parse_recipe(recipe);
+    ASSERT_TRUE(parsed.has_value()) << recipe;
+    r.mutable_quantizers(0)->set_element(proto::to_proto(parsed->element));
+    EXPECT_TRUE(passes_whole(r, stream_of())) << recipe;
+  }
+  expect_quantizer_refused([](v1::QuantizerStats& q) { q.set_recipe("fp8"); }, ".recipe",
+                           "recipe");
+  expect_quantizer_refused([](v1::QuantizerStats& q) { q.set_recipe("MXFP8_E4M3"); }, ".recipe",
+                           "recipe");
+  expect_quantizer_refused([](v1::QuantizerStats& q) { q.set_recipe(""); }, ".recipe", "string");
+  expect_quantizer_refused([](v1::QuantizerStats& q) { q.set_element(v1::FORMAT_E5M2); },
+                           ".element", "recipe");
+  expect_quantizer_refused([](v1::QuantizerStats& q) { q.set_name(""); }, ".name", "string");
+  expect_quantizer_refused([](v1::QuantizerStats& q) { q.set_role(v1::TENSOR_ROLE_UNSPECIFIED); },
+                           ".role", "enum");
+}
+
+TEST(ServerValidationTest, QuantizerCountsWithinItsValuesAndBlocks) {
+  expect_quantizer_refused([](v1::QuantizerStats& q) { q.set_saturated(65); }, ".saturated",
+                           "quantizer_counts");
+  // Each within the values, together above them.
+  expect_quantizer_refused([](v1::QuantizerStats& q) { q.set_underflow(60); }, "",
+                           "quantizer_counts");
+  expect_quantizer_refused([](v1::QuantizerStats& q) { q.set_zero_blocks(3); }, ".blocks",
+                           "quantizer_counts");
+  expect_quantizer_refused(
+      [](v1::QuantizerStats& q) {
+        q.set_zero_blocks(1);
+        q.set_nan_blocks(2);
+      },
+      ".blocks", "quantizer_counts");
+  expect_quantizer_refused([](v1::QuantizerStats& q) { q.set_saturated_blocks(3); }, ".blocks",
+                           "quantizer_counts");
+}
+
+TEST(ServerValidationTest, QuantizerMagnitudesHistoryAndScaleHistogramBounded) {
+  expect_quantizer_refused([](v1::QuantizerStats& q) { q.set_amax(kNaN); }, ".amax",
+                           "non_finite");
+  expect_quantizer_refused([](v1::QuantizerStats& q) { q.set_error_sq(-1); }, ".error_sq",
+                           "range");
+  expect_quantizer_refused([](v1::QuantizerStats& q) { q.set_tensor_scale(kInf); },
+                           ".tensor_scale", "non_finite");
+  expect_quantizer_refused([](v1::QuantizerStats& q) { q.set_amax_history(0, -1.0f); },
+                           ".amax_history[0]", "range");
+  expect_quantizer_refused(
+      [](v1::QuantizerStats& q) {
+        for (int i = 0; i < 1024; ++i) q.add_amax_history(1.0f);  // 1025 in all
+      },
+      ".amax_history", "too_many");
+  expect_quantizer_refused(
+      [](v1::QuantizerStats& q) { q.mutable_scale_histogram()->set_min_exponent(127); },
+      ".scale_histogram.min_exponent", "histogram_range");
+  // Only blocks that are neither all zero nor NaN have a scale.
+  expect_quantizer_refused([](v1::QuantizerStats& q) { q.set_zero_blocks(1); },
+                           ".scale_histogram.counts", "histogram_total");
+  // 1024 entries are allowed.
+  v1::StepReport r = with_quantizer();
+  for (int i = 1; i < 1024; ++i) r.mutable_quantizers(0)->add_amax_history(2.0f);
+  EXPECT_TRUE(passes_whole(r, stream_of()));
+}
+
+TEST(ServerValidationTest, QuantizerCountBoundedForTheReport) {
+  v1::StepReport r = with_quantizer();
+  for (int i = 0; i < limits::kMaxQuantizersPerReport; ++i) {
+    *r.add_quantizers() = r.quantizers(0);
+  }
+  expect_violation(rejection(r, stream_of()), "report.quantizers", "too_many");
 }
 
 TEST(ServerValidationTest, ARejectedReportIsLeftAsItCame) {

@@ -578,7 +578,10 @@ void Ingest::publish(Shard& shard, Batch& batch, std::int64_t now_ns) {
   (void)now_ns;
   // The runs' series may be taken off /metrics by another shard (mark_active) meanwhile.
   std::unique_lock series = runs_.lock_series();
-  for (const Batch::Stored& s : batch.stored) metrics_.on_report(*s.run, *s.report, s.digest);
+  for (const Batch::Stored& s : batch.stored) {
+    metrics_.on_report(*s.run, *s.report, s.digest);
+    metrics_.on_quantizers(*s.run, *s.report, options_.top_k);
+  }
   for (const Batch::Merged& m : batch.merged) {
     metrics_.merged_step(*m.run, m.partial, m.divergences, m.offender_rank, m.offender_role);
     for (const v1::RankDivergence& d : m.divergences) {

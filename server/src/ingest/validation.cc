@@ -8,7 +8,10 @@
 #include <limits>
 #include <sstream>
 
+#include "ampscope/proto/quantizer_codec.h"
 #include "ampscope/proto/stats_codec.h"
+#include "ampscope/proto/vocabulary_codec.h"
+#include "ampscope/recipe.h"
 
 namespace ampscope::server {
 namespace {
@@ -206,6 +209,10 @@ Result check_list_sizes(const v1::StepReport& r) {
   if (auto v = check_count(r.tensors_size(), "report.tensors", limits::kMaxTensorsPerReport)) {
     return v;
   }
+  if (auto v = check_count(r.quantizers_size(), "report.quantizers",
+                           limits::kMaxQuantizersPerReport)) {
+    return v;
+  }
   if (auto v = check_count(r.fp32_layers_size(), "report.fp32_layers", limits::kMaxLayerNames)) {
     return v;
   }
@@ -364,6 +371,114 @@ Result check_tensor(const v1::TensorStats& t, const Field& field) {
   return std::nullopt;
 }
 
+// --- QuantizerStats rules ---------------------------------------------------------------------
+
+Result check_quantizer_identity(const v1::QuantizerStats& q, const Field& field) {
+  if (auto v = check_string(q.name(), field / "name", limits::kNameMaxBytes, true)) return v;
+  if (!v1::TensorRole_IsValid(q.role()) || q.role() == v1::TENSOR_ROLE_UNSPECIFIED) {
+    return violation(field / "role", "enum", "must be a known role, got ",
+                     static_cast<int>(q.role()));
+  }
+  if (!v1::TensorPhase_IsValid(q.phase())) {
+    return violation(field / "phase", "enum", "unknown value ", static_cast<int>(q.phase()));
+  }
+  return std::nullopt;
+}
+
+// The recipe text is what to_string writes (so that one recipe is one text in the store and the
+// metrics' labels), and the element format is the recipe's.
+Result check_recipe(const v1::QuantizerStats& q, const Field& field) {
+  if (auto v = check_string(q.recipe(), field / "recipe", limits::kRecipeMaxBytes, true)) return v;
+  std::string error;
+  const std::optional<Recipe> recipe = parse_recipe(q.recipe(), &error);
+  if (!recipe) {
+    return violation(field / "recipe", "recipe", "'", quote(q.recipe()), "' is no recipe: ",
+                     error);
+  }
+  if (const std::string canonical = to_string(*recipe); canonical != q.recipe()) {
+    return violation(field / "recipe", "recipe", "'", quote(q.recipe()),
+                     "' is not canonical: write '", canonical, "'");
+  }
+  if (q.element() != proto::to_proto(recipe->element)) {
+    return violation(field / "element", "recipe", "format ", static_cast<int>(q.element()),
+                     " is not the element format of recipe '", q.recipe(), "'");
+  }
+  return std::nullopt;
+}
+
+Result check_quantizer_counts(const v1::QuantizerStats& q, const Field& field) {
+  const std::pair<std::uint64_t, const char*> counts[] = {{q.underflow(), "underflow"},
+                                                          {q.subnormal(), "subnormal"},
+                                                          {q.saturated(), "saturated"},
+                                                          {q.overflow(), "overflow"}};
+  unsigned __int128 sum = 0;
+  for (const auto& [n, name] : counts) {
+    if (n > q.values()) {
+      return violation(field / name, "quantizer_counts", n, " exceeds values ", q.values());
+    }
+    sum += n;
+  }
+  if (sum > q.values()) {
+    return violation(field, "quantizer_counts", "underflow + subnormal + saturated + overflow = ",
+                     static_cast<std::uint64_t>(sum), " exceeds values ", q.values());
+  }
+  if (q.zero_blocks() > q.blocks() || q.saturated_blocks() > q.blocks() ||
+      q.nan_blocks() > q.blocks() - q.zero_blocks()) {
+    return violation(field / "blocks", "quantizer_counts",
+                     "zero_blocks + nan_blocks or saturated_blocks exceed blocks ", q.blocks());
+  }
+  return std::nullopt;
+}
+
+Result check_quantizer_magnitudes(const v1::QuantizerStats& q, const Field& field) {
+  if (auto v = check_non_negative(q.amax(), field / "amax")) return v;
+  if (auto v = check_non_negative(q.signal_sq(), field / "signal_sq")) return v;
+  if (auto v = check_non_negative(q.error_sq(), field / "error_sq")) return v;
+  if (auto v = check_non_negative(q.tensor_scale(), field / "tensor_scale")) return v;
+  const Field history = field / "amax_history";
+  if (auto v = check_count(q.amax_history_size(), history, limits::kMaxAmaxHistory)) return v;
+  for (int i = 0; i < q.amax_history_size(); ++i) {
+    if (auto v = check_non_negative(q.amax_history(i), history[i])) return v;
+  }
+  return std::nullopt;
+}
+
+Result check_scale_histogram(const v1::QuantizerStats& q, const Field& field) {
+  if (!q.has_scale_histogram()) return std::nullopt;
+  const v1::BinadeHistogram& h = q.scale_histogram();
+  const Field hfield = field / "scale_histogram";
+  if (h.counts_size() > limits::kMaxHistogramBins) {
+    return violation(hfield / "counts", "histogram_range", "has ", h.counts_size(),
+                     " bins, at most ", limits::kMaxHistogramBins, " allowed");
+  }
+  if (h.counts_size() > 0) {
+    const long long top = static_cast<long long>(h.min_exponent()) + h.counts_size() - 1;
+    if (h.min_exponent() < limits::kHistogramMinExponent || top > limits::kHistogramMaxExponent) {
+      return violation(hfield / "min_exponent", "histogram_range", "binades [", h.min_exponent(),
+                       ", ", top, "] leave [", limits::kHistogramMinExponent, ", ",
+                       limits::kHistogramMaxExponent, "]");
+    }
+  }
+  unsigned __int128 total = 0;
+  for (std::uint64_t c : h.counts()) total += c;
+  // Validated above: zero_blocks + nan_blocks <= blocks.
+  const std::uint64_t scaled = q.blocks() - q.zero_blocks() - q.nan_blocks();
+  if (total > scaled) {
+    return violation(hfield / "counts", "histogram_total", "sum ",
+                     static_cast<std::uint64_t>(total), " exceeds the blocks with a scale ",
+                     scaled);
+  }
+  return std::nullopt;
+}
+
+Result check_quantizer(const v1::QuantizerStats& q, const Field& field) {
+  if (auto v = check_quantizer_identity(q, field)) return v;
+  if (auto v = check_recipe(q, field)) return v;
+  if (auto v = check_quantizer_counts(q, field)) return v;
+  if (auto v = check_quantizer_magnitudes(q, field)) return v;
+  return check_scale_histogram(q, field);
+}
+
 Result check_process(const v1::Hello& h) {
   if (h.pid() > limits::kMaxPid) {
     return violation("hello.pid", "range", "must be <= 2^31-1 (", limits::kMaxPid, "), got ",
@@ -481,6 +596,12 @@ std::vector<Refusal> refuse_parts(v1::StepReport& r) {
     keep_valid(r.mutable_history(i)->mutable_tensors(), field, check_history_tensor,
                tensor_notice(field), refused);
   }
+  keep_valid(
+      r.mutable_quantizers(), "report.quantizers", check_quantizer,
+      [](const v1::QuantizerStats& q, const Violation& v) {
+        return part_notice("quantizer", q.name(), v, "report.quantizers");
+      },
+      refused);
   if (r.has_first_offender()) {
     v1::FirstOffender& f = *r.mutable_first_offender();
     if (Result v =
@@ -557,6 +678,11 @@ std::optional<Violation> check_run_id(std::string_view run_id, std::string_view 
 
 std::optional<Violation> check_tensor_stats(const v1::TensorStats& t, const std::string& field) {
   return check_tensor(t, field);
+}
+
+std::optional<Violation> check_quantizer_stats(const v1::QuantizerStats& q,
+                                               const std::string& field) {
+  return check_quantizer(q, field);
 }
 
 std::optional<Violation> validate_hello(const v1::Hello& h) {

@@ -2,7 +2,7 @@
 // that names the offending field and a stable reason token. A report that breaks a rule of the
 // report itself (identity, seq, step scalars, a bound on a list, the history's shape) is
 // rejected whole; a part that breaks a rule of its own (one tensor, one notice, one layer name,
-// one policy outcome, the first offender's name) is refused alone and the rest of the step is
+// one quantiser, one policy outcome, the first offender's name) is refused alone and the rest of the step is
 // stored, so that one bad name never costs a step. The reason tokens are the `reason` label of
 // ampscope_reports_rejected_total and ampscope_report_parts_refused_total and Reject.reason on
 // the wire, so they form a closed set (kRejectReasons) and never change meaning.
@@ -32,6 +32,9 @@ inline constexpr std::size_t kShortStringMaxBytes = text::kShortTextMaxBytes;  /
 inline constexpr std::size_t kNameMaxBytes = text::kNameMaxBytes;      // host, trainer, names
 inline constexpr std::size_t kNoticeMaxBytes = text::kNoticeMaxBytes;  // notices, reasons
 inline constexpr int kMaxTensorsPerReport = 4096;
+inline constexpr int kMaxQuantizersPerReport = 4096;  // StepReport.quantizers
+inline constexpr int kMaxAmaxHistory = 1024;          // QuantizerStats.amax_history
+inline constexpr std::size_t kRecipeMaxBytes = 64;    // QuantizerStats.recipe
 inline constexpr int kMaxLayerNames = 4096;
 inline constexpr int kMaxShapeDims = 8;
 inline constexpr int kMaxTargets = 16;
@@ -64,7 +67,7 @@ struct Violation {
 };
 
 // The closed set of reasons, in the order they are exported.
-inline constexpr std::array<std::string_view, 17> kRejectReasons = {
+inline constexpr std::array<std::string_view, 19> kRejectReasons = {
     "missing_hello",        // first message of a stream is not a Hello
     "identity",             // run_id / rank of a report differ from the stream's Hello
     "run_id",               // run id length or characters
@@ -84,6 +87,10 @@ inline constexpr std::array<std::string_view, 17> kRejectReasons = {
     "target_counts",        // target counts above the finite nonzero elements
     "history",              // flight_event without history (or history without it), or a
                             // history tensor below level FULL
+    "recipe",               // a quantiser's recipe text that parse_recipe does not read as its
+                            // canonical text, or an element format not the recipe's
+    "quantizer_counts",     // a quantiser's counts above its values, or block counts above its
+                            // blocks
 };
 
 // Per-stream facts a report is checked against.
@@ -122,5 +129,7 @@ std::string quote(std::string_view text);
 // Individual rules, exposed for the unit tests.
 std::optional<Violation> check_run_id(std::string_view run_id, std::string_view field);
 std::optional<Violation> check_tensor_stats(const v1::TensorStats& t, const std::string& field);
+std::optional<Violation> check_quantizer_stats(const v1::QuantizerStats& q,
+                                               const std::string& field);
 
 }  // namespace ampscope::server

@@ -1,5 +1,6 @@
 // The store: runs, agents, reports (the raw StepReport plus the columns queries need; the flight
-// recorder's history a report carries in rows of its own), per-tensor totals, policy decisions
+// recorder's history a report carries in rows of its own), per-tensor and per-quantiser totals
+// (StepReport.quantizers summed per run and (name, role, phase)), policy decisions
 // with their reasons and the agents' outcomes, the policy engines' saved state, and rejections.
 // One schema, two back ends under the database layer of db.h: SQLite (store/sqlite: a file,
 // WAL; the default) and PostgreSQL (store/postgres: libpq, for several servers sharing one
@@ -34,8 +35,8 @@
 namespace ampscope::server {
 
 // The schema versions this server writes, per back end.
-inline constexpr int kSchemaVersion = 6;          // SQLite (PRAGMA user_version)
-inline constexpr int kPostgresSchemaVersion = 2;  // PostgreSQL (table ampscope_schema)
+inline constexpr int kSchemaVersion = 7;          // SQLite (PRAGMA user_version)
+inline constexpr int kPostgresSchemaVersion = 3;  // PostgreSQL (table ampscope_schema)
 int current_schema_version(Backend backend);
 
 struct StoreOptions {
@@ -228,6 +229,7 @@ class StoreWriter {
   std::int64_t run_key(const std::string& run_id);          // cached; throws for an unknown run
   std::int64_t delete_run_rows(std::int64_t run);           // returns the reports deleted
   void insert_history(std::int64_t run, std::int64_t report, const v1::StepReport& r);
+  void add_quantizer(std::int64_t run, std::int64_t step, const v1::QuantizerStats& q);
   struct Statements;
   const StoreOptions options_;
   std::unique_ptr<Connection> conn_;
@@ -344,6 +346,7 @@ inline constexpr std::uint32_t kSeriesDecisions = 1000;
 inline constexpr std::uint32_t kSeriesOffenders = 1000;
 inline constexpr std::uint32_t kSeriesTensors = 50;
 inline constexpr std::uint32_t kSeriesDivergences = 1000;
+inline constexpr std::uint32_t kMaxQuantizerRecords = 4096;  // GetRunResponse.quantizers
 struct TensorRequest {
   std::string name;
   int role = 0;              // v1::TensorRole
@@ -408,6 +411,8 @@ class StoreReader {
   // the last kMaxScalePoints.
   std::vector<v1::ScalePoint> scale_timeline(std::int64_t run, std::int64_t from, std::int64_t to);
   // tensor_totals rows, ordered and filtered by `where_order` (SQL after "WHERE run = ?1 AND").
+  // Every quantiser of the run (at most kMaxQuantizerRecords), by name, role and phase.
+  std::vector<v1::QuantizerRecord> quantizer_records(std::int64_t run);
   std::vector<v1::TensorRecord> tensor_records(std::int64_t run, const std::string& where_order,
                                                std::uint32_t limit);
   std::vector<v1::RankDivergence> divergences(std::int64_t run, std::uint32_t limit);

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "ampscope/proto/flight_event.h"
+#include "ampscope/proto/quantizer_codec.h"
 #include "policy_merge.h"
 #include "policy_wire.h"
 #include "store.h"
@@ -415,6 +416,55 @@ std::vector<v1::TensorRecord> StoreReader::tensor_records(std::int64_t run,
   return out;
 }
 
+std::vector<v1::QuantizerRecord> StoreReader::quantizer_records(std::int64_t run) {
+  Statement s = conn_->prepare(
+      "SELECT name, role, phase, recipe, element, samples, \"values\", nonfinite, underflow, "
+      "subnormal, saturated, overflow, signal_sq, error_sq, amax, last_amax, scale_min, "
+      "scale_max, last_scale, scale_min_exponent, scale_max_exponent, blocks, zero_blocks, "
+      "saturated_blocks, nan_blocks, last_step FROM quantizer_totals WHERE run = ?1 "
+      "ORDER BY name, role, phase LIMIT ?2");
+  s.bind(1, run).bind(2, static_cast<std::int64_t>(kMaxQuantizerRecords));
+  std::vector<v1::QuantizerRecord> out;
+  const auto count = [&](int column) { return static_cast<std::uint64_t>(s.column_int(column)); };
+  while (s.step()) {
+    v1::QuantizerRecord& q = out.emplace_back();
+    q.set_name(s.column_text(0));
+    q.set_role(static_cast<v1::TensorRole>(s.column_int(1)));
+    q.set_phase(static_cast<v1::TensorPhase>(s.column_int(2)));
+    q.set_recipe(s.column_text(3));
+    q.set_element(static_cast<v1::Format>(s.column_int(4)));
+    q.set_samples(count(5));
+    q.set_values(count(6));
+    q.set_nonfinite(count(7));
+    q.set_underflow(count(8));
+    q.set_subnormal(count(9));
+    q.set_saturated(count(10));
+    q.set_overflow(count(11));
+    const double values = static_cast<double>(q.values());
+    q.set_underflow_ratio(values > 0 ? static_cast<double>(q.underflow()) / values : 0.0);
+    q.set_saturated_ratio(values > 0 ? static_cast<double>(q.saturated()) / values : 0.0);
+    q.set_sqnr_db(proto::sqnr_db(s.column_double(12), s.column_double(13)));
+    q.set_amax(s.column_double(14));
+    q.set_last_amax(s.column_double(15));
+    if (!s.column_is_null(16)) {
+      q.set_tensor_scale_min(s.column_double(16));
+      q.set_tensor_scale_max(s.column_double(17));
+    }
+    q.set_last_tensor_scale(s.column_double(18));
+    if (!s.column_is_null(19)) {
+      q.set_has_scale_binades(true);
+      q.set_scale_min_exponent(static_cast<std::int32_t>(s.column_int(19)));
+      q.set_scale_max_exponent(static_cast<std::int32_t>(s.column_int(20)));
+    }
+    q.set_blocks(count(21));
+    q.set_zero_blocks(count(22));
+    q.set_saturated_blocks(count(23));
+    q.set_nan_blocks(count(24));
+    q.set_last_step(s.column_int(25));
+  }
+  return out;
+}
+
 std::vector<v1::RankDivergence> StoreReader::divergences(std::int64_t run, std::uint32_t limit) {
   // The latest `limit`, listed by step.
   Statement s = conn_->prepare(
@@ -463,6 +513,7 @@ std::optional<v1::GetRunResponse> StoreReader::get_run(const std::string& run_id
   for (v1::PolicyDecision& d : decisions(*run, limit)) {
     *out.add_policy_decisions() = std::move(d);
   }
+  for (v1::QuantizerRecord& q : quantizer_records(*run)) *out.add_quantizers() = std::move(q);
   for (v1::RankDivergence& d : divergences(*run, limit)) {
     *out.add_rank_divergences() = std::move(d);
   }

@@ -85,7 +85,46 @@ struct StoreWriter::Statements {
         delete_run(c.prepare("DELETE FROM runs WHERE id = ?1")),
         insert_history(c.prepare(
             "INSERT INTO tensor_history (report, run, rank, step, name, role, phase, stats) "
-            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)")) {}
+            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)")),
+        add_quantizer(prepare_add_quantizer(c)),
+        delete_quantizers(c.prepare("DELETE FROM quantizer_totals WHERE run = ?1")) {}
+
+  // One sample into quantizer_totals: sums add up, extremes widen (an absent scale range,
+  // NULL, takes the other side's), and the latest step's sample sets the "latest" columns.
+  static Statement prepare_add_quantizer(Connection& c) {
+    const auto latest = [](const char* column) {
+      return std::string(column) + " = CASE WHEN excluded.last_step >= q.last_step THEN excluded." +
+             column + " ELSE q." + column + " END, ";
+    };
+    const auto sum = [](const char* column) {
+      return std::string(column) + " = q." + column + " + excluded." + column + ", ";
+    };
+    // NULL-safe: CASE WHEN b IS NULL OR a <op> b THEN a ELSE b END (NULL when both are).
+    const auto extreme = [](const char* column, const char* op) {
+      return std::string(column) + " = CASE WHEN excluded." + column + " IS NULL OR q." + column +
+             " " + op + " excluded." + column + " THEN q." + column + " ELSE excluded." + column +
+             " END, ";
+    };
+    std::string sql =
+        "INSERT INTO quantizer_totals AS q (run, name, role, phase, recipe, element, samples, "
+        "\"values\", nonfinite, underflow, subnormal, saturated, overflow, signal_sq, error_sq, "
+        "amax, last_amax, scale_min, scale_max, last_scale, scale_min_exponent, "
+        "scale_max_exponent, blocks, zero_blocks, saturated_blocks, nan_blocks, last_step) "
+        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, 1, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?15, ?16, "
+        "?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24) "
+        "ON CONFLICT (run, name, role, phase) DO UPDATE SET ";
+    sql += latest("recipe") + latest("element") + latest("last_amax") + latest("last_scale");
+    sql += "samples = q.samples + 1, ";
+    for (const char* c : {"\"values\"", "nonfinite", "underflow", "subnormal", "saturated",
+                          "overflow", "signal_sq", "error_sq", "blocks", "zero_blocks",
+                          "saturated_blocks", "nan_blocks"}) {
+      sql += sum(c);
+    }
+    sql += extreme("amax", ">=") + extreme("scale_min", "<=") + extreme("scale_max", ">=") +
+           extreme("scale_min_exponent", "<=") + extreme("scale_max_exponent", ">=");
+    sql += "last_step = " + sql_greatest("q.last_step", "excluded.last_step");
+    return c.prepare(sql);
+  }
 
   // Tensor totals upserted per statement at most, kTensorColumns parameters each.
   static constexpr std::size_t kTensorRows = 50;
@@ -138,6 +177,7 @@ struct StoreWriter::Statements {
       delete_policy_state, delete_decisions, delete_merged, delete_divergences, delete_rejections,
       delete_run;
   Statement insert_history;
+  Statement add_quantizer, delete_quantizers;
   std::map<std::size_t, Statement> add_tensors_by_rows;  // 1..kTensorRows
 };
 
@@ -509,6 +549,7 @@ std::int64_t StoreWriter::insert_report(const v1::StepReport& r, const std::stri
   const std::int64_t run = run_key(r.run_id());
   insert_report_counts(st_->insert_counts, id, run, r);
   if (r.history_size() > 0) insert_history(run, id, r);
+  for (const v1::QuantizerStats& q : r.quantizers()) add_quantizer(run, r.step(), q);
   if (r.policy_seq() > 0) {
     st_->agent_policy_seq.bind(1, run)
         .bind(2, std::int64_t{r.rank()})
@@ -516,6 +557,41 @@ std::int64_t StoreWriter::insert_report(const v1::StepReport& r, const std::stri
         .run();
   }
   return id;
+}
+
+void StoreWriter::add_quantizer(std::int64_t run, std::int64_t step, const v1::QuantizerStats& q) {
+  // Per-tensor recipes have a tensor scale (tile and MX: 0, none); block recipes a histogram.
+  const bool has_scale = q.tensor_scale() > 0.0;
+  const v1::BinadeHistogram& h = q.scale_histogram();
+  const bool has_binades = h.counts_size() > 0;
+  const auto count = [](std::uint64_t n) { return static_cast<std::int64_t>(n); };
+  Statement& s = st_->add_quantizer;
+  s.bind(1, run)
+      .bind(2, q.name())
+      .bind(3, std::int64_t{q.role()})
+      .bind(4, std::int64_t{q.phase()})
+      .bind(5, q.recipe())
+      .bind(6, std::int64_t{q.element()})
+      .bind(7, count(q.values()))
+      .bind(8, count(q.nonfinite()))
+      .bind(9, count(q.underflow()))
+      .bind(10, count(q.subnormal()))
+      .bind(11, count(q.saturated()))
+      .bind(12, count(q.overflow()))
+      .bind(13, q.signal_sq())
+      .bind(14, q.error_sq())
+      .bind(15, q.amax())
+      .bind(16, has_scale ? std::optional<double>(q.tensor_scale()) : std::nullopt)
+      .bind(17, q.tensor_scale())
+      .bind(18, has_binades ? std::optional<std::int64_t>(h.min_exponent()) : std::nullopt)
+      .bind(19, has_binades ? std::optional<std::int64_t>(h.min_exponent() + h.counts_size() - 1)
+                            : std::nullopt)
+      .bind(20, count(q.blocks()))
+      .bind(21, count(q.zero_blocks()))
+      .bind(22, count(q.saturated_blocks()))
+      .bind(23, count(q.nan_blocks()))
+      .bind(24, step)
+      .run();
 }
 
 void StoreWriter::insert_history(std::int64_t run, std::int64_t report, const v1::StepReport& r) {
@@ -664,8 +740,9 @@ std::int64_t StoreWriter::delete_run_rows(std::int64_t run) {
   // Applications hang off the run's decisions: they go first.
   for (Statement* s :
        {&st_->delete_applications, &st_->delete_agents, &st_->delete_notices, &st_->delete_tensors,
-        &st_->delete_policy_state, &st_->delete_decisions, &st_->delete_merged,
-        &st_->delete_divergences, &st_->delete_rejections, &st_->delete_run}) {
+        &st_->delete_quantizers, &st_->delete_policy_state, &st_->delete_decisions,
+        &st_->delete_merged, &st_->delete_divergences, &st_->delete_rejections,
+        &st_->delete_run}) {
     s->bind(1, run).run();
   }
   return reports;

@@ -1,7 +1,7 @@
 // The PostgreSQL store's schema and its migrations: the same tables, columns and meanings as
-// SQLite's (store/sqlite/store_schema.cc, whose version 5 is this one's version 1 and 6 its 2), in
-// PostgreSQL's types: BIGINT integers (flags stay 0/1 integers, so that the store's SQL is the
-// same on both), DOUBLE PRECISION reals, BYTEA payloads, identity ids. Table ampscope_schema
+// SQLite's (store/sqlite/store_schema.cc, whose versions 5, 6 and 7 are this one's 1, 2 and 3),
+// in PostgreSQL's types: BIGINT integers (flags stay 0/1 integers, so that the store's SQL is
+// the same on both), DOUBLE PRECISION reals, BYTEA payloads, identity ids. Table ampscope_schema
 // holds the versions applied; migration i takes the database from version i to i + 1, all of
 // them in one transaction under an advisory lock, so that servers starting together on one
 // database migrate it once and a crash mid-migration leaves the previous version intact.
@@ -213,7 +213,42 @@ CREATE TABLE run_leases (
 );
 )sql";
 
-constexpr std::array<const char*, kPostgresSchemaVersion> kMigrations = {kMigration1, kMigration2};
+// Version 2 -> 3: SQLite's version 7, the quantisers' totals.
+constexpr const char* kMigration3 = R"sql(
+CREATE TABLE quantizer_totals (
+  run               BIGINT NOT NULL,
+  name              TEXT NOT NULL,
+  role              BIGINT NOT NULL,    -- ampscope.v1.TensorRole
+  phase             BIGINT NOT NULL,    -- ampscope.v1.TensorPhase
+  recipe            TEXT NOT NULL,      -- the latest sample's, canonical text
+  element           BIGINT NOT NULL,    -- ampscope.v1.Format of the latest sample's recipe
+  samples           BIGINT NOT NULL,
+  "values"          BIGINT NOT NULL,    -- finite values quantised
+  nonfinite         BIGINT NOT NULL,
+  underflow         BIGINT NOT NULL,
+  subnormal         BIGINT NOT NULL,
+  saturated         BIGINT NOT NULL,
+  overflow          BIGINT NOT NULL,
+  signal_sq         DOUBLE PRECISION NOT NULL,  -- sums: the run's SQNR
+  error_sq          DOUBLE PRECISION NOT NULL,
+  amax              DOUBLE PRECISION NOT NULL,  -- the largest
+  last_amax         DOUBLE PRECISION NOT NULL,  -- the latest sample's
+  scale_min         DOUBLE PRECISION,   -- tensor_scale range, per-tensor recipes; NULL: none
+  scale_max         DOUBLE PRECISION,
+  last_scale        DOUBLE PRECISION NOT NULL,  -- the latest sample's tensor_scale
+  scale_min_exponent BIGINT,            -- block scales' binade range; NULL: none
+  scale_max_exponent BIGINT,
+  blocks            BIGINT NOT NULL,
+  zero_blocks       BIGINT NOT NULL,
+  saturated_blocks  BIGINT NOT NULL,
+  nan_blocks        BIGINT NOT NULL,
+  last_step         BIGINT NOT NULL,
+  PRIMARY KEY (run, name, role, phase)
+);
+)sql";
+
+constexpr std::array<const char*, kPostgresSchemaVersion> kMigrations = {kMigration1, kMigration2,
+                                                                          kMigration3};
 
 // pg_advisory_xact_lock's key for migrating: "ampscope" in ASCII.
 constexpr const char* kMigrationLock = "7020391035032268901";

@@ -234,6 +234,43 @@ CREATE TABLE run_leases (
 );
 )sql";
 
+// Version 6 -> 7: what the quantisers measured (StepReport.quantizers), summed per run and
+// quantiser (name, role, phase) as tensor_totals sums tensors: the counts, the SQNR sums and
+// block counts, the extremes of amax and of the scales, and the latest sample's recipe, amax
+// and scale. Reports stored before have no quantisers: nothing to fill.
+constexpr const char* kMigration7 = R"sql(
+CREATE TABLE quantizer_totals (
+  run               INTEGER NOT NULL,
+  name              TEXT NOT NULL,
+  role              INTEGER NOT NULL,   -- ampscope.v1.TensorRole
+  phase             INTEGER NOT NULL,   -- ampscope.v1.TensorPhase
+  recipe            TEXT NOT NULL,      -- the latest sample's, canonical text
+  element           INTEGER NOT NULL,   -- ampscope.v1.Format of the latest sample's recipe
+  samples           INTEGER NOT NULL,
+  "values"          INTEGER NOT NULL,   -- finite values quantised
+  nonfinite         INTEGER NOT NULL,
+  underflow         INTEGER NOT NULL,
+  subnormal         INTEGER NOT NULL,
+  saturated         INTEGER NOT NULL,
+  overflow          INTEGER NOT NULL,
+  signal_sq         REAL NOT NULL,      -- sums: the run's SQNR
+  error_sq          REAL NOT NULL,
+  amax              REAL NOT NULL,      -- the largest
+  last_amax         REAL NOT NULL,      -- the latest sample's
+  scale_min         REAL,               -- tensor_scale range, per-tensor recipes; NULL: none
+  scale_max         REAL,
+  last_scale        REAL NOT NULL,      -- the latest sample's tensor_scale
+  scale_min_exponent INTEGER,           -- block scales' binade range; NULL: none
+  scale_max_exponent INTEGER,
+  blocks            INTEGER NOT NULL,
+  zero_blocks       INTEGER NOT NULL,
+  saturated_blocks  INTEGER NOT NULL,
+  nan_blocks        INTEGER NOT NULL,
+  last_step         INTEGER NOT NULL,
+  PRIMARY KEY (run, name, role, phase)
+) WITHOUT ROWID;
+)sql";
+
 // Version 3 -> 4, after its SQL: the new columns and rows of every stored report, from its
 // payload, in the migration's transaction (nothing is lost on upgrade).
 void fill_report_counts(Connection& c) {
@@ -269,10 +306,10 @@ void fill_report_counts(Connection& c) {
 }
 
 constexpr std::array<const char*, kSchemaVersion> kMigrations = {
-    kMigration1, kMigration2, kMigration3, kMigration4, kMigration5, kMigration6};
+    kMigration1, kMigration2, kMigration3, kMigration4, kMigration5, kMigration6, kMigration7};
 // The C++ step of a migration, run after its SQL in the same transaction; null: none.
 constexpr std::array<void (*)(Connection&), kSchemaVersion> kMigrationSteps = {
-    nullptr, nullptr, nullptr, fill_report_counts, nullptr, nullptr};
+    nullptr, nullptr, nullptr, fill_report_counts, nullptr, nullptr, nullptr};
 
 }  // namespace
 
