@@ -7,7 +7,9 @@
 // Element rounding: ElementRounder is the fast path of round_to(y, element, kSaturating), bit
 // for bit (tests/kernels/recipe_test.cc checks it against round_to over every binade). It adds
 // and subtracts 2^(quantum exponent + 23), which rounds to a multiple of the quantum, ties to
-// even, in FP32's own arithmetic.
+// even, in FP32's own arithmetic. That arithmetic, like the scales', depends on MXCSR, which
+// belongs to the host process (the agent runs inside one that may have set FTZ/DAZ or another
+// rounding mode), so every entry point runs under the default MXCSR (ScopedDefaultMxcsr).
 #include "ampscope/recipe.h"
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 
 #include "ampscope/check.h"
 #include "ampscope/convert.h"
+#include "convert_internal.h"  // ScopedDefaultMxcsr
 
 namespace ampscope {
 namespace {
@@ -410,6 +413,7 @@ double RecipeCounts::sqnr_db() const {
 RecipeCounts fake_quantize(const float* x, float* out, std::size_t rows, std::size_t cols,
                            const Recipe& recipe) {
   check_recipe(recipe);
+  const detail::ScopedDefaultMxcsr mxcsr;
   const float amax = needs_tensor_amax(recipe.scaling) ? finite_amax(x, rows * cols) : 0.0f;
   Quantizer q(recipe, amax);
   q.add_rows(x, out, rows, cols);
@@ -430,6 +434,7 @@ RecipeCounts recipe_counts(const void* data, std::size_t n, Format dtype, std::s
     return fake_quantize(static_cast<const float*>(data), nullptr, rows, cols, recipe);
   }
   check_recipe(recipe);
+  const detail::ScopedDefaultMxcsr mxcsr;
   const auto* bytes = static_cast<const std::byte*>(data);
   const auto row_bytes = cols * static_cast<std::size_t>(storage_bytes(dtype));
   // Chunks of about kChunkElements: whole strips of block rows; or, where blocks are one row
@@ -507,6 +512,7 @@ void AmaxHistory::set_length(int length) {
 
 void AmaxHistory::update_scale() {
   if (history_.empty()) return;
+  const detail::ScopedDefaultMxcsr mxcsr;
   float amax = history_.back();
   if (reduction_ == Reduction::kMax) {
     // A NaN anywhere in the window makes the reduction NaN (torch.max propagates it).

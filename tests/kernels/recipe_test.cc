@@ -5,6 +5,7 @@
 #include "ampscope/recipe.h"
 
 #include <gtest/gtest.h>
+#include <xmmintrin.h>
 
 #include <bit>
 #include <cmath>
@@ -531,14 +532,46 @@ TEST(RecipeTest, LongRowsCutIntoPiecesAgree) {
   std::vector<float> widened(x.size());
   convert_from_fp32(x.data(), bits.data(), x.size(), Format::kBF16);
   convert_to_fp32(bits.data(), widened.data(), x.size(), Format::kBF16);
-  for (const char* text :
-       {"mxfp4", "mxfp8_e4m3:ceil", "nvfp4", "e4m3:current", "e5m2:scale=8", "e4m3:tile=1x128",
-        "e4m3:tile=128x128", "mxfp8_e4m3:block=32x1"}) {
+  for (const char* text : {"mxfp4", "mxfp8_e4m3:ceil", "nvfp4", "e4m3:current", "e5m2:scale=8",
+                           "e4m3:tile=1x128", "e4m3:tile=128x128", "mxfp8_e4m3:block=32x1"}) {
     SCOPED_TRACE(text);
     const Recipe rec = recipe(text);
     EXPECT_EQ(recipe_counts(bits.data(), x.size(), Format::kBF16, cols, rec),
               fake_quantize(widened.data(), nullptr, rows, cols, rec));
   }
+}
+
+// The host's MXCSR (FTZ|DAZ as torch.set_flush_denormal(True) sets it, round toward zero)
+// must not change a result: data with FP32 subnormals and tiny blocks, whose scales and
+// elements go through subnormal FP32 arithmetic.
+TEST(RecipeTest, ResultsDoNotDependOnMxcsr) {
+  std::vector<float> x = normal_data(4096, 8);
+  for (std::size_t i = 0; i < 512; ++i) x[i] *= 0x1p-130f;  // FP32 subnormals, tiny blocks
+  for (const char* text : kAllRecipes) {
+    SCOPED_TRACE(text);
+    const Recipe rec = recipe(text);
+    std::vector<float> want_out(x.size());
+    const RecipeCounts want = fake_quantize(x.data(), want_out.data(), 64, 64, rec);
+    for (const unsigned csr : {0x8040u /* FTZ|DAZ */, 0x6000u /* toward zero */}) {
+      std::vector<float> out(x.size());
+      const unsigned saved = _mm_getcsr();
+      _mm_setcsr(saved | csr);
+      const RecipeCounts got = fake_quantize(x.data(), out.data(), 64, 64, rec);
+      const unsigned after = _mm_getcsr();
+      _mm_setcsr(saved);
+      EXPECT_EQ(after, saved | csr) << "the caller's MXCSR is given back";
+      EXPECT_EQ(got, want) << std::hex << csr;
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        ASSERT_TRUE(same_bits(out[i], want_out[i]) || std::isnan(out[i])) << i;
+      }
+    }
+  }
+  AmaxHistory h(Format::kE4M3, 2, 0);
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x6000u);
+  h.push(3.0f);  // 448 / 3 rounds up to nearest, down toward zero
+  _mm_setcsr(saved);
+  EXPECT_EQ(h.scale(), 448.0f / 3.0f);
 }
 
 TEST(RecipeTest, SqnrDb) {
