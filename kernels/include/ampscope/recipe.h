@@ -42,6 +42,8 @@
 //              FP32 max / 2^126 up to 4, decoded 2^128)
 // Non-finite inputs are counted in `nonfinite` only.
 //
+// The arithmetic runs under the IEEE default (nearest, no FTZ/DAZ) whatever the caller's MXCSR,
+// which is given back on return.
 // Thread safety: pure functions; AmaxHistory is a plain value type.
 #pragma once
 
