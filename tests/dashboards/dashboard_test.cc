@@ -321,7 +321,9 @@ TEST(AlertRulesTest, EveryListedAlertHasASeverityAndARunbook) {
   for (const char* name : {"AmpscopeNonFiniteValues", "AmpscopeUnderflowHigh", "AmpscopeOverflow",
                            "AmpscopeLossScaleCollapsed", "AmpscopeSkippedStepsHigh",
                            "AmpscopeAgentSilent", "AmpscopeAgentStale",
-                           "AmpscopePolicyFallbackEngaged", "AmpscopeTensorCoreUtilisationLow"}) {
+                           "AmpscopePolicyFallbackEngaged", "AmpscopeTensorCoreUtilisationLow",
+                           "AmpscopeQuantizerUnderflowHigh", "AmpscopeQuantizerSaturationHigh",
+                           "AmpscopeAmaxPastDelayedScale"}) {
     EXPECT_TRUE(alerts.contains(name)) << name;
   }
   for (const auto& [name, r] : alerts) {
@@ -480,7 +482,21 @@ TEST(ExportedMetricsTest, EveryMetricTheDashboardAndAlertsReadIsExported) {
     double scale = 65536.0;
     constexpr std::uint64_t kReports = 12;
     for (std::uint64_t seq = 1; seq <= kReports; ++seq) {
-      const v1::StepReport r = realistic_report("dash-run", seq, scale, /*nan_step=*/5);
+      v1::StepReport r = realistic_report("dash-run", seq, scale, /*nan_step=*/5);
+      // An FP8 GEMM input under delayed scaling: the ampscope_quantizer_* series, the scale's
+      // among them.
+      v1::QuantizerStats* q = r.add_quantizers();
+      q->set_name("h0.mlp.fc.input");
+      q->set_role(v1::TENSOR_ROLE_ACTIVATION);
+      q->set_phase(v1::TENSOR_PHASE_FORWARD);
+      q->set_recipe("e4m3:scale=112");
+      q->set_element(v1::FORMAT_E4M3);
+      q->set_values(1024);
+      q->set_underflow(seq);
+      q->set_amax(3.5);
+      q->set_signal_sq(100.0);
+      q->set_error_sq(0.1);
+      q->set_tensor_scale(112.0);
       ASSERT_TRUE(agent.send(r));
       scale = r.scale_after();
     }
