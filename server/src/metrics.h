@@ -122,7 +122,7 @@ class Metrics {
 
 // "weight", "activation_grad", ...; "unspecified" for 0.
 std::string_view role_label(int role);
-// "fp32", "fp16", "bf16", "e4m3", "e5m2"; "unspecified" for 0.
+// "fp32", "fp16", "bf16", "e4m3", "e5m2", "e2m1", "e3m2", "e2m3"; "unspecified" for 0.
 std::string_view format_label(int format);
 // The `recipe` label of a recipe's canonical text: its scaling and element format
 // ("delayed_e4m3", "mx_e2m1", "nvfp4_e2m1", "current_e5m2", "tile_e4m3"), so that a delayed
