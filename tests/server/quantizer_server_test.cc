@@ -175,6 +175,18 @@ TEST_F(QuantizerServerTest, TheRunSumsEachQuantiserAndKeepsThemAcrossARestart) {
   ASSERT_EQ(reports.size(), 3u);
   ASSERT_EQ(reports[1].quantizers_size(), 2);
   EXPECT_EQ(reports[1].quantizers(1).amax_history_size(), 3);
+  // Without tensors (`ampscope tail`'s polls), without quantisers too.
+  auto query = v1::Query::NewStub(make_channel(server_->address()));
+  v1::GetReportsRequest request;
+  request.set_run_id("run-fp8");
+  v1::GetReportsResponse light;
+  grpc::ClientContext context;
+  ASSERT_TRUE(query->GetReports(&context, request, &light).ok());
+  ASSERT_EQ(light.reports_size(), 3);
+  for (const v1::StoredReport& r : light.reports()) {
+    EXPECT_EQ(r.report().quantizers_size(), 0);
+    EXPECT_EQ(r.report().tensors_size(), 0);
+  }
 }
 
 TEST_F(QuantizerServerTest, ShowPrintsTheFp8SectionAndItsJson) {

@@ -586,7 +586,10 @@ std::optional<v1::GetReportsResponse> StoreReader::get_reports(const v1::GetRepo
     r->set_report_id(static_cast<std::uint64_t>(s.column_int(0)));
     r->set_received_unix_ns(s.column_int(1));
     parse_blob(s.column_blob(2), r->mutable_report());
-    if (!q.include_tensors()) r->mutable_report()->clear_tensors();
+    if (!q.include_tensors()) {
+      r->mutable_report()->clear_tensors();
+      r->mutable_report()->clear_quantizers();
+    }
     last_step = s.column_int(3);
     last_rank = s.column_int(4);
   }
@@ -657,6 +660,7 @@ std::optional<v1::GetStepHistoryResponse> StoreReader::get_step_history(
       ranks.insert(rank);
     }
     r.clear_tensors();
+    r.clear_quantizers();
     r.clear_history();
     *out.add_reports() = std::move(r);
   }
