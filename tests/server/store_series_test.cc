@@ -118,9 +118,9 @@ TEST(SqliteStoreSeriesTest, Version3StoreUpgradesWithTheCountsOfItsReports) {
   }
   {
     // Back to version 3's layout, as a server before version 4 wrote it (and without version
-    // 5's index and version 6's run_leases).
+    // 5's index, version 6's run_leases and version 7's quantizer_totals).
     store.connect()->exec(
-        "DROP TABLE run_leases; DROP INDEX merged_steps_offender; "
+        "DROP TABLE quantizer_totals; DROP TABLE run_leases; DROP INDEX merged_steps_offender; "
         "DROP TRIGGER reports_take_counts; DROP TABLE report_counts; DROP INDEX reports_series; "
         "CREATE INDEX reports_by_step ON reports (run, step, rank); "
         "ALTER TABLE reports DROP COLUMN val_loss; "
