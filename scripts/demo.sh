@@ -97,10 +97,12 @@ with np.errstate(over="ignore", invalid="ignore"):
     act16[:64] = act16[:64] - act16[:64]                # Inf - Inf = NaN
 np.save(f"{out}/activations_fp16.npy", act16)
 PYEOF
-echo "FP32 activation gradients: how many would FP16 lose at loss scale 1, and at 2^16?"
-echo "\$ ampscope stats activation_grads_fp32.npy --target fp16@0 --target fp16@16 --target bf16@0"
+echo "FP32 activation gradients: how many would FP16 lose at loss scale 1, and at 2^16? And"
+echo "the FP8/FP4 recipes: per-tensor current scaling, MXFP8 (E8M0 per 32), NVFP4 (docs/fp8.md)"
+echo "\$ ampscope stats activation_grads_fp32.npy --target fp16@0 --target fp16@16 --target bf16@0 \\"
+echo "    --target e5m2:current --target mxfp8_e4m3 --target nvfp4"
 "$AMPSCOPE" stats "$WORK/activation_grads_fp32.npy" --target fp16@0 --target fp16@16 \
-  --target bf16@0
+  --target bf16@0 --target e5m2:current --target mxfp8_e4m3 --target nvfp4
 echo
 echo "FP16 activations that overflowed: Inf and NaN are counted, never averaged in"
 echo "\$ ampscope stats activations_fp16.npy --json"
