@@ -66,7 +66,9 @@ class StatsTest(unittest.TestCase):
     def test_bad_arguments_raise(self):
         x = torch.zeros(4)
         with self.assertRaisesRegex(ValueError, "dtype"):
-            ampscope.compute_stats(x.data_ptr(), 4, capi.FORMAT_E4M3)
+            ampscope.compute_stats(x.data_ptr(), 4, capi.FORMAT_E2M1)  # FP4 is no storage
+        with self.assertRaisesRegex(ValueError, "fp32, fp16 or bf16"):  # FP8 is not unscaled
+            ampscope.scale_and_compute_stats(x.data_ptr(), 4, capi.FORMAT_E4M3, 0.5)
 
 
 class RecordingHooks:
