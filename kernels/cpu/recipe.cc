@@ -510,6 +510,15 @@ void AmaxHistory::set_length(int length) {
   update_scale();
 }
 
+void AmaxHistory::restore(std::span<const float> history, float scale) {
+  AMPSCOPE_CHECK(history.size() <= static_cast<std::size_t>(length_), history.size(),
+                 " amaxes for a history of length ", length_);
+  AMPSCOPE_CHECK(std::isfinite(scale) && scale > 0.0f, "a delayed scale must be finite and ",
+                 "positive, found ", scale);
+  history_.assign(history.begin(), history.end());
+  scale_ = scale;
+}
+
 void AmaxHistory::update_scale() {
   if (history_.empty()) return;
   const detail::ScopedDefaultMxcsr mxcsr;

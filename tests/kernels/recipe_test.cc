@@ -670,6 +670,34 @@ TEST(AmaxHistoryTest, MarginAndLengthChanges) {
   EXPECT_THROW(AmaxHistory(Format::kBF16, 4, 0), Error);
 }
 
+// A window of zeros keeps the scale an earlier window gave: the amaxes alone cannot rebuild it,
+// restore() takes it as saved and goes on exactly as the original.
+TEST(AmaxHistoryTest, RestoreTakesTheScaleTheAmaxesCannotSay) {
+  AmaxHistory original(Format::kE4M3, 2, 0);
+  original.push(4.0f);  // 448 / 4 = 112
+  original.push(0.0f);
+  original.push(0.0f);  // window (0, 0): keeps 112
+  ASSERT_EQ(original.scale(), 112.0f);
+  AmaxHistory replayed(Format::kE4M3, 2, 0);
+  for (const float a : original.history()) replayed.push(a);
+  EXPECT_EQ(replayed.scale(), 1.0f);  // why restore() exists
+  AmaxHistory restored(Format::kE4M3, 2, 0);
+  restored.restore(original.history(), original.scale());
+  EXPECT_EQ(restored.scale(), 112.0f);
+  EXPECT_EQ(std::vector<float>(restored.history().begin(), restored.history().end()),
+            std::vector<float>(original.history().begin(), original.history().end()));
+  for (const float a : {0.0f, 8.0f, 2.0f}) {
+    original.push(a);
+    restored.push(a);
+    EXPECT_EQ(restored.scale(), original.scale()) << a;
+  }
+  const float three[] = {1.0f, 2.0f, 3.0f};
+  EXPECT_THROW(restored.restore(three, 1.0f), Error);  // longer than the length
+  EXPECT_THROW(restored.restore({}, 0.0f), Error);
+  EXPECT_THROW(restored.restore({}, kInf), Error);
+  EXPECT_THROW(restored.restore({}, kNaN), Error);
+}
+
 // ---- Parsing -------------------------------------------------------------------------------
 
 TEST(RecipeParseTest, NamesAndRoundTrips) {

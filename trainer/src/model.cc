@@ -387,8 +387,7 @@ std::optional<Recipe> Gpt::recipe_for(const StepContext& ctx, const std::string&
   *delayed_index = ctx.delayed->index(layer, operand);
   AMPSCOPE_CHECK(*delayed_index >= 0, "no amax history for ", layer, ".", operand_name(operand));
   const auto i = static_cast<std::size_t>(*delayed_index);
-  r->scale = ctx.delayed->scale(i);
-  r->margin = ctx.delayed->settings(i).margin;
+  r->scale = ctx.delayed->scale(i);  // the margin is in the scale
   return r;
 }
 

@@ -122,7 +122,7 @@ std::optional<Recipe> gemm_recipe(PrecisionMode mode, GemmOperand operand, GemmU
     case PrecisionMode::kFP8Current:
       r.scaling = mode == PrecisionMode::kFP8Delayed ? Scaling::kDelayed : Scaling::kCurrent;
       r.element = operand == GemmOperand::kOutputGrad ? Format::kE5M2 : Format::kE4M3;
-      r.margin = margin;
+      if (mode == PrecisionMode::kFP8Current) r.margin = margin;
       return r;
     case PrecisionMode::kMXFP8:
       r.scaling = Scaling::kMX;
@@ -198,9 +198,7 @@ void DelayedScaling::restore(std::size_t i, const DelayedSettings& s,
                  inputs_[i].name, ": ", history.size(), " amaxes for a history of ",
                  s.history_length);
   AmaxHistory h(delayed_element(inputs_[i].operand), s.history_length, s.margin);
-  for (float a : history) h.push(a);
-  AMPSCOPE_CHECK(h.scale() == scale, inputs_[i].name, ": its amax history gives scale ", h.scale(),
-                 ", the checkpoint holds ", scale);
+  h.restore(history, scale);
   histories_[i] = std::move(h);
   settings_[i] = s;
 }

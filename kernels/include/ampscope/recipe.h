@@ -151,6 +151,11 @@ class AmaxHistory {
   int margin() const { return margin_; }
   void set_margin(int margin);
   void set_length(int length);  // keeps the newest min(length, size) entries
+  // Puts back a saved state (a checkpoint's): the amaxes, oldest first (at most `length`), and
+  // the scale in force. The scale is state of its own: a window of zero or non-finite amaxes
+  // keeps the scale an earlier window gave, which the amaxes alone cannot say. Throws
+  // ampscope::Error on a history longer than the length or a scale not finite and positive.
+  void restore(std::span<const float> history, float scale);
 
  private:
   void update_scale();

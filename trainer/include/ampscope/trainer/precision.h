@@ -73,8 +73,9 @@ std::string_view gemm_use_name(GemmUse use);         // "forward", "dgrad", "wgr
 
 // The recipe `mode` applies to `operand` in the GEMM `use`; nullopt for modes without scaled
 // GEMMs and for an operand the GEMM does not read (the input in dgrad, the weight in wgrad).
-// Per-tensor recipes carry margin `margin`; a delayed recipe's scale is 1 here (the caller sets
-// DelayedScaling's). The recipe of every mode:
+// A current recipe carries margin `margin`; a delayed recipe's scale is 1 here and its margin 0
+// (the caller sets DelayedScaling's scale, which already holds the margin, so the recipe reads
+// back from its canonical text unchanged). The recipe of every mode:
 //   fp8-delayed  delayed, E4M3 input and weight, E5M2 output_grad (Transformer Engine's HYBRID)
 //   fp8-current  current, the same formats
 //   mxfp8        mx E4M3, 32-element blocks along the reduction axis, scale rounded down (OCP)
