@@ -304,15 +304,9 @@ Result check_magnitudes(const v1::TensorStats& t, const Field& field) {
   return std::nullopt;
 }
 
-Result check_histogram(const v1::TensorStats& t, const Field& field) {
-  const bool full = t.level() == v1::STATS_LEVEL_FULL;
-  if (full != t.has_histogram()) {
-    return violation(field / "histogram", "histogram_presence",
-                     full ? "is required with level FULL" : "must be absent with level COUNTS");
-  }
-  if (!full) return std::nullopt;
-  const v1::BinadeHistogram& h = t.histogram();
-  const Field hfield = field / "histogram";
+// A sparse binade histogram's size and range: at most kMaxHistogramBins bins, all within
+// [kHistogramMinExponent, kHistogramMaxExponent] (a tensor's values, a quantiser's block scales).
+Result check_histogram_range(const v1::BinadeHistogram& h, const Field& hfield) {
   if (h.counts_size() > limits::kMaxHistogramBins) {
     return violation(hfield / "counts", "histogram_range", "has ", h.counts_size(),
                      " bins, at most ", limits::kMaxHistogramBins, " allowed");
@@ -325,6 +319,19 @@ Result check_histogram(const v1::TensorStats& t, const Field& field) {
                        limits::kHistogramMaxExponent, "]");
     }
   }
+  return std::nullopt;
+}
+
+Result check_histogram(const v1::TensorStats& t, const Field& field) {
+  const bool full = t.level() == v1::STATS_LEVEL_FULL;
+  if (full != t.has_histogram()) {
+    return violation(field / "histogram", "histogram_presence",
+                     full ? "is required with level FULL" : "must be absent with level COUNTS");
+  }
+  if (!full) return std::nullopt;
+  const v1::BinadeHistogram& h = t.histogram();
+  const Field hfield = field / "histogram";
+  if (auto v = check_histogram_range(h, hfield)) return v;
   unsigned __int128 total = 0;
   for (std::uint64_t c : h.counts()) total += c;
   if (total != proto::finite_nonzero(t)) {
@@ -447,18 +454,7 @@ Result check_scale_histogram(const v1::QuantizerStats& q, const Field& field) {
   if (!q.has_scale_histogram()) return std::nullopt;
   const v1::BinadeHistogram& h = q.scale_histogram();
   const Field hfield = field / "scale_histogram";
-  if (h.counts_size() > limits::kMaxHistogramBins) {
-    return violation(hfield / "counts", "histogram_range", "has ", h.counts_size(),
-                     " bins, at most ", limits::kMaxHistogramBins, " allowed");
-  }
-  if (h.counts_size() > 0) {
-    const long long top = static_cast<long long>(h.min_exponent()) + h.counts_size() - 1;
-    if (h.min_exponent() < limits::kHistogramMinExponent || top > limits::kHistogramMaxExponent) {
-      return violation(hfield / "min_exponent", "histogram_range", "binades [", h.min_exponent(),
-                       ", ", top, "] leave [", limits::kHistogramMinExponent, ", ",
-                       limits::kHistogramMaxExponent, "]");
-    }
-  }
+  if (auto v = check_histogram_range(h, hfield)) return v;
   unsigned __int128 total = 0;
   for (std::uint64_t c : h.counts()) total += c;
   // Validated above: zero_blocks + nan_blocks <= blocks.
