@@ -21,6 +21,7 @@
 #include "layers/cpu_exec.h"
 #include "layers/matmul/matmul.h"
 #include "random_tensor.h"
+#include "tiny_trainer.h"
 
 namespace ampscope::trainer {
 namespace {
@@ -277,27 +278,9 @@ TEST(GemmPrecisionSetTest, LayersMoveToBf16AndBackAndDelayedSettingsApplyFromThe
 
 // ---- Training --------------------------------------------------------------------------------
 
-const Corpus& corpus() {
-  static const Corpus c = Corpus::synthetic();
-  return c;
-}
-
-TrainerConfig tiny(PrecisionMode mode, std::int64_t steps) {
-  TrainerConfig c;
-  c.model = {.vocab_size = 0, .context = 32, .n_embd = 32, .n_head = 2, .n_layer = 2};
-  c.precision = mode;
-  c.batch = 8;
-  c.steps = steps;
-  c.seed = 1;
-  c.lr = 5e-3f;
-  c.min_lr = 5e-4f;
-  c.warmup_steps = 10;
-  return c;
-}
-
-std::unique_ptr<Trainer> make(const TrainerConfig& c) {
-  return std::make_unique<Trainer>(c, corpus(), make_cpu_backend({.blas_threads = 1}));
-}
+using testing::corpus;
+using testing::make;
+using testing::tiny;
 
 void expect_same_state(Trainer& a, Trainer& b) {
   for (auto buf : {&Gpt::param_buffer, &Gpt::m_buffer, &Gpt::v_buffer}) {
