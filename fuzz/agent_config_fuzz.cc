@@ -28,6 +28,12 @@ namespace {
 using agent::AgentConfig;
 using Options = std::vector<std::pair<std::string, std::string>>;
 
+std::string recipes_text(const std::vector<Recipe>& recipes) {
+  std::string out;
+  for (const Recipe& r : recipes) out += (out.empty() ? "" : ",") + to_string(r);
+  return out;
+}
+
 std::string roles_text(const std::vector<TensorRole>& roles) {
   if (roles.empty()) return "none";
   std::string out;
@@ -84,6 +90,7 @@ Options as_options(const AgentConfig& c) {
       {"stats_thread", c.stats_thread == agent::StatsThread::kWorker ? "worker" : "caller"},
       {"worker_max_bytes", std::to_string(c.worker_max_bytes)},
       {"nvtx", flag(c.nvtx)},
+      {"recipe_targets", recipes_text(c.recipe_targets)},
       {"sample_counts", flag(s.counts)},
       {"sample_count_roles", roles_text(s.count_roles)},
       {"sample_full_every", std::to_string(s.full_every)},

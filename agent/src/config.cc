@@ -134,7 +134,38 @@ struct Option {
   std::string_view key;
   std::string_view expected;  // for the error message
   std::function<bool(AgentConfig&, std::string_view)> set;
+  // Instead of `set`, for values whose error names the bad part: empty on success.
+  std::function<std::string(AgentConfig&, std::string_view)> set_or_why = nullptr;
 };
+
+// recipe_targets: comma-separated recipe texts; each must read back as itself (what goes on
+// the wire is its canonical text), none twice, at most kMaxRecipeTargets.
+std::string parse_recipe_targets(AgentConfig& c, std::string_view v) {
+  std::vector<Recipe> recipes;
+  const std::string all = trim(v);
+  std::size_t start = 0;
+  while (!all.empty() && start <= all.size()) {
+    const std::size_t comma = std::min(all.find(',', start), all.size());
+    const std::string text = trim(std::string_view(all).substr(start, comma - start));
+    start = comma + 1;
+    if (text.empty()) return "an empty recipe in '" + all + "'";
+    std::string error;
+    const std::optional<Recipe> r = parse_recipe(text, &error);
+    if (!r) return "'" + text + "' is not a recipe: " + error;
+    if (parse_recipe(to_string(*r)) != r) {
+      return "'" + text + "' does not read back as itself (" + to_string(*r) + ")";
+    }
+    if (std::find(recipes.begin(), recipes.end(), *r) != recipes.end()) {
+      return "'" + text + "' is given twice";
+    }
+    if (recipes.size() == kMaxRecipeTargets) {
+      return "at most " + std::to_string(kMaxRecipeTargets) + " recipes";
+    }
+    recipes.push_back(*r);
+  }
+  c.recipe_targets = std::move(recipes);
+  return {};
+}
 
 template <typename T>
 std::function<bool(AgentConfig&, std::string_view)> integer(T AgentConfig::*field, std::int64_t lo,
@@ -283,6 +314,7 @@ const std::vector<Option>& options() {
       {"worker_max_bytes", "a size in [0, 1T]",
        integer(&AgentConfig::worker_max_bytes, 0, std::int64_t{1} << 40, true)},
       {"nvtx", "a boolean", [](AgentConfig& c, std::string_view v) { return parse_bool(v, &c.nvtx); }},
+      {"recipe_targets", "comma-separated recipes", nullptr, parse_recipe_targets},
       {"sample_counts", "a boolean",
        [](AgentConfig& c, std::string_view v) { return parse_bool(v, &c.sampling.counts); }},
       {"sample_count_roles", "comma-separated roles, all or none",
@@ -349,7 +381,10 @@ std::string set_option(AgentConfig& config, std::string_view key, std::string_vi
   for (const Option& o : options()) {
     if (o.key != k) continue;
     AgentConfig copy = config;
-    if (!o.set(copy, value)) {
+    if (o.set_or_why) {
+      std::string why = o.set_or_why(copy, value);
+      if (!why.empty()) return std::string(k) + ": " + why;
+    } else if (!o.set(copy, value)) {
       return std::string(k) + ": expected " + std::string(o.expected) + ", got '" +
              std::string(value) + "'";
     }
@@ -422,6 +457,15 @@ std::string validate(const AgentConfig& c) {
   }
   if (c.sampling.full_every < 0 || c.sampling.cupti_every < 0) {
     return "sample_full_every and cupti_every must be >= 0";
+  }
+  if (c.recipe_targets.size() > kMaxRecipeTargets) {
+    return "recipe_targets: at most " + std::to_string(kMaxRecipeTargets) + " recipes";
+  }
+  for (const Recipe& r : c.recipe_targets) {
+    // What goes on the wire is the canonical text, which the server reads back.
+    if (parse_recipe(to_string(r)) != r) {
+      return "recipe_targets: '" + to_string(r) + "' does not read back as itself";
+    }
   }
   if (c.flight_recorder_steps > static_cast<std::size_t>(kMaxFlightRecorderSteps) ||
       c.flight_recorder_bytes > static_cast<std::uint64_t>(kMaxFlightRecorderBytes)) {

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <exception>
 
+#include "ampscope/proto/quantizer_codec.h"
 #include "ampscope/proto/wire_time.h"
+#include "ampscope/text.h"
 #include "gpu_stats.h"
 #include "measure.h"
 #include "nvtx.h"
@@ -218,6 +220,36 @@ void Delivery::run_worker() {
   }
 }
 
+namespace {
+
+// The recipe_targets counts measured with the step's samples become its quantiser entries,
+// after those observe_quantizer recorded; beyond the report's bound they are counted drops, as
+// observe_quantizer's are. Each is named "TENSOR [RECIPE]": the server sums a run's quantiser
+// samples per name, role and phase, so one tensor counted against two recipes needs two names.
+void take_recipe_counts(StepRecord& record) {
+  for (TensorSample& s : record.samples) {
+    for (RecipeCounts& counts : s.recipe_counts) {
+      if (record.quantizers.size() >= proto::kMaxQuantizersPerReport) {
+        record.dropped_tensors += 1;
+        continue;
+      }
+      QuantizerSample q;
+      q.name = s.name + " [" + to_string(counts.recipe) + "]";
+      if (q.name.size() > text::kNameMaxBytes) {
+        q.name = text::clean_text(q.name, text::kNameMaxBytes);
+      }
+      q.role = s.role;
+      q.phase = s.phase;
+      q.micro_step = s.micro_step;
+      q.counts = std::move(counts);
+      record.quantizers.push_back(std::move(q));
+    }
+    std::vector<RecipeCounts>().swap(s.recipe_counts);
+  }
+}
+
+}  // namespace
+
 void Delivery::process(StepRecord& record) {
   nvtx::Scoped range(nvtx::Range::kAgentEncode, config_.nvtx);
   // Pending samples, in execution order. Device samples arrive with every statistic computed;
@@ -241,7 +273,8 @@ void Delivery::process(StepRecord& record) {
       s.gpu.reset();
     } else {
       // A full-level (or recorded) sample copied by the recorder in worker mode.
-      const MeasureResult r = measure_host(s.copy.data(), s, escalate, /*max_threads=*/1);
+      const MeasureResult r =
+          measure_host(s.copy.data(), s, escalate, /*max_threads=*/1, config_.recipe_targets);
       if (!r.ok) error = r.error;
       std::vector<unsigned char>().swap(s.copy);
     }
@@ -250,6 +283,7 @@ void Delivery::process(StepRecord& record) {
       notices_->raise("sample:" + error, "stats: sample skipped: " + error);
     }
   }
+  take_recipe_counts(record);
   dropped_tensors_.fetch_add(record.dropped_tensors);
 
   if (record.outcomes.size() > kMaxOutcomesPerReport) {

@@ -20,8 +20,27 @@ TargetSpec target_for(Format compute_format, TensorRole role, double sample_scal
   return t;
 }
 
+namespace {
+
+// The recipe_targets counts of a full-level sample: one row per last-dimension slice (a 1-D
+// or shapeless tensor is one row), as recipe_counts reads a tensor.
+void count_recipes(const void* data, TensorSample& s, std::span<const Recipe> recipes) {
+  const std::size_t row_length =
+      s.shape.size() >= 2 ? static_cast<std::size_t>(std::max<std::int64_t>(0, s.shape.back()))
+                          : 0;
+  for (const Recipe& recipe : recipes) {
+    try {
+      s.recipe_counts.push_back(recipe_counts(data, s.numel, s.dtype, row_length, recipe));
+    } catch (const std::exception&) {
+      // A storage format the recipe cannot read: not counted (the statistics still are).
+    }
+  }
+}
+
+}  // namespace
+
 MeasureResult measure_host(const void* data, TensorSample& s, bool upgrade_on_nonfinite,
-                           int max_threads) {
+                           int max_threads, std::span<const Recipe> recipes) {
   MeasureResult r;
   try {
     if (s.level == Level::kCounts && !s.record_full) {
@@ -41,6 +60,7 @@ MeasureResult measure_host(const void* data, TensorSample& s, bool upgrade_on_no
       s.full = true;
       r.nonfinite = s.stats.nonfinite() > 0;
       if (r.nonfinite && upgrade_on_nonfinite) s.level = Level::kFull;
+      if (s.level == Level::kFull && !recipes.empty()) count_recipes(data, s, recipes);
     }
     s.measured = true;
     r.ok = true;

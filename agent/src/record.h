@@ -37,6 +37,9 @@ struct TensorSample {
   bool measured = false;             // stats below are final
   bool full = false;                 // ... and hold full statistics (whatever `level` says)
   TensorStats stats;
+  // The recipe_targets counts of a full-level host sample (measure_host), moved to the step's
+  // quantizers by the worker.
+  std::vector<RecipeCounts> recipe_counts;
   // Pending work (exactly one set while !measured).
   std::vector<unsigned char> copy;   // worker mode: the tensor's bytes
   std::shared_ptr<GpuJob> gpu;       // device tensors: the job in flight

@@ -479,7 +479,7 @@ bool Recorder::measure_into(const TensorView& t, TensorSample& s) {
 // non-finite value marks the step and escalates the rest of it.
 bool Recorder::measure_here(const void* data, TensorSample& s, bool upgrade_on_nonfinite,
                             bool* nonfinite) {
-  const MeasureResult r = measure_host(data, s, upgrade_on_nonfinite, 0);
+  const MeasureResult r = measure_host(data, s, upgrade_on_nonfinite, 0, config_.recipe_targets);
   if (!r.ok) {
     drop_sample(r.error);
     return false;

@@ -23,6 +23,7 @@
 
 #include "ampscope/agent/interfaces.h"
 #include "ampscope/formats.h"
+#include "ampscope/recipe.h"
 
 namespace ampscope::agent {
 
@@ -168,8 +169,17 @@ struct AgentConfig {
   std::vector<TensorRole> flight_recorder_roles;
   StatsThread stats_thread = StatsThread::kCaller;
   std::uint64_t worker_max_bytes = 256ull << 20;
+  // Scaled recipes (ampscope/recipe.h) every host tensor measured at the full level is also
+  // counted against, where its full statistics are computed (the worker thread with
+  // stats_thread=worker): each becomes a quantiser entry of the step's report named
+  // "TENSOR [RECIPE]" (canonical recipe text), with the tensor's role, phase and micro-step.
+  // Device tensors and statistics handed over by observe_stats are not counted.
+  // At most kMaxRecipeTargets, no recipe twice, each one parse_recipe reads back as itself.
+  std::vector<Recipe> recipe_targets;
   bool nvtx = true;
 };
+
+inline constexpr std::size_t kMaxRecipeTargets = 8;
 
 // Sets one option from text. Keys (values):
 //   server, run_id, token, spool_dir (strings); token_file (reads the first line);
@@ -181,7 +191,8 @@ struct AgentConfig {
 //   policy_receive_delay_ms, policy_lockstep_timeout_ms (milliseconds); gradients_sharded,
 //   policy_lockstep (bool);
 //   policy_agreement (auto|single|per_step|none|independent);
-//   stats_thread (caller|worker); nvtx (bool);
+//   stats_thread (caller|worker); nvtx (bool); recipe_targets (comma-separated recipes,
+//   parse_recipe's texts: "mxfp8_e4m3,nvfp4,e4m3:current"; empty for none);
 //   sample_counts, sample_full_on_nonfinite, sample_full_on_scale_change (bool: 1/0,
 //   true/false, on/off, yes/no); sample_full_every, sample_max_tensors, cupti_every (integers);
 //   sample_count_roles, sample_full_roles (comma-separated roles, or "all", or "none");
