@@ -48,6 +48,36 @@ def server_option(server):
                     f"got {type(server).__name__}")
 
 
+def recipe_targets_option(recipe_targets):
+    """`recipe_targets` as the agent's `recipe_targets` option: recipe texts as
+    `ampscope stats --target` takes them ("mxfp8_e4m3", "nvfp4", "e4m3:current"), a list or
+    tuple of str or one str separated by commas; at most 8. Each is read by the agent's own
+    parser (ampscope/recipe.h's parse_recipe): TypeError or ValueError naming
+    `recipe_targets` and the bad recipe otherwise."""
+    if isinstance(recipe_targets, str):
+        text = recipe_targets
+    elif (isinstance(recipe_targets, (list, tuple))
+          and all(isinstance(r, str) for r in recipe_targets)):
+        if any("," in r for r in recipe_targets):
+            raise ValueError(f"recipe_targets: one recipe per item, got {list(recipe_targets)!r}")
+        text = ",".join(recipe_targets)
+    else:
+        raise TypeError("recipe_targets must be a str ('mxfp8_e4m3,nvfp4') or a list of str, "
+                        f"got {type(recipe_targets).__name__}")
+    lib = _capi.library()
+    config = ctypes.c_void_p()
+    if lib.ampscope_agent_config_create(ctypes.byref(config)) != _capi.OK:
+        raise AgentError("ampscope: could not allocate an agent configuration")
+    try:
+        if lib.ampscope_agent_config_set(config, b"recipe_targets", text.encode()) != _capi.OK:
+            e = lib.ampscope_agent_config_last_error(config)
+            raise ValueError(e.decode(errors="replace") if e else
+                             f"recipe_targets: refused {text!r}")
+    finally:
+        lib.ampscope_agent_config_destroy(config)
+    return text
+
+
 def _encode(value, what):
     if isinstance(value, bool):
         return b"1" if value else b"0"

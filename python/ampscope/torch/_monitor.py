@@ -47,7 +47,7 @@ import weakref
 import torch
 
 from .. import _capi
-from .._agent import Agent, server_option, utf8
+from .._agent import Agent, recipe_targets_option, server_option, utf8
 from . import _scaler
 
 _FORMATS = {torch.float32: _capi.FORMAT_FP32, torch.float16: _capi.FORMAT_FP16,
@@ -708,7 +708,7 @@ def _disabled_by_torch(scaler):
 
 def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, options=None,
            compute_dtype=None, scheduler=None, master_weights=False, start_step=0,
-           optimizer_steps=None, process_group=None):
+           optimizer_steps=None, process_group=None, recipe_targets=None):
     """Attaches an ampscope agent to a training loop and returns its Monitor.
 
     model          torch.nn.Module (its modules' qualified names name the tensors)
@@ -734,6 +734,11 @@ def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, opti
                    and runs the per-step policy agreement over it at the end of every step;
                    every rank must attach with it. None: one rank (or, with several ranks and
                    no group, the agents refuse loss-scale changes)
+    recipe_targets scaled FP8/FP6/FP4 recipes to count every tensor measured in full against
+                   (the agent's recipe_targets option): ["mxfp8_e4m3", "nvfp4"] or
+                   "mxfp8_e4m3,nvfp4", the texts `ampscope stats --target` takes; at most 8.
+                   Each becomes a quantiser of the tensor in `ampscope show`. CPU tensors
+                   only: tensors on a GPU are not counted against recipes
 
     Raises TypeError or ValueError naming the bad argument (the agent's own rules for run_id
     and server included), ampscope.AgentError when the agent cannot start; after that, nothing
@@ -753,6 +758,8 @@ def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, opti
         server = server_option(server)  # TypeError naming `server`
     if options is not None and not isinstance(options, dict):
         raise TypeError(f"options must be a dict, got {type(options).__name__}")
+    if recipe_targets is not None:
+        recipe_targets = recipe_targets_option(recipe_targets)  # naming `recipe_targets`
     if scheduler is not None and not callable(getattr(scheduler, "step", None)):
         raise TypeError(f"scheduler must have a step() method, got {type(scheduler).__name__}")
     start_step = _count("start_step", start_step)
@@ -779,6 +786,8 @@ def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, opti
                      "policy_agreement": "per_step" if world > 1 else "single"})
         group = process_group if world > 1 else None
     opts.update(options or {})
+    if recipe_targets is not None:
+        opts["recipe_targets"] = recipe_targets
     settings = adapter.settings() if adapter is not None else None
     warnings_ = []
     if isinstance(scaler, _scaler._gradscaler_types()) and _disabled_by_torch(scaler):
