@@ -11,6 +11,7 @@
 #include "ampscope/recipe.h"
 #include "ampscope/testing/files.h"
 #include "fake_step.h"
+#include "quantizer_wire.h"
 #include "spool_reader.h"
 
 namespace ampscope::agent {
@@ -40,27 +41,7 @@ RecipeCounts counts_of(const std::string& recipe_text) {
   return fake_quantize(x.data(), nullptr, 2, 64, *recipe);
 }
 
-void expect_wire_equals(const v1::QuantizerStats& q, const RecipeCounts& c) {
-  EXPECT_EQ(q.recipe(), to_string(c.recipe));
-  EXPECT_EQ(q.values(), c.values);
-  EXPECT_EQ(q.nonfinite(), c.nonfinite);
-  EXPECT_EQ(q.underflow(), c.underflow);
-  EXPECT_EQ(q.subnormal(), c.subnormal);
-  EXPECT_EQ(q.saturated(), c.saturated);
-  EXPECT_EQ(q.overflow(), c.overflow);
-  EXPECT_EQ(q.amax(), c.amax);
-  EXPECT_EQ(q.signal_sq(), c.signal_sq);
-  EXPECT_EQ(q.error_sq(), c.error_sq);
-  EXPECT_EQ(q.tensor_scale(), c.tensor_scale);
-  EXPECT_EQ(q.blocks(), c.blocks);
-  EXPECT_EQ(q.zero_blocks(), c.zero_blocks);
-  EXPECT_EQ(q.saturated_blocks(), c.saturated_blocks);
-  EXPECT_EQ(q.nan_blocks(), c.nan_blocks);
-  EXPECT_EQ(q.scale_histogram().min_exponent(), c.scale_histogram.min_exponent);
-  EXPECT_EQ(std::vector<std::uint64_t>(q.scale_histogram().counts().begin(),
-                                       q.scale_histogram().counts().end()),
-            c.scale_histogram.counts);
-}
+using testing::expect_wire_equals;
 
 QuantizerView view(const char* name, TensorRole role, const RecipeCounts& counts,
                    std::span<const float> history = {}) {
