@@ -2,6 +2,7 @@
 // NumPy there): valid streams built with the server tests' builders, policy updates as the
 // server sends them, a checkpoint from the trainer's own writer, segments from the agent's own
 // spool, and option strings. Usage: ampscope_fuzz_seeds CORPUS_DIR
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -10,6 +11,8 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/util/delimited_message_util.h>
 
+#include "ampscope/proto/quantizer_codec.h"
+#include "ampscope/recipe.h"
 #include "checkpoint_fixture.h"
 #include "server_harness.h"
 #include "spool.h"
@@ -106,6 +109,35 @@ void stream_seeds(const fs::path& corpus) {
   partial.add_notices("two\nlines");
   parts.push_back(report_message(partial));
   streams.push_back({"unicode-and-parts", parts});
+  // FP8/FP4 quantisers as the agent writes them (an MX block recipe with its scale histogram, a
+  // delayed recipe with its amax history), then one the rules refuse alone (more underflow than
+  // values): the steps are stored either way.
+  std::vector<float> x(4 * 64);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    x[i] = std::ldexp(1.0f + static_cast<float>(i % 7) / 8.0f, static_cast<int>(i % 19) - 12);
+  }
+  const RecipeCounts mx = fake_quantize(x.data(), nullptr, 4, 64, *parse_recipe("mxfp8_e4m3"));
+  Recipe delayed = *parse_recipe("e4m3:scale=112");
+  const RecipeCounts dl = fake_quantize(x.data(), nullptr, 4, 64, delayed);
+  const float history[] = {3.5f, 4.0f, 2.25f};
+  std::vector<v1::AgentMessage> quantized = {hello_message(hello)};
+  v1::StepReport q1 = make_report(run, 0, 1, 1, 2);
+  v1::QuantizerStats* a = q1.add_quantizers();
+  a->set_name("h0.mlp.fc.input");
+  a->set_role(v1::TENSOR_ROLE_ACTIVATION);
+  a->set_phase(v1::TENSOR_PHASE_FORWARD);
+  proto::encode_quantizer(mx, {}, a);
+  v1::QuantizerStats* b = q1.add_quantizers();
+  b->set_name("h0.mlp.fc.weight");
+  b->set_role(v1::TENSOR_ROLE_WEIGHT);
+  b->set_phase(v1::TENSOR_PHASE_FORWARD);
+  proto::encode_quantizer(dl, history, b);
+  quantized.push_back(report_message(q1));
+  v1::StepReport q2 = make_report(run, 0, 2, 2, 2);
+  *q2.add_quantizers() = *a;
+  q2.mutable_quantizers(0)->set_underflow(mx.values + 1);
+  quantized.push_back(report_message(q2));
+  streams.push_back({"quantizers", quantized});
   // Two ranks of a sharded run, rank 1's stream.
   v1::Hello rank1 = make_hello(run, 1, 2);
   rank1.set_gradients_sharded(true);
