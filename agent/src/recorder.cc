@@ -301,13 +301,15 @@ Status Recorder::observe_quantizer(const QuantizerView& q) {
   Call call(*this, true);
   if (call.reentered()) return refuse_reentry("observe_quantizer");
   if (closed_) return {StatusCode::kFailedPrecondition, "observe_quantizer after shutdown"};
+  // Checked only when it would be recorded: the check reads the recipe text back, and a trainer
+  // calls this for every GEMM input of every micro-batch, observed step or not.
+  if (!in_step_ || !observing_) return Status::Ok();
   if (std::string why = check_quantizer(q); !why.empty()) {
     why = "observe_quantizer: tensor '" + std::string(q.name) + "': " + why;
     notices_->raise("observe_quantizer-invalid", "agent: " + why + "; not recorded");
-    if (in_step_ && observing_) current_.dropped_tensors += 1;
+    current_.dropped_tensors += 1;
     return {StatusCode::kInvalidArgument, std::move(why)};
   }
-  if (!in_step_ || !observing_) return Status::Ok();
   if (current_.quantizers.size() >= proto::kMaxQuantizersPerReport) {
     current_.dropped_tensors += 1;
     return Status::Ok();

@@ -191,7 +191,8 @@ class Agent {
   // values, non-finite or negative amax, sums or scale, block counts above the blocks, a scale
   // histogram outside [kHistogramMinExponent, kHistogramMaxExponent] or holding more blocks
   // than have a scale, a non-finite or negative amax history entry: kInvalidArgument with a
-  // notice, nothing recorded. Outside a step it does nothing (Ok).
+  // notice, nothing recorded. Outside a step, or on a step begin_step declined, it does
+  // nothing, the checks included (Ok).
   Status observe_quantizer(const QuantizerView& quantizer) noexcept;
   // An optional phase marker for the NVTX timeline (on the thread of begin_step).
   Status mark_phase(StepPhase phase) noexcept;
