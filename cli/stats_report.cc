@@ -147,22 +147,6 @@ void print_targets(std::ostream& out, const TensorStats& s) {
   }
 }
 
-const char* scaling_name(Scaling s) {
-  switch (s) {
-    case Scaling::kCurrent:
-      return "current";
-    case Scaling::kDelayed:
-      return "delayed";
-    case Scaling::kTile:
-      return "tile";
-    case Scaling::kMX:
-      return "mx";
-    case Scaling::kNVFP4:
-      return "nvfp4";
-  }
-  return "?";
-}
-
 bool has_blocks(const Recipe& r) {
   return r.scaling == Scaling::kTile || r.scaling == Scaling::kMX || r.scaling == Scaling::kNVFP4;
 }
@@ -234,7 +218,7 @@ nlohmann::ordered_json recipe_json(const RecipeCounts& c) {
   nlohmann::ordered_json j;
   const Recipe& r = c.recipe;
   j["recipe"] = to_string(r);
-  j["scaling"] = scaling_name(r.scaling);
+  j["scaling"] = std::string(scaling_name(r.scaling));
   j["element"] = std::string(format_name(r.element));
   if (has_blocks(r)) {
     j["block_rows"] = r.block_rows;

@@ -510,6 +510,22 @@ void AmaxHistory::set_length(int length) {
   update_scale();
 }
 
+std::string_view scaling_name(Scaling s) {
+  switch (s) {
+    case Scaling::kCurrent:
+      return "current";
+    case Scaling::kDelayed:
+      return "delayed";
+    case Scaling::kTile:
+      return "tile";
+    case Scaling::kMX:
+      return "mx";
+    case Scaling::kNVFP4:
+      return "nvfp4";
+  }
+  return "?";
+}
+
 void AmaxHistory::restore(std::span<const float> history, float scale) {
   AMPSCOPE_CHECK(history.size() <= static_cast<std::size_t>(length_), history.size(),
                  " amaxes for a history of length ", length_);

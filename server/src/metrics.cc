@@ -826,11 +826,7 @@ void Metrics::set_top_tensors(RunState& state, const std::vector<TensorTotals>& 
 std::string recipe_label(std::string_view recipe) {
   const std::optional<Recipe> r = parse_recipe(recipe);
   if (!r) return "unspecified";
-  static constexpr std::array<std::string_view, 5> kScalings = {"current", "delayed", "tile",
-                                                                "mx", "nvfp4"};
-  const auto scaling = static_cast<std::size_t>(r->scaling);
-  if (scaling >= kScalings.size()) return "unspecified";
-  return std::string(kScalings[scaling]) + "_" + std::string(format_name(r->element));
+  return std::string(scaling_name(r->scaling)) + "_" + std::string(format_name(r->element));
 }
 
 void Metrics::on_quantizers(RunState& state, const v1::StepReport& report, std::size_t top_k) {

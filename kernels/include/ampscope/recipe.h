@@ -63,6 +63,9 @@ namespace ampscope {
 enum class Scaling : std::uint8_t { kCurrent = 0, kDelayed = 1, kTile = 2, kMX = 3, kNVFP4 = 4 };
 enum class ScaleRounding : std::uint8_t { kFloor = 0, kCeil = 1 };
 
+// The scaling's name in reports and labels: current, delayed, tile, mx, nvfp4.
+std::string_view scaling_name(Scaling s);
+
 struct Recipe {
   Scaling scaling = Scaling::kCurrent;
   Format element = Format::kE4M3;  // E4M3, E5M2, E3M2, E2M3 or E2M1
