@@ -147,10 +147,6 @@ void print_targets(std::ostream& out, const TensorStats& s) {
   }
 }
 
-bool has_blocks(const Recipe& r) {
-  return r.scaling == Scaling::kTile || r.scaling == Scaling::kMX || r.scaling == Scaling::kNVFP4;
-}
-
 std::string sqnr_string(const RecipeCounts& c) {
   const double db = c.sqnr_db();
   if (std::isnan(db)) return "-";
@@ -220,7 +216,7 @@ nlohmann::ordered_json recipe_json(const RecipeCounts& c) {
   j["recipe"] = to_string(r);
   j["scaling"] = std::string(scaling_name(r.scaling));
   j["element"] = std::string(format_name(r.element));
-  if (has_blocks(r)) {
+  if (is_block_recipe(r.scaling)) {
     j["block_rows"] = r.block_rows;
     j["block_cols"] = r.block_cols;
   }

@@ -40,10 +40,6 @@ bool is_element_format(Format f) {
          format_info(f).total_bits <= 8;
 }
 
-bool is_block_recipe(Scaling s) {
-  return s == Scaling::kTile || s == Scaling::kMX || s == Scaling::kNVFP4;
-}
-
 float abs_bits(float x) {
   return std::bit_cast<float>(std::bit_cast<std::uint32_t>(x) & 0x7FFFFFFFu);
 }
@@ -508,6 +504,10 @@ void AmaxHistory::set_length(int length) {
     history_.erase(history_.begin(), history_.end() - length);
   }
   update_scale();
+}
+
+bool is_block_recipe(Scaling s) {
+  return s == Scaling::kTile || s == Scaling::kMX || s == Scaling::kNVFP4;
 }
 
 std::string_view scaling_name(Scaling s) {

@@ -65,6 +65,8 @@ enum class ScaleRounding : std::uint8_t { kFloor = 0, kCeil = 1 };
 
 // The scaling's name in reports and labels: current, delayed, tile, mx, nvfp4.
 std::string_view scaling_name(Scaling s);
+// Tile, MX and NVFP4 scale per block (block_rows x block_cols); current and delayed per tensor.
+bool is_block_recipe(Scaling s);
 
 struct Recipe {
   Scaling scaling = Scaling::kCurrent;
