@@ -420,7 +420,7 @@ struct RunSeries {
   using QuantizerKey = std::tuple<std::string, int, int>;  // (name, role, phase)
   struct QuantizerLatest {
     std::string recipe;  // recipe_label()
-    bool per_tensor = false;
+    bool has_scale = false;  // a per-tensor scale (current, delayed, nvfp4's tensor scale)
     double underflow_ratio = 0, saturated_ratio = 0, sqnr_db = 0, amax = 0, scale = 0;
     double score() const { return std::max(underflow_ratio, saturated_ratio); }
   };
@@ -430,7 +430,7 @@ struct RunSeries {
     Gauge* saturated;
     Gauge* sqnr;
     Gauge* amax;
-    Gauge* scale = nullptr;  // per-tensor recipes only
+    Gauge* scale = nullptr;  // recipes with a per-tensor scale only
   };
 
   RunSeries(std::shared_ptr<MetricFamilies> families, const std::string& run_id);
@@ -845,7 +845,7 @@ void Metrics::on_quantizers(RunState& state, const v1::StepReport& report, std::
     RunSeries::QuantizerLatest& l = it->second;
     const double values = static_cast<double>(q.values());
     l.recipe = recipe_label(q.recipe());
-    l.per_tensor = q.blocks() == 0;
+    l.has_scale = q.tensor_scale() > 0.0;  // 0 for tile and MX recipes (recipe.h)
     l.underflow_ratio = values > 0 ? static_cast<double>(q.underflow()) / values : 0.0;
     l.saturated_ratio = values > 0 ? static_cast<double>(q.saturated()) / values : 0.0;
     l.sqnr_db = proto::sqnr_db(q.signal_sq(), q.error_sq());
@@ -869,7 +869,7 @@ void Metrics::on_quantizers(RunState& state, const v1::StepReport& report, std::
     const auto w = wanted.find(it->first);
     // A quantiser that left the top-K, or changed recipe (its label), loses its series.
     if (w != wanted.end() && w->second->recipe == it->second.recipe &&
-        w->second->per_tensor == (it->second.scale != nullptr)) {
+        w->second->has_scale == (it->second.scale != nullptr)) {
       ++it;
       continue;
     }
@@ -892,7 +892,7 @@ void Metrics::on_quantizers(RunState& state, const v1::StepReport& report, std::
                                    &f_->quantizer_saturated.Add(labels),
                                    &f_->quantizer_sqnr.Add(labels),
                                    &f_->quantizer_amax.Add(labels)};
-      if (l->per_tensor) q.scale = &f_->quantizer_scale.Add(labels);
+      if (l->has_scale) q.scale = &f_->quantizer_scale.Add(labels);
       it = run.quantizers.emplace(key, q).first;
     }
     it->second.underflow->Set(l->underflow_ratio);
