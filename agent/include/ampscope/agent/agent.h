@@ -86,7 +86,6 @@ struct Status {
   static Status Ok() { return {}; }
 };
 
-// What the Hello tells the server about the run (besides the config's run_id/rank/world_size).
 // What a quantiser measured of one tensor this step (a GEMM input under an FP8/FP6/FP4 recipe):
 // the counts ampscope/recipe.h's fake_quantize or recipe_counts returned for the recipe it
 // applied, and, for delayed scaling, the amax history the scale came from. Borrowed for the
@@ -99,8 +98,15 @@ struct QuantizerView {
   int micro_step = 0;
   RecipeCounts counts;
   std::span<const float> amax_history;  // oldest first; the newest 1024 are sent
+  // The linear layer whose GEMM the quantiser feeds (one of the attached GEMM overrides'
+  // capable_layers(), QuantizerStats.layer), or empty when it feeds none the policy can move.
+  std::string_view layer;
+  // The GEMM ran in BF16 and `counts` say what the recipe would have done to its input
+  // (QuantizerStats.what_if): the evidence for moving the layer back to the recipe.
+  bool what_if = false;
 };
 
+// What the Hello tells the server about the run (besides the config's run_id/rank/world_size).
 struct RunInfo {
   std::string host;        // empty: gethostname()
   std::string trainer;     // "ampscope-train 0.1.0"
@@ -145,6 +151,11 @@ class Agent {
   // nullptr detaches. kFailedPrecondition once steps have begun.
   Status attach_scaler(ScalerControl* scaler) noexcept;
   Status attach_overrides(PrecisionOverrides* overrides) noexcept;
+  // Per-layer precision of an FP8/FP4 run: `gemms` is the set of linear layers computed in BF16
+  // instead of the run's recipe (Hello.bf16_capable_gemms are its capable_layers(),
+  // PolicyUpdate.bf16_gemms its replace()); `recipe` takes a delayed recipe's history length
+  // and margin (PolicyUpdate.amax_history_length, amax_margin). Either may be nullptr.
+  Status attach_gemm_precision(PrecisionOverrides* gemms, RecipeControl* recipe) noexcept;
 
   // The step calls (serialised by the agent; see Threads above). Each returns
   // kFailedPrecondition when refused (re-entry, or after shutdown) and otherwise Ok: what

@@ -62,6 +62,8 @@ struct StepInfo {
   double step_time_s = 0.0;
   std::int64_t optimizer_steps = 0;
   std::vector<std::string> fp32_layers;
+  // FP8/FP4 runs: the layers of the GEMM overrides whose GEMMs ran in BF16 this step.
+  std::vector<std::string> bf16_gemms;
   std::optional<double> val_loss;  // validation loss after this step, where evaluated
 };
 
@@ -112,7 +114,10 @@ struct PolicyVote {
   bool fallback = false;
 };
 
-// The set of layers computed in FP32 (the policy's FP32 fallback).
+// A set of layers the trainer computes at a higher precision than the run's default, steered
+// by the policy: the layers computed in FP32 (the FP32 fallback, Agent::attach_overrides), or
+// in an FP8/FP4 run the linear layers whose GEMMs run in BF16 instead of the recipe
+// (Agent::attach_gemm_precision; there tensors are quantiser layers and layer_of is identity).
 // Thread safety: capable_layers() and layer_of() from any thread (the agent validates updates on
 // its reader thread); replace() from the training thread, called by Agent::begin_step(step) with
 // from_step == step.
@@ -134,6 +139,26 @@ class PrecisionOverrides {
     }
     return {};
   }
+};
+
+// A change to the delayed scaling recipe of every quantiser of an FP8 run (Transformer
+// Engine's amax_history_len and margin); unset fields keep their value.
+struct RecipeChange {
+  std::int64_t effective_from_step = 0;
+  std::optional<int> amax_history_length;  // [1, 1024]
+  std::optional<int> margin;               // binades, [0, 64]
+};
+
+// The run's scaling recipe as the agent steers it. schedule() is called as
+// ScalerControl::schedule is: on the training thread from Agent::begin_step(step) with
+// effective_from_step == step.
+class RecipeControl {
+ public:
+  virtual ~RecipeControl() = default;
+  // Whether the run uses delayed scaling (an update that changes it is refused otherwise).
+  virtual bool delayed() const = 0;
+  // Empty when accepted, otherwise a one-line reason; on failure nothing changes.
+  virtual std::string schedule(const RecipeChange& change) = 0;
 };
 
 // Points of a step the trainer may mark for the NVTX timeline; the agent infers forward,
