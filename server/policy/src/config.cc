@@ -158,6 +158,24 @@ std::string validate(const EngineConfig& config) {
       f.range_trim_fraction >= 0.0 && f.range_trim_fraction < 0.25,
       "fp32_fallback.range_trim_fraction must be in [0, 0.25), got " + num(f.range_trim_fraction));
   c.range("fp32_fallback.max_tensors", f.max_tensors, 1, 4096);
+
+  const GemmPrecisionParams& g = config.gemm_precision;
+  c.range("gemm_precision.window_reports", g.window_reports, 1, 64);
+  c.range("gemm_precision.min_reports", g.min_reports, 1, g.window_reports);
+  c.that(g.max_underflow_share > 0.0 && g.max_underflow_share <= 1.0,
+         "gemm_precision.max_underflow_share must be in (0, 1], got " +
+             num(g.max_underflow_share));
+  c.that(g.max_saturated_share > 0.0 && g.max_saturated_share <= 1.0,
+         "gemm_precision.max_saturated_share must be in (0, 1], got " +
+             num(g.max_saturated_share));
+  c.range("gemm_precision.sqnr_margin_db", g.sqnr_margin_db, 0.0, 60.0);
+  c.range("gemm_precision.max_bf16_share", g.max_bf16_share, 0.0, 1.0);
+  c.range("gemm_precision.promote_reports", g.promote_reports, 1, 64);
+  c.that(g.promote_factor > 0.0 && g.promote_factor <= 1.0,
+         "gemm_precision.promote_factor must be in (0, 1], got " + num(g.promote_factor));
+  c.range<std::int64_t>("gemm_precision.min_dwell_steps", g.min_dwell_steps, 0, 1000000);
+  c.range("gemm_precision.spike_reports", g.spike_reports, 1, g.window_reports);
+  c.range("gemm_precision.max_amax_margin", g.max_amax_margin, 0, 64);
   return c.error();
 }
 

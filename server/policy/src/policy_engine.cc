@@ -238,8 +238,10 @@ void PolicyEngine::set_run_scaler(const ScalerConfig& run_scaler) {
 
 std::vector<PolicyDecision> PolicyEngine::observe(const StepInput& input) {
   check_input(input);  // everything below works on a valid report and does not throw
+  check_quantizers(input);
   const bool in_window = record(input);
   record_tracks(input);
+  record_gemms(input);
 
   ScalerSettings scaler;
   std::vector<std::string> why;
@@ -260,8 +262,14 @@ std::vector<PolicyDecision> PolicyEngine::observe(const StepInput& input) {
       break;
   }
   const bool fp32_changed = config_.fp32_fallback.enabled && update_fp32_set(&why);
-  if (scaler.empty() && !fp32_changed) return {};
-  return {make_decision(scaler, join(why, "; "))};
+  PolicyDecision recipe;  // amax_history_length and amax_margin only
+  bool gemms_changed = false;
+  if (config_.gemm_precision.enabled) {
+    gemms_changed = update_bf16_set(&why);
+    gemms_changed = update_delayed(&recipe, &why) || gemms_changed;
+  }
+  if (scaler.empty() && !fp32_changed && !gemms_changed) return {};
+  return {make_decision(scaler, recipe, join(why, "; "))};
 }
 
 void PolicyEngine::check_input(const StepInput& in) const {
@@ -326,6 +334,31 @@ void PolicyEngine::check_input(const StepInput& in) const {
                     "counts plus non-finite must be <= numel " + std::to_string(t.numel),
                     static_cast<double>(total + nonfinite));
       }
+    }
+  }
+}
+
+void PolicyEngine::check_quantizers(const StepInput& in) const {
+  for (std::size_t i = 0; i < in.quantizers.size(); ++i) {
+    const QuantizerInput& q = in.quantizers[i];
+    const std::string p = "quantizers[" + std::to_string(i) + "].";
+    if (q.name.empty()) bad_input(p + "name must not be empty");
+    if (static_cast<int>(q.recipe.element) >= kNumFormats ||
+        format_info(q.recipe.element).total_bits > 8) {
+      bad_input(p + "recipe element must be an FP8, FP6 or FP4 format");
+    }
+    const long double counted = static_cast<long double>(q.underflow) + q.saturated + q.overflow;
+    if (counted > q.values) {
+      bad_input(p + "underflow + saturated + overflow must be <= values " +
+                std::to_string(q.values));
+    }
+    for (const double v : {q.amax, q.signal_sq, q.error_sq, q.tensor_scale}) {
+      if (!(std::isfinite(v) && v >= 0.0)) {
+        bad_input(p + "amax, signal_sq, error_sq and tensor_scale must be finite and >= 0");
+      }
+    }
+    for (const float a : q.amax_history) {
+      if (!(std::isfinite(a) && a >= 0.0f)) bad_input(p + "amax_history must be finite, >= 0");
     }
   }
 }
@@ -464,20 +497,29 @@ void PolicyEngine::record_tracks(const StepInput& in) {
     TensorTrack& k = *it;
     k.format = fmt;
     if (t.histogram && !t.histogram->empty()) k.range = range;
-    auto pos = std::lower_bound(k.steps.begin(), k.steps.end(), in.step);
-    const auto idx = static_cast<std::size_t>(pos - k.steps.begin());
-    if (pos != k.steps.end() && *pos == in.step) {
-      k.flags[idx] |= flags;  // another rank (or phase) of the same step
-      continue;
-    }
-    if (static_cast<int>(k.steps.size()) >= p.window_reports && idx == 0) continue;  // too old
-    k.steps.insert(pos, in.step);
-    k.flags.insert(k.flags.begin() + static_cast<std::ptrdiff_t>(idx), flags);
-    if (static_cast<int>(k.steps.size()) > p.window_reports) {
-      k.steps.erase(k.steps.begin());
-      k.flags.erase(k.flags.begin());
-    }
+    k.reports.add(in.step, flags, p.window_reports);
   }
+}
+
+void PolicyEngine::StepFlags::add(std::int64_t step, std::uint8_t flag, int window) {
+  auto pos = std::lower_bound(steps.begin(), steps.end(), step);
+  const auto idx = static_cast<std::size_t>(pos - steps.begin());
+  if (pos != steps.end() && *pos == step) {
+    flags[idx] |= flag;  // another rank, phase or micro-step of the same step
+    return;
+  }
+  if (static_cast<int>(steps.size()) >= window && idx == 0) return;  // too old
+  steps.insert(pos, step);
+  flags.insert(flags.begin() + static_cast<std::ptrdiff_t>(idx), flag);
+  if (static_cast<int>(steps.size()) > window) {
+    steps.erase(steps.begin());
+    flags.erase(flags.begin());
+  }
+}
+
+int PolicyEngine::StepFlags::count(std::uint8_t mask) const {
+  return static_cast<int>(
+      std::count_if(flags.begin(), flags.end(), [mask](std::uint8_t f) { return (f & mask) != 0; }));
 }
 
 std::optional<int> PolicyEngine::window_ceiling(std::string* limiting) const {
@@ -640,12 +682,8 @@ bool PolicyEngine::update_fp32_set(std::vector<std::string>* why) {
   std::vector<Candidate> candidates;
   for (const TensorTrack& k : tracks_) {
     if (std::binary_search(fp32_set_.begin(), fp32_set_.end(), k.name)) continue;
-    Candidate c{&k, 0, 0, 0};
-    for (std::uint8_t f : k.flags) {
-      c.any += f != 0;
-      c.overflowed += (f & kOverflowed) != 0;
-      c.misfit += (f & kRangeMisfit) != 0;
-    }
+    const Candidate c{&k, k.reports.count(kOverflowed | kRangeMisfit),
+                      k.reports.count(kOverflowed), k.reports.count(kRangeMisfit)};
     if (c.any >= p.min_reports) candidates.push_back(c);
   }
   if (candidates.empty()) return false;
@@ -658,7 +696,7 @@ bool PolicyEngine::update_fp32_set(std::vector<std::string>* why) {
     const TensorTrack& k = *c.track;
     const FormatInfo& f = format_info(k.format);
     const std::string of_last =
-        " of its last " + std::to_string(k.flags.size()) + " reported steps";
+        " of its last " + std::to_string(k.reports.steps.size()) + " reported steps";
     std::vector<std::string> causes;
     if (c.overflowed > 0)
       causes.push_back("overflowed in " + std::to_string(c.overflowed) + of_last);
@@ -678,13 +716,27 @@ bool PolicyEngine::update_fp32_set(std::vector<std::string>* why) {
   return true;
 }
 
-PolicyDecision PolicyEngine::make_decision(const ScalerSettings& scaler, std::string reason) {
+PolicyDecision PolicyEngine::make_decision(const ScalerSettings& scaler,
+                                           const PolicyDecision& recipe, std::string reason) {
   PolicyDecision d;
   d.policy_id = next_policy_id_++;
   d.effective_from_step = latest_step_ + config_.lead_steps;
   d.scaler = scaler;
   d.fp32_tensors = fp32_set_;
+  d.bf16_gemms = bf16_set_;
+  d.amax_history_length = recipe.amax_history_length;
+  d.amax_margin = recipe.amax_margin;
   d.reason = std::move(reason);
+  if (recipe.amax_history_length) amax_history_length_ = recipe.amax_history_length;
+  if (recipe.amax_margin) amax_margin_ = recipe.amax_margin;
+  if (recipe.amax_history_length || recipe.amax_margin) {
+    delayed_from_step_ = d.effective_from_step;
+  }
+  for (GemmTrack& k : gemm_tracks_) {
+    const bool in_bf16 = std::binary_search(bf16_set_.begin(), bf16_set_.end(), k.layer);
+    if (in_bf16 && k.bf16_from_step < 0) k.bf16_from_step = d.effective_from_step;
+    if (!in_bf16) k.bf16_from_step = -1;
+  }
   if (scaler.loss_scale) {
     commanded_scale_ = scaler.loss_scale;
     commanded_from_step_ = d.effective_from_step;
@@ -702,6 +754,9 @@ std::optional<PolicyDecision> PolicyEngine::current_policy() const {
   PolicyDecision d = *last_decision_;
   d.scaler = cumulative_;
   d.fp32_tensors = fp32_set_;
+  d.bf16_gemms = bf16_set_;
+  d.amax_history_length = amax_history_length_;
+  d.amax_margin = amax_margin_;
   d.effective_from_step = latest_step_ + config_.lead_steps;
   return d;
 }

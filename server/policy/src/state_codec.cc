@@ -1,6 +1,7 @@
 // save_state()/restore(): the engine as a versioned JSON document. Doubles are written with
 // round-trip precision, so a restored engine compares and decides bit for bit like the
-// original. Version 1; a document of another version is refused rather than guessed at.
+// original. Version 2 (version 1 had no per-layer precision: it restores with none recorded);
+// a document of another version is refused rather than guessed at.
 #include <algorithm>
 
 #include <nlohmann/json.hpp>
@@ -14,7 +15,8 @@ using nlohmann::json;
 namespace {
 
 constexpr const char* kDocumentKind = "ampscope.policy.state";
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;
+constexpr int kOldestVersion = 1;
 
 template <typename T>
 json opt(const std::optional<T>& v) {
@@ -50,6 +52,7 @@ ScalerSettings settings_from_json(const json& j) {
 json config_to_json(const EngineConfig& c) {
   const HeadroomParams& h = c.headroom;
   const Fp32FallbackParams& f = c.fp32_fallback;
+  const GemmPrecisionParams& g = c.gemm_precision;
   return json{
       {"mode", std::string(mode_name(c.mode))},
       {"lead_steps", c.lead_steps},
@@ -72,6 +75,19 @@ json config_to_json(const EngineConfig& c) {
         {"min_reports", f.min_reports},
         {"range_trim_fraction", f.range_trim_fraction},
         {"max_tensors", f.max_tensors}}},
+      {"gemm_precision",
+       {{"enabled", g.enabled},
+        {"window_reports", g.window_reports},
+        {"min_reports", g.min_reports},
+        {"max_underflow_share", g.max_underflow_share},
+        {"max_saturated_share", g.max_saturated_share},
+        {"sqnr_margin_db", g.sqnr_margin_db},
+        {"max_bf16_share", g.max_bf16_share},
+        {"promote_reports", g.promote_reports},
+        {"promote_factor", g.promote_factor},
+        {"min_dwell_steps", g.min_dwell_steps},
+        {"spike_reports", g.spike_reports},
+        {"max_amax_margin", g.max_amax_margin}}},
   };
 }
 
@@ -100,6 +116,23 @@ EngineConfig config_from_json(const json& j) {
   c.fp32_fallback.min_reports = f.at("min_reports").get<int>();
   c.fp32_fallback.range_trim_fraction = f.at("range_trim_fraction").get<double>();
   c.fp32_fallback.max_tensors = f.at("max_tensors").get<int>();
+  // Version 1 has none: the per-layer precision off, as it then was.
+  if (const auto it = j.find("gemm_precision"); it != j.end()) {
+    const json& g = *it;
+    GemmPrecisionParams& p = c.gemm_precision;
+    p.enabled = g.at("enabled").get<bool>();
+    p.window_reports = g.at("window_reports").get<int>();
+    p.min_reports = g.at("min_reports").get<int>();
+    p.max_underflow_share = g.at("max_underflow_share").get<double>();
+    p.max_saturated_share = g.at("max_saturated_share").get<double>();
+    p.sqnr_margin_db = g.at("sqnr_margin_db").get<double>();
+    p.max_bf16_share = g.at("max_bf16_share").get<double>();
+    p.promote_reports = g.at("promote_reports").get<int>();
+    p.promote_factor = g.at("promote_factor").get<double>();
+    p.min_dwell_steps = g.at("min_dwell_steps").get<std::int64_t>();
+    p.spike_reports = g.at("spike_reports").get<int>();
+    p.max_amax_margin = g.at("max_amax_margin").get<int>();
+  }
   return c;
 }
 
@@ -135,6 +168,9 @@ json decision_to_json(const PolicyDecision& d) {
               {"effective_from_step", d.effective_from_step},
               {"scaler", settings_to_json(d.scaler)},
               {"fp32_tensors", d.fp32_tensors},
+              {"bf16_gemms", d.bf16_gemms},
+              {"amax_history_length", opt(d.amax_history_length)},
+              {"amax_margin", opt(d.amax_margin)},
               {"reason", d.reason}};
 }
 
@@ -145,13 +181,92 @@ PolicyDecision decision_from_json(const json& j) {
   d.scaler = settings_from_json(j.at("scaler"));
   d.fp32_tensors = j.at("fp32_tensors").get<std::vector<std::string>>();
   d.reason = j.at("reason").get<std::string>();
+  if (j.contains("bf16_gemms")) {  // from version 2
+    d.bf16_gemms = j.at("bf16_gemms").get<std::vector<std::string>>();
+    d.amax_history_length = get_opt<int>(j, "amax_history_length");
+    d.amax_margin = get_opt<int>(j, "amax_margin");
+  }
   return d;
+}
+
+std::vector<std::string> sorted_names(const json& j, const char* what) {
+  auto names = j.get<std::vector<std::string>>();
+  if (!std::is_sorted(names.begin(), names.end())) {
+    throw PolicyError(std::string("state: ") + what + " is not sorted");
+  }
+  return names;
 }
 
 }  // namespace
 
 // Friend of PolicyEngine: reads and writes its private state.
 struct StateCodec {
+  static json flags_to_json(const PolicyEngine::StepFlags& f) {
+    return json{{"steps", f.steps}, {"flags", f.flags}};
+  }
+  static PolicyEngine::StepFlags flags_from_json(const json& j, const std::string& owner) {
+    PolicyEngine::StepFlags f;
+    f.steps = j.at("steps").get<std::vector<std::int64_t>>();
+    f.flags = j.at("flags").get<std::vector<std::uint8_t>>();
+    if (f.steps.size() != f.flags.size()) {
+      throw PolicyError("state: " + owner + " has " + std::to_string(f.steps.size()) +
+                        " steps but " + std::to_string(f.flags.size()) + " flags");
+    }
+    return f;
+  }
+  static json finding_to_json(const PolicyEngine::GemmFinding& f) {
+    return json{
+        {"text", f.text}, {"recipe", f.recipe}, {"severity", f.severity}, {"step", f.step}};
+  }
+  static PolicyEngine::GemmFinding finding_from_json(const json& j) {
+    return {j.at("text").get<std::string>(), j.at("recipe").get<std::string>(),
+            j.at("severity").get<double>(), j.at("step").get<std::int64_t>()};
+  }
+
+  static json gemms_to_json(const PolicyEngine& e) {
+    json tracks = json::array();
+    for (const auto& k : e.gemm_tracks_) {
+      tracks.push_back({{"layer", k.layer},
+                        {"applied", flags_to_json(k.applied)},
+                        {"what_if", flags_to_json(k.what_if)},
+                        {"worst", finding_to_json(k.worst)},
+                        {"bf16_from_step", k.bf16_from_step}});
+    }
+    return json{{"tracks", tracks},
+                {"bf16_set", e.bf16_set_},
+                {"delayed_spikes", flags_to_json(e.delayed_spikes_)},
+                {"delayed_worst", finding_to_json(e.delayed_worst_)},
+                {"delayed_from_step", e.delayed_from_step_},
+                {"amax_history_seen", e.amax_history_seen_},
+                {"amax_margin_seen", opt(e.amax_margin_seen_)},
+                {"amax_history_length", opt(e.amax_history_length_)},
+                {"amax_margin", opt(e.amax_margin_)}};
+  }
+
+  static void gemms_from_json(const json& j, PolicyEngine& e) {
+    for (const json& k : j.at("tracks")) {
+      PolicyEngine::GemmTrack t;
+      t.layer = k.at("layer").get<std::string>();
+      t.applied = flags_from_json(k.at("applied"), "gemm track '" + t.layer + "'");
+      t.what_if = flags_from_json(k.at("what_if"), "gemm track '" + t.layer + "'");
+      t.worst = finding_from_json(k.at("worst"));
+      t.bf16_from_step = k.at("bf16_from_step").get<std::int64_t>();
+      e.gemm_tracks_.push_back(std::move(t));
+    }
+    if (!std::is_sorted(e.gemm_tracks_.begin(), e.gemm_tracks_.end(),
+                        [](const auto& a, const auto& b) { return a.layer < b.layer; })) {
+      throw PolicyError("state: gemm tracks are not sorted by layer");
+    }
+    e.bf16_set_ = sorted_names(j.at("bf16_set"), "bf16_set");
+    e.delayed_spikes_ = flags_from_json(j.at("delayed_spikes"), "delayed_spikes");
+    e.delayed_worst_ = finding_from_json(j.at("delayed_worst"));
+    e.delayed_from_step_ = j.at("delayed_from_step").get<std::int64_t>();
+    e.amax_history_seen_ = j.at("amax_history_seen").get<int>();
+    e.amax_margin_seen_ = get_opt<int>(j, "amax_margin_seen");
+    e.amax_history_length_ = get_opt<int>(j, "amax_history_length");
+    e.amax_margin_ = get_opt<int>(j, "amax_margin");
+  }
+
   static json encode(const PolicyEngine& e) {
     json window = json::array();
     for (const auto& s : e.window_) {
@@ -164,11 +279,11 @@ struct StateCodec {
     }
     json tracks = json::array();
     for (const auto& k : e.tracks_) {
-      tracks.push_back({{"name", k.name},
-                        {"format", std::string(format_name(k.format))},
-                        {"range", k.range},
-                        {"steps", k.steps},
-                        {"flags", k.flags}});
+      json track = flags_to_json(k.reports);
+      track["name"] = k.name;
+      track["format"] = std::string(format_name(k.format));
+      track["range"] = k.range;
+      tracks.push_back(std::move(track));
     }
     json clean_tops = json::array();
     for (const auto& c : e.clean_tops_) {
@@ -195,6 +310,7 @@ struct StateCodec {
         {"tracks", tracks},
         {"clean_tops", clean_tops},
         {"fp32_set", e.fp32_set_},
+        {"gemm_precision", gemms_to_json(e)},
         {"cumulative", settings_to_json(e.cumulative_)},
         {"last_decision", e.last_decision_ ? decision_to_json(*e.last_decision_) : json(nullptr)},
         {"evaluation",
@@ -213,9 +329,10 @@ struct StateCodec {
                         j.at("kind").get<std::string>() + "')");
     }
     const int version = j.at("version").get<int>();
-    if (version != kVersion) {
+    if (version < kOldestVersion || version > kVersion) {
       throw PolicyError("state: version " + std::to_string(version) + " is not supported (this " +
-                        "build reads version " + std::to_string(kVersion) + ")");
+                        "build reads versions " + std::to_string(kOldestVersion) + " to " +
+                        std::to_string(kVersion) + ")");
     }
     PolicyEngine e(j.at("run_id").get<std::string>(), config_from_json(j.at("config")),
                    scaler_from_json(j.at("run_scaler")));
@@ -246,12 +363,7 @@ struct StateCodec {
       if (!fmt) throw PolicyError("state: unknown format in track '" + t.name + "'");
       t.format = *fmt;
       t.range = k.at("range").get<int>();
-      t.steps = k.at("steps").get<std::vector<std::int64_t>>();
-      t.flags = k.at("flags").get<std::vector<std::uint8_t>>();
-      if (t.steps.size() != t.flags.size()) {
-        throw PolicyError("state: track '" + t.name + "' has " + std::to_string(t.steps.size()) +
-                          " steps but " + std::to_string(t.flags.size()) + " flags");
-      }
+      t.reports = flags_from_json(k, "track '" + t.name + "'");
       e.tracks_.push_back(std::move(t));
     }
     // Added within version 1: a document written before has none (the estimate after an
@@ -267,6 +379,7 @@ struct StateCodec {
       }
     }
     e.fp32_set_ = j.at("fp32_set").get<std::vector<std::string>>();
+    if (version >= 2) gemms_from_json(j.at("gemm_precision"), e);
     e.cumulative_ = settings_from_json(j.at("cumulative"));
     if (!j.at("last_decision").is_null())
       e.last_decision_ = decision_from_json(j.at("last_decision"));

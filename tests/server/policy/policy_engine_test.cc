@@ -1083,13 +1083,13 @@ TEST(PolicyEngineTest, RestoreRejectsDocumentsItCannotRead) {
   const std::string doc = engine.save_state();
   EXPECT_THROW(PolicyEngine::restore("not json"), PolicyError);
   EXPECT_THROW(PolicyEngine::restore("{}"), PolicyError);
-  std::string v2 = doc;
-  v2.replace(v2.find("\"version\":1"), 11, "\"version\":2");
+  std::string v3 = doc;
+  v3.replace(v3.find("\"version\":2"), 11, "\"version\":3");
   try {
-    PolicyEngine::restore(v2);
-    ADD_FAILURE() << "version 2 accepted";
+    PolicyEngine::restore(v3);
+    ADD_FAILURE() << "version 3 accepted";
   } catch (const PolicyError& e) {
-    EXPECT_NE(std::string(e.what()).find("version 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("version 3"), std::string::npos) << e.what();
   }
   std::string bad_margin = doc;
   bad_margin.replace(bad_margin.find("\"margin_binades\":1"), 18, "\"margin_binades\":-1");

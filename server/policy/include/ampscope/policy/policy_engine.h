@@ -26,6 +26,11 @@
 //                  the ceiling at log2(loss_scale) - 1.
 //   FP32 fallback  (with static-params or headroom) recommends tensors to keep in FP32 when they
 //                  keep overflowing or their dynamic range does not fit their format.
+//   GEMM precision (with static-params or headroom) moves the GEMMs of layers whose FP8/FP4
+//                  quantisers keep underflowing, saturating or losing SQNR to BF16, worst first
+//                  and for at most a share of the layers; moves them back when what-if counts
+//                  of the recipe stay clean; under delayed scaling shortens the amax history
+//                  (or raises the margin) when amaxes keep outrunning the delayed scale.
 //
 // Domains. A tensor's values are measured as stored and carry TensorInput::scale (the loss scale
 // for scaled gradients, 1 otherwise). The engine moves every histogram into the unscaled domain
@@ -53,6 +58,7 @@
 #include "ampscope/check.h"
 #include "ampscope/formats.h"
 #include "ampscope/loss_scale.h"
+#include "ampscope/recipe.h"
 #include "ampscope/vocabulary.h"
 #include "ampscope/tensor_stats.h"
 
@@ -104,6 +110,27 @@ struct TensorInput {
   std::uint64_t nonfinite() const { return nan + pos_inf + neg_inf; }
 };
 
+// One GEMM input as a scaled low-precision recipe quantised it (wire: QuantizerStats), with the
+// counts of ampscope/recipe.h's RecipeCounts that the per-layer precision reads.
+struct QuantizerInput {
+  std::string name;   // "h1.mlp.fc.output_grad@wgrad"
+  std::string layer;  // the layer whose GEMM it feeds ("h1.mlp.fc"); empty: not movable
+  TensorRole role = TensorRole::kActivation;
+  Recipe recipe;      // the recipe applied (or, with what_if, measured); recipe.element is its format
+  // True: the layer's GEMM ran in BF16 and the recipe was only measured on its input.
+  bool what_if = false;
+  std::uint64_t values = 0;  // finite input values
+  std::uint64_t nonfinite = 0;
+  std::uint64_t underflow = 0;
+  std::uint64_t saturated = 0;
+  std::uint64_t overflow = 0;
+  double amax = 0.0;       // largest finite |x|
+  double signal_sq = 0.0;  // SQNR = 10 log10(signal_sq / error_sq)
+  double error_sq = 0.0;
+  double tensor_scale = 0.0;         // the multiplier s of current and delayed scaling
+  std::vector<float> amax_history;  // delayed scaling: the history s came from, oldest first
+};
+
 struct StepInput {
   std::string run_id;
   int rank = 0;
@@ -123,6 +150,8 @@ struct StepInput {
     TensorRole role = TensorRole::kActivation;
   };
   std::optional<Offender> first_offender;
+  // The step's quantisers, any ranks, phases and micro-steps (each layer counts once per step).
+  std::vector<QuantizerInput> quantizers;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -213,6 +242,35 @@ struct Fp32FallbackParams {
   friend bool operator==(const Fp32FallbackParams&, const Fp32FallbackParams&) = default;
 };
 
+// Per-layer precision of FP8/FP4 runs (docs/policy.md, "Per-layer precision (FP8/FP4)"). A
+// quantiser report is harmful when its underflow share of finite values, its saturated plus
+// overflowed share, or its SQNR break a limit; the SQNR floor is the element format's nominal
+// rounding SQNR 10 log10(3 * 4^(m+1)) dB (m mantissa bits) minus sqnr_margin_db.
+struct GemmPrecisionParams {
+  bool enabled = false;
+  // A layer moves to BF16 when at least min_reports of its last window_reports reported steps
+  // (recipe applied) had a harmful quantiser.
+  int window_reports = 8;  // 1..64
+  int min_reports = 4;     // 1..window_reports
+  double max_underflow_share = 0.25;  // (0, 1]
+  double max_saturated_share = 0.03;  // (0, 1]
+  double sqnr_margin_db = 6.02;       // [0, 60]
+  // At most floor(max_bf16_share x layers seen) layers are in BF16 at once.
+  double max_bf16_share = 0.25;  // [0, 1]
+  // Back to the recipe when its last promote_reports what-if reports all stayed within the limits
+  // scaled by promote_factor (shares x factor, SQNR margin x factor) and the layer has been in
+  // BF16 for min_dwell_steps steps.
+  int promote_reports = 8;     // 1..64
+  double promote_factor = 0.5;  // (0, 1]
+  std::int64_t min_dwell_steps = 100;  // 0..10^6
+  // Delayed scaling: when spike_reports of the last window_reports reported steps had an amax
+  // past its delayed scale, halve the amax history (>= 1), then raise the margin by one binade up
+  // to max_amax_margin.
+  int spike_reports = 3;    // 1..window_reports
+  int max_amax_margin = 4;  // 0..64
+  friend bool operator==(const GemmPrecisionParams&, const GemmPrecisionParams&) = default;
+};
+
 struct EngineConfig {
   PolicyMode mode = PolicyMode::kObserve;
   // effective_from_step = the latest step seen + lead_steps (>= 1), so that every rank switches
@@ -226,6 +284,7 @@ struct EngineConfig {
   ScalerSettings static_params;
   HeadroomParams headroom;
   Fp32FallbackParams fp32_fallback;
+  GemmPrecisionParams gemm_precision;
   friend bool operator==(const EngineConfig&, const EngineConfig&) = default;
 };
 
@@ -246,6 +305,12 @@ struct PolicyDecision {
   // The complete FP32 fallback set from effective_from_step on (sorted, possibly empty): a
   // receiver replaces its set with it, so the latest decision alone is enough after a reconnect.
   std::vector<std::string> fp32_tensors;
+  // The complete set of layers whose GEMMs run in BF16 from effective_from_step on (sorted,
+  // possibly empty), replacing any earlier one as fp32_tensors does.
+  std::vector<std::string> bf16_gemms;
+  // Delayed scaling's run-wide settings to change (unset: keep).
+  std::optional<int> amax_history_length;
+  std::optional<int> amax_margin;
   // Human-readable: the numbers that led to the decision (window, ceiling, margin, tensor).
   std::string reason;
 };
@@ -271,8 +336,8 @@ class PolicyEngine {
 
   // Feeds one report and returns the decisions it triggers (usually none, at most one).
   // Throws PolicyError naming the field when the report is invalid (other run, negative step,
-  // scale not finite or <= 0, histogram outside [-149, 127], counts above numel); the engine
-  // is then unchanged.
+  // scale not finite or <= 0, histogram outside [-149, 127], counts above numel or a quantiser's
+  // above its values); the engine is then unchanged.
   std::vector<PolicyDecision> observe(const StepInput& input);
 
   // The run's scaler changed outside the engine (a new Hello). Validated like the constructor.
@@ -318,16 +383,43 @@ class PolicyEngine {
     std::int64_t step = 0;
     int top = 0;
   };
+  // Flags over a bounded window of reported steps: ranks, phases and micro-steps of one step OR
+  // into one entry; a step older than a full window is dropped. The FP32 fallback's and the
+  // GEMM precision's evidence both live in these.
+  struct StepFlags {
+    std::vector<std::int64_t> steps;  // ascending
+    std::vector<std::uint8_t> flags;  // per step
+    void add(std::int64_t step, std::uint8_t flag, int window);
+    int count(std::uint8_t mask) const;  // steps with any bit of mask
+    void clear() { steps.clear(), flags.clear(); }
+  };
   // FP32-fallback evidence about one tensor name: its last window_reports reported steps.
   struct TensorTrack {
     std::string name;
-    Format format = Format::kFP16;    // as last reported
-    int range = 0;                    // trimmed dynamic range last reported, binades
-    std::vector<std::int64_t> steps;  // ascending
-    std::vector<std::uint8_t> flags;  // per step: bit 0 overflowed, bit 1 range did not fit
+    Format format = Format::kFP16;  // as last reported
+    int range = 0;                  // trimmed dynamic range last reported, binades
+    StepFlags reports;              // bit 0 overflowed, bit 1 range did not fit
+  };
+  // The worst harmful quantiser report of a layer, for reasons and for ranking.
+  struct GemmFinding {
+    std::string text;    // "h1.mlp.fc.output_grad@wgrad underflow 41.2% of finite values"
+    std::string recipe;  // "nvfp4"
+    double severity = 0.0;  // how many times over its limit (noise power ratio for SQNR)
+    std::int64_t step = -1;
+    // Takes a finding of `at` when it is of a later step, or of the same step and worse.
+    void keep(std::int64_t at, std::string what, std::string of_recipe, double worse);
+  };
+  // GEMM-precision evidence about one layer.
+  struct GemmTrack {
+    std::string layer;
+    StepFlags applied;  // recipe applied: bit 0 harmful
+    StepFlags what_if;  // while in BF16: bit 0 outside the stricter limits
+    GemmFinding worst;  // latest harmful report's worst quantiser
+    std::int64_t bf16_from_step = -1;  // effective step of its move to BF16; -1: in the recipe
   };
 
   void check_input(const StepInput& input) const;
+  void check_quantizers(const StepInput& input) const;
   bool record(const StepInput& input);  // true when the report fed the window
   std::optional<int> clean_top(const std::string& name) const;  // within the window
   void remember_clean_tops(const StepInput& input);
@@ -335,8 +427,14 @@ class PolicyEngine {
   void evaluate(const StepInput& input, ScalerSettings* scaler, std::vector<std::string>* why);
   std::optional<int> window_ceiling(std::string* limiting) const;
   bool update_fp32_set(std::vector<std::string>* why);
+  // GEMM precision (gemm_precision.cc).
+  void record_gemms(const StepInput& input);
+  GemmTrack& gemm_track(const std::string& layer);
+  bool update_bf16_set(std::vector<std::string>* why);
+  bool update_delayed(PolicyDecision* recipe, std::vector<std::string>* why);
   bool overflow_explained_by_scale(double tensor_scale) const;
-  PolicyDecision make_decision(const ScalerSettings& scaler, std::string reason);
+  PolicyDecision make_decision(const ScalerSettings& scaler, const PolicyDecision& recipe,
+                               std::string reason);
   double scale_in_use() const;
 
   std::string run_id_;
@@ -357,6 +455,17 @@ class PolicyEngine {
   std::vector<TensorTrack> tracks_;         // ascending by name
   std::vector<CleanTop> clean_tops_;        // ascending by name
   std::vector<std::string> fp32_set_;       // ascending
+  std::vector<GemmTrack> gemm_tracks_;      // ascending by layer
+  std::vector<std::string> bf16_set_;       // ascending
+  // Delayed scaling: steps whose amax outran the delayed scale, counted from delayed_from_step_
+  // (the effective step of the last history or margin change) on.
+  StepFlags delayed_spikes_;
+  GemmFinding delayed_worst_;
+  std::int64_t delayed_from_step_ = 0;
+  int amax_history_seen_ = 0;              // the longest amax history reported
+  std::optional<int> amax_margin_seen_;    // the margin the latest delayed scale implies
+  std::optional<int> amax_history_length_;  // decided
+  std::optional<int> amax_margin_;          // decided
   ScalerSettings cumulative_;               // every decided scaler field, latest value
   std::optional<PolicyDecision> last_decision_;
   Evaluation evaluation_;

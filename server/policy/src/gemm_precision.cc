@@ -1,0 +1,225 @@
+// Per-layer precision of FP8/FP4 runs: which layers' GEMMs leave the recipe for BF16 and come
+// back, and delayed scaling's amax history and margin. Reading order: record_gemms() (what each
+// quantiser report says, per layer and step) -> update_bf16_set() (back to the recipe first,
+// then to BF16, worst first, under the cap) -> update_delayed().
+//
+// Limits (docs/policy.md, "Per-layer precision (FP8/FP4)"): a report is harmful when a share of
+// its finite values underflowed, or saturated and overflowed, above a limit, or when its SQNR
+// is below the element format's nominal rounding SQNR less a margin. The nominal SQNR takes the
+// relative rounding error of m mantissa bits as uniform in +-2^-(m+1): its mean square is
+// 4^-(m+1) / 3, so SQNR = 10 log10(3 * 4^(m+1)) dB (E4M3 and E2M3 28.9, E5M2 and E3M2 22.8, E2M1
+// 16.8). Gaussian data measure 2 to 4 dB above it under every recipe, so a floor one mantissa
+// bit (6.02 dB) below it is crossed only when the scale wastes the format's range.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "ampscope/policy/policy_engine.h"
+
+namespace ampscope::policy {
+namespace {
+
+constexpr std::uint8_t kHarm = 1;
+
+std::string percent(double share) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * share);
+  return buf;
+}
+
+std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+std::string dB(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f dB", v);
+  return buf;
+}
+
+double nominal_sqnr_db(Format element) {
+  const int m = format_info(element).mantissa_bits;
+  return 10.0 * std::log10(3.0 * std::ldexp(1.0, 2 * (m + 1)));
+}
+
+// The worst limit `q` breaks, with every limit scaled by `factor` (1 to demote, the stricter
+// promote_factor to promote); nullopt when it keeps them all. Non-finite inputs are the
+// tensor's, not the recipe's, and are not counted.
+std::optional<std::pair<std::string, double>> assess(const QuantizerInput& q,
+                                                     const GemmPrecisionParams& p,
+                                                     double factor) {
+  if (q.values == 0) return std::nullopt;
+  const double n = static_cast<double>(q.values);
+  std::optional<std::pair<std::string, double>> worst;
+  auto consider = [&](std::string what, double severity) {
+    if (severity > 1.0 && (!worst || severity > worst->second)) worst = {std::move(what), severity};
+  };
+  const double underflow = static_cast<double>(q.underflow) / n;
+  consider(q.name + " underflow " + percent(underflow) + " of finite values",
+           underflow / (p.max_underflow_share * factor));
+  const double saturated = static_cast<double>(q.saturated + q.overflow) / n;
+  consider(q.name + " saturated " + percent(saturated) + " of finite values",
+           saturated / (p.max_saturated_share * factor));
+  if (q.signal_sq > 0.0 && q.error_sq > 0.0) {
+    const double sqnr = 10.0 * std::log10(q.signal_sq / q.error_sq);
+    const double floor = nominal_sqnr_db(q.recipe.element) - p.sqnr_margin_db * factor;
+    consider(q.name + " SQNR " + dB(sqnr) + " below the " + dB(floor) + " floor",
+             std::pow(10.0, (floor - sqnr) / 10.0));
+  }
+  return worst;
+}
+
+// Under delayed scaling: the amax past what the scale s covers (max_finite / s), or values
+// saturated or overflowed by it. nullopt when the scale held.
+std::optional<std::pair<std::string, double>> delayed_spike(const QuantizerInput& q) {
+  const double max_elem = format_info(q.recipe.element).max_finite;
+  const double reach = q.tensor_scale > 0.0 ? max_elem / q.tensor_scale : 0.0;
+  const bool past = q.tensor_scale > 0.0 && q.amax > reach;
+  if (!past && q.saturated + q.overflow == 0) return std::nullopt;
+  std::string what = q.name + " amax " + number(q.amax) + " past the delayed scale's reach " +
+                     number(reach) + " (" + number(max_elem) + " / " + number(q.tensor_scale) +
+                     "), " + std::to_string(q.saturated + q.overflow) + " values saturated";
+  return std::pair{std::move(what), reach > 0.0 ? q.amax / reach : 1.0};
+}
+
+}  // namespace
+
+void PolicyEngine::GemmFinding::keep(std::int64_t at, std::string what, std::string of_recipe,
+                                     double worse) {
+  if (at < step || (at == step && worse <= severity)) return;
+  *this = {std::move(what), std::move(of_recipe), worse, at};
+}
+
+PolicyEngine::GemmTrack& PolicyEngine::gemm_track(const std::string& layer) {
+  auto it = std::lower_bound(gemm_tracks_.begin(), gemm_tracks_.end(), layer,
+                             [](const GemmTrack& k, const std::string& n) { return k.layer < n; });
+  if (it == gemm_tracks_.end() || it->layer != layer) {
+    GemmTrack fresh;
+    fresh.layer = layer;
+    it = gemm_tracks_.insert(it, std::move(fresh));
+  }
+  return *it;
+}
+
+void PolicyEngine::record_gemms(const StepInput& in) {
+  const GemmPrecisionParams& p = config_.gemm_precision;
+  if (!p.enabled) return;
+  for (const QuantizerInput& q : in.quantizers) {
+    if (q.recipe.scaling == Scaling::kDelayed && !q.what_if) {
+      amax_history_seen_ = std::max(amax_history_seen_, static_cast<int>(q.amax_history.size()));
+      const float top = q.amax_history.empty()
+                            ? 0.0f
+                            : *std::max_element(q.amax_history.begin(), q.amax_history.end());
+      if (top > 0.0f && q.tensor_scale > 0.0) {
+        // s = max_elem / max(history) / 2^margin, so the margin is the binades s stays below
+        // the scale the history alone gives.
+        const double ratio = format_info(q.recipe.element).max_finite / top / q.tensor_scale;
+        amax_margin_seen_ = std::clamp(static_cast<int>(std::lround(std::log2(ratio))), 0, 64);
+      }
+      if (in.step >= delayed_from_step_) {
+        const auto spike = delayed_spike(q);
+        delayed_spikes_.add(in.step, spike ? kHarm : 0, p.window_reports);
+        if (spike) delayed_worst_.keep(in.step, spike->first, to_string(q.recipe), spike->second);
+      }
+    }
+    if (q.layer.empty()) continue;
+    GemmTrack& k = gemm_track(q.layer);
+    const bool in_bf16 = std::binary_search(bf16_set_.begin(), bf16_set_.end(), q.layer);
+    if (q.what_if) {
+      // Evidence for the way back: counted only from the move's effective step on.
+      if (!in_bf16 || k.bf16_from_step < 0 || in.step < k.bf16_from_step) continue;
+      k.what_if.add(in.step, assess(q, p, p.promote_factor) ? kHarm : 0, p.promote_reports);
+    } else if (!in_bf16) {
+      // A layer already moved reports the recipe applied until its move takes effect: that
+      // evidence was counted when it was moved.
+      const auto harm = assess(q, p, 1.0);
+      k.applied.add(in.step, harm ? kHarm : 0, p.window_reports);
+      if (harm) k.worst.keep(in.step, harm->first, to_string(q.recipe), harm->second);
+    }
+  }
+}
+
+bool PolicyEngine::update_bf16_set(std::vector<std::string>* why) {
+  const GemmPrecisionParams& p = config_.gemm_precision;
+  bool changed = false;
+  // Back to the recipe first, so that the room they leave can take a worse layer.
+  for (GemmTrack& k : gemm_tracks_) {
+    if (k.bf16_from_step < 0 || latest_step_ - k.bf16_from_step < p.min_dwell_steps) continue;
+    const int seen = static_cast<int>(k.what_if.steps.size());
+    if (seen < p.promote_reports || k.what_if.count(kHarm) > 0) continue;
+    why->push_back("recipe " + k.layer + ": what-if " + k.worst.recipe + " within the limits x" +
+                   number(p.promote_factor) + " (underflow " +
+                   percent(p.max_underflow_share * p.promote_factor) + ", saturated " +
+                   percent(p.max_saturated_share * p.promote_factor) + ", SQNR margin " +
+                   dB(p.sqnr_margin_db * p.promote_factor) + ") in " + std::to_string(seen) + "/" +
+                   std::to_string(seen) + " reports after " +
+                   std::to_string(latest_step_ - k.bf16_from_step) + " steps in BF16");
+    bf16_set_.erase(std::lower_bound(bf16_set_.begin(), bf16_set_.end(), k.layer));
+    k.applied.clear();
+    k.what_if.clear();
+    k.worst = {};
+    k.bf16_from_step = -1;
+    changed = true;
+  }
+  std::vector<GemmTrack*> candidates;
+  for (GemmTrack& k : gemm_tracks_) {
+    if (std::binary_search(bf16_set_.begin(), bf16_set_.end(), k.layer)) continue;
+    if (k.applied.count(kHarm) >= p.min_reports) candidates.push_back(&k);
+  }
+  std::sort(candidates.begin(), candidates.end(), [](const GemmTrack* a, const GemmTrack* b) {
+    const int ha = a->applied.count(kHarm), hb = b->applied.count(kHarm);
+    if (ha != hb) return ha > hb;
+    if (a->worst.severity != b->worst.severity) return a->worst.severity > b->worst.severity;
+    return a->layer < b->layer;
+  });
+  const auto cap = static_cast<std::size_t>(
+      std::floor(p.max_bf16_share * static_cast<double>(gemm_tracks_.size()) + 1e-9));
+  const std::size_t room = cap > bf16_set_.size() ? cap - bf16_set_.size() : 0;
+  const std::size_t moved = std::min(room, candidates.size());
+  for (std::size_t i = 0; i < moved; ++i) {
+    GemmTrack& k = *candidates[i];
+    why->push_back("bf16 " + k.layer + ": " + k.worst.text + " in " +
+                   std::to_string(k.applied.count(kHarm)) + "/" +
+                   std::to_string(k.applied.steps.size()) + " reports (" + k.worst.recipe + ")");
+    bf16_set_.insert(std::lower_bound(bf16_set_.begin(), bf16_set_.end(), k.layer), k.layer);
+    k.what_if.clear();
+    changed = true;
+  }
+  if (moved > 0 && moved < candidates.size()) {
+    why->push_back("bf16 cap " + std::to_string(cap) + " of " +
+                   std::to_string(gemm_tracks_.size()) + " layers (max_bf16_share " +
+                   number(p.max_bf16_share) + ") reached: " + candidates[moved]->layer +
+                   " stays in the recipe");
+  }
+  return changed;
+}
+
+bool PolicyEngine::update_delayed(PolicyDecision* recipe, std::vector<std::string>* why) {
+  const GemmPrecisionParams& p = config_.gemm_precision;
+  const int spikes = delayed_spikes_.count(kHarm);
+  if (spikes < p.spike_reports) return false;
+  const int length = amax_history_length_.value_or(amax_history_seen_);
+  const int margin = amax_margin_.value_or(amax_margin_seen_.value_or(0));
+  std::string change;
+  if (length > 1) {
+    recipe->amax_history_length = std::max(1, length / 2);
+    change = "amax history " + std::to_string(length) + " -> " +
+             std::to_string(*recipe->amax_history_length) + " steps";
+  } else if (margin < p.max_amax_margin) {
+    recipe->amax_margin = margin + 1;
+    change = "amax margin " + std::to_string(margin) + " -> " + std::to_string(margin + 1) +
+             " binades (history already 1 step)";
+  } else {
+    return false;  // both at their bounds: nothing left to change
+  }
+  why->push_back("delayed: " + change + ": " + delayed_worst_.text + " in " +
+                 std::to_string(spikes) + "/" + std::to_string(delayed_spikes_.steps.size()) +
+                 " reports (" + delayed_worst_.recipe + ")");
+  delayed_spikes_.clear();
+  delayed_worst_ = {};
+  return true;
+}
+
+}  // namespace ampscope::policy

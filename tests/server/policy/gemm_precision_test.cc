@@ -1,0 +1,430 @@
+// Per-layer precision of FP8/FP4 runs: which layers the engine moves to BF16 and back, and
+// delayed scaling's amax history and margin, on scripted quantiser reports and on counts the
+// real recipes (ampscope/recipe.h) give for Gaussian and wide-range data.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "ampscope/policy/policy_engine.h"
+
+namespace ampscope::policy {
+namespace {
+
+constexpr const char* kRun = "run-1";
+const std::vector<std::string> kLayers = {"h0.attn.qkv", "h0.mlp.fc", "h1.attn.qkv",
+                                          "h1.mlp.fc"};
+
+EngineConfig gemm_config() {
+  EngineConfig c;
+  c.mode = PolicyMode::kHeadroom;  // no tensors are reported: no scale decisions
+  c.lead_steps = 2;
+  c.gemm_precision.enabled = true;
+  c.gemm_precision.window_reports = 8;
+  c.gemm_precision.min_reports = 4;
+  c.gemm_precision.max_bf16_share = 0.25;
+  c.gemm_precision.promote_reports = 4;
+  c.gemm_precision.min_dwell_steps = 10;
+  return c;
+}
+
+ScalerConfig scaler() {
+  ScalerConfig s;
+  s.kind = ScalerKind::kDynamic;
+  s.scale = 65536.0;
+  return s;
+}
+
+Recipe recipe(std::string_view text) {
+  std::string error;
+  const std::optional<Recipe> r = parse_recipe(text, &error);
+  if (!r) throw std::runtime_error(error);
+  return *r;
+}
+
+// A quantiser of 1000 finite values at SQNR 30 dB (clean under every element format) with
+// `underflow` of them flushed to zero.
+QuantizerInput quantizer(const std::string& name, const std::string& layer,
+                         std::uint64_t underflow = 0, bool what_if = false,
+                         std::string_view recipe_text = "nvfp4") {
+  QuantizerInput q;
+  q.name = name;
+  q.layer = layer;
+  q.role = TensorRole::kActivation;
+  q.recipe = recipe(recipe_text);
+  q.what_if = what_if;
+  q.values = 1000;
+  q.underflow = underflow;
+  q.amax = 4.0;
+  q.signal_sq = 1000.0;
+  q.error_sq = 1.0;
+  return q;
+}
+
+StepInput step_input(std::int64_t step, std::vector<QuantizerInput> quantizers, int rank = 0) {
+  StepInput in;
+  in.run_id = kRun;
+  in.rank = rank;
+  in.step = step;
+  in.loss_scale = in.scale_after = 65536.0;
+  in.quantizers = std::move(quantizers);
+  return in;
+}
+
+// Every layer's input quantiser, clean, plus `extra`.
+StepInput clean_step(std::int64_t step, std::vector<QuantizerInput> extra = {}) {
+  std::vector<QuantizerInput> qs;
+  for (const std::string& l : kLayers) qs.push_back(quantizer(l + ".input", l));
+  for (QuantizerInput& q : extra) qs.push_back(std::move(q));
+  return step_input(step, std::move(qs));
+}
+
+QuantizerInput h1_fc_grad(std::uint64_t underflow, bool what_if = false) {
+  return quantizer("h1.mlp.fc.output_grad@wgrad", "h1.mlp.fc", underflow, what_if);
+}
+
+TEST(GemmPrecisionTest, MovesALayerWhoseQuantiserKeepsUnderflowing) {
+  PolicyEngine engine(kRun, gemm_config(), scaler());
+  for (std::int64_t step = 0; step < 3; ++step) {
+    EXPECT_TRUE(engine.observe(clean_step(step, {h1_fc_grad(412)})).empty()) << step;
+  }
+  const auto out = engine.observe(clean_step(3, {h1_fc_grad(412)}));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].bf16_gemms, std::vector<std::string>{"h1.mlp.fc"});
+  EXPECT_EQ(out[0].effective_from_step, 5);
+  EXPECT_TRUE(out[0].scaler.empty());
+  EXPECT_FALSE(out[0].amax_history_length);
+  EXPECT_EQ(out[0].reason,
+            "bf16 h1.mlp.fc: h1.mlp.fc.output_grad@wgrad underflow 41.2% of finite values in 4/4 "
+            "reports (nvfp4)");
+  // Once moved, the recipe's reports until the move takes effect are not counted again.
+  EXPECT_TRUE(engine.observe(clean_step(4, {h1_fc_grad(412)})).empty());
+  EXPECT_EQ(engine.current_policy()->bf16_gemms, std::vector<std::string>{"h1.mlp.fc"});
+}
+
+TEST(GemmPrecisionTest, HarmBelowTheThresholdOrInTooFewReportsMovesNothing) {
+  PolicyEngine engine(kRun, gemm_config(), scaler());
+  for (std::int64_t step = 0; step < 24; ++step) {
+    // 25.0% is at the limit (not above); 26% in every third step is 3 of any 8.
+    const std::uint64_t underflow = step % 3 == 0 ? 260 : 250;
+    EXPECT_TRUE(engine.observe(clean_step(step, {h1_fc_grad(underflow)})).empty()) << step;
+  }
+  EXPECT_FALSE(engine.current_policy());
+}
+
+TEST(GemmPrecisionTest, WorstFirstUnderTheCap) {
+  EngineConfig cfg = gemm_config();
+  cfg.gemm_precision.max_bf16_share = 0.5;  // 2 of the 4 layers
+  PolicyEngine engine(kRun, cfg, scaler());
+  std::vector<PolicyDecision> out;
+  for (std::int64_t step = 0; step < 4; ++step) {
+    QuantizerInput sat = quantizer("h0.attn.qkv.weight", "h0.attn.qkv", 0, false, "mxfp8_e4m3");
+    sat.saturated = 35;
+    sat.overflow = 5;  // 4.0% against 3%: 1.33 times the limit
+    // E4M3's floor 22.84 dB; 20 dB is 10^0.284 = 1.92 times the noise allowed.
+    QuantizerInput noisy = quantizer("h0.mlp.fc.input", "h0.mlp.fc", 0, false, "e4m3:current");
+    noisy.error_sq = 10.0;
+    // 30% against 25%: 1.2 times.
+    out = engine.observe(clean_step(step, {sat, noisy, h1_fc_grad(300)}));
+    if (step < 3) {
+      EXPECT_TRUE(out.empty()) << step;
+    }
+  }
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].bf16_gemms, (std::vector<std::string>{"h0.attn.qkv", "h0.mlp.fc"}));
+  EXPECT_EQ(out[0].reason,
+            "bf16 h0.mlp.fc: h0.mlp.fc.input SQNR 20.0 dB below the 22.8 dB floor in 4/4 reports "
+            "(e4m3:current); bf16 h0.attn.qkv: h0.attn.qkv.weight saturated 4.0% of finite values "
+            "in 4/4 reports (mxfp8_e4m3); bf16 cap 2 of 4 layers (max_bf16_share 0.5) reached: "
+            "h1.mlp.fc stays in the recipe");
+  // The cap holds while h1.mlp.fc keeps underflowing.
+  for (std::int64_t step = 4; step < 12; ++step) {
+    EXPECT_TRUE(engine.observe(clean_step(step, {h1_fc_grad(300)})).empty()) << step;
+  }
+}
+
+TEST(GemmPrecisionTest, RoomLeftByAReturnGoesToTheLayerHarmedMostOften) {
+  PolicyEngine engine(kRun, gemm_config(), scaler());  // cap 1 of 4
+  std::vector<PolicyDecision> decisions;
+  for (std::int64_t step = 0; step < 16; ++step) {
+    std::vector<QuantizerInput> extra;
+    // h0.attn.qkv moves at step 3 (effective 5), reports clean what-if counts from 5 on and
+    // returns at 15 (the dwell); meanwhile h1.mlp.fc is harmed in every step from 2 on (8 of
+    // the last 8 at 15) and h0.mlp.fc far worse, in every other step from 8 on (4 of 8).
+    extra.push_back(quantizer("h0.attn.qkv.weight", "h0.attn.qkv", step < 4 ? 400 : 0, step >= 5));
+    if (step >= 2) extra.push_back(h1_fc_grad(300));
+    if (step >= 8 && step % 2 == 0) extra.push_back(quantizer("h0.mlp.fc.input", "h0.mlp.fc", 900));
+    for (auto& d : engine.observe(clean_step(step, extra))) decisions.push_back(d);
+  }
+  ASSERT_EQ(decisions.size(), 2u);
+  EXPECT_EQ(decisions[0].bf16_gemms, std::vector<std::string>{"h0.attn.qkv"});
+  EXPECT_EQ(decisions[1].bf16_gemms, std::vector<std::string>{"h1.mlp.fc"});
+  EXPECT_EQ(decisions[1].effective_from_step, 17);
+  EXPECT_EQ(decisions[1].reason,
+            "recipe h0.attn.qkv: what-if nvfp4 within the limits x0.5 (underflow 12.5%, saturated "
+            "1.5%, SQNR margin 3.0 dB) in 4/4 reports after 10 steps in BF16; bf16 h1.mlp.fc: "
+            "h1.mlp.fc.output_grad@wgrad underflow 30.0% of finite values in 8/8 reports (nvfp4); "
+            "bf16 cap 1 of 4 layers (max_bf16_share 0.25) reached: h0.mlp.fc stays in the recipe");
+}
+
+TEST(GemmPrecisionTest, ReturnsOnlyAfterCleanWhatIfReportsAndTheDwell) {
+  PolicyEngine engine(kRun, gemm_config(), scaler());
+  for (std::int64_t step = 0; step < 4; ++step) engine.observe(clean_step(step, {h1_fc_grad(412)}));
+  ASSERT_EQ(engine.current_policy()->bf16_gemms, std::vector<std::string>{"h1.mlp.fc"});
+  // From the effective step 5 on the layer runs BF16 and reports what-if counts. 15% is inside
+  // the limit to move (25%) but outside the stricter one to return (12.5%): hysteresis.
+  EXPECT_TRUE(engine.observe(clean_step(4, {h1_fc_grad(412)})).empty());
+  for (std::int64_t step = 5; step < 16; ++step) {
+    const std::uint64_t underflow = step == 12 ? 150 : 100;
+    EXPECT_TRUE(engine.observe(clean_step(step, {h1_fc_grad(underflow, true)})).empty()) << step;
+  }
+  // Steps 13..16 are the last 4 what-if reports, all clean, and 16 - 5 >= 10 steps in BF16.
+  const auto out = engine.observe(clean_step(16, {h1_fc_grad(100, true)}));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].bf16_gemms.empty());
+  EXPECT_EQ(out[0].reason,
+            "recipe h1.mlp.fc: what-if nvfp4 within the limits x0.5 (underflow 12.5%, saturated "
+            "1.5%, SQNR margin 3.0 dB) in 4/4 reports after 11 steps in BF16");
+  // Back in the recipe it needs fresh evidence to move again.
+  for (std::int64_t step = 17; step < 20; ++step) {
+    EXPECT_TRUE(engine.observe(clean_step(step, {h1_fc_grad(412)})).empty()) << step;
+  }
+  const auto again = engine.observe(clean_step(20, {h1_fc_grad(412)}));
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].bf16_gemms, std::vector<std::string>{"h1.mlp.fc"});
+}
+
+TEST(GemmPrecisionTest, WithoutTheDwellCleanWhatIfReportsWait) {
+  EngineConfig cfg = gemm_config();
+  cfg.gemm_precision.min_dwell_steps = 20;
+  PolicyEngine engine(kRun, cfg, scaler());
+  for (std::int64_t step = 0; step < 5; ++step) engine.observe(clean_step(step, {h1_fc_grad(412)}));
+  for (std::int64_t step = 5; step < 25; ++step) {
+    EXPECT_TRUE(engine.observe(clean_step(step, {h1_fc_grad(0, true)})).empty()) << step;
+  }
+  const auto out = engine.observe(clean_step(25, {h1_fc_grad(0, true)}));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].bf16_gemms.empty());
+}
+
+TEST(GemmPrecisionTest, RanksOfOneStepCountOnce) {
+  PolicyEngine engine(kRun, gemm_config(), scaler());
+  // Two ranks and two micro-steps each, every one harmful, over three steps: 3 reports, not 12.
+  for (std::int64_t step = 0; step < 3; ++step) {
+    for (int rank = 0; rank < 2; ++rank) {
+      StepInput in = clean_step(step, {h1_fc_grad(412), h1_fc_grad(500)});
+      in.rank = rank;
+      EXPECT_TRUE(engine.observe(in).empty()) << step << " " << rank;
+    }
+  }
+  const auto out = engine.observe(clean_step(3, {h1_fc_grad(412)}));
+  ASSERT_EQ(out.size(), 1u);
+  // The worst report of the latest harmful step names the numbers.
+  EXPECT_EQ(out[0].reason,
+            "bf16 h1.mlp.fc: h1.mlp.fc.output_grad@wgrad underflow 41.2% of finite values in 4/4 "
+            "reports (nvfp4)");
+}
+
+TEST(GemmPrecisionTest, ObserveModeAndTheDefaultDecideNothing) {
+  EngineConfig observe = gemm_config();
+  observe.mode = PolicyMode::kObserve;
+  EngineConfig off = gemm_config();
+  off.gemm_precision.enabled = false;
+  for (const EngineConfig& cfg : {observe, off}) {
+    PolicyEngine engine(kRun, cfg, scaler());
+    for (std::int64_t step = 0; step < 16; ++step) {
+      EXPECT_TRUE(engine.observe(clean_step(step, {h1_fc_grad(900)})).empty()) << step;
+    }
+  }
+  EXPECT_FALSE(EngineConfig{}.gemm_precision.enabled);
+}
+
+// Counts of the real recipe on `x` (rows x cols), as a quantiser of `layer`.
+QuantizerInput counted(const std::string& name, const std::string& layer,
+                       const std::vector<float>& x, std::size_t rows, std::size_t cols,
+                       std::string_view recipe_text) {
+  const RecipeCounts c = fake_quantize(x.data(), nullptr, rows, cols, recipe(recipe_text));
+  QuantizerInput q;
+  q.name = name;
+  q.layer = layer;
+  q.recipe = c.recipe;
+  q.values = c.values;
+  q.nonfinite = c.nonfinite;
+  q.underflow = c.underflow;
+  q.saturated = c.saturated;
+  q.overflow = c.overflow;
+  q.amax = c.amax;
+  q.signal_sq = c.signal_sq;
+  q.error_sq = c.error_sq;
+  q.tensor_scale = c.tensor_scale;
+  return q;
+}
+
+TEST(GemmPrecisionTest, GaussianDataStaysInEveryRecipeAndWideDataMoves) {
+  constexpr std::size_t kRows = 64, kCols = 256;
+  std::mt19937 gen(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> binades(-30.0f, 10.0f);
+  const std::vector<std::string> recipes = {"e4m3:current", "e5m2:current", "mxfp8_e4m3",
+                                            "mxfp8_e5m2",   "mxfp6_e3m2",   "mxfp6_e2m3",
+                                            "mxfp4",        "mxfp4:ceil",   "nvfp4",
+                                            "e4m3:tile=1x128"};
+  EngineConfig cfg = gemm_config();
+  cfg.gemm_precision.max_bf16_share = 1.0;
+  PolicyEngine engine(kRun, cfg, scaler());
+  std::vector<PolicyDecision> out;
+  for (std::int64_t step = 0; step < 8; ++step) {
+    std::vector<QuantizerInput> qs;
+    for (const std::string& r : recipes) {
+      std::vector<float> x(kRows * kCols);
+      for (float& v : x) v = normal(gen);
+      qs.push_back(counted("gauss." + r + ".input", "gauss." + r, x, kRows, kCols, r));
+    }
+    // 40 binades of magnitudes: NVFP4's 16-element blocks keep about 4 of them.
+    std::vector<float> wide(kRows * kCols);
+    for (float& v : wide) v = std::exp2(binades(gen)) * (normal(gen) < 0 ? -1.0f : 1.0f);
+    qs.push_back(counted("wide.output_grad", "wide", wide, kRows, kCols, "nvfp4"));
+    const QuantizerInput& w = qs.back();
+    out = engine.observe(step_input(step, std::move(qs)));
+    if (step < 3) {
+      EXPECT_TRUE(out.empty()) << step;
+    } else if (step == 3) {
+      ASSERT_EQ(out.size(), 1u);
+      EXPECT_EQ(out[0].bf16_gemms, std::vector<std::string>{"wide"});
+      char share[32];
+      std::snprintf(share, sizeof share, "%.1f%%",
+                    100.0 * static_cast<double>(w.underflow) / static_cast<double>(w.values));
+      EXPECT_EQ(out[0].reason, std::string("bf16 wide: wide.output_grad underflow ") + share +
+                                   " of finite values in 4/4 reports (nvfp4)");
+    } else {
+      EXPECT_TRUE(out.empty()) << step;
+    }
+  }
+}
+
+QuantizerInput delayed(double amax, std::uint64_t saturated, std::size_t history) {
+  QuantizerInput q = quantizer("h0.mlp.fc.input", "h0.mlp.fc", 0, false, "e4m3:scale=0.5");
+  q.tensor_scale = 0.5;  // reach 448 / 0.5 = 896
+  q.amax = amax;
+  q.saturated = saturated;
+  q.amax_history.assign(history, 800.0f);  // 448 / 800 / 0.5 = 1.12: margin 0
+  return q;
+}
+
+TEST(GemmPrecisionTest, DelayedSpikesHalveTheHistoryThenRaiseTheMargin) {
+  EngineConfig cfg = gemm_config();
+  cfg.gemm_precision.spike_reports = 3;
+  cfg.gemm_precision.max_amax_margin = 1;
+  cfg.gemm_precision.max_bf16_share = 0.0;  // only the recipe settings move
+  PolicyEngine engine(kRun, cfg, scaler());
+  std::vector<PolicyDecision> decisions;
+  for (std::int64_t step = 0; step < 40; ++step) {
+    // A spike every other step: amax 1000 past the reach 896, 3 values saturated.
+    const bool spike = step % 2 == 0;
+    for (auto& d : engine.observe(step_input(step, {delayed(spike ? 1000.0 : 500.0,
+                                                            spike ? 3 : 0, 4)}))) {
+      decisions.push_back(d);
+    }
+  }
+  // Steps 0, 2, 4: 4 -> 2 at step 4 (effective 6); 6, 8, 10: 2 -> 1; 12, 14, 16: margin 0 -> 1;
+  // then both are at their bounds.
+  ASSERT_EQ(decisions.size(), 3u);
+  EXPECT_EQ(decisions[0].amax_history_length, 2);
+  EXPECT_FALSE(decisions[0].amax_margin);
+  EXPECT_EQ(decisions[0].effective_from_step, 6);
+  EXPECT_EQ(decisions[0].reason,
+            "delayed: amax history 4 -> 2 steps: h0.mlp.fc.input amax 1000 past the delayed "
+            "scale's reach 896 (448 / 0.5), 3 values saturated in 3/5 reports (e4m3:scale=0.5)");
+  EXPECT_EQ(decisions[1].amax_history_length, 1);
+  EXPECT_EQ(decisions[1].effective_from_step, 12);
+  EXPECT_FALSE(decisions[2].amax_history_length);
+  EXPECT_EQ(decisions[2].amax_margin, 1);
+  EXPECT_EQ(decisions[2].reason.substr(0, 62),
+            "delayed: amax margin 0 -> 1 binades (history already 1 step): ");
+  const auto current = engine.current_policy();
+  EXPECT_EQ(current->amax_history_length, 1);
+  EXPECT_EQ(current->amax_margin, 1);
+}
+
+TEST(GemmPrecisionTest, SaveAndRestoreDecideTheSame) {
+  EngineConfig cfg = gemm_config();
+  cfg.gemm_precision.max_bf16_share = 0.5;
+  PolicyEngine engine(kRun, cfg, scaler());
+  auto script = [](std::int64_t step) {
+    std::vector<QuantizerInput> extra;
+    if (step < 6) extra.push_back(h1_fc_grad(412));
+    if (step >= 8) extra.push_back(h1_fc_grad(50, true));
+    if (step % 2 == 0) extra.push_back(delayed(1000.0, 3, 4));
+    return clean_step(step, extra);
+  };
+  for (std::int64_t step = 0; step < 3; ++step) engine.observe(script(step));
+  const std::string saved = engine.save_state();
+  PolicyEngine twin = PolicyEngine::restore(saved);
+  EXPECT_EQ(twin.save_state(), saved);
+  std::vector<PolicyDecision> a, b;
+  for (std::int64_t step = 3; step < 30; ++step) {
+    for (auto& d : engine.observe(script(step))) a.push_back(d);
+    for (auto& d : twin.observe(script(step))) b.push_back(d);
+  }
+  // h1.mlp.fc to BF16 at 3 and back at 15; the history 4 -> 2 at 4, 2 -> 1 at 10; the margin
+  // 0 -> 1 at 16, 1 -> 2 at 22, 2 -> 3 at 28.
+  ASSERT_EQ(a.size(), 7u);
+  ASSERT_EQ(b.size(), a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(b[i].policy_id, a[i].policy_id);
+    EXPECT_EQ(b[i].effective_from_step, a[i].effective_from_step);
+    EXPECT_EQ(b[i].bf16_gemms, a[i].bf16_gemms);
+    EXPECT_EQ(b[i].amax_history_length, a[i].amax_history_length);
+    EXPECT_EQ(b[i].amax_margin, a[i].amax_margin);
+    EXPECT_EQ(b[i].reason, a[i].reason);
+  }
+  EXPECT_EQ(twin.save_state(), engine.save_state());
+}
+
+TEST(GemmPrecisionTest, RestoresAVersion1Document) {
+  PolicyEngine engine(kRun, gemm_config(), scaler());
+  for (std::int64_t step = 0; step < 4; ++step) engine.observe(clean_step(step, {h1_fc_grad(412)}));
+  nlohmann::json doc = nlohmann::json::parse(engine.save_state());
+  doc["version"] = 1;
+  doc.erase("gemm_precision");
+  doc["config"].erase("gemm_precision");
+  for (const char* key : {"bf16_gemms", "amax_history_length", "amax_margin"}) {
+    doc["last_decision"].erase(key);
+  }
+  const PolicyEngine old = PolicyEngine::restore(doc.dump());
+  EXPECT_FALSE(old.config().gemm_precision.enabled);
+  EXPECT_TRUE(old.current_policy()->bf16_gemms.empty());
+  doc["version"] = 3;
+  EXPECT_THROW(PolicyEngine::restore(doc.dump()), PolicyError);
+}
+
+TEST(GemmPrecisionTest, ValidatesItsConfigurationAndQuantisers) {
+  EngineConfig cfg = gemm_config();
+  cfg.gemm_precision.min_reports = 9;
+  EXPECT_EQ(validate(cfg), "gemm_precision.min_reports must be in [1, 8], got 9");
+  cfg = gemm_config();
+  cfg.gemm_precision.max_bf16_share = 1.5;
+  EXPECT_EQ(validate(cfg), "gemm_precision.max_bf16_share must be in [0, 1], got 1.5");
+  cfg = gemm_config();
+  cfg.gemm_precision.promote_factor = 0.0;
+  EXPECT_EQ(validate(cfg), "gemm_precision.promote_factor must be in (0, 1], got 0");
+
+  PolicyEngine engine(kRun, gemm_config(), scaler());
+  QuantizerInput q = h1_fc_grad(900);
+  q.saturated = 200;
+  try {
+    engine.observe(step_input(0, {q}));
+    ADD_FAILURE() << "accepted";
+  } catch (const PolicyError& e) {
+    EXPECT_STREQ(e.what(), "quantizers[0].underflow + saturated + overflow must be <= values 1000");
+  }
+  q = h1_fc_grad(0);
+  q.error_sq = std::nan("");
+  EXPECT_THROW(engine.observe(step_input(0, {q})), PolicyError);
+  EXPECT_EQ(engine.latest_step(), -1);  // unchanged
+}
+
+}  // namespace
+}  // namespace ampscope::policy
