@@ -3,6 +3,7 @@
 //
 //   ampscope_policy_eval_extract --server HOST:PORT --run-id ID --out steps.jsonl
 //                                [--decisions-out decisions.json]
+//                                [--quantizers-out quantizers.json]
 //
 // steps.jsonl, one line per step, ascending: step, loss, loss_scale, scale_after, found_inf,
 // skipped, val_loss (null where not evaluated), policy_applied (ids of the updates the agent
@@ -22,11 +23,19 @@
 //  - grad_unmeasured: gradients whose sample lacked the count that is needed (a counts-level
 //    sample without targets); the step's underflow is then incomplete.
 // act_grad_numel and act_grad_zeros split out the activation gradients.
+// FP8/FP4 runs add bf16_gemms (StepReport.bf16_gemms: the layers whose GEMMs ran in BF16 at that
+// step), quantizers (QuantizerStats of a recipe applied) and quantizers_what_if (a recipe only
+// measured on the input of a layer in BF16).
 //
 // decisions.json: {"complete": bool, "decisions": [...]}, every stored decision of the run,
 // oldest first (policy_id, effective_from_step, decided_at_step, loss_scale, fp32_tensors,
-// reason, applied_step: where rank 0 applied it, null if it did not); complete is false when
-// the server returned only its latest kLimit decisions.
+// bf16_gemms: the complete BF16 set when the decision sets one, else null; reason,
+// applied_step: where rank 0 applied it, null if it did not); complete is false when the server
+// returned only its latest kLimit decisions.
+//
+// quantizers.json: every quantiser of the run summed over its reports, one entry per (name,
+// what_if), sorted by name: layer, recipe (the latest), reports, values, underflow, saturated,
+// overflow, signal_sq, error_sq; the statistics the server's per-layer precision reads.
 //
 // It reads the server's Query service (GetReports with tensors, GetRun), the same API
 // `ampscope tail` and `show` use (through their QueryClient); the `ampscope` tool prints no
@@ -52,8 +61,17 @@ struct StepRow {
   std::uint64_t grad_tensors = 0, grad_numel = 0, grad_underflow = 0, grad_zeros16 = 0;
   std::uint64_t grad_numel_wide = 0, grad_unmeasured = 0;
   std::uint64_t act_grad_numel = 0, act_grad_zeros = 0;
+  std::uint64_t quantizers = 0, quantizers_what_if = 0;
   std::vector<std::string> policy_applied;
 };
+
+// One quantiser's reports summed over the run (applied and what-if apart).
+struct QuantizerSum {
+  std::string layer, recipe;
+  std::uint64_t reports = 0, values = 0, underflow = 0, saturated = 0, overflow = 0;
+  double signal_sq = 0.0, error_sq = 0.0;
+};
+using QuantizerSums = std::map<std::pair<std::string, bool>, QuantizerSum>;
 
 using ampscope::cli::json_number;
 
@@ -100,7 +118,21 @@ void add_tensor(const v1::TensorStats& t, StepRow& row) {
   }
 }
 
-void add_report(const v1::StepReport& r, StepRow& row) {
+void add_quantizer(const v1::QuantizerStats& q, StepRow& row, QuantizerSums& sums) {
+  ++(q.what_if() ? row.quantizers_what_if : row.quantizers);
+  QuantizerSum& s = sums[{q.name(), q.what_if()}];
+  s.layer = q.layer();
+  s.recipe = q.recipe();
+  ++s.reports;
+  s.values += q.values();
+  s.underflow += q.underflow();
+  s.saturated += q.saturated();
+  s.overflow += q.overflow();
+  s.signal_sq += q.signal_sq();
+  s.error_sq += q.error_sq();
+}
+
+void add_report(const v1::StepReport& r, StepRow& row, QuantizerSums& sums) {
   row.report = &r;
   for (const auto& o : r.policy_outcomes()) {
     if (o.applied()) row.policy_applied.push_back(o.policy_id());
@@ -108,6 +140,7 @@ void add_report(const v1::StepReport& r, StepRow& row) {
   for (const auto& t : r.tensors()) {
     if (is_scaled_gradient(t)) add_tensor(t, row);
   }
+  for (const auto& q : r.quantizers()) add_quantizer(q, row, sums);
 }
 
 ordered_json step_json(std::int64_t step, const StepRow& row) {
@@ -130,13 +163,47 @@ ordered_json step_json(std::int64_t step, const StepRow& row) {
   j["grad_unmeasured"] = row.grad_unmeasured;
   j["act_grad_numel"] = row.act_grad_numel;
   j["act_grad_zeros"] = row.act_grad_zeros;
+  j["bf16_gemms"] = std::vector<std::string>(r.bf16_gemms().begin(), r.bf16_gemms().end());
+  j["quantizers"] = row.quantizers;
+  j["quantizers_what_if"] = row.quantizers_what_if;
   return j;
 }
 
+ordered_json quantizers_json(const QuantizerSums& sums) {
+  ordered_json out = ordered_json::array();
+  for (const auto& [key, s] : sums) {
+    ordered_json j;
+    j["name"] = key.first;
+    j["what_if"] = key.second;
+    j["layer"] = s.layer;
+    j["recipe"] = s.recipe;
+    j["reports"] = s.reports;
+    j["values"] = s.values;
+    j["underflow"] = s.underflow;
+    j["saturated"] = s.saturated;
+    j["overflow"] = s.overflow;
+    j["signal_sq"] = json_number(s.signal_sq);
+    j["error_sq"] = json_number(s.error_sq);
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+int write_json(const ordered_json& j, const std::string& path) {
+  std::ofstream out(path);
+  out << j.dump() << "\n";
+  if (!out) {
+    std::cerr << "ampscope_policy_eval_extract: cannot write " << path << "\n";
+    return 1;
+  }
+  return 0;
+}
+
 int write_steps(ampscope::cli::QueryClient& client, const std::string& run_id,
-                const std::string& out_path) {
+                const std::string& out_path, const std::string& quantizers_path) {
   std::vector<v1::GetReportsResponse> pages;  // own the reports the rows point at
   std::map<std::int64_t, StepRow> rows;
+  QuantizerSums sums;
   std::string token;
   do {
     v1::GetReportsRequest q;
@@ -149,7 +216,7 @@ int write_steps(ampscope::cli::QueryClient& client, const std::string& run_id,
     pages.push_back(client.get_reports(q));
     token = pages.back().next_page_token();
     for (const auto& stored : pages.back().reports()) {
-      add_report(stored.report(), rows[stored.report().step()]);
+      add_report(stored.report(), rows[stored.report().step()], sums);
     }
   } while (!token.empty());
   if (rows.empty()) {
@@ -162,7 +229,7 @@ int write_steps(ampscope::cli::QueryClient& client, const std::string& run_id,
     std::cerr << "ampscope_policy_eval_extract: cannot write " << out_path << "\n";
     return 1;
   }
-  return 0;
+  return quantizers_path.empty() ? 0 : write_json(quantizers_json(sums), quantizers_path);
 }
 
 // GetRun's most decisions per answer (the latest ones).
@@ -178,6 +245,9 @@ ordered_json decision_json(const v1::PolicyDecision& d) {
   j["fp32_tensors"] = u.fp32_tensors_set() ? ordered_json(std::vector<std::string>(
                                                  u.fp32_tensors().begin(), u.fp32_tensors().end()))
                                            : ordered_json(nullptr);
+  j["bf16_gemms"] = u.bf16_gemms_set() ? ordered_json(std::vector<std::string>(
+                                           u.bf16_gemms().begin(), u.bf16_gemms().end()))
+                                       : ordered_json(nullptr);
   j["reason"] = u.reason();
   j["applied_step"] = nullptr;
   for (const auto& a : d.applications()) {
@@ -199,13 +269,7 @@ int write_decisions(ampscope::cli::QueryClient& client, const std::string& run_i
   j["complete"] = static_cast<std::uint32_t>(run.policy_decisions_size()) < kLimit;
   j["decisions"] = ordered_json::array();
   for (const auto& d : run.policy_decisions()) j["decisions"].push_back(decision_json(d));
-  std::ofstream out(out_path);
-  out << j.dump() << "\n";
-  if (!out) {
-    std::cerr << "ampscope_policy_eval_extract: cannot write " << out_path << "\n";
-    return 1;
-  }
-  return 0;
+  return write_json(j, out_path);
 }
 
 }  // namespace
@@ -213,11 +277,13 @@ int write_decisions(ampscope::cli::QueryClient& client, const std::string& run_i
 int main(int argc, char** argv) {
   CLI::App app{"One run's step reports and policy decisions, reduced for the policy evaluation"};
   ampscope::cli::ServerArgs server;
-  std::string run_id, out, decisions_out;
+  std::string run_id, out, decisions_out, quantizers_out;
   ampscope::cli::add_server_options(&app, server);
   app.add_option("--run-id", run_id, "run to read")->required();
   app.add_option("--out", out, "JSON-lines file of the steps to write")->required();
   app.add_option("--decisions-out", decisions_out, "JSON file of the policy decisions to write");
+  app.add_option("--quantizers-out", quantizers_out,
+                 "JSON file of the run's quantisers, summed per name and what-if, to write");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -225,7 +291,7 @@ int main(int argc, char** argv) {
   }
   try {
     ampscope::cli::QueryClient client(server);
-    if (const int rc = write_steps(client, run_id, out); rc != 0) return rc;
+    if (const int rc = write_steps(client, run_id, out, quantizers_out); rc != 0) return rc;
     return decisions_out.empty() ? 0 : write_decisions(client, run_id, decisions_out);
   } catch (const ampscope::cli::ServerError& e) {
     std::cerr << "ampscope_policy_eval_extract: " << e.what() << "\n";
