@@ -76,6 +76,12 @@ ordered_json update_json(const v1::PolicyDecision& d) {
     j["fp32_tensors"] =
         ordered_json(std::vector<std::string>(u.fp32_tensors().begin(), u.fp32_tensors().end()));
   }
+  if (u.bf16_gemms_set()) {
+    j["bf16_gemms"] =
+        ordered_json(std::vector<std::string>(u.bf16_gemms().begin(), u.bf16_gemms().end()));
+  }
+  if (u.has_amax_history_length()) j["amax_history_length"] = u.amax_history_length();
+  if (u.has_amax_margin()) j["amax_margin"] = u.amax_margin();
   j["reason"] = u.reason();
   ordered_json applied = ordered_json::array();
   for (const v1::PolicyApplication& a : d.applications()) {
@@ -105,6 +111,15 @@ std::string describe_update(const v1::PolicyUpdate& u) {
     for (const std::string& t : u.fp32_tensors()) list += (list.empty() ? "" : " ") + t;
     field("fp32", list.empty() ? "(none)" : list);
   }
+  if (u.bf16_gemms_set()) {
+    std::string list;
+    for (const std::string& l : u.bf16_gemms()) list += (list.empty() ? "" : " ") + l;
+    field("bf16", list.empty() ? "(none)" : list);
+  }
+  if (u.has_amax_history_length()) {
+    field("amax_history_length", std::to_string(u.amax_history_length()));
+  }
+  if (u.has_amax_margin()) field("amax_margin", std::to_string(u.amax_margin()));
   return os.str();
 }
 

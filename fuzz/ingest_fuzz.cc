@@ -89,7 +89,7 @@ struct Server {
     for (const v1::AgentMessage& m : stream) {
       if (!identity) {
         if (!m.has_hello() || validate_hello(m.hello())) continue;
-        identity = StreamIdentity{m.hello().run_id(), m.hello().rank(), 0};
+        identity = stream_identity(m.hello());
         IngestItem item = item_for(*identity, sink);
         item.kind = IngestItem::Kind::kHello;
         item.hello = std::make_unique<v1::Hello>(m.hello());

@@ -112,10 +112,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (m.has_hello()) {
       fuzz::check_hello(m.hello());
       if (!identity && !server::validate_hello(m.hello())) {
-        identity = server::StreamIdentity{m.hello().run_id(), m.hello().rank(), 0};
+        identity = server::stream_identity(m.hello());
       }
     } else if (m.has_report()) {
-      if (!identity) identity = server::StreamIdentity{m.report().run_id(), m.report().rank(), 0};
+      if (!identity) {
+        identity = server::StreamIdentity{m.report().run_id(), m.report().rank(), 0, {}};
+      }
       // As the reactor does: an accepted report raises the stream's seq, a rejected one too when
       // its seq is higher.
       fuzz::check_report(m.report(), *identity);

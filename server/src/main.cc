@@ -190,6 +190,42 @@ void add_flags(CLI::App& app, Flags& f) {
   app.add_option("--fp32-max-tensors", p.fp32_fallback.max_tensors,
                  "FP32 fallback: most tensors ever recommended")
       ->capture_default_str();
+  ampscope::policy::GemmPrecisionParams& g = p.gemm_precision;
+  app.add_flag("--gemm-precision", g.enabled,
+               "FP8/FP4 runs: move the GEMMs of layers whose quantisers keep losing values to "
+               "BF16 and back, and shorten delayed scaling's amax history on spikes");
+  app.add_option("--gemm-window", g.window_reports, "GEMM precision: reported steps of a layer")
+      ->capture_default_str();
+  app.add_option("--gemm-min-reports", g.min_reports,
+                 "GEMM precision: harmful steps within the window that move a layer to BF16")
+      ->capture_default_str();
+  app.add_option("--gemm-max-underflow", g.max_underflow_share,
+                 "GEMM precision: underflowing share of a quantiser's finite values")
+      ->capture_default_str();
+  app.add_option("--gemm-max-saturated", g.max_saturated_share,
+                 "GEMM precision: saturated and overflowed share of its finite values")
+      ->capture_default_str();
+  app.add_option("--gemm-sqnr-margin", g.sqnr_margin_db,
+                 "GEMM precision: dB below the element format's nominal SQNR")
+      ->capture_default_str();
+  app.add_option("--gemm-max-bf16-share", g.max_bf16_share,
+                 "GEMM precision: most layers in BF16, as a share of the layers seen")
+      ->capture_default_str();
+  app.add_option("--gemm-promote-reports", g.promote_reports,
+                 "GEMM precision: clean what-if steps before a layer returns to the recipe")
+      ->capture_default_str();
+  app.add_option("--gemm-promote-factor", g.promote_factor,
+                 "GEMM precision: the limits' factor for the return (stricter, <= 1)")
+      ->capture_default_str();
+  app.add_option("--gemm-min-dwell", g.min_dwell_steps,
+                 "GEMM precision: fewest steps a layer stays in BF16")
+      ->capture_default_str();
+  app.add_option("--gemm-spike-reports", g.spike_reports,
+                 "GEMM precision: delayed-scaling spikes within the window that change it")
+      ->capture_default_str();
+  app.add_option("--gemm-max-amax-margin", g.max_amax_margin,
+                 "GEMM precision: highest delayed-scaling margin it sets (binades)")
+      ->capture_default_str();
 }
 
 // Turns the parsed strings into options; throws ampscope::Error naming the flag.

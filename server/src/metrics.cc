@@ -280,7 +280,7 @@ struct MetricFamilies {
         policy_decisions(BuildCounter()
                              .Name("ampscope_policy_decisions_total")
                              .Help("Policy decisions pushed, by mode and kind "
-                                   "(scale, params, fp32_fallback)")
+                                   "(scale, params, fp32_fallback, gemm_precision)")
                              .Register(*registry)),
         policy_last(BuildGauge()
                         .Name("ampscope_policy_last_decision_info")

@@ -63,18 +63,51 @@ TEST(ServerPolicyConversionTest, DecisionBecomesUpdate) {
   d.scaler.growth_interval = 1000000000;
   d.fp32_tensors = {"h0.attn.qkv"};
   d.reason = "headroom: lower";
-  v1::PolicyUpdate u = to_policy_update(d, "run-c", v1::POLICY_MODE_HEADROOM, true, 40, 123);
+  v1::PolicyUpdate u =
+      to_policy_update(d, "run-c", v1::POLICY_MODE_HEADROOM, {true, false}, 40, 123);
   EXPECT_EQ(u.effective_from_step(), 42);
   EXPECT_EQ(u.loss_scale(), 4096.0);
   EXPECT_EQ(u.growth_interval(), 1000000000u);
   EXPECT_FALSE(u.has_backoff_factor());
   EXPECT_TRUE(u.fp32_tensors_set());
   ASSERT_EQ(u.fp32_tensors_size(), 1);
-  EXPECT_EQ(decision_kind(u), "scale");
+  EXPECT_FALSE(u.bf16_gemms_set());
+  EXPECT_EQ(decision_kind(u, nullptr), "scale");
   // Without FP32 fallback the server never touches the agent's override set.
-  u = to_policy_update(d, "run-c", v1::POLICY_MODE_HEADROOM, false, 40, 123);
+  u = to_policy_update(d, "run-c", v1::POLICY_MODE_HEADROOM, {false, false}, 40, 123);
   EXPECT_FALSE(u.fp32_tensors_set());
   EXPECT_EQ(u.fp32_tensors_size(), 0);
+}
+
+TEST(ServerPolicyConversionTest, PerLayerPrecisionBecomesUpdate) {
+  policy::PolicyDecision d;
+  d.policy_id = 4;
+  d.effective_from_step = 12;
+  d.bf16_gemms = {"h1.mlp.fc"};
+  d.reason = "bf16 h1.mlp.fc: ...";
+  const v1::PolicyUpdate moved =
+      to_policy_update(d, "run-c", v1::POLICY_MODE_HEADROOM, {true, true}, 10, 1);
+  EXPECT_TRUE(moved.bf16_gemms_set());
+  ASSERT_EQ(moved.bf16_gemms_size(), 1);
+  EXPECT_EQ(moved.bf16_gemms(0), "h1.mlp.fc");
+  EXPECT_FALSE(moved.has_amax_history_length());
+  EXPECT_FALSE(moved.has_amax_margin());
+  EXPECT_EQ(decision_kind(moved, nullptr), "gemm_precision");
+  // The same set carried along with an FP32 fallback change is not a precision decision.
+  d.fp32_tensors = {"h0.ln"};
+  const v1::PolicyUpdate fp32 =
+      to_policy_update(d, "run-c", v1::POLICY_MODE_HEADROOM, {true, true}, 11, 2);
+  EXPECT_EQ(decision_kind(fp32, &moved), "fp32_fallback");
+  d.amax_history_length = 8;
+  d.amax_margin = 1;
+  const v1::PolicyUpdate recipe =
+      to_policy_update(d, "run-c", v1::POLICY_MODE_HEADROOM, {true, true}, 12, 3);
+  EXPECT_EQ(recipe.amax_history_length(), 8u);
+  EXPECT_EQ(recipe.amax_margin(), 1u);
+  EXPECT_EQ(decision_kind(recipe, &fp32), "gemm_precision");
+  // Without per-layer precision the server never touches the agent's BF16 set.
+  EXPECT_FALSE(to_policy_update(d, "run-c", v1::POLICY_MODE_HEADROOM, {true, false}, 12, 3)
+                   .bf16_gemms_set());
 }
 
 double bucket(const GradientDigest& g, int le_log2) {

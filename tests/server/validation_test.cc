@@ -23,7 +23,7 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 StreamIdentity stream_of(const char* run = "run-v", std::uint32_t rank = 0,
                          std::uint64_t previous = 0) {
-  return StreamIdentity{run, rank, previous};
+  return StreamIdentity{run, rank, previous, {}};
 }
 
 v1::StepReport valid() { return make_report("run-v", 0, 1, 0, 2); }
@@ -537,6 +537,56 @@ TEST(ServerValidationTest, QuantizerMagnitudesHistoryAndScaleHistogramBounded) {
   v1::StepReport r = with_quantizer();
   for (int i = 1; i < 1024; ++i) r.mutable_quantizers(0)->add_amax_history(2.0f);
   EXPECT_TRUE(passes_whole(r, stream_of()));
+}
+
+TEST(ServerValidationTest, PerLayerPrecisionNamesOnlyTheHellosLayers) {
+  v1::Hello h = make_hello("run-v");
+  h.add_bf16_capable_gemms("h1.mlp.fc");
+  h.add_bf16_capable_gemms("h0.attn.qkv");
+  EXPECT_FALSE(validate_hello(h).has_value());
+  const StreamIdentity stream = stream_identity(h);
+  EXPECT_EQ(stream.bf16_capable_gemms, (std::vector<std::string>{"h0.attn.qkv", "h1.mlp.fc"}));
+  v1::Hello bad = h;
+  bad.add_bf16_capable_gemms("");
+  expect_violation(validate_hello(bad), "hello.bf16_capable_gemms[2]", "string");
+  for (int i = 0; i < 4097; ++i) bad.add_bf16_capable_gemms("l" + std::to_string(i));
+  expect_violation(validate_hello(bad), "hello.bf16_capable_gemms", "too_many");
+
+  // A quantiser's layer: none, or one of the Hello's; another is refused alone.
+  v1::StepReport r = with_quantizer();
+  r.mutable_quantizers(0)->set_layer("h1.mlp.fc");
+  r.mutable_quantizers(0)->set_what_if(true);
+  EXPECT_TRUE(passes_whole(r, stream));
+  r.mutable_quantizers(0)->set_layer("h2.mlp.fc");
+  ReportVerdict v = validate_report(r, stream);
+  ASSERT_FALSE(v.rejected);
+  ASSERT_EQ(v.refused.size(), 1u);
+  expect_violation(v.refused[0].violation, "report.quantizers[0].layer", "layer");
+  EXPECT_EQ(v.refused[0].violation.message,
+            "report.quantizers[0].layer: 'h2.mlp.fc' is not one of the Hello's "
+            "bf16_capable_gemms");
+  EXPECT_EQ(v.refused[0].notice,
+            "server: refused quantizer 'h0.fc.input' alone (layer at layer); the rest of its "
+            "step is stored");
+  EXPECT_EQ(r.quantizers_size(), 0);
+  EXPECT_EQ(r.tensors_size(), valid().tensors_size());
+  // A Hello without the list: every named layer is refused.
+  expect_quantizer_refused([](v1::QuantizerStats& q) { q.set_layer("h1.mlp.fc"); }, ".layer",
+                           "layer");
+
+  // StepReport.bf16_gemms: names like fp32_layers, a bad one refused alone, bounded.
+  r = valid();
+  r.add_bf16_gemms("h1.mlp.fc");
+  r.add_bf16_gemms("bad\x01");
+  v = validate_report(r, stream);
+  ASSERT_FALSE(v.rejected);
+  ASSERT_EQ(v.refused.size(), 1u);
+  expect_violation(v.refused[0].violation, "report.bf16_gemms[1]", "string");
+  ASSERT_EQ(r.bf16_gemms_size(), 1);
+  EXPECT_EQ(r.bf16_gemms(0), "h1.mlp.fc");
+  r = valid();
+  for (int i = 0; i < 4097; ++i) r.add_bf16_gemms("l" + std::to_string(i));
+  expect_violation(rejection(r, stream), "report.bf16_gemms", "too_many");
 }
 
 TEST(ServerValidationTest, QuantizerCountBoundedForTheReport) {

@@ -349,7 +349,8 @@ void Ingest::process(Shard& shard, std::vector<IngestItem>& items) {
   std::vector<ReportDigest> digests(items.size());
   for (std::size_t i = 0; i < items.size(); ++i) {
     if (items[i].kind == IngestItem::Kind::kReport) {
-      digests[i] = digest_report(*items[i].report, policy_.reads_all_tensors());
+      digests[i] = digest_report(*items[i].report, policy_.reads_all_tensors(),
+                                 policy_.reads_quantizers());
     }
   }
   if (options_.test_item_delay.count() > 0) {
@@ -602,9 +603,10 @@ void Ingest::publish(Shard& shard, Batch& batch, std::int64_t now_ns) {
   // run's other streams get them now.
   std::map<RunState*, std::vector<v1::PolicyUpdate>> decided;
   for (const auto& [run, u] : batch.decisions) {
+    const std::optional<v1::PolicyUpdate> before = policy_.current(*run);
     policy_.set_current(*run, u);
     metrics_.policy_decision(
-        *run, policy_.mode_name(), decision_kind(u), u.reason(),
+        *run, policy_.mode_name(), decision_kind(u, before ? &*before : nullptr), u.reason(),
         u.has_loss_scale() ? std::optional<double>(u.loss_scale()) : std::nullopt,
         u.has_min_scale() ? std::optional<double>(u.min_scale()) : std::nullopt,
         static_cast<std::size_t>(u.fp32_tensors_size()));

@@ -27,7 +27,7 @@ policy::ScalerConfig to_engine_scaler(const v1::ScalerConfig& s) {
 }
 
 v1::PolicyUpdate to_policy_update(const policy::PolicyDecision& d, const std::string& run_id,
-                                  v1::PolicyMode mode, bool fp32_fallback,
+                                  v1::PolicyMode mode, ManagedSets sets,
                                   std::int64_t decided_at_step, std::int64_t now_ns) {
   v1::PolicyUpdate u;
   u.set_run_id(run_id);
@@ -44,12 +44,18 @@ v1::PolicyUpdate to_policy_update(const policy::PolicyDecision& d, const std::st
   if (s.hysteresis) u.set_hysteresis(static_cast<std::uint32_t>(*s.hysteresis));
   if (s.min_scale) u.set_min_scale(*s.min_scale);
   if (s.max_scale) u.set_max_scale(*s.max_scale);
-  // Only a server that manages FP32 fallback replaces the agent's set; otherwise an empty list
-  // would clear overrides the operator configured on the trainer.
-  if (fp32_fallback) {
+  if (sets.fp32_tensors) {
     u.set_fp32_tensors_set(true);
     for (const std::string& t : d.fp32_tensors) u.add_fp32_tensors(t);
   }
+  if (sets.bf16_gemms) {
+    u.set_bf16_gemms_set(true);
+    for (const std::string& l : d.bf16_gemms) u.add_bf16_gemms(l);
+  }
+  if (d.amax_history_length) {
+    u.set_amax_history_length(static_cast<std::uint32_t>(*d.amax_history_length));
+  }
+  if (d.amax_margin) u.set_amax_margin(static_cast<std::uint32_t>(*d.amax_margin));
   u.set_reason(d.reason);
   u.set_decided_at_step(decided_at_step);
   u.set_decided_unix_ns(now_ns);
@@ -57,13 +63,19 @@ v1::PolicyUpdate to_policy_update(const policy::PolicyDecision& d, const std::st
   return u;
 }
 
-std::string_view decision_kind(const v1::PolicyUpdate& u) {
+std::string_view decision_kind(const v1::PolicyUpdate& u, const v1::PolicyUpdate* before) {
   if (u.has_loss_scale()) return "scale";
   if (u.has_growth_interval() || u.has_growth_factor() || u.has_backoff_factor() ||
       u.has_hysteresis() || u.has_min_scale() || u.has_max_scale()) {
     return "params";
   }
-  return "fp32_fallback";
+  if (u.has_amax_history_length() || u.has_amax_margin()) return "gemm_precision";
+  const bool bf16_changed =
+      u.bf16_gemms_set() &&
+      (before == nullptr || !before->bf16_gemms_set() ||
+       !std::equal(u.bf16_gemms().begin(), u.bf16_gemms().end(), before->bf16_gemms().begin(),
+                   before->bf16_gemms().end()));
+  return bf16_changed ? "gemm_precision" : "fp32_fallback";
 }
 
 PolicyHost::PolicyHost(policy::EngineConfig config, std::chrono::milliseconds snapshot_interval,
@@ -142,7 +154,8 @@ void PolicyHost::restore_run(RunState& run, const RestoredRun& restored,
     for (std::int64_t id : m.report_ids) {
       if (auto it = reports.find(id); it != reports.end()) {
         ranks.push_back(
-            rank_step(*it->second, id, to_step_input(*it->second, reads_all_tensors())));
+            rank_step(*it->second, id,
+                      to_step_input(*it->second, reads_all_tensors(), reads_quantizers())));
       }
     }
     rp.last_merged_id = m.id;
@@ -154,7 +167,8 @@ void PolicyHost::restore_run(RunState& run, const RestoredRun& restored,
   for (const auto& [id, report] : reports) {
     if (merged_reports.contains(id)) continue;
     for (const MergedStep& step : run.merge.add(
-             rank_step(*report, id, to_step_input(*report, reads_all_tensors())), now, nullptr)) {
+             rank_step(*report, id, to_step_input(*report, reads_all_tensors(), reads_quantizers())),
+             now, nullptr)) {
       feed(step);
     }
   }
@@ -211,8 +225,10 @@ std::vector<EngineUpdate> PolicyHost::observe(RunState& run, const MergedStep& s
   rp.dirty = true;
   for (const policy::PolicyDecision& d : decisions) {
     updates.push_back(
-        EngineUpdate{d.policy_id, to_policy_update(d, run.id, mode(), config_.fp32_fallback.enabled,
-                                                   rp.engine->latest_step(), now_ns)});
+        EngineUpdate{d.policy_id,
+                     to_policy_update(d, run.id, mode(),
+                                      {config_.fp32_fallback.enabled, config_.gemm_precision.enabled},
+                                      rp.engine->latest_step(), now_ns)});
     rp.force_save = true;
   }
   return updates;

@@ -79,6 +79,8 @@ class PolicyHost {
   // Whether the engine reads every tensor of a report (FP32 fallback) or only the loss-scaled
   // ones: what digest_report() must put in its input.
   bool reads_all_tensors() const { return config_.fp32_fallback.enabled; }
+  // Whether it reads a report's quantisers (per-layer precision).
+  bool reads_quantizers() const { return config_.gemm_precision.enabled; }
 
   // Feeds one merged step, stored as `merged_id`. Returns the decisions as PolicyUpdates
   // without policy_id (the store assigns it). A step the engine refuses is logged and counted
@@ -113,10 +115,18 @@ class PolicyHost {
 // Conversions between the wire and the engine's types (exposed for tests); a report's are in
 // report_digest.h.
 policy::ScalerConfig to_engine_scaler(const v1::ScalerConfig& scaler);
+// Which complete sets the update carries: those the server's configuration manages (an empty
+// list would otherwise clear what the operator set on the trainer).
+struct ManagedSets {
+  bool fp32_tensors = false;
+  bool bf16_gemms = false;
+};
 v1::PolicyUpdate to_policy_update(const policy::PolicyDecision& decision, const std::string& run_id,
-                                  v1::PolicyMode mode, bool fp32_fallback,
+                                  v1::PolicyMode mode, ManagedSets sets,
                                   std::int64_t decided_at_step, std::int64_t now_ns);
-// "scale", "params" or "fp32_fallback": the label of ampscope_policy_decisions_total.
-std::string_view decision_kind(const v1::PolicyUpdate& update);
+// "scale", "params", "gemm_precision" or "fp32_fallback": the label of
+// ampscope_policy_decisions_total. `before` is the policy in force before the update (nullptr:
+// none), which tells a changed set from one carried unchanged.
+std::string_view decision_kind(const v1::PolicyUpdate& update, const v1::PolicyUpdate* before);
 
 }  // namespace ampscope::server

@@ -14,6 +14,12 @@ void merge_policy_update(v1::PolicyUpdate* into, const v1::PolicyUpdate& next) {
     into->set_fp32_tensors_set(true);
     *into->mutable_fp32_tensors() = next.fp32_tensors();
   }
+  if (next.bf16_gemms_set()) {
+    into->set_bf16_gemms_set(true);
+    *into->mutable_bf16_gemms() = next.bf16_gemms();
+  }
+  if (next.has_amax_history_length()) into->set_amax_history_length(next.amax_history_length());
+  if (next.has_amax_margin()) into->set_amax_margin(next.amax_margin());
   into->set_policy_id(next.policy_id());
   into->set_run_id(next.run_id());
   into->set_mode(next.mode());

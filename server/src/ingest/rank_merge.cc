@@ -92,12 +92,16 @@ std::string weight_grad_fingerprint(const policy::TensorInput& t, bool with_hist
 policy::StepInput merge_inputs(const std::vector<RankStep>& ranks, bool gradients_sharded) {
   policy::StepInput in = ranks.front().input;  // the lowest rank's header
   in.tensors.clear();
+  in.quantizers.clear();
   std::unordered_multimap<std::string_view, std::size_t> by_name;  // -> index in in.tensors
   for (const RankStep& r : ranks) {
     in.loss_scale = std::min(in.loss_scale, r.input.loss_scale);
     in.scale_after = std::min(in.scale_after, r.input.scale_after);
     in.found_inf = in.found_inf || r.input.found_inf;
     in.skipped = in.skipped || r.input.skipped;
+    // Every rank's: the engine counts a layer once per step, whatever the ranks say of it.
+    in.quantizers.insert(in.quantizers.end(), r.input.quantizers.begin(),
+                         r.input.quantizers.end());
     for (const policy::TensorInput& t : r.input.tensors) {
       const bool replica = !gradients_sharded && t.role == TensorRole::kWeightGrad;
       policy::TensorInput* same = nullptr;

@@ -7,7 +7,8 @@
 // hide); loss_scale and scale_after the smallest (the engine's own rule for a step); tensors
 // of one name, role and scale summed (histograms, counts), except weight gradients of a
 // replicated run (every rank holds the same after the all-reduce): the lowest rank's, the others
-// compared. First offender: the earliest in execution order (order), then the lowest rank.
+// compared. Quantisers: every rank's, side by side (the engine counts each layer once per
+// step). First offender: the earliest in execution order (order), then the lowest rank.
 //
 // Ownership: a run's RankMerger lives in its RunState (run_registry.h) and is used by the ingest
 // thread only. merge_ranks() is pure; restore replays stored merges through it.

@@ -5,6 +5,7 @@
 #include "ampscope/loss_scale.h"
 #include "ampscope/proto/stats_codec.h"
 #include "ampscope/proto/vocabulary_codec.h"
+#include "ampscope/recipe.h"
 
 namespace ampscope::server {
 policy::StepInput::Offender to_offender(const v1::FirstOffender& f) {
@@ -64,6 +65,32 @@ policy::TensorInput to_tensor_input(const v1::TensorStats& t) {
   return ti;
 }
 
+// A validated quantiser (its recipe reads back as itself) as the engine reads it.
+policy::QuantizerInput to_quantizer_input(const v1::QuantizerStats& q) {
+  policy::QuantizerInput in;
+  in.name = q.name();
+  in.layer = q.layer();
+  in.role = proto::from_proto(q.role()).value_or(TensorRole::kActivation);
+  in.recipe = parse_recipe(q.recipe()).value_or(Recipe{});
+  in.what_if = q.what_if();
+  in.values = q.values();
+  in.nonfinite = q.nonfinite();
+  in.underflow = q.underflow();
+  in.saturated = q.saturated();
+  in.overflow = q.overflow();
+  in.amax = q.amax();
+  in.signal_sq = q.signal_sq();
+  in.error_sq = q.error_sq();
+  in.tensor_scale = q.tensor_scale();
+  in.amax_history.assign(q.amax_history().begin(), q.amax_history().end());
+  return in;
+}
+
+void add_quantizers(const v1::StepReport& r, policy::StepInput& in) {
+  in.quantizers.reserve(static_cast<std::size_t>(r.quantizers_size()));
+  for (const v1::QuantizerStats& q : r.quantizers()) in.quantizers.push_back(to_quantizer_input(q));
+}
+
 bool for_policy(const v1::TensorStats& t, bool all_tensors) {
   return all_tensors || proto::is_loss_scaled(t.role());
 }
@@ -120,9 +147,11 @@ void add_to_gradient(const v1::TensorStats& t, GradientDigest& g) {
 
 }  // namespace
 
-ReportDigest digest_report(const v1::StepReport& r, bool policy_all_tensors) {
+ReportDigest digest_report(const v1::StepReport& r, bool policy_all_tensors,
+                           bool policy_quantizers) {
   ReportDigest d;
   d.step_input = step_header(r);
+  if (policy_quantizers) add_quantizers(r, d.step_input);
   d.tensors.reserve(static_cast<std::size_t>(r.tensors_size()));
   for (const v1::TensorStats& t : r.tensors()) {
     const TensorDigest& td = d.tensors.emplace_back(tensor_digest(t));
@@ -142,8 +171,9 @@ ReportDigest digest_report(const v1::StepReport& r, bool policy_all_tensors) {
   return d;
 }
 
-policy::StepInput to_step_input(const v1::StepReport& r, bool all_tensors) {
+policy::StepInput to_step_input(const v1::StepReport& r, bool all_tensors, bool quantizers) {
   policy::StepInput in = step_header(r);
+  if (quantizers) add_quantizers(r, in);
   in.tensors.reserve(static_cast<std::size_t>(r.tensors_size()));
   for (const v1::TensorStats& t : r.tensors()) {
     if (for_policy(t, all_tensors)) in.tensors.push_back(to_tensor_input(t));

@@ -70,13 +70,16 @@ struct ReportDigest {
 };
 
 // `policy_all_tensors`: the engine's input holds every tensor (FP32 fallback needs them), or
-// only those the loss scale multiplies (all the headroom mode reads).
-ReportDigest digest_report(const v1::StepReport& report, bool policy_all_tensors);
+// only those the loss scale multiplies (all the headroom mode reads). `policy_quantizers`: it
+// holds the report's quantisers (per-layer precision needs them).
+ReportDigest digest_report(const v1::StepReport& report, bool policy_all_tensors,
+                           bool policy_quantizers = false);
 
 // The engine's input alone, for replaying stored reports into a restored engine.
 // The engine's view of a report's first offender.
 policy::StepInput::Offender to_offender(const v1::FirstOffender& offender);
 
-policy::StepInput to_step_input(const v1::StepReport& report, bool all_tensors = true);
+policy::StepInput to_step_input(const v1::StepReport& report, bool all_tensors = true,
+                                bool quantizers = true);
 
 }  // namespace ampscope::server

@@ -4,6 +4,7 @@
 // report that passed them, so that a rejected report is left as it came.
 #include "validation.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -214,6 +215,9 @@ Result check_list_sizes(const v1::StepReport& r) {
     return v;
   }
   if (auto v = check_count(r.fp32_layers_size(), "report.fp32_layers", limits::kMaxLayerNames)) {
+    return v;
+  }
+  if (auto v = check_count(r.bf16_gemms_size(), "report.bf16_gemms", limits::kMaxLayerNames)) {
     return v;
   }
   if (auto v = check_count(r.policy_outcomes_size(), "report.policy_outcomes",
@@ -475,6 +479,18 @@ Result check_quantizer(const v1::QuantizerStats& q, const Field& field) {
   return check_scale_histogram(q, field);
 }
 
+// A quantiser's layer: none, or one the stream's Hello said the agent can move.
+Result check_quantizer_layer(const v1::QuantizerStats& q, const Field& field,
+                             const std::vector<std::string>& capable) {
+  if (q.layer().empty()) return std::nullopt;
+  if (auto v = check_string(q.layer(), field / "layer", limits::kNameMaxBytes, true)) return v;
+  if (!std::binary_search(capable.begin(), capable.end(), q.layer())) {
+    return violation(field / "layer", "layer", "'", quote(q.layer()),
+                     "' is not one of the Hello's bf16_capable_gemms");
+  }
+  return std::nullopt;
+}
+
 Result check_process(const v1::Hello& h) {
   if (h.pid() > limits::kMaxPid) {
     return violation("hello.pid", "range", "must be <= 2^31-1 (", limits::kMaxPid, "), got ",
@@ -578,7 +594,7 @@ std::string part_notice(std::string_view part, std::string_view name, const Viol
 
 // Takes out of a report that passed the report's own rules every part that breaks a rule of its
 // own.
-std::vector<Refusal> refuse_parts(v1::StepReport& r) {
+std::vector<Refusal> refuse_parts(v1::StepReport& r, const StreamIdentity& stream) {
   std::vector<Refusal> refused;
   const auto tensor_notice = [](std::string_view list) {
     return [list](const v1::TensorStats& t, const Violation& v) {
@@ -593,7 +609,11 @@ std::vector<Refusal> refuse_parts(v1::StepReport& r) {
                tensor_notice(field), refused);
   }
   keep_valid(
-      r.mutable_quantizers(), "report.quantizers", check_quantizer,
+      r.mutable_quantizers(), "report.quantizers",
+      [&stream](const v1::QuantizerStats& q, const Field& field) -> Result {
+        if (auto v = check_quantizer(q, field)) return v;
+        return check_quantizer_layer(q, field, stream.bf16_capable_gemms);
+      },
       [](const v1::QuantizerStats& q, const Violation& v) {
         return part_notice("quantizer", q.name(), v, "report.quantizers");
       },
@@ -617,6 +637,15 @@ std::vector<Refusal> refuse_parts(v1::StepReport& r) {
       },
       [](const std::string& name, const Violation& v) {
         return part_notice("fp32 layer", name, v, "report.fp32_layers");
+      },
+      refused);
+  keep_valid(
+      r.mutable_bf16_gemms(), "report.bf16_gemms",
+      [](const std::string& name, const Field& field) {
+        return check_string(name, field, limits::kNameMaxBytes, true);
+      },
+      [](const std::string& name, const Violation& v) {
+        return part_notice("bf16 layer", name, v, "report.bf16_gemms");
       },
       refused);
   keep_valid(
@@ -707,8 +736,19 @@ std::optional<Violation> validate_hello(const v1::Hello& h) {
     return violation("hello.data_parallel_size", "range", "must be in [0, world_size ",
                      h.world_size(), "], got ", h.data_parallel_size());
   }
-  return check_string_list(h.fp32_capable_layers(), "hello.fp32_capable_layers",
+  if (auto v = check_string_list(h.fp32_capable_layers(), "hello.fp32_capable_layers",
+                                 limits::kMaxLayerNames, limits::kNameMaxBytes)) {
+    return v;
+  }
+  return check_string_list(h.bf16_capable_gemms(), "hello.bf16_capable_gemms",
                            limits::kMaxLayerNames, limits::kNameMaxBytes);
+}
+
+StreamIdentity stream_identity(const v1::Hello& h) {
+  StreamIdentity s{h.run_id(), h.rank(), 0, {}};
+  s.bf16_capable_gemms.assign(h.bf16_capable_gemms().begin(), h.bf16_capable_gemms().end());
+  std::sort(s.bf16_capable_gemms.begin(), s.bf16_capable_gemms.end());
+  return s;
 }
 
 ReportVerdict validate_report(v1::StepReport& r, const StreamIdentity& stream) {
@@ -722,7 +762,7 @@ ReportVerdict validate_report(v1::StepReport& r, const StreamIdentity& stream) {
   };
   ReportVerdict verdict;
   verdict.rejected = report_rules();
-  if (!verdict.rejected) verdict.refused = refuse_parts(r);
+  if (!verdict.rejected) verdict.refused = refuse_parts(r, stream);
   return verdict;
 }
 

@@ -67,7 +67,7 @@ struct Violation {
 };
 
 // The closed set of reasons, in the order they are exported.
-inline constexpr std::array<std::string_view, 19> kRejectReasons = {
+inline constexpr std::array<std::string_view, 20> kRejectReasons = {
     "missing_hello",        // first message of a stream is not a Hello
     "identity",             // run_id / rank of a report differ from the stream's Hello
     "run_id",               // run id length or characters
@@ -91,6 +91,8 @@ inline constexpr std::array<std::string_view, 19> kRejectReasons = {
                             // canonical text, or an element format not the recipe's
     "quantizer_counts",     // a quantiser's counts above its values, or block counts above its
                             // blocks
+    "layer",                // a quantiser's layer that is not one of the Hello's
+                            // bf16_capable_gemms
 };
 
 // Per-stream facts a report is checked against.
@@ -98,7 +100,12 @@ struct StreamIdentity {
   std::string run_id;
   std::uint32_t rank = 0;
   std::uint64_t previous_seq = 0;  // highest seq seen on this stream, 0 before any
+  // The Hello's bf16_capable_gemms, sorted: the layers a quantiser may name.
+  std::vector<std::string> bf16_capable_gemms;
 };
+
+// The stream's facts from its (validated) Hello.
+StreamIdentity stream_identity(const v1::Hello& hello);
 
 // A part of a report refused alone: the rule it broke, and one line for the run's notices
 // that names the part (stable from step to step, so that a part refused every step is noted

@@ -184,7 +184,7 @@ void AttachReactor::handle_hello(const v1::Hello& hello) {
   // Only the run's owner serves it: asked before the stream is listed or anything of it
   // reaches the ingest thread, so that a redirected Hello leaves no trace here.
   if (!owns_run(hello.run_id())) return;
-  identity_ = StreamIdentity{hello.run_id(), hello.rank(), 0};
+  identity_ = stream_identity(hello);
   phase_ = Phase::kStreaming;
   // Listed before the Hello reaches the ingest thread, so that deleting the run after that
   // Hello always finds (and ends) this stream.

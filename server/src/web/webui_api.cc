@@ -305,6 +305,11 @@ json update_json(const v1::PolicyUpdate& u) {
   if (u.fp32_tensors_set()) {
     out["fp32_layers"] = std::vector<std::string>(u.fp32_tensors().begin(), u.fp32_tensors().end());
   }
+  if (u.bf16_gemms_set()) {
+    out["bf16_gemms"] = std::vector<std::string>(u.bf16_gemms().begin(), u.bf16_gemms().end());
+  }
+  if (u.has_amax_history_length()) out["amax_history_length"] = u.amax_history_length();
+  if (u.has_amax_margin()) out["amax_margin"] = u.amax_margin();
   return out;
 }
 

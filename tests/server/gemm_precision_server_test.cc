@@ -1,0 +1,105 @@
+// Per-layer precision through the real server (--gemm-precision): an agent whose Hello names
+// the layers it can move reports quantisers with the recipe's real counts; the layer whose
+// gradient keeps underflowing comes back as a PolicyUpdate with bf16_gemms on the stream, the
+// store keeps it (GetPolicy after a restart), and a quantiser naming a layer the Hello did not
+// list is refused alone.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ampscope/proto/quantizer_codec.h"
+#include "ampscope/recipe.h"
+#include "server_harness.h"
+
+namespace ampscope::testing {
+namespace {
+
+constexpr const char* kRun = "run-gemm";
+
+// 4 x 64 values: Gaussian (clean under NVFP4) or spread over 40 binades (NVFP4's blocks of 16
+// keep about 4 of them: most values underflow).
+std::vector<float> data(bool wide, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> binades(-30.0f, 10.0f);
+  std::vector<float> x(256);
+  for (float& v : x) {
+    v = wide ? std::exp2(binades(gen)) * (normal(gen) < 0 ? -1.0f : 1.0f) : normal(gen);
+  }
+  return x;
+}
+
+v1::QuantizerStats quantizer(const std::string& name, const std::string& layer,
+                             const RecipeCounts& c) {
+  v1::QuantizerStats q;
+  q.set_name(name);
+  q.set_role(v1::TENSOR_ROLE_ACTIVATION_GRAD);
+  q.set_phase(v1::TENSOR_PHASE_BACKWARD);
+  proto::encode_quantizer(c, {}, &q);
+  q.set_layer(layer);
+  return q;
+}
+
+TEST(GemmPrecisionServerTest, HarmfulQuantisersMoveTheirLayerToBf16OnTheStream) {
+  TempDir dir;
+  ServerProcess server(dir.path(), dir / "store.db",
+                       {"--policy", "headroom", "--gemm-precision", "--gemm-window", "4",
+                        "--gemm-min-reports", "2", "--gemm-max-bf16-share", "0.5",
+                        "--policy-lead-steps", "2"});
+  AgentStream agent(make_channel(server.address()));
+  v1::Hello hello = make_hello(kRun);
+  hello.add_bf16_capable_gemms("h0.mlp.fc");
+  hello.add_bf16_capable_gemms("h1.mlp.fc");
+  ASSERT_TRUE(agent.send_hello(hello));
+  const Recipe nvfp4 = *parse_recipe("nvfp4");
+  RecipeCounts harmful;
+  for (int step = 0; step < 2; ++step) {
+    const std::vector<float> gauss = data(false, 10 + step), wide = data(true, 20 + step);
+    harmful = fake_quantize(wide.data(), nullptr, 4, 64, nvfp4);
+    v1::StepReport r = make_report(kRun, 0, step + 1, step, 0);
+    *r.add_quantizers() = quantizer("h0.mlp.fc.input", "h0.mlp.fc",
+                                    fake_quantize(gauss.data(), nullptr, 4, 64, nvfp4));
+    *r.add_quantizers() = quantizer("h1.mlp.fc.output_grad@wgrad", "h1.mlp.fc", harmful);
+    // Refused alone: the Hello did not list the layer (its harm is not counted).
+    *r.add_quantizers() = quantizer("h2.mlp.fc.input", "h2.mlp.fc", harmful);
+    ASSERT_TRUE(agent.send(r));
+  }
+  ASSERT_TRUE(agent.wait_ack(2).has_value());
+  const std::optional<v1::PolicyUpdate> u = agent.wait_policy(0);
+  ASSERT_TRUE(u.has_value());
+  EXPECT_TRUE(u->bf16_gemms_set());
+  ASSERT_EQ(u->bf16_gemms_size(), 1);
+  EXPECT_EQ(u->bf16_gemms(0), "h1.mlp.fc");
+  EXPECT_EQ(u->effective_from_step(), 3);
+  EXPECT_FALSE(u->has_loss_scale());
+  EXPECT_FALSE(u->has_amax_history_length());
+  EXPECT_FALSE(u->fp32_tensors_set());
+  char share[32];
+  std::snprintf(share, sizeof share, "%.1f%%",
+                100.0 * static_cast<double>(harmful.underflow) /
+                    static_cast<double>(harmful.values));
+  EXPECT_EQ(u->reason(), std::string("bf16 h1.mlp.fc: h1.mlp.fc.output_grad@wgrad underflow ") +
+                             share + " of finite values in 2/2 reports (nvfp4)");
+  for (const v1::ServerMessage& m : agent.messages()) EXPECT_FALSE(m.has_reject());
+  ASSERT_TRUE(agent.finish().ok());
+
+  const std::vector<v1::StepReport> stored = stored_reports(server.address(), kRun);
+  ASSERT_EQ(stored.size(), 2u);
+  ASSERT_EQ(stored[0].quantizers_size(), 2);  // the third refused alone
+
+  // The decision is stored with its fields: the policy in force after a restart carries them.
+  server.restart();
+  const std::optional<v1::GetPolicyResponse> policy = get_policy(server.address(), kRun);
+  ASSERT_TRUE(policy.has_value());
+  EXPECT_TRUE(policy->current().bf16_gemms_set());
+  ASSERT_EQ(policy->current().bf16_gemms_size(), 1);
+  EXPECT_EQ(policy->current().bf16_gemms(0), "h1.mlp.fc");
+  EXPECT_EQ(policy->current().reason(), u->reason());
+}
+
+}  // namespace
+}  // namespace ampscope::testing
