@@ -23,6 +23,7 @@
 #include "ampscope/check.h"
 #include "ampscope/convert.h"
 #include "convert_internal.h"  // ScopedDefaultMxcsr
+#include "stats_internal.h"    // StatsAccumulator, select_kernel
 
 namespace ampscope {
 namespace {
@@ -241,9 +242,37 @@ constexpr std::size_t kGroupElements = std::size_t{1} << 14;
 // FP16/BF16 inputs are converted to FP32 this many elements (or one strip) at a time.
 constexpr std::size_t kChunkElements = std::size_t{1} << 16;
 
+// The statistics side of fake_quantize_with_stats: compute_stats' own FP32 kernel run on each
+// piece of x as the quantiser reaches it, into one accumulator, as compute_stats runs it on its
+// threads' parts: the result does not depend on the cut but for sum_sq's last bits.
+class StatsTap {
+ public:
+  explicit StatsTap(std::span<const TargetSpec> targets)
+      : targets_(targets),
+        thresholds_(detail::compute_thresholds(targets)),
+        acc_(targets.size()),
+        kernel_(detail::select_kernel(active_simd_level(), Format::kFP32, 0, StatsOptions{})) {}
+
+  void add(const float* x, std::size_t n) {
+    if (n > 0) kernel_(x, n, Format::kFP32, thresholds_, acc_);
+  }
+  // The finite amax of what was added (finite_amax's value).
+  float amax() const { return std::bit_cast<float>(acc_.max_abs_bits); }
+  TensorStats finish() const { return acc_.finish(targets_); }
+
+ private:
+  std::span<const TargetSpec> targets_;
+  std::vector<detail::TargetThresholds> thresholds_;
+  detail::StatsAccumulator acc_;
+  detail::StatsKernel kernel_;
+};
+
 class Quantizer {
  public:
-  Quantizer(const Recipe& recipe, float tensor_amax) : recipe_(recipe), rounder_(recipe.element) {
+  // With a tap, every element is added to it just before it is rounded (the caller adds what
+  // it reads itself first: a tensor amax pass).
+  Quantizer(const Recipe& recipe, float tensor_amax, StatsTap* tap = nullptr)
+      : recipe_(recipe), rounder_(recipe.element), tap_(tap) {
     counts_.recipe = recipe;
     counts_.amax = tensor_amax;
     switch (recipe.scaling) {
@@ -269,13 +298,21 @@ class Quantizer {
     if (rows == 0 || cols == 0) return;
     if (!is_block_recipe(recipe_.scaling)) {
       const std::size_t n = rows * cols;
-      count_inputs(x, n);
-      quantize_span<false>(x, out, n, scale_, inverse_, rounder_, tally_);
+      // With a tap, in groups that stay in cache from the statistics to the rounding.
+      const std::size_t step = tap_ != nullptr ? kGroupElements : std::max<std::size_t>(n, 1);
+      for (std::size_t i = 0; i < n; i += step) {
+        const std::size_t m = std::min(step, n - i);
+        if (tap_ != nullptr) tap_->add(x + i, m);
+        count_inputs(x + i, m);
+        quantize_span<false>(x + i, out ? out + i : nullptr, m, scale_, inverse_, rounder_,
+                             tally_);
+      }
       return;
     }
     const auto br = static_cast<std::size_t>(recipe_.block_rows);
     for (std::size_t r0 = 0; r0 < rows; r0 += br) {
       const std::size_t r1 = std::min(rows, r0 + br);
+      if (tap_ != nullptr) tap_->add(x + r0 * cols, (r1 - r0) * cols);  // contiguous rows
       add_strip(x, out, r0, r1, cols);
     }
   }
@@ -388,6 +425,7 @@ class Quantizer {
 
   Recipe recipe_;
   ElementRounder rounder_;
+  StatsTap* tap_;
   float scale_ = 1.0f;    // current, delayed: s; nvfp4: g
   float inverse_ = 1.0f;  // fl32(1 / s)
   RecipeCounts counts_;
@@ -414,6 +452,35 @@ RecipeCounts fake_quantize(const float* x, float* out, std::size_t rows, std::si
   Quantizer q(recipe, amax);
   q.add_rows(x, out, rows, cols);
   return q.finish();
+}
+
+RecipeCounts fake_quantize_with_stats(const float* x, float* out, std::size_t rows,
+                                      std::size_t cols, const Recipe& recipe,
+                                      std::span<const TargetSpec> targets, TensorStats* stats) {
+  check_recipe(recipe);
+  AMPSCOPE_CHECK(stats != nullptr, "fake_quantize_with_stats needs somewhere to put the stats");
+  AMPSCOPE_CHECK(rows * cols == 0 || x != nullptr, "null data pointer for ", rows * cols,
+                 " elements");
+  const detail::ScopedDefaultMxcsr mxcsr;
+  StatsTap tap(targets);
+  RecipeCounts counts;
+  if (recipe.scaling == Scaling::kCurrent || recipe.scaling == Scaling::kNVFP4) {
+    // The scale needs the tensor's amax before anything is rounded: the statistics pass gives
+    // it (the amax pass fake_quantize makes), then the rounding pass reads x once more.
+    tap.add(x, rows * cols);
+    Quantizer q(recipe, tap.amax());
+    q.add_rows(x, out, rows, cols);
+    counts = q.finish();
+  } else {
+    // Delayed (its scale is given), tile and MX (block amaxes): one walk. A delayed recipe
+    // reports the tensor's amax, which is the statistics' max_abs.
+    Quantizer q(recipe, 0.0f, &tap);
+    q.add_rows(x, out, rows, cols);
+    counts = q.finish();
+    if (recipe.scaling == Scaling::kDelayed) counts.amax = tap.amax();
+  }
+  *stats = tap.finish();
+  return counts;
 }
 
 RecipeCounts recipe_counts(const void* data, std::size_t n, Format dtype, std::size_t row_length,

@@ -56,13 +56,8 @@ void finish_scalar(const void* data, std::size_t n, std::size_t full, Format dty
   for (std::size_t i = full; i < n; ++i) accumulate_one(acc, widen_to_fp32_bits(data, i, dtype), th);
 }
 
-namespace {
-
-using Kernel = void (*)(const void*, std::size_t, Format, std::span<const TargetThresholds>,
-                        StatsAccumulator&);
-
-Kernel select_kernel(SimdLevel level, Format dtype, std::size_t part_elements,
-                     const StatsOptions& options) {
+StatsKernel select_kernel(SimdLevel level, Format dtype, std::size_t part_elements,
+                          const StatsOptions& options) {
   const SimdLevel l = clamp_simd_level(level);
   if (l == SimdLevel::kScalar) return stats_kernel_scalar;
   if (dtype == Format::kE4M3 || dtype == Format::kE5M2) return stats_kernel_pattern8;
@@ -71,6 +66,8 @@ Kernel select_kernel(SimdLevel level, Format dtype, std::size_t part_elements,
   }
   return l == SimdLevel::kAvx512 ? stats_kernel_avx512 : stats_kernel_avx2;
 }
+
+namespace {
 
 // The smallest part handed to a thread (parallel_threshold decides whether to split at all).
 constexpr std::size_t kMinPart = 1024;

@@ -315,4 +315,12 @@ void stats_kernel_pattern8(const void* data, std::size_t n, Format dtype,
 void stats_kernel_pattern16(const void* data, std::size_t n, Format dtype,
                             std::span<const TargetThresholds> th, StatsAccumulator& acc);
 
+// The kernel compute_stats runs on a part of `part_elements` elements of `dtype` at `level`
+// (also what fake_quantize_with_stats runs on the pieces it quantises). Every kernel's
+// accumulator gives the same statistics for any split of the data.
+using StatsKernel = void (*)(const void*, std::size_t, Format, std::span<const TargetThresholds>,
+                             StatsAccumulator&);
+StatsKernel select_kernel(SimdLevel level, Format dtype, std::size_t part_elements,
+                          const StatsOptions& options);
+
 }  // namespace ampscope::detail

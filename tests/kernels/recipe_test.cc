@@ -16,6 +16,7 @@
 
 #include "ampscope/check.h"
 #include "ampscope/convert.h"
+#include "expect_same_stats.h"
 
 namespace ampscope {
 namespace {
@@ -520,6 +521,66 @@ TEST(RecipeTest, EveryPathAgrees) {
       if (format_info(dtype).total_bits >= 16) EXPECT_GT(want.sqnr_db(), 0.0);
     }
   }
+}
+
+// The fused form gives what the two separate calls give: fake_quantize's counts and output (also
+// in place, where the statistics must be of the input, not of what replaced it) and
+// compute_stats' statistics with the targets (sum_sq within the few ulps compute_stats' own
+// splits differ by), on data with every kind of value (NaN, both
+// infinities, zeros, FP32 subnormals) and shapes with ragged blocks, larger than the group the
+// quantiser keeps in cache.
+TEST(RecipeTest, FusedStatisticsEqualTheSeparateComputations) {
+  const std::vector<TargetSpec> targets = {{Format::kFP16, 0}, {Format::kE4M3, 3},
+                                           {Format::kBF16, -8}};
+  struct Shape {
+    std::size_t rows, cols;
+  };
+  for (const Shape shape : {Shape{300, 257}, Shape{1, 40000}, Shape{97, 1}, Shape{0, 16}}) {
+    std::vector<float> x = normal_data(shape.rows * shape.cols, 8);
+    if (x.size() > 30000) {
+      x[1000] = kNaN;
+      x[20000] = kInf;
+      x[20001] = -kInf;
+      x[29999] = 0.0f;
+      x[3] = -1e-40f;  // FP32 subnormal
+    }
+    for (const char* text : kAllRecipes) {
+      SCOPED_TRACE(std::string(text) + " " + std::to_string(shape.rows) + "x" +
+                   std::to_string(shape.cols));
+      const Recipe rec = recipe(text);
+      std::vector<float> want_out(x.size()), out(x.size());
+      const RecipeCounts want = fake_quantize(x.data(), want_out.data(), shape.rows, shape.cols, rec);
+      const TensorStats want_stats = compute_stats(x.data(), x.size(), Format::kFP32, targets);
+      TensorStats stats, in_place_stats;
+      EXPECT_EQ(fake_quantize_with_stats(x.data(), out.data(), shape.rows, shape.cols, rec,
+                                         targets, &stats),
+                want);
+      expect_same_stats(stats, want_stats);
+      std::vector<float> in_place = x;
+      EXPECT_EQ(fake_quantize_with_stats(in_place.data(), in_place.data(), shape.rows, shape.cols,
+                                         rec, targets, &in_place_stats),
+                want);
+      expect_same_stats(in_place_stats, want_stats);
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        const bool nan = std::isnan(want_out[i]);
+        ASSERT_TRUE((nan && std::isnan(out[i])) || same_bits(out[i], want_out[i])) << i;
+        ASSERT_TRUE((nan && std::isnan(in_place[i])) || same_bits(in_place[i], want_out[i])) << i;
+      }
+    }
+  }
+}
+
+TEST(RecipeTest, FusedStatisticsRefuseWhatTheSeparateCallsRefuse) {
+  const std::vector<float> x(64, 1.0f);
+  TensorStats stats;
+  EXPECT_THROW(fake_quantize_with_stats(x.data(), nullptr, 2, 32, recipe("mxfp4"), {}, nullptr),
+               Error);
+  const Recipe bad{Scaling::kMX, Format::kFP16, 1.0f, 0, 1, 32};
+  EXPECT_THROW(fake_quantize_with_stats(x.data(), nullptr, 2, 32, bad, {}, &stats), Error);
+  const std::vector<TargetSpec> too_far = {{Format::kFP16, kMaxScaleLog2 + 1}};
+  EXPECT_THROW(fake_quantize_with_stats(x.data(), nullptr, 2, 32, recipe("mxfp4"), too_far,
+                                        &stats),
+               Error);
 }
 
 // Rows longer than recipe_counts' conversion chunk (2^16) are cut into pieces at block

@@ -15,6 +15,7 @@
 #include "ampscope/convert.h"
 #include "ampscope/tensor_stats.h"
 #include "../../kernels/cpu/stats_internal.h"
+#include "expect_same_stats.h"
 
 namespace ampscope {
 namespace {
@@ -51,30 +52,6 @@ Tensor make_tensor_bits(const std::vector<std::uint16_t>& bits, Format dtype) {
   Tensor t{dtype, bits.size(), std::vector<unsigned char>(bits.size() * 2), 0};
   std::memcpy(t.bytes.data(), bits.data(), bits.size() * 2);
   return t;
-}
-
-double ulp(double x) {
-  const double a = std::fabs(x);
-  return std::nextafter(a, std::numeric_limits<double>::infinity()) - a;
-}
-
-void expect_same_stats(const TensorStats& got, const TensorStats& want) {
-  EXPECT_EQ(got.numel, want.numel);
-  EXPECT_EQ(got.zeros, want.zeros);
-  EXPECT_EQ(got.nan, want.nan);
-  EXPECT_EQ(got.pos_inf, want.pos_inf);
-  EXPECT_EQ(got.neg_inf, want.neg_inf);
-  EXPECT_EQ(got.max_abs, want.max_abs);
-  EXPECT_EQ(got.min_abs_nonzero, want.min_abs_nonzero);
-  EXPECT_EQ(got.histogram, want.histogram);
-  ASSERT_EQ(got.targets.size(), want.targets.size());
-  for (std::size_t i = 0; i < got.targets.size(); ++i) {
-    EXPECT_EQ(got.targets[i], want.targets[i]) << "target " << to_string(want.targets[i].target);
-  }
-  // The reference's sum is exactly rounded, and so must every path's be; sum_sq is within a few
-  // ulps (stats_sums_test.cc checks both against an independent exact oracle).
-  EXPECT_EQ(got.sum, want.sum);
-  EXPECT_LE(std::fabs(got.sum_sq - want.sum_sq), 4 * ulp(want.sum_sq));
 }
 
 std::vector<SimdLevel> supported_levels() {

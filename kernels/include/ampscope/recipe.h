@@ -130,6 +130,17 @@ struct RecipeCounts {
 RecipeCounts fake_quantize(const float* x, float* out, std::size_t rows, std::size_t cols,
                            const Recipe& recipe);
 
+// fake_quantize, and from the same walk over x its full statistics: *stats receives what
+// compute_stats(x, rows * cols, Format::kFP32, targets) gives (the same counts, extrema,
+// histogram, target counts and exactly rounded sum; sum_sq within the few ulps by which
+// compute_stats' own splits differ), each piece measured by compute_stats' kernel just before it
+// is rounded, while it is in cache, instead of in a pass of its own. One thread. For a caller that both quantises a tensor and
+// wants its statistics (the trainer's GEMM inputs, for the agent's fused statistics). `out` may
+// alias x. Throws as fake_quantize does, and as compute_stats does on a bad target.
+RecipeCounts fake_quantize_with_stats(const float* x, float* out, std::size_t rows,
+                                      std::size_t cols, const Recipe& recipe,
+                                      std::span<const TargetSpec> targets, TensorStats* stats);
+
 // The same counts for a tensor stored in a statistics storage format (is_stats_storage_format:
 // FP32, FP16, BF16, ...; n elements, rows of row_length; row_length 0 = one row; it must divide
 // n). Narrow storage is converted to FP32 (convert_to_fp32) a strip of block rows at a time and
