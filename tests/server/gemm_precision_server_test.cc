@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,6 +15,10 @@
 #include "ampscope/proto/quantizer_codec.h"
 #include "ampscope/recipe.h"
 #include "server_harness.h"
+
+#ifndef AMPSCOPE_CLI_BINARY
+#error "AMPSCOPE_CLI_BINARY must name the ampscope executable"
+#endif
 
 namespace ampscope::testing {
 namespace {
@@ -99,6 +104,21 @@ TEST(GemmPrecisionServerTest, HarmfulQuantisersMoveTheirLayerToBf16OnTheStream) 
   ASSERT_EQ(policy->current().bf16_gemms_size(), 1);
   EXPECT_EQ(policy->current().bf16_gemms(0), "h1.mlp.fc");
   EXPECT_EQ(policy->current().reason(), u->reason());
+
+  // `ampscope show`: the decision's BF16 set, in text and in --json.
+  const CommandResult text =
+      run_process({AMPSCOPE_CLI_BINARY, "show", kRun, "--server", server.address()}, 30s);
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find("from step 3: bf16 h1.mlp.fc\n      why: bf16 h1.mlp.fc: "),
+            std::string::npos)
+      << text.out;
+  const CommandResult js = run_process(
+      {AMPSCOPE_CLI_BINARY, "show", kRun, "--json", "--server", server.address()}, 30s);
+  ASSERT_EQ(js.code, 0) << js.err;
+  const nlohmann::json updates = nlohmann::json::parse(js.out).at("policy_updates");
+  ASSERT_EQ(updates.size(), 1u);
+  EXPECT_EQ(updates[0].at("bf16_gemms"), nlohmann::json::array({"h1.mlp.fc"}));
+  EXPECT_FALSE(updates[0].contains("amax_history_length"));
 }
 
 }  // namespace

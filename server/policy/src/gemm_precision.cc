@@ -8,7 +8,7 @@
 // is below the element format's nominal rounding SQNR less a margin. The nominal SQNR takes the
 // relative rounding error of m mantissa bits as uniform in +-2^-(m+1): its mean square is
 // 4^-(m+1) / 3, so SQNR = 10 log10(3 * 4^(m+1)) dB (E4M3 and E2M3 28.9, E5M2 and E3M2 22.8, E2M1
-// 16.8). Gaussian data measure 2 to 4 dB above it under every recipe, so a floor one mantissa
+// 16.8). Gaussian data measure 1.8 to 3.6 dB above it under every recipe, so a floor one mantissa
 // bit (6.02 dB) below it is crossed only when the scale wastes the format's range.
 #include <algorithm>
 #include <cmath>

@@ -518,8 +518,8 @@ void PolicyEngine::StepFlags::add(std::int64_t step, std::uint8_t flag, int wind
 }
 
 int PolicyEngine::StepFlags::count(std::uint8_t mask) const {
-  return static_cast<int>(
-      std::count_if(flags.begin(), flags.end(), [mask](std::uint8_t f) { return (f & mask) != 0; }));
+  return static_cast<int>(std::count_if(flags.begin(), flags.end(),
+                                        [mask](std::uint8_t f) { return (f & mask) != 0; }));
 }
 
 std::optional<int> PolicyEngine::window_ceiling(std::string* limiting) const {

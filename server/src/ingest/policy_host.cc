@@ -166,9 +166,9 @@ void PolicyHost::restore_run(RunState& run, const RestoredRun& restored,
   const auto now = std::chrono::steady_clock::now();
   for (const auto& [id, report] : reports) {
     if (merged_reports.contains(id)) continue;
-    for (const MergedStep& step : run.merge.add(
-             rank_step(*report, id, to_step_input(*report, reads_all_tensors(), reads_quantizers())),
-             now, nullptr)) {
+    policy::StepInput input = to_step_input(*report, reads_all_tensors(), reads_quantizers());
+    for (const MergedStep& step :
+         run.merge.add(rank_step(*report, id, std::move(input)), now, nullptr)) {
       feed(step);
     }
   }
@@ -224,11 +224,9 @@ std::vector<EngineUpdate> PolicyHost::observe(RunState& run, const MergedStep& s
   rp.last_merged_id = merged_id;
   rp.dirty = true;
   for (const policy::PolicyDecision& d : decisions) {
-    updates.push_back(
-        EngineUpdate{d.policy_id,
-                     to_policy_update(d, run.id, mode(),
-                                      {config_.fp32_fallback.enabled, config_.gemm_precision.enabled},
-                                      rp.engine->latest_step(), now_ns)});
+    const ManagedSets sets{config_.fp32_fallback.enabled, config_.gemm_precision.enabled};
+    updates.push_back(EngineUpdate{
+        d.policy_id, to_policy_update(d, run.id, mode(), sets, rp.engine->latest_step(), now_ns)});
     rp.force_save = true;
   }
   return updates;

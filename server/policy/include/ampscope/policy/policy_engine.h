@@ -116,7 +116,7 @@ struct QuantizerInput {
   std::string name;   // "h1.mlp.fc.output_grad@wgrad"
   std::string layer;  // the layer whose GEMM it feeds ("h1.mlp.fc"); empty: not movable
   TensorRole role = TensorRole::kActivation;
-  Recipe recipe;      // the recipe applied (or, with what_if, measured); recipe.element is its format
+  Recipe recipe;  // the recipe applied (with what_if: measured); recipe.element is its format
   // True: the layer's GEMM ran in BF16 and the recipe was only measured on its input.
   bool what_if = false;
   std::uint64_t values = 0;  // finite input values
@@ -127,7 +127,7 @@ struct QuantizerInput {
   double amax = 0.0;       // largest finite |x|
   double signal_sq = 0.0;  // SQNR = 10 log10(signal_sq / error_sq)
   double error_sq = 0.0;
-  double tensor_scale = 0.0;         // the multiplier s of current and delayed scaling
+  double tensor_scale = 0.0;        // the multiplier s of current and delayed scaling
   std::vector<float> amax_history;  // delayed scaling: the history s came from, oldest first
 };
 
