@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "ampscope/check.h"
@@ -146,6 +147,11 @@ void check_same_numel(const Tensor& a, const Tensor& b, const char* what) {
 
 std::int64_t last_dim(const Tensor& t) { return t.dim(t.rank - 1); }
 
+layers::OperandRecipe operand(const std::optional<QuantizedOperand>& q) {
+  if (!q) return {};
+  return {&q->recipe, q->counts};
+}
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const CudaBackendOptions& options)
@@ -271,6 +277,48 @@ class CudaBackend final : public Backend {
                         array(dweight, "matmul: dweight"), optional_array(dbias, "matmul: dbias"),
                         array(dout, "matmul: dout"), array(inp, "matmul: inp"),
                         array(weight, "matmul: weight"), N, C, OC, compute, s());
+  }
+
+  // The FP8/FP4 emulation: the operands quantised on the device by ampscope/cuda/recipe.h's
+  // fake_quantize (bit for bit the CPU's), then an FP32 cuBLASLt GEMM (layers/matmul). Counts
+  // asked for come back at once (the launcher waits for the stream), as the CPU's do.
+  bool supports_gemm_recipes() const override { return true; }
+
+  void quantized_matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
+                                const Tensor& bias, Format compute,
+                                const MatmulForwardRecipes& q) override {
+    if (!q.inp && !q.weight) {
+      matmul_forward(out, inp, weight, bias, compute);
+      return;
+    }
+    const std::int64_t C = last_dim(inp), N = inp.numel() / C, OC = weight.dim(0);
+    AMPSCOPE_CHECK(weight.dim(1) == C, "matmul weight has ", weight.dim(1), " columns, input ", C);
+    AMPSCOPE_CHECK(out.numel() == N * OC, "matmul output has ", out.numel(), " elements, expected ",
+                   N * OC);
+    nn::linear_forward_quantized(*blas_, array(out, "matmul: out"), array(inp, "matmul: inp"),
+                                 array(weight, "matmul: weight"),
+                                 optional_array(bias, "matmul: bias"), N, C, OC, compute,
+                                 operand(q.inp), operand(q.weight), s());
+  }
+
+  void quantized_matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                                 const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                 Format compute, const MatmulBackwardRecipes& q) override {
+    if (!q.dgrad_dout && !q.dgrad_weight && !q.wgrad_dout && !q.wgrad_inp) {
+      matmul_backward(dinp, dweight, dbias, dout, inp, weight, compute);
+      return;
+    }
+    const std::int64_t C = last_dim(inp), N = inp.numel() / C, OC = weight.dim(0);
+    AMPSCOPE_CHECK(weight.dim(1) == C, "matmul weight has ", weight.dim(1), " columns, input ", C);
+    AMPSCOPE_CHECK(dout.numel() == N * OC, "matmul dout has ", dout.numel(), " elements, expected ",
+                   N * OC);
+    const layers::BackwardRecipes recipes{operand(q.dgrad_dout), operand(q.dgrad_weight),
+                                          operand(q.wgrad_dout), operand(q.wgrad_inp)};
+    nn::linear_backward_quantized(
+        *blas_, optional_array(dinp, "matmul: dinp"), array(dweight, "matmul: dweight"),
+        optional_array(dbias, "matmul: dbias"), array(dout, "matmul: dout"),
+        array(inp, "matmul: inp"), array(weight, "matmul: weight"), N, C, OC, compute, recipes,
+        s());
   }
 
   void attention_forward(const Tensor& out, const Tensor& scores, const Tensor& probs,

@@ -249,11 +249,6 @@ std::unique_ptr<Communicator> make_communicator(const Options& o, std::optional<
 // `cuda` names the device of this rank (the one the NCCL communicator was given).
 int run(const Options& o, std::unique_ptr<Communicator> comm, const CudaBackendOptions& cuda) {
   const TrainerConfig config = to_config(o);
-  if (o.device == "cuda" && PrecisionPolicy::for_mode(config.precision).scaled_gemms) {
-    throw UsageError("--precision " + o.precision +
-                     " runs on --device cpu only: the CUDA back end does not implement the "
-                     "FP8/FP4 GEMM recipes");
-  }
   if (o.device == "cuda") {
     if (std::string why = cuda_backend_unavailable_reason(cuda); !why.empty()) {
       throw UsageError("--device cuda: " + why);

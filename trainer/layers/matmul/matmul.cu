@@ -1,8 +1,12 @@
 // The linear layer on the device (matmul.h has the contract; launchers in matmul_cuda.h), on
 // cuBLASLt through gemm.cuh's three steps. Backward: dinp = dout W, dW += dout^T x, and
 // dbias += column sums of dout in two deterministic stages (nn_columns.cuh).
+// The FP8/FP4 versions give each GEMM FP32 operands: the input rounded to compute, then
+// quantised -> dequantised in place by the device fake_quantize (ampscope/cuda/recipe.h).
 #include <cstdint>
+#include <memory>
 
+#include "ampscope/cuda/recipe.h"
 #include "gemm.cuh"
 #include "layers/matmul/matmul_cuda.h"
 #include "nn_columns.cuh"
@@ -10,6 +14,9 @@
 #include "nn_element.cuh"
 
 namespace ampscope::cuda::nn {
+
+using ::ampscope::trainer::layers::OperandRecipe;
+
 namespace detail {
 namespace {
 
@@ -26,6 +33,50 @@ __global__ void bias_columns_kernel(float* partial, ConstArray dout, std::int64_
   }
   partial[blockIdx.y * OC + c] = acc;
 }
+
+// dbias (OC) += column sums of dout (N,OC) as read, rounded to compute.
+void bias_gradient(Array dbias, ConstArray dout, std::int64_t N, std::int64_t OC, Format compute,
+                   cudaStream_t stream) {
+  StreamScratch partial(bytes_of(static_cast<std::int64_t>(row_chunks(N)) * OC, Format::kFP32),
+                        stream);
+  if (N > 0) {
+    bias_columns_kernel<<<column_partial_grid(N, OC), kColumnThreads, 0, stream>>>(
+        partial.as<float>(), dout, N, OC, compute);
+    check_launch();
+  }
+  finish_columns(dbias, partial.as<float>(), N, OC, compute, stream);
+}
+
+// dst (n) = src read and rounded to compute, as FP32 (the CPU back end's In).
+__global__ void rounded_fp32_kernel(float* dst, ConstArray src, std::int64_t n, Format compute) {
+  for (std::int64_t i = global_thread(); i < n; i += grid_threads()) {
+    dst[i] = input(src.data, src.dtype, i, compute);
+  }
+}
+
+// An operand (rows, cols) as the quantised GEMMs read it: an FP32 copy of the input rounded to
+// compute, replaced by its fake_quantize'd values when it has a recipe (the CPU's Quantized).
+class QuantizedOperand {
+ public:
+  QuantizedOperand(ConstArray x, std::int64_t rows, std::int64_t cols, Format compute,
+                   OperandRecipe q, cudaStream_t stream)
+      : copy_(bytes_of(rows * cols, Format::kFP32), stream) {
+    const std::int64_t n = rows * cols;
+    if (n > 0) {
+      rounded_fp32_kernel<<<elementwise_blocks(n), kThreadsPerBlock, 0, stream>>>(get(), x, n,
+                                                                                  compute);
+      check_launch();
+    }
+    if (q.recipe != nullptr) {
+      ::ampscope::cuda::fake_quantize(get(), get(), static_cast<std::size_t>(rows),
+                                      static_cast<std::size_t>(cols), *q.recipe, q.counts, stream);
+    }
+  }
+  float* get() const { return copy_.as<float>(); }
+
+ private:
+  StreamScratch copy_;
+};
 
 }  // namespace
 }  // namespace detail
@@ -91,16 +142,93 @@ void linear_backward(CublasLt& blas, Array dinp, Array dweight, Array dbias, Con
     blas.gemm(g, stream);
     epilogue(dweight, acc.as<float>(), ConstArray{}, OC, C, compute, true, stream);
   }
-  if (dbias.data != nullptr) {
-    StreamScratch partial(bytes_of(static_cast<std::int64_t>(row_chunks(N)) * OC, Format::kFP32),
-                          stream);
-    if (N > 0) {
-      bias_columns_kernel<<<column_partial_grid(N, OC), kColumnThreads, 0, stream>>>(
-          partial.as<float>(), dout, N, OC, compute);
-      check_launch();
-    }
-    finish_columns(dbias, partial.as<float>(), N, OC, compute, stream);
+  if (dbias.data != nullptr) bias_gradient(dbias, dout, N, OC, compute, stream);
+}
+
+void linear_forward_quantized(CublasLt& blas, Array out, ConstArray inp, ConstArray weight,
+                              ConstArray bias, std::int64_t N, std::int64_t C, std::int64_t OC,
+                              Format compute, OperandRecipe q_inp, OperandRecipe q_weight,
+                              cudaStream_t stream) {
+  using namespace detail;
+  const NvtxRange range{"ampscope::cuda::nn::linear_forward_quantized"};
+  AMPSCOPE_CHECK(N >= 0 && C >= 1 && OC >= 1, "linear_forward_quantized: bad shape N=", N, " C=", C,
+                 " OC=", OC);
+  check_compute(compute, "linear_forward_quantized");
+  check_array(out, N * OC, "linear_forward_quantized: out");
+  check_array(inp, N * C, "linear_forward_quantized: inp");
+  check_array(weight, OC * C, "linear_forward_quantized: weight");
+  if (bias.data != nullptr) check_array(bias, OC, "linear_forward_quantized: bias");
+  const QuantizedOperand x(inp, N, C, compute, q_inp, stream);
+  const QuantizedOperand w(weight, OC, C, compute, q_weight, stream);
+  if (N == 0) return;
+  StreamScratch acc(bytes_of(N * OC, Format::kFP32), stream);
+  GemmArgs g = gemm_args(Format::kFP32, N, OC, C);
+  set_a(g, x.get(), false, C, 0);
+  set_b(g, w.get(), true, C, 0);
+  set_c(g, acc.as<float>(), OC, 0);
+  blas.gemm(g, stream);
+  epilogue(out, acc.as<float>(), bias, N, OC, compute, false, stream);
+}
+
+void linear_backward_quantized(CublasLt& blas, Array dinp, Array dweight, Array dbias,
+                               ConstArray dout, ConstArray inp, ConstArray weight, std::int64_t N,
+                               std::int64_t C, std::int64_t OC, Format compute,
+                               const ::ampscope::trainer::layers::BackwardRecipes& q,
+                               cudaStream_t stream) {
+  using namespace detail;
+  const NvtxRange range{"ampscope::cuda::nn::linear_backward_quantized"};
+  AMPSCOPE_CHECK(N >= 0 && C >= 1 && OC >= 1, "linear_backward_quantized: bad shape N=", N,
+                 " C=", C, " OC=", OC);
+  check_compute(compute, "linear_backward_quantized");
+  if (dinp.data != nullptr) check_array(dinp, N * C, "linear_backward_quantized: dinp");
+  check_array(dweight, OC * C, "linear_backward_quantized: dweight");
+  if (dbias.data != nullptr) check_array(dbias, OC, "linear_backward_quantized: dbias");
+  check_array(dout, N * OC, "linear_backward_quantized: dout");
+  check_array(inp, N * C, "linear_backward_quantized: inp");
+  check_array(weight, OC * C, "linear_backward_quantized: weight");
+  AMPSCOPE_CHECK(row_chunks(N) <= 65535, "linear_backward_quantized: ", N, " rows exceed the grid");
+  // matmul_backward_quantized_cpu's operand logic, step for step: dout under two equal recipes
+  // is quantised once and its counts go to whoever asked.
+  const bool same_dout = q.dgrad_dout.recipe != nullptr && q.wgrad_dout.recipe != nullptr &&
+                         *q.dgrad_dout.recipe == *q.wgrad_dout.recipe;
+  OperandRecipe first = q.dgrad_dout;
+  if (same_dout && first.counts == nullptr) first.counts = q.wgrad_dout.counts;
+  std::unique_ptr<QuantizedOperand> d_dgrad;
+  if (dinp.data != nullptr || same_dout) {
+    d_dgrad = std::make_unique<QuantizedOperand>(dout, N, OC, compute, first, stream);
   }
+  if (same_dout && q.wgrad_dout.counts != nullptr && q.wgrad_dout.counts != first.counts) {
+    *q.wgrad_dout.counts = *first.counts;
+  }
+  if (dinp.data != nullptr) {
+    // dinp (N,C) = dout (N,OC) x weight (OC,C).
+    const QuantizedOperand w(weight, OC, C, compute, q.dgrad_weight, stream);
+    if (N > 0) {
+      StreamScratch acc(bytes_of(N * C, Format::kFP32), stream);
+      GemmArgs g = gemm_args(Format::kFP32, N, C, OC);
+      set_a(g, d_dgrad->get(), false, OC, 0);
+      set_b(g, w.get(), false, C, 0);
+      set_c(g, acc.as<float>(), C, 0);
+      blas.gemm(g, stream);
+      epilogue(dinp, acc.as<float>(), ConstArray{}, N, C, compute, false, stream);
+    }
+  }
+  {
+    // dweight (OC,C) += dout^T (OC,N) x inp (N,C).
+    std::unique_ptr<QuantizedOperand> d_own;
+    if (!same_dout) {
+      d_own = std::make_unique<QuantizedOperand>(dout, N, OC, compute, q.wgrad_dout, stream);
+    }
+    const QuantizedOperand x(inp, N, C, compute, q.wgrad_inp, stream);
+    StreamScratch acc(bytes_of(OC * C, Format::kFP32), stream);
+    GemmArgs g = gemm_args(Format::kFP32, OC, C, N);
+    set_a(g, (same_dout ? d_dgrad : d_own)->get(), true, OC, 0);
+    set_b(g, x.get(), false, C, 0);
+    set_c(g, acc.as<float>(), C, 0);
+    blas.gemm(g, stream);  // k == N == 0 writes zeros
+    epilogue(dweight, acc.as<float>(), ConstArray{}, OC, C, compute, true, stream);
+  }
+  if (dbias.data != nullptr) bias_gradient(dbias, dout, N, OC, compute, stream);
 }
 
 }  // namespace ampscope::cuda::nn

@@ -10,6 +10,7 @@
 #include "ampscope/cuda/cublaslt.h"
 #include "ampscope/cuda/nn.h"
 #include "ampscope/formats.h"
+#include "layers/matmul/matmul.h"  // OperandRecipe, BackwardRecipes
 
 namespace ampscope::cuda::nn {
 
@@ -22,5 +23,23 @@ void linear_forward(CublasLt& blas, Array out, ConstArray inp, ConstArray weight
 void linear_backward(CublasLt& blas, Array dinp, Array dweight, Array dbias, ConstArray dout,
                      ConstArray inp, ConstArray weight, std::int64_t N, std::int64_t C,
                      std::int64_t OC, Format compute, cudaStream_t stream);
+
+// FP8/FP4 emulation (matmul.h): the CPU's quantised versions, operand for operand. Every operand
+// is read and rounded to `compute` into an FP32 copy; an operand with a recipe is then replaced
+// by ampscope/cuda/recipe.h's fake_quantize of that copy (bit for bit the CPU's), and cuBLASLt
+// multiplies the FP32 copies (strict FP32, no TF32: a dequantised value q x scale needs FP32's
+// precision). A recipe with `counts` waits for the stream to bring its counts back.
+void linear_forward_quantized(CublasLt& blas, Array out, ConstArray inp, ConstArray weight,
+                              ConstArray bias, std::int64_t N, std::int64_t C, std::int64_t OC,
+                              Format compute, ::ampscope::trainer::layers::OperandRecipe q_inp,
+                              ::ampscope::trainer::layers::OperandRecipe q_weight,
+                              cudaStream_t stream);
+// dinp = Q(dout) x Q(weight) (dinp.data null: skipped); dweight += Q'(dout)^T x Q(inp); dbias
+// += column sums of dout as read. dout under two equal recipes is quantised once.
+void linear_backward_quantized(CublasLt& blas, Array dinp, Array dweight, Array dbias,
+                               ConstArray dout, ConstArray inp, ConstArray weight, std::int64_t N,
+                               std::int64_t C, std::int64_t OC, Format compute,
+                               const ::ampscope::trainer::layers::BackwardRecipes& q,
+                               cudaStream_t stream);
 
 }  // namespace ampscope::cuda::nn
