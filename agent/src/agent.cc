@@ -194,6 +194,11 @@ Status Agent::attach_overrides(PrecisionOverrides* overrides) noexcept {
                         [&] { return impl_->recorder->attach_overrides(overrides); });
 }
 
+Status Agent::attach_gemm_precision(PrecisionOverrides* gemms, RecipeControl* recipe) noexcept {
+  return guarded_status(impl_->notices, "attach_gemm_precision",
+                        [&] { return impl_->recorder->attach_gemm_precision(gemms, recipe); });
+}
+
 bool Agent::begin_step(std::int64_t step) noexcept {
   return guarded(impl_->notices, "begin_step", false,
                  [&] { return impl_->recorder->begin_step(step); });

@@ -46,8 +46,8 @@ TransportHooks Delivery::transport_hooks() {
                         "configuration given at start");
       }
     }
-    encode_hello(config_, run_, scaler, policy_->capable_layers(), resume_from,
-                 policy_->received_seq(), version(), &h);
+    encode_hello(config_, run_, scaler, {policy_->capable_layers(), policy_->capable_gemms()},
+                 resume_from, policy_->received_seq(), version(), &h);
     return h;
   };
   hooks.on_policy = [this](const v1::PolicyUpdate& u) { policy_->receive(u); };

@@ -12,7 +12,10 @@
 namespace ampscope::agent {
 namespace {
 
-constexpr std::size_t kMaxFp32Layers = 4096;
+// The wire's bound on Hello.fp32_capable_layers and bf16_capable_gemms, and so on a set.
+constexpr std::size_t kMaxLayers = 4096;
+constexpr std::uint32_t kMaxAmaxHistoryLength = 1024;
+constexpr std::uint32_t kMaxAmaxMargin = 64;
 constexpr std::int64_t kAgreementSilentSteps = 100;
 constexpr double kFp32Max = 3.4028234663852886e38;
 
@@ -67,6 +70,20 @@ ScalerChange to_change(const v1::PolicyUpdate& u, std::int64_t step) {
 bool changes_scaler(const v1::PolicyUpdate& u) {
   return u.has_loss_scale() || u.has_growth_factor() || u.has_backoff_factor() ||
          u.has_growth_interval() || u.has_hysteresis() || u.has_min_scale() || u.has_max_scale();
+}
+
+bool changes_recipe(const v1::PolicyUpdate& u) {
+  return u.has_amax_history_length() || u.has_amax_margin();
+}
+
+RecipeChange to_recipe_change(const v1::PolicyUpdate& u, std::int64_t step) {
+  RecipeChange c;
+  c.effective_from_step = step;
+  if (u.has_amax_history_length()) {
+    c.amax_history_length = static_cast<int>(u.amax_history_length());
+  }
+  if (u.has_amax_margin()) c.margin = static_cast<int>(u.amax_margin());
+  return c;
 }
 
 bool changes_config(const v1::PolicyUpdate& u) {
@@ -144,13 +161,52 @@ std::string validate_update(const v1::PolicyUpdate& u, const std::string& run_id
   if (u.has_hysteresis() && u.hysteresis() < 1) return "hysteresis: must be >= 1, got 0";
   if (u.fp32_tensors_set()) {
     if (overrides == nullptr) return "fp32_tensors: no FP32 override set is attached to the agent";
-    if (static_cast<std::size_t>(u.fp32_tensors_size()) > kMaxFp32Layers) {
+    if (static_cast<std::size_t>(u.fp32_tensors_size()) > kMaxLayers) {
       return "fp32_tensors: " + std::to_string(u.fp32_tensors_size()) + " names, at most " +
-             std::to_string(kMaxFp32Layers);
+             std::to_string(kMaxLayers);
     }
     std::vector<std::string> layers;
     if (std::string err = fp32_layers_of(u, *overrides, &layers); !err.empty()) return err;
     if (fp32_layers != nullptr) *fp32_layers = std::move(layers);
+  }
+  return {};
+}
+
+std::string validate_gemm_update(const v1::PolicyUpdate& u,
+                                 const std::vector<std::string>* capable_gemms, bool has_recipe,
+                                 bool recipe_delayed, std::vector<std::string>* bf16_layers) {
+  if (u.bf16_gemms_set()) {
+    if (capable_gemms == nullptr) {
+      return "bf16_gemms: no GEMM precision set is attached to the agent";
+    }
+    if (static_cast<std::size_t>(u.bf16_gemms_size()) > kMaxLayers) {
+      return "bf16_gemms: " + std::to_string(u.bf16_gemms_size()) + " names, at most " +
+             std::to_string(kMaxLayers);
+    }
+    std::vector<std::string> layers;
+    for (int i = 0; i < u.bf16_gemms_size(); ++i) {
+      const std::string& name = u.bf16_gemms(i);
+      if (std::find(capable_gemms->begin(), capable_gemms->end(), name) == capable_gemms->end()) {
+        return "bf16_gemms[" + std::to_string(i) + "]: '" + clean(name, kQuotedMaxBytes) +
+               "' is not a GEMM layer the trainer can run in BF16";
+      }
+      if (std::find(layers.begin(), layers.end(), name) == layers.end()) layers.push_back(name);
+    }
+    if (bf16_layers != nullptr) *bf16_layers = std::move(layers);
+  }
+  if (changes_recipe(u)) {
+    const char* field = u.has_amax_history_length() ? "amax_history_length" : "amax_margin";
+    if (!has_recipe) return std::string(field) + ": no recipe control is attached to the agent";
+    if (!recipe_delayed) return std::string(field) + ": the run does not use delayed scaling";
+  }
+  if (u.has_amax_history_length() &&
+      (u.amax_history_length() < 1 || u.amax_history_length() > kMaxAmaxHistoryLength)) {
+    return "amax_history_length: must be in [1, " + std::to_string(kMaxAmaxHistoryLength) +
+           "], got " + std::to_string(u.amax_history_length());
+  }
+  if (u.has_amax_margin() && u.amax_margin() > kMaxAmaxMargin) {
+    return "amax_margin: must be in [0, " + std::to_string(kMaxAmaxMargin) + "], got " +
+           std::to_string(u.amax_margin());
   }
   return {};
 }
@@ -168,6 +224,28 @@ void PolicyApplier::attach_overrides(PrecisionOverrides* overrides) {
   std::lock_guard lock(mu_);
   overrides_ = overrides;
   capable_ = overrides_ != nullptr ? overrides_->capable_layers() : std::vector<std::string>{};
+}
+
+void PolicyApplier::attach_gemm_precision(PrecisionOverrides* gemms, RecipeControl* recipe) {
+  // The trainer's code, asked before the lock: it may not call back into the agent anyway.
+  std::vector<std::string> capable =
+      gemms != nullptr ? gemms->capable_layers() : std::vector<std::string>{};
+  const bool delayed = recipe != nullptr && recipe->delayed();
+  std::lock_guard lock(mu_);
+  gemms_ = gemms;
+  recipe_ = recipe;
+  recipe_delayed_ = delayed;
+  capable_gemms_ = std::move(capable);
+}
+
+std::string PolicyApplier::validate(const v1::PolicyUpdate& u, const ScalerSettings& current,
+                                    std::vector<std::string>* fp32_layers,
+                                    std::vector<std::string>* bf16_layers) const {
+  std::string err =
+      validate_update(u, config_.run_id, current, scaler_ != nullptr, overrides_, fp32_layers);
+  if (!err.empty()) return err;
+  return validate_gemm_update(u, gemms_ != nullptr ? &capable_gemms_ : nullptr, recipe_ != nullptr,
+                              recipe_delayed_, bf16_layers);
 }
 
 void PolicyApplier::receive(const v1::PolicyUpdate& update) {
@@ -211,8 +289,7 @@ void PolicyApplier::receive(const v1::PolicyUpdate& update) {
         failed = "unknown error";
       }
       if (failed.empty()) {
-        p.refusal =
-            validate_update(update, config_.run_id, current, scaler_ != nullptr, overrides_);
+        p.refusal = validate(update, current, nullptr, nullptr);
       } else {
         p.refusal = "the scaler's settings() failed: " + failed;
         notices_->raise("policy:settings", "policy: the scaler's settings() threw while an update "
@@ -341,14 +418,21 @@ void PolicyApplier::apply(const v1::PolicyUpdate& u, std::int64_t step,
   PolicyOutcome o;
   o.policy_id = outcome_id(u.policy_id());
   // Re-checked against the state now: the scale may have moved since the update arrived.
-  std::vector<std::string> layers;
-  std::string err = validate_update(u, config_.run_id,
-                                    scaler_ != nullptr ? scaler_->settings() : ScalerSettings{},
-                                    scaler_ != nullptr, overrides_, &layers);
+  std::vector<std::string> layers, gemm_layers;
+  std::string err = validate(u, scaler_ != nullptr ? scaler_->settings() : ScalerSettings{},
+                             &layers, &gemm_layers);
   if (err.empty() && changes_scaler(u)) err = scaler_->schedule(to_change(u, step));
   if (err.empty() && u.fp32_tensors_set()) {
     err = overrides_->replace(layers, step);
     if (!err.empty()) err = "fp32_tensors: " + err;
+  }
+  if (err.empty() && u.bf16_gemms_set()) {
+    err = gemms_->replace(gemm_layers, step);
+    if (!err.empty()) err = "bf16_gemms: " + err;
+  }
+  if (err.empty() && changes_recipe(u)) {
+    err = recipe_->schedule(to_recipe_change(u, step));
+    if (!err.empty()) err = "delayed scaling: " + err;
   }
   if (err.empty()) {
     o.applied = true;

@@ -19,10 +19,21 @@
 // refuses the whole update, as any invalid field does: an update is one decision, applied or
 // refused as a unit, and part of it would be a state the server never decided.
 //
+// Per-layer precision of an FP8/FP4 run (attach_gemm_precision): bf16_gemms names capable GEMM
+// layers (the attached GEMM overrides' capable_layers(), by their own names, de-duplicated in
+// order; refused when no GEMM overrides are attached), applied through their replace();
+// amax_history_length in [1, 1024] and amax_margin in [0, 64] go to RecipeControl::schedule,
+// refused unless a RecipeControl is attached whose run uses delayed scaling. They are fields of
+// the one update like the others: the whole update is applied or refused.
+//
 // Fallback: when the server has been unreachable for policy_fallback_after and an update
 // changed the scaler's configuration, the local scaler's own configuration (as it was when
 // attached; the current scale stays) is restored at the next step, so the run is not left
-// with a policy nobody supervises. Its backoff is the safety net throughout.
+// with a policy nobody supervises. Its backoff is the safety net throughout. The fallback
+// leaves the precision the policy chose in place (the FP32 set, the BF16 GEMM set and delayed
+// scaling's history length and margin): each moved the run to more precision or more headroom,
+// and undoing that without the server would bring back what the policy moved away from; only
+// the server moves a layer back to its recipe.
 //
 // Ranks (config.h, PolicyAgreementMode): single and independent apply as above. none (several
 // ranks, no agreement) refuses every update on arrival. per_step defers everything to the
@@ -35,8 +46,8 @@
 // leaves updates waiting; after kAgreementSilentSteps steps with updates waiting and no
 // agreed() call a notice says so (once).
 //
-// Thread safety: receive(), set_connected(), vote(), agreed() and the getters from any thread; attach_*() and begin_step() by
-// the recorder, one caller at a time (its step lock).
+// Thread safety: receive(), set_connected(), vote(), agreed() and the getters from any thread;
+// attach_*() and begin_step() by the recorder, one caller at a time (its step lock).
 #pragma once
 
 #include <atomic>
@@ -65,6 +76,15 @@ std::string validate_update(const v1::PolicyUpdate& u, const std::string& run_id
                             const PrecisionOverrides* overrides,
                             std::vector<std::string>* fp32_layers = nullptr);
 
+// Empty when u's FP8/FP4 fields may be applied: bf16_gemms through GEMM overrides whose capable
+// layers are *capable_gemms (nullptr: none attached), amax_history_length and amax_margin to a
+// recipe control (has_recipe) whose run uses delayed scaling (recipe_delayed); otherwise one line
+// naming the field. *bf16_layers, when given, receives the BF16 set the update makes.
+std::string validate_gemm_update(const v1::PolicyUpdate& u,
+                                 const std::vector<std::string>* capable_gemms, bool has_recipe,
+                                 bool recipe_delayed,
+                                 std::vector<std::string>* bf16_layers = nullptr);
+
 // The layers u.fp32_tensors() name through overrides.layer_of, de-duplicated in the order of
 // their first tensor. Empty when every name maps, otherwise one line naming the first that does
 // not (or whose mapping threw).
@@ -78,8 +98,12 @@ class PolicyApplier {
   // Before the first step (not thread-safe against receive()).
   void attach_scaler(ScalerControl* scaler);
   void attach_overrides(PrecisionOverrides* overrides);
+  // delayed() is asked here, once: the run's recipe does not change, and validation on the
+  // reader thread then calls no trainer code for it.
+  void attach_gemm_precision(PrecisionOverrides* gemms, RecipeControl* recipe);
   ScalerControl* scaler() const { return scaler_; }
   const std::vector<std::string>& capable_layers() const { return capable_; }
+  const std::vector<std::string>& capable_gemms() const { return capable_gemms_; }
 
   // An update from the server.
   void receive(const v1::PolicyUpdate& update);
@@ -115,6 +139,11 @@ class PolicyApplier {
   template <typename Due>
   std::vector<Pending> take_due(Due due);
   void refresh_received_locked(Clock::time_point now);
+  // validate_update and validate_gemm_update against what is attached; the FP32 and BF16 sets
+  // the update makes.
+  std::string validate(const v1::PolicyUpdate& u, const ScalerSettings& current,
+                       std::vector<std::string>* fp32_layers,
+                       std::vector<std::string>* bf16_layers) const;
   void apply(const v1::PolicyUpdate& u, std::int64_t step, std::vector<PolicyOutcome>* out);
   void refuse(const Pending& p, std::string reason, std::vector<PolicyOutcome>* out);
   bool wants_fallback() const;
@@ -126,8 +155,12 @@ class PolicyApplier {
   Notices* notices_;
   ScalerControl* scaler_ = nullptr;
   PrecisionOverrides* overrides_ = nullptr;
+  PrecisionOverrides* gemms_ = nullptr;
+  RecipeControl* recipe_ = nullptr;
+  bool recipe_delayed_ = false;
   ScalerSettings original_;
   std::vector<std::string> capable_;
+  std::vector<std::string> capable_gemms_;
 
   std::mutex mu_;
   std::vector<Pending> pending_;  // guarded by mu_

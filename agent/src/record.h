@@ -53,6 +53,8 @@ struct QuantizerSample {
   int micro_step = 0;
   RecipeCounts counts;
   std::vector<float> amax_history;  // empty on steps that do not send it
+  std::string layer;                // QuantizerView::layer as sent
+  bool what_if = false;
 };
 
 struct PolicyOutcome {

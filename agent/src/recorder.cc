@@ -213,6 +213,14 @@ Status Recorder::attach_overrides(PrecisionOverrides* overrides) {
   return s;
 }
 
+Status Recorder::attach_gemm_precision(PrecisionOverrides* gemms, RecipeControl* recipe) {
+  Call call(*this, false);
+  if (call.reentered()) return refuse_reentry("attach_gemm_precision");
+  Status s = attach_before_start("GEMM precision");
+  if (s.ok()) policy_->attach_gemm_precision(gemms, recipe);
+  return s;
+}
+
 bool Recorder::begin_step(std::int64_t step) {
   Call call(*this, true);
   if (call.reentered()) {
@@ -320,6 +328,8 @@ Status Recorder::observe_quantizer(const QuantizerView& q) {
   s.phase = q.phase;
   s.micro_step = q.micro_step;
   s.counts = q.counts;
+  s.layer = wire_name(q.layer);  // as the Hello's bf16_capable_gemms are sent
+  s.what_if = q.what_if;
   // The history is the large part (up to 4 KiB): it travels at the full level only.
   if (sampler_.level(q.role, q.phase) == Level::kFull) {
     const std::size_t keep = std::min(q.amax_history.size(), proto::kMaxAmaxHistory);

@@ -53,6 +53,7 @@ class Recorder {
   // Before the first step; kFailedPrecondition after it.
   Status attach_scaler(ScalerControl* scaler);
   Status attach_overrides(PrecisionOverrides* overrides);
+  Status attach_gemm_precision(PrecisionOverrides* gemms, RecipeControl* recipe);
 
   // The step calls (agent.h). begin_step starts the delivery pipeline on the first step. After
   // close() they do nothing: begin_step returns false, the others kFailedPrecondition.

@@ -123,6 +123,9 @@ void encode_report(const StepRecord& record, const ReportContext& context, v1::S
   for (const auto& l : i.fp32_layers) {
     out->add_fp32_layers(text::clean_text(l, text::kNameMaxBytes));
   }
+  for (const auto& l : i.bf16_gemms) {
+    out->add_bf16_gemms(text::clean_text(l, text::kNameMaxBytes));
+  }
   if (record.tensor_core_active_ratio) {
     out->set_tensor_core_active_ratio(*record.tensor_core_active_ratio);
   }
@@ -146,6 +149,8 @@ void encode_report(const StepRecord& record, const ReportContext& context, v1::S
     w->set_role(to_proto(q.role));
     w->set_phase(to_proto(q.phase));
     w->set_micro_step(static_cast<std::uint32_t>(std::max(0, q.micro_step)));
+    w->set_layer(q.layer);
+    w->set_what_if(q.what_if);
     proto::encode_quantizer(q.counts, q.amax_history, w);
   }
   for (std::size_t i = 0; i < record.outcomes.size() && i < kMaxOutcomesPerReport; ++i) {
@@ -170,9 +175,8 @@ void encode_report(const StepRecord& record, const ReportContext& context, v1::S
 }
 
 void encode_hello(const AgentConfig& config, const RunInfo& run, const ScalerSettings& scaler,
-                  const std::vector<std::string>& fp32_capable_layers, std::uint64_t resume_from,
-                  std::uint64_t last_policy_seq, const std::string& agent_version,
-                  v1::Hello* out) {
+                  const CapableLayers& capable, std::uint64_t resume_from,
+                  std::uint64_t last_policy_seq, const std::string& agent_version, v1::Hello* out) {
   out->set_run_id(config.run_id);
   out->set_rank(config.rank);
   out->set_world_size(config.world_size);
@@ -193,8 +197,11 @@ void encode_hello(const AgentConfig& config, const RunInfo& run, const ScalerSet
   s->set_max_scale(scaler.max_scale);
   out->set_agent_version(text::clean_text(agent_version, text::kShortTextMaxBytes));
   out->set_resume_from_seq(resume_from);
-  for (const auto& l : fp32_capable_layers) {
+  for (const auto& l : capable.fp32) {
     out->add_fp32_capable_layers(text::clean_text(l, text::kNameMaxBytes));
+  }
+  for (const auto& l : capable.bf16_gemms) {
+    out->add_bf16_capable_gemms(text::clean_text(l, text::kNameMaxBytes));
   }
   out->set_data_parallel_size(config.data_parallel_size);
   out->set_gradients_sharded(config.gradients_sharded);

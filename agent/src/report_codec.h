@@ -36,10 +36,15 @@ void encode_report(const StepRecord& record, const ReportContext& context, v1::S
 // (Agent::create makes it, so the creation of the process's first agent).
 std::int64_t process_start_unix_ns();
 
+// The layers the attached overrides can move: Hello.fp32_capable_layers, bf16_capable_gemms.
+struct CapableLayers {
+  std::vector<std::string> fp32;
+  std::vector<std::string> bf16_gemms;
+};
+
 // With the identity of this process: Hello.pid (getpid()) and Hello.process_start_unix_ns.
 void encode_hello(const AgentConfig& config, const RunInfo& run, const ScalerSettings& scaler,
-                  const std::vector<std::string>& fp32_capable_layers, std::uint64_t resume_from,
-                  std::uint64_t last_policy_seq, const std::string& agent_version,
-                  v1::Hello* out);
+                  const CapableLayers& capable, std::uint64_t resume_from,
+                  std::uint64_t last_policy_seq, const std::string& agent_version, v1::Hello* out);
 
 }  // namespace ampscope::agent

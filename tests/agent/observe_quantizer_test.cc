@@ -160,5 +160,50 @@ TEST(ObserveQuantizerTest, OutsideAStepNothingIsRecorded) {
   EXPECT_EQ(reports[0].quantizers_size(), 0);
 }
 
+// Per-layer precision: each quantiser names its layer and whether it was a what-if count, and
+// the step lists the layers that ran BF16. The spool holds them (a replay sends these bytes),
+// and a layer name that is not clean text is sent escaped as the Hello's names are.
+TEST(ObserveQuantizerTest, TheLayerWhatIfAndTheBf16GemmsTravelInTheReport) {
+  TempDir dir;
+  AgentConfig c = base_config(dir, "layers");
+  const RecipeCounts applied = counts_of("mxfp8_e4m3");
+  const RecipeCounts would = counts_of("nvfp4");
+  const std::string odd_layer("h1.mlp\x01proj", 11);
+  {
+    auto agent = make_agent(c);
+    ASSERT_TRUE(agent->begin_step(0));
+    QuantizerView a = view("h0.mlp.fc.input", TensorRole::kActivation, applied);
+    a.layer = "h0.mlp.fc";
+    ASSERT_TRUE(agent->observe_quantizer(a).ok());
+    QuantizerView b = view("h0.attn.qkv.weight", TensorRole::kWeight, would);
+    b.layer = "h0.attn.qkv";
+    b.what_if = true;
+    ASSERT_TRUE(agent->observe_quantizer(b).ok());
+    QuantizerView d = view("h1.mlp.proj.input", TensorRole::kActivation, applied);
+    d.layer = odd_layer;
+    ASSERT_TRUE(agent->observe_quantizer(d).ok());
+    ASSERT_TRUE(agent->observe_quantizer(view("x [nvfp4]", TensorRole::kWeight, would)).ok());
+    StepInfo info;
+    info.bf16_gemms = {"h0.attn.qkv", "h1.mlp.proj"};
+    ASSERT_TRUE(agent->end_step(info).ok());
+  }
+  const auto reports = testing::read_spool(dir / "spool", "layers");
+  ASSERT_EQ(reports.size(), 1u);
+  const v1::StepReport& r = reports[0];
+  EXPECT_EQ(std::vector<std::string>(r.bf16_gemms().begin(), r.bf16_gemms().end()),
+            (std::vector<std::string>{"h0.attn.qkv", "h1.mlp.proj"}));
+  ASSERT_EQ(r.quantizers_size(), 4);
+  EXPECT_EQ(r.quantizers(0).layer(), "h0.mlp.fc");
+  EXPECT_FALSE(r.quantizers(0).what_if());
+  expect_wire_equals(r.quantizers(0), applied);
+  EXPECT_EQ(r.quantizers(1).layer(), "h0.attn.qkv");
+  EXPECT_TRUE(r.quantizers(1).what_if());
+  EXPECT_EQ(r.quantizers(1).recipe(), "nvfp4");
+  expect_wire_equals(r.quantizers(1), would);
+  EXPECT_EQ(r.quantizers(2).layer(), "h1.mlp\\x01proj");
+  EXPECT_EQ(r.quantizers(3).layer(), "");
+  EXPECT_FALSE(r.quantizers(3).what_if());
+}
+
 }  // namespace
 }  // namespace ampscope::agent

@@ -28,5 +28,24 @@ TEST(HelloTest, CarriesThisProcessPidAndStartTime) {
   EXPECT_EQ(again.process_start_unix_ns(), h.process_start_unix_ns()) << "fixed per process";
 }
 
+TEST(HelloTest, CarriesTheCapableLayersOfBothOverrideSets) {
+  AgentConfig config;
+  config.run_id = "hello";
+  RunInfo run;
+  run.precision = "nvfp4";
+  v1::Hello h;
+  CapableLayers capable;
+  capable.fp32 = {"h0.attn.core", "lm_head"};
+  capable.bf16_gemms = {"h0.attn.qkv", std::string("h0.mlp\x7f"
+                                                   "fc",
+                                                   9)};
+  encode_hello(config, run, ScalerSettings{}, capable, 1, 0, "test", &h);
+  EXPECT_EQ(
+      std::vector<std::string>(h.fp32_capable_layers().begin(), h.fp32_capable_layers().end()),
+      capable.fp32);
+  EXPECT_EQ(std::vector<std::string>(h.bf16_capable_gemms().begin(), h.bf16_capable_gemms().end()),
+            (std::vector<std::string>{"h0.attn.qkv", "h0.mlp\\x7ffc"}));
+}
+
 }  // namespace
 }  // namespace ampscope::agent
