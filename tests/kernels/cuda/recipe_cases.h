@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -48,6 +49,15 @@ inline std::vector<std::string> recipe_case_texts() {
           "nvfp4",
           "nvfp4:block=16x1",
           "nvfp4:block=3x7"};
+}
+
+// A gtest parameter name for a recipe's text ("mxfp4:ceil" -> "mxfp4_ceil").
+inline std::string recipe_test_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string name = info.param;
+  for (char& ch : name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return name;
 }
 
 struct TensorCase {

@@ -5,7 +5,6 @@
 
 #include <gtest/gtest.h>
 
-#include <cctype>
 #include <limits>
 #include <string>
 #include <vector>
@@ -67,13 +66,7 @@ TEST(CudaRecipeCasesTest, ReachEveryRule) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, CudaRecipeHostModelTest, ::testing::ValuesIn(recipe_case_texts()),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           for (char& ch : name) {
-                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           }
-                           return name;
-                         });
+                         recipe_test_name);
 
 }  // namespace
 }  // namespace ampscope::cuda::testing

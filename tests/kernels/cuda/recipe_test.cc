@@ -6,7 +6,6 @@
 
 #include <gtest/gtest.h>
 
-#include <cctype>
 #include <string>
 #include <vector>
 
@@ -72,13 +71,7 @@ TEST_F(CudaRecipeDeviceTest, EmptyTensorAndBadRecipe) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, CudaRecipeTest, ::testing::ValuesIn(recipe_case_texts()),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           for (char& ch : name) {
-                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           }
-                           return name;
-                         });
+                         recipe_test_name);
 
 }  // namespace
 }  // namespace ampscope::cuda::testing

@@ -18,18 +18,23 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "../../kernels/cuda/recipe_cases.h"  // same_counts
 #include "ampscope/check.h"
 #include "ampscope/cuda/device.h"
 #include "ampscope/tensor_stats.h"
 #include "ampscope/trainer/backend.h"
+#include "ampscope/trainer/precision.h"
 #include "backend_test_util.h"
 
 namespace ampscope::trainer::testing {
 namespace {
+
+using ::ampscope::cuda::testing::same_counts;
 
 constexpr const char* kNoDevice = "no CUDA driver or device on this machine";
 
@@ -306,6 +311,101 @@ TEST_P(CudaBackendTest, MatmulMatchesCpuOnRandomValues) {
   EXPECT_TRUE(close(db.host.values(), download(db).values(), table()));
 }
 
+// The FP8/FP4 modes' quantised linear layer, each mode with its recipes (gemm_recipe). The
+// operands are quantised bit for bit as the CPU does them (ampscope/cuda/recipe.h), so the counts
+// are equal (FP64 squared sums within 1e-9 relative: another summation order) and the products
+// differ by FP32 summation order only: the table's tolerance.
+constexpr PrecisionMode kScaledModes[] = {PrecisionMode::kFP8Delayed, PrecisionMode::kFP8Current,
+                                          PrecisionMode::kMXFP8, PrecisionMode::kNVFP4};
+constexpr double kRecipeSumRtol = 1e-9;
+
+// An operand's recipe under `mode`, with a delayed scale that is not 1 (the trainer's comes from
+// an amax history); null counts: the caller sets them.
+std::optional<QuantizedOperand> recipe_for(PrecisionMode mode, GemmOperand operand, GemmUse use) {
+  std::optional<Recipe> r = gemm_recipe(mode, operand, use);
+  if (!r) return std::nullopt;
+  if (r->scaling == Scaling::kDelayed) r->scale = operand == GemmOperand::kWeight ? 96.0f : 3.5f;
+  return QuantizedOperand{*r, nullptr};
+}
+
+TEST_P(CudaBackendTest, QuantizedMatmulForwardMatchesCpu) {
+  const std::int64_t N = s().B * s().T, C = s().C, OC = s().V;
+  Twin inp = random(p().in, {N, C}, 41), w = random(p().in, {OC, C}, 42, 0.1f),
+       b = random(p().in, {OC}, 43);
+  ASSERT_TRUE(gpu_->supports_gemm_recipes());
+  for (const PrecisionMode mode : kScaledModes) {
+    SCOPED_TRACE(precision_name(mode));
+    Twin out = zeros(p().out, {N, OC});
+    RecipeCounts cpu_counts[2], gpu_counts[2];
+    auto recipes = [&](RecipeCounts* counts) {
+      MatmulForwardRecipes r{recipe_for(mode, GemmOperand::kInput, GemmUse::kForward),
+                             recipe_for(mode, GemmOperand::kWeight, GemmUse::kForward)};
+      r.inp->counts = &counts[0];
+      r.weight->counts = &counts[1];
+      return r;
+    };
+    cpu_->quantized_matmul_forward(out.cpu(), inp.cpu(), w.cpu(), b.cpu(), p().compute,
+                                   recipes(cpu_counts));
+    gpu_->quantized_matmul_forward(out.gpu(), inp.gpu(), w.gpu(), b.gpu(), p().compute,
+                                   recipes(gpu_counts));
+    EXPECT_TRUE(close(out.host.values(), download(out).values(), table()));
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_TRUE(same_counts(cpu_counts[i], gpu_counts[i], kRecipeSumRtol)) << "operand " << i;
+      EXPECT_EQ(gpu_counts[i].values, static_cast<std::uint64_t>(i == 0 ? N * C : OC * C));
+    }
+  }
+}
+
+TEST_P(CudaBackendTest, QuantizedMatmulBackwardMatchesCpu) {
+  const std::int64_t N = s().B * s().T, C = s().C, OC = s().V;
+  Twin inp = random(p().in, {N, C}, 51), w = random(p().in, {OC, C}, 52, 0.1f),
+       dout = random(p().in, {N, OC}, 53, 1e-3f);
+  for (const PrecisionMode mode : kScaledModes) {
+    SCOPED_TRACE(precision_name(mode));
+    Twin dinp = zeros(p().out, {N, C});
+    // Gradients accumulate onto what is there.
+    Twin dw = random(p().out, {OC, C}, 55, 1e-3f), db = random(p().out, {OC}, 56, 1e-3f);
+    // dgrad_dout, dgrad_weight, wgrad_dout, wgrad_inp; every mode quantises all four.
+    RecipeCounts cpu_counts[4], gpu_counts[4];
+    auto recipes = [&](RecipeCounts* counts) {
+      MatmulBackwardRecipes r{recipe_for(mode, GemmOperand::kOutputGrad, GemmUse::kDgrad),
+                              recipe_for(mode, GemmOperand::kWeight, GemmUse::kDgrad),
+                              recipe_for(mode, GemmOperand::kOutputGrad, GemmUse::kWgrad),
+                              recipe_for(mode, GemmOperand::kInput, GemmUse::kWgrad)};
+      r.dgrad_dout->counts = &counts[0];
+      r.dgrad_weight->counts = &counts[1];
+      r.wgrad_dout->counts = &counts[2];
+      r.wgrad_inp->counts = &counts[3];
+      return r;
+    };
+    cpu_->quantized_matmul_backward(dinp.cpu(), dw.cpu(), db.cpu(), dout.cpu(), inp.cpu(), w.cpu(),
+                                    p().compute, recipes(cpu_counts));
+    gpu_->quantized_matmul_backward(dinp.gpu(), dw.gpu(), db.gpu(), dout.gpu(), inp.gpu(), w.gpu(),
+                                    p().compute, recipes(gpu_counts));
+    EXPECT_TRUE(close(dinp.host.values(), download(dinp).values(), table()));
+    EXPECT_TRUE(close(dw.host.values(), download(dw).values(), table()));
+    EXPECT_TRUE(close(db.host.values(), download(db).values(), table()));
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_TRUE(same_counts(cpu_counts[i], gpu_counts[i], kRecipeSumRtol)) << "operand " << i;
+    }
+
+    // Without dinp and dbias (the LM head's call), dout's counts asked for by wgrad only: under
+    // equal recipes the one pass's counts must still reach it.
+    RecipeCounts cpu_rest[4], gpu_rest[4], cpu_wgrad, gpu_wgrad;
+    MatmulBackwardRecipes rc = recipes(cpu_rest), rg = recipes(gpu_rest);
+    rc.dgrad_dout->counts = rg.dgrad_dout->counts = nullptr;
+    rc.wgrad_dout->counts = &cpu_wgrad;
+    rg.wgrad_dout->counts = &gpu_wgrad;
+    cpu_->quantized_matmul_backward(Tensor{}, dw.cpu(), Tensor{}, dout.cpu(), inp.cpu(), w.cpu(),
+                                    p().compute, rc);
+    gpu_->quantized_matmul_backward(Tensor{}, dw.gpu(), Tensor{}, dout.gpu(), inp.gpu(), w.gpu(),
+                                    p().compute, rg);
+    EXPECT_TRUE(close(dw.host.values(), download(dw).values(), table()));
+    EXPECT_TRUE(same_counts(cpu_wgrad, gpu_wgrad, kRecipeSumRtol));
+    EXPECT_EQ(gpu_wgrad.values, static_cast<std::uint64_t>(N * OC));
+  }
+}
+
 TEST_P(CudaBackendTest, AttentionMatchesCpu) {
   const auto [name, B, T, C, NH, V] = s();
   (void)name;
@@ -472,7 +572,8 @@ TEST_P(CudaBackendTest, FusedUnscaleMatchesCpu) {
 // loss_scaler.cc rules) bit for bit over a found_inf sequence, for both dynamic rules.
 TEST_P(CudaBackendTest, LossScaleUpdateMatchesCpu) {
   if (p().out != Format::kFP32 || s().B != 1) GTEST_SKIP() << "one shape/precision suffices";
-  for (ScalerConfig config : {ScalerConfig::pytorch_defaults(), ScalerConfig::megatron_defaults()}) {
+  for (ScalerConfig config :
+       {ScalerConfig::pytorch_defaults(), ScalerConfig::megatron_defaults()}) {
     config.growth_interval = 3;
     Twin found = zeros(Format::kFP32, {1});
     auto gpu_state = gpu_->allocate(sizeof(LossScaleState));
@@ -483,8 +584,7 @@ TEST_P(CudaBackendTest, LossScaleUpdateMatchesCpu) {
       cpu_->fill(found.cpu(), flag);
       gpu_->fill(found.gpu(), flag);
       cpu_->update_loss_scale(&cpu_state, found.cpu(), config);
-      gpu_->update_loss_scale(static_cast<LossScaleState*>(gpu_state->data()), found.gpu(),
-                              config);
+      gpu_->update_loss_scale(static_cast<LossScaleState*>(gpu_state->data()), found.gpu(), config);
       LossScaleState back;
       gpu_->copy_to_host(&back, gpu_state->data(), sizeof(back));
       EXPECT_EQ(back.scale, cpu_state.scale);

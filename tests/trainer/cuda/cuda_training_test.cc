@@ -2,16 +2,19 @@
 // CPU run is the reference; the CUDA run must follow it step by step within a tolerance that
 // grows with the precision mode's rounding (a one-ulp difference in an FP16/BF16 activation is
 // legitimate, and training amplifies it slowly), skip the same steps, and keep the same scale.
-// Skips itself without a device.
+// The FP8/FP4 modes too (quantised on the device bit for bit as on the CPU, but a one-ulp BF16
+// difference upstream can move an element to the next code); on the CPU each of them learns in
+// these 12 steps (loss 3.88 -> 3.09). Skips itself without a device.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
 #include <vector>
 
-#include "ampscope/cuda/device.h"
-#include "ampscope/trainer/trainer.h"
 #include "../counting_backend.h"
+#include "ampscope/cuda/device.h"
+#include "ampscope/trainer/precision.h"
+#include "ampscope/trainer/trainer.h"
 #include "cuda_backend.h"
 
 namespace ampscope::trainer {
@@ -74,6 +77,9 @@ TEST_P(CudaTrainingTest, FollowsTheCpuRunOfTheSameSeed) {
 // device until the one read at the end of the step.
 TEST_P(CudaTrainingTest, AStepReadsFromTheDeviceOnce) {
   const Case c = GetParam();
+  if (PrecisionPolicy::for_mode(c.mode).scaled_gemms) {
+    GTEST_SKIP() << "the FP8/FP4 modes wait for each quantised operand's counts";
+  }
   TrainerConfig config;
   config.model = {.vocab_size = 0, .context = 32, .n_embd = 64, .n_head = 4, .n_layer = 2};
   config.precision = c.mode;
@@ -107,11 +113,17 @@ TEST_P(CudaTrainingTest, SkipsTheSameOverflowingStep) {
   EXPECT_TRUE(gpu[3].skipped);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, CudaTrainingTest,
-                         ::testing::Values(Case{"fp32", PrecisionMode::kFP32, 1e-5, 1e-3},
-                                           Case{"amp_fp16", PrecisionMode::kAmpFP16, 1e-3, 1e-2},
-                                           Case{"amp_bf16", PrecisionMode::kAmpBF16, 1e-2, 3e-2}),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Modes, CudaTrainingTest,
+    ::testing::Values(Case{"fp32", PrecisionMode::kFP32, 1e-5, 1e-3},
+                      Case{"amp_fp16", PrecisionMode::kAmpFP16, 1e-3, 1e-2},
+                      Case{"amp_bf16", PrecisionMode::kAmpBF16, 1e-2, 3e-2},
+                      // amp-bf16's plus quantisation's: first bounds, not yet run on a GPU.
+                      Case{"fp8_delayed", PrecisionMode::kFP8Delayed, 1e-2, 5e-2},
+                      Case{"fp8_current", PrecisionMode::kFP8Current, 1e-2, 5e-2},
+                      Case{"mxfp8", PrecisionMode::kMXFP8, 1e-2, 5e-2},
+                      Case{"nvfp4", PrecisionMode::kNVFP4, 2e-2, 1e-1}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace ampscope::trainer

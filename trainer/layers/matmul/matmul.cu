@@ -5,6 +5,7 @@
 // quantised -> dequantised in place by the device fake_quantize (ampscope/cuda/recipe.h).
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "ampscope/cuda/recipe.h"
 #include "gemm.cuh"
@@ -32,6 +33,32 @@ __global__ void bias_columns_kernel(float* partial, ConstArray dout, std::int64_
     acc += input(dout.data, dout.dtype, row * OC + c, compute);
   }
   partial[blockIdx.y * OC + c] = acc;
+}
+
+// The launchers' preconditions; `what` names the launcher in the messages.
+void check_forward(ConstArray out, ConstArray inp, ConstArray weight, ConstArray bias,
+                   std::int64_t N, std::int64_t C, std::int64_t OC, Format compute,
+                   const std::string& what) {
+  AMPSCOPE_CHECK(N >= 0 && C >= 1 && OC >= 1, what, ": bad shape N=", N, " C=", C, " OC=", OC);
+  check_compute(compute, what.c_str());
+  check_array(out, N * OC, (what + ": out").c_str());
+  check_array(inp, N * C, (what + ": inp").c_str());
+  check_array(weight, OC * C, (what + ": weight").c_str());
+  if (bias.data != nullptr) check_array(bias, OC, (what + ": bias").c_str());
+}
+
+void check_backward(ConstArray dinp, ConstArray dweight, ConstArray dbias, ConstArray dout,
+                    ConstArray inp, ConstArray weight, std::int64_t N, std::int64_t C,
+                    std::int64_t OC, Format compute, const std::string& what) {
+  AMPSCOPE_CHECK(N >= 0 && C >= 1 && OC >= 1, what, ": bad shape N=", N, " C=", C, " OC=", OC);
+  check_compute(compute, what.c_str());
+  if (dinp.data != nullptr) check_array(dinp, N * C, (what + ": dinp").c_str());
+  check_array(dweight, OC * C, (what + ": dweight").c_str());
+  if (dbias.data != nullptr) check_array(dbias, OC, (what + ": dbias").c_str());
+  check_array(dout, N * OC, (what + ": dout").c_str());
+  check_array(inp, N * C, (what + ": inp").c_str());
+  check_array(weight, OC * C, (what + ": weight").c_str());
+  AMPSCOPE_CHECK(row_chunks(N) <= 65535, what, ": ", N, " rows exceed the grid");
 }
 
 // dbias (OC) += column sums of dout (N,OC) as read, rounded to compute.
@@ -86,13 +113,7 @@ void linear_forward(CublasLt& blas, Array out, ConstArray inp, ConstArray weight
                     cudaStream_t stream) {
   using namespace detail;
   const NvtxRange range{"ampscope::cuda::nn::linear_forward"};
-  AMPSCOPE_CHECK(N >= 0 && C >= 1 && OC >= 1, "linear_forward: bad shape N=", N, " C=", C,
-                 " OC=", OC);
-  check_compute(compute, "linear_forward");
-  check_array(out, N * OC, "linear_forward: out");
-  check_array(inp, N * C, "linear_forward: inp");
-  check_array(weight, OC * C, "linear_forward: weight");
-  if (bias.data != nullptr) check_array(bias, OC, "linear_forward: bias");
+  check_forward(out, inp, weight, bias, N, C, OC, compute, "linear_forward");
   if (N == 0) return;
   Operand x(inp, N * C, compute, stream), w(weight, OC * C, compute, stream);
   StreamScratch acc(bytes_of(N * OC, Format::kFP32), stream);
@@ -109,16 +130,7 @@ void linear_backward(CublasLt& blas, Array dinp, Array dweight, Array dbias, Con
                      std::int64_t OC, Format compute, cudaStream_t stream) {
   using namespace detail;
   const NvtxRange range{"ampscope::cuda::nn::linear_backward"};
-  AMPSCOPE_CHECK(N >= 0 && C >= 1 && OC >= 1, "linear_backward: bad shape N=", N, " C=", C,
-                 " OC=", OC);
-  check_compute(compute, "linear_backward");
-  if (dinp.data != nullptr) check_array(dinp, N * C, "linear_backward: dinp");
-  check_array(dweight, OC * C, "linear_backward: dweight");
-  if (dbias.data != nullptr) check_array(dbias, OC, "linear_backward: dbias");
-  check_array(dout, N * OC, "linear_backward: dout");
-  check_array(inp, N * C, "linear_backward: inp");
-  check_array(weight, OC * C, "linear_backward: weight");
-  AMPSCOPE_CHECK(row_chunks(N) <= 65535, "linear_backward: ", N, " rows exceed the grid");
+  check_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, compute, "linear_backward");
   Operand d(dout, N * OC, compute, stream);
   if (dinp.data != nullptr && N > 0) {
     // dinp (N,C) = dout (N,OC) x weight (OC,C).
@@ -151,13 +163,7 @@ void linear_forward_quantized(CublasLt& blas, Array out, ConstArray inp, ConstAr
                               cudaStream_t stream) {
   using namespace detail;
   const NvtxRange range{"ampscope::cuda::nn::linear_forward_quantized"};
-  AMPSCOPE_CHECK(N >= 0 && C >= 1 && OC >= 1, "linear_forward_quantized: bad shape N=", N, " C=", C,
-                 " OC=", OC);
-  check_compute(compute, "linear_forward_quantized");
-  check_array(out, N * OC, "linear_forward_quantized: out");
-  check_array(inp, N * C, "linear_forward_quantized: inp");
-  check_array(weight, OC * C, "linear_forward_quantized: weight");
-  if (bias.data != nullptr) check_array(bias, OC, "linear_forward_quantized: bias");
+  check_forward(out, inp, weight, bias, N, C, OC, compute, "linear_forward_quantized");
   const QuantizedOperand x(inp, N, C, compute, q_inp, stream);
   const QuantizedOperand w(weight, OC, C, compute, q_weight, stream);
   if (N == 0) return;
@@ -177,16 +183,8 @@ void linear_backward_quantized(CublasLt& blas, Array dinp, Array dweight, Array 
                                cudaStream_t stream) {
   using namespace detail;
   const NvtxRange range{"ampscope::cuda::nn::linear_backward_quantized"};
-  AMPSCOPE_CHECK(N >= 0 && C >= 1 && OC >= 1, "linear_backward_quantized: bad shape N=", N,
-                 " C=", C, " OC=", OC);
-  check_compute(compute, "linear_backward_quantized");
-  if (dinp.data != nullptr) check_array(dinp, N * C, "linear_backward_quantized: dinp");
-  check_array(dweight, OC * C, "linear_backward_quantized: dweight");
-  if (dbias.data != nullptr) check_array(dbias, OC, "linear_backward_quantized: dbias");
-  check_array(dout, N * OC, "linear_backward_quantized: dout");
-  check_array(inp, N * C, "linear_backward_quantized: inp");
-  check_array(weight, OC * C, "linear_backward_quantized: weight");
-  AMPSCOPE_CHECK(row_chunks(N) <= 65535, "linear_backward_quantized: ", N, " rows exceed the grid");
+  check_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, compute,
+                 "linear_backward_quantized");
   // matmul_backward_quantized_cpu's operand logic, step for step: dout under two equal recipes
   // is quantised once and its counts go to whoever asked.
   const bool same_dout = q.dgrad_dout.recipe != nullptr && q.wgrad_dout.recipe != nullptr &&
