@@ -5,6 +5,7 @@
 #include "ampscope/agent/c_api.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -16,6 +17,7 @@
 
 #include "ampscope/agent/agent.h"
 #include "ampscope/loss_scale.h"
+#include "ampscope/recipe.h"
 #include "ampscope/tensor_stats.h"
 #include "c_vocabulary.h"
 
@@ -36,7 +38,17 @@ static_assert(offsetof(ampscope_run_info, struct_size) == 0 &&
               offsetof(ampscope_scaler_ops, struct_size) == 0 &&
               offsetof(ampscope_overrides_ops, struct_size) == 0 &&
               offsetof(ampscope_agent_counters, struct_size) == 0 &&
-              offsetof(ampscope_loss_scale_rule, struct_size) == 0);
+              offsetof(ampscope_loss_scale_rule, struct_size) == 0 &&
+              offsetof(ampscope_recipe_change, struct_size) == 0 &&
+              offsetof(ampscope_recipe_ops, struct_size) == 0 &&
+              offsetof(ampscope_quantizer, struct_size) == 0 &&
+              offsetof(ampscope_recipe_counts, struct_size) == 0);
+// Each layout ends on its alignment, so that a later field never overlaps an older caller's
+// tail padding (the step info's ABI 2 layout is where ABI 7 appends).
+static_assert(offsetof(ampscope_step_info, bf16_gemms) % alignof(ampscope_step_info) == 0 &&
+              AMPSCOPE_QUANTIZER_SIZE_V1 % alignof(ampscope_quantizer) == 0 &&
+              AMPSCOPE_RECIPE_COUNTS_SIZE_V1 % alignof(ampscope_recipe_counts) == 0 &&
+              AMPSCOPE_RECIPE_OPS_SIZE_V1 % alignof(ampscope_recipe_ops) == 0);
 static_assert(AMPSCOPE_AGENT_COUNTERS_SIZE_V1 % alignof(ampscope_agent_counters) == 0);
 static_assert(AMPSCOPE_TENSOR_STATS_SIZE_V1 % alignof(ampscope_tensor_stats) == 0 &&
               offsetof(ampscope_tensor_stats, struct_size) == 0);
@@ -251,10 +263,15 @@ ampscope_status stats_into(ampscope_tensor_stats* out, int32_t dtype, char* reas
   }
 }
 
-// A one-line reason from a callback's buffer, or `fallback` when it left it empty.
-std::string reason_from(char* buffer, std::size_t size, const char* fallback) {
-  buffer[size - 1] = '\0';
-  return buffer[0] != '\0' ? std::string(buffer) : std::string(fallback);
+// Calls a trainer's accept-or-refuse callback, `call(reason, reason_size)` (0: accepted):
+// empty when it accepted, else its one-line reason ("refused by the trainer" when it left the
+// buffer empty).
+template <typename Call>
+std::string ask_trainer(Call&& call) {
+  char reason[512] = {0};
+  if (call(reason, sizeof(reason)) == 0) return {};
+  reason[sizeof(reason) - 1] = '\0';
+  return reason[0] != '\0' ? std::string(reason) : std::string("refused by the trainer");
 }
 
 // The scaler as a C trainer exposes it.
@@ -287,9 +304,9 @@ class CScaler final : public ampscope::agent::ScalerControl {
     cc.min_scale = c.min_scale.value_or(0.0);
     cc.has_max_scale = c.max_scale.has_value();
     cc.max_scale = c.max_scale.value_or(0.0);
-    char reason[512] = {0};
-    if (ops_.schedule(user_, &cc, reason, sizeof(reason)) == 0) return {};
-    return reason_from(reason, sizeof(reason), "refused by the trainer");
+    return ask_trainer([&](char* reason, std::size_t size) {
+      return ops_.schedule(user_, &cc, reason, size);
+    });
   }
 
  private:
@@ -309,11 +326,9 @@ class COverrides final : public ampscope::agent::PrecisionOverrides {
     std::vector<const char*> names;
     names.reserve(layers.size());
     for (const std::string& l : layers) names.push_back(l.c_str());
-    char reason[512] = {0};
-    if (ops_.replace(user_, names.data(), names.size(), from_step, reason, sizeof(reason)) == 0) {
-      return {};
-    }
-    return reason_from(reason, sizeof(reason), "refused by the trainer");
+    return ask_trainer([&](char* reason, std::size_t size) {
+      return ops_.replace(user_, names.data(), names.size(), from_step, reason, size);
+    });
   }
 
  private:
@@ -332,6 +347,141 @@ std::vector<std::string> ask_capable_layers(const ampscope_overrides_ops& ops, v
     if (names[i] != nullptr && names[i][0] != '\0') out.emplace_back(names[i]);
   }
   return out;
+}
+
+// A caller's override ops (`what` names them in messages) as COverrides, its capable layers
+// asked for now; empty, or a message.
+std::string make_overrides(const ampscope_overrides_ops* ops, void* user, const char* what,
+                           std::unique_ptr<COverrides>* out) {
+  ampscope_overrides_ops in;
+  if (std::string e = read_struct(ops, AMPSCOPE_OVERRIDES_OPS_SIZE_V1, what, &in); !e.empty()) {
+    return e;
+  }
+  if (in.capable_layers == nullptr || in.replace == nullptr) {
+    return std::string(what) + ".capable_layers and " + what + ".replace are required";
+  }
+  *out = std::make_unique<COverrides>(in, user, ask_capable_layers(in, user));
+  return {};
+}
+
+// A delayed recipe's settings as a C trainer takes them. Whether the run is delayed is read at
+// attach: the agent asks delayed() on its reader thread, where no callback may run.
+class CRecipe final : public ampscope::agent::RecipeControl {
+ public:
+  CRecipe(const ampscope_recipe_ops& ops, void* user) : ops_(ops), user_(user) {}
+  bool delayed() const override { return ops_.delayed != 0; }
+  std::string schedule(const ampscope::agent::RecipeChange& c) override {
+    ampscope_recipe_change cc{};
+    cc.struct_size = sizeof(cc);
+    cc.effective_from_step = c.effective_from_step;
+    cc.has_amax_history_length = c.amax_history_length.has_value();
+    cc.amax_history_length = c.amax_history_length.value_or(0);
+    cc.has_margin = c.margin.has_value();
+    cc.margin = c.margin.value_or(0);
+    return ask_trainer([&](char* reason, std::size_t size) {
+      return ops_.schedule(user_, &cc, reason, size);
+    });
+  }
+
+ private:
+  ampscope_recipe_ops ops_;
+  void* user_;
+};
+
+// A caller's quantiser as the agent's (counts aside), with the recipe it names parsed.
+struct CQuantizer {
+  ampscope::Recipe recipe;
+  ampscope::agent::QuantizerView view;
+};
+
+// Empty when `quantizer` is valid, else a message naming the field.
+std::string read_quantizer(const ampscope_quantizer* quantizer, CQuantizer* out) {
+  ampscope_quantizer in;
+  if (std::string e = read_struct(quantizer, AMPSCOPE_QUANTIZER_SIZE_V1, "quantizer", &in);
+      !e.empty()) {
+    return e;
+  }
+  if (in.recipe == nullptr) return "quantizer.recipe is NULL";
+  std::string why;
+  const std::optional<ampscope::Recipe> recipe = ampscope::parse_recipe(in.recipe, &why);
+  if (!recipe) return "quantizer.recipe: '" + std::string(in.recipe) + "' is not a recipe: " + why;
+  if (in.amax_history_length > 0 && in.amax_history == nullptr) {
+    return "quantizer.amax_history is NULL with amax_history_length " +
+           std::to_string(in.amax_history_length);
+  }
+  out->recipe = *recipe;
+  ampscope::agent::QuantizerView& q = out->view;
+  q.layer = in.layer != nullptr ? std::string_view(in.layer) : std::string_view();
+  q.what_if = in.what_if != 0;
+  if (in.amax_history_length > 0) q.amax_history = {in.amax_history, in.amax_history_length};
+  return {};
+}
+
+// The tensor of a quantiser: its identity, and for counting, host data of a storage format.
+void take_identity(const ampscope::agent::TensorView& t, ampscope::agent::QuantizerView* q) {
+  q->name = t.name;
+  q->role = t.role;
+  q->phase = t.phase;
+  q->micro_step = t.micro_step;
+}
+
+// The scalar counts, which RecipeCounts and the C struct name alike, either way.
+template <typename From, typename To>
+void copy_count_fields(const From& f, To* t) {
+  t->values = f.values;
+  t->nonfinite = f.nonfinite;
+  t->underflow = f.underflow;
+  t->subnormal = f.subnormal;
+  t->saturated = f.saturated;
+  t->overflow = f.overflow;
+  t->amax = f.amax;
+  t->signal_sq = f.signal_sq;
+  t->error_sq = f.error_sq;
+  t->tensor_scale = f.tensor_scale;
+  t->blocks = f.blocks;
+  t->zero_blocks = f.zero_blocks;
+  t->saturated_blocks = f.saturated_blocks;
+  t->nan_blocks = f.nan_blocks;
+}
+
+// The caller's counts as RecipeCounts of `recipe`; empty, or a message naming the field.
+std::string from_c_counts(const ampscope_recipe_counts* counts, const ampscope::Recipe& recipe,
+                          ampscope::RecipeCounts* out) {
+  ampscope_recipe_counts in;
+  if (std::string e = read_struct(counts, AMPSCOPE_RECIPE_COUNTS_SIZE_V1, "counts", &in);
+      !e.empty()) {
+    return e;
+  }
+  if (in.scale_histogram_bins > static_cast<std::uint32_t>(ampscope::kHistogramBins) ||
+      (in.scale_histogram_bins > 0 && in.scale_histogram_counts == nullptr)) {
+    return "counts.scale_histogram_bins: at most " + std::to_string(ampscope::kHistogramBins) +
+           ", with scale_histogram_counts";
+  }
+  ampscope::RecipeCounts& c = *out;
+  c.recipe = recipe;
+  copy_count_fields(in, &c);
+  if (in.scale_histogram_bins > 0) {
+    c.scale_histogram.min_exponent = in.scale_histogram_min_exponent;
+    c.scale_histogram.counts.assign(in.scale_histogram_counts,
+                                    in.scale_histogram_counts + in.scale_histogram_bins);
+  }
+  return {};
+}
+
+// RecipeCounts into the caller's struct `in` (read already; its array has room for them all).
+void to_c_counts(const ampscope::RecipeCounts& c, ampscope_recipe_counts* in) {
+  copy_count_fields(c, in);
+  in->scale_histogram_min_exponent = c.scale_histogram.min_exponent;
+  in->scale_histogram_bins = static_cast<std::uint32_t>(c.scale_histogram.counts.size());
+  std::copy(c.scale_histogram.counts.begin(), c.scale_histogram.counts.end(),
+            in->scale_histogram_counts);
+}
+
+// Rows of the tensor's last dimension; a 1-D or shapeless tensor is one row (row length 0), as
+// the agent's recipe_targets and `ampscope stats --target` read a tensor.
+std::size_t recipe_row_length(const ampscope::agent::TensorView& t) {
+  return t.shape.size() >= 2 ? static_cast<std::size_t>(std::max<std::int64_t>(0, t.shape.back()))
+                             : 0;
 }
 
 // A reason into a caller's buffer (when it gave one), cut to fit and NUL-terminated.
@@ -410,7 +560,12 @@ struct ampscope_agent {
   std::unique_ptr<Agent> agent;
   std::unique_ptr<CScaler> scaler;
   std::unique_ptr<COverrides> overrides;
+  std::unique_ptr<COverrides> gemms;
+  std::unique_ptr<CRecipe> recipe;
   ampscope::agent::ScalerSettings base_scaler;
+  // begin_step returned 1 and end_step has not come yet: quantisers are recorded (and only then
+  // counted). Written by the step calls, which the caller makes on its training thread.
+  std::atomic<bool> recording{false};
   mutable std::mutex mu;             // guards the strings below
   mutable std::string last_error;
   std::string notice;
@@ -592,15 +747,10 @@ ampscope_status ampscope_agent_attach_overrides(ampscope_agent* agent,
       if (s.ok()) agent->overrides.reset();
       return agent->result(s);
     }
-    ampscope_overrides_ops in;
-    if (std::string e = read_struct(ops, AMPSCOPE_OVERRIDES_OPS_SIZE_V1, "ops", &in); !e.empty()) {
+    std::unique_ptr<COverrides> overrides;
+    if (std::string e = make_overrides(ops, user, "ops", &overrides); !e.empty()) {
       return agent->fail(AMPSCOPE_INVALID_ARGUMENT, std::move(e));
     }
-    if (in.capable_layers == nullptr || in.replace == nullptr) {
-      return agent->fail(AMPSCOPE_INVALID_ARGUMENT,
-                         "ops.capable_layers and ops.replace are required");
-    }
-    auto overrides = std::make_unique<COverrides>(in, user, ask_capable_layers(in, user));
     const Status s = agent->agent->attach_overrides(overrides.get());
     if (s.ok()) agent->overrides = std::move(overrides);
     return agent->result(s);
@@ -609,9 +759,47 @@ ampscope_status ampscope_agent_attach_overrides(ampscope_agent* agent,
   }
 }
 
+ampscope_status ampscope_agent_attach_gemm_precision(ampscope_agent* agent,
+                                                    const ampscope_overrides_ops* gemms,
+                                                    void* gemms_user,
+                                                    const ampscope_recipe_ops* recipe,
+                                                    void* recipe_user) {
+  if (agent == nullptr) return AMPSCOPE_INVALID_ARGUMENT;
+  try {
+    std::unique_ptr<COverrides> g;
+    if (gemms != nullptr) {
+      if (std::string e = make_overrides(gemms, gemms_user, "gemms", &g); !e.empty()) {
+        return agent->fail(AMPSCOPE_INVALID_ARGUMENT, std::move(e));
+      }
+    }
+    std::unique_ptr<CRecipe> r;
+    if (recipe != nullptr) {
+      ampscope_recipe_ops in;
+      if (std::string e = read_struct(recipe, AMPSCOPE_RECIPE_OPS_SIZE_V1, "recipe", &in);
+          !e.empty()) {
+        return agent->fail(AMPSCOPE_INVALID_ARGUMENT, std::move(e));
+      }
+      if (in.schedule == nullptr) {
+        return agent->fail(AMPSCOPE_INVALID_ARGUMENT, "recipe.schedule is required");
+      }
+      r = std::make_unique<CRecipe>(in, recipe_user);
+    }
+    const Status s = agent->agent->attach_gemm_precision(g.get(), r.get());
+    if (s.ok()) {
+      agent->gemms = std::move(g);
+      agent->recipe = std::move(r);
+    }
+    return agent->result(s);
+  } catch (...) {
+    return agent->internal("attach_gemm_precision");
+  }
+}
+
 int ampscope_agent_begin_step(ampscope_agent* agent, int64_t step) {
   if (agent == nullptr) return 0;
-  return agent->agent->begin_step(step) ? 1 : 0;  // noexcept
+  const bool wanted = agent->agent->begin_step(step);  // noexcept
+  agent->recording.store(wanted, std::memory_order_relaxed);
+  return wanted ? 1 : 0;
 }
 
 ampscope_status ampscope_agent_observe(ampscope_agent* agent, const ampscope_tensor_view* view) {
@@ -644,6 +832,65 @@ ampscope_status ampscope_agent_observe_stats(ampscope_agent* agent,
     return agent->result(agent->agent->observe_stats(v.view, s));
   } catch (...) {
     return agent->internal("observe_stats");
+  }
+}
+
+ampscope_status ampscope_agent_observe_quantizer(ampscope_agent* agent,
+                                                const ampscope_tensor_view* tensor,
+                                                const ampscope_quantizer* quantizer) {
+  if (agent == nullptr) return AMPSCOPE_INVALID_ARGUMENT;
+  try {
+    CView v;
+    CQuantizer q;
+    std::string e = read_view(tensor, &v);
+    if (e.empty()) e = read_quantizer(quantizer, &q);
+    if (e.empty() && v.view.device != ampscope::Device::kCpu) {
+      e = "tensor '" + std::string(v.view.name) + "': counted on the host only (copy it there)";
+    }
+    if (e.empty() && !ampscope::is_stats_storage_format(v.view.dtype)) {
+      e = "tensor '" + std::string(v.view.name) + "': bad dtype: fp32, fp16, bf16, e4m3 or e5m2 "
+          "storage";
+    }
+    if (!e.empty()) return agent->fail(AMPSCOPE_INVALID_ARGUMENT, std::move(e));
+    if (!agent->recording.load(std::memory_order_relaxed)) return AMPSCOPE_OK;
+    std::size_t n = 1;
+    for (const std::int64_t d : v.view.shape) {
+      n *= static_cast<std::size_t>(std::max<std::int64_t>(0, d));
+    }
+    if (v.view.data == nullptr && n > 0) {
+      return agent->fail(AMPSCOPE_INVALID_ARGUMENT,
+                         "tensor '" + std::string(v.view.name) + "': data is NULL");
+    }
+    take_identity(v.view, &q.view);
+    try {
+      q.view.counts = ampscope::recipe_counts(v.view.data, n, v.view.dtype,
+                                              recipe_row_length(v.view), q.recipe);
+    } catch (const std::exception& x) {  // a recipe that cannot read the dtype, ragged rows
+      return agent->fail(AMPSCOPE_INVALID_ARGUMENT,
+                         "tensor '" + std::string(v.view.name) + "': " + x.what());
+    }
+    return agent->result(agent->agent->observe_quantizer(q.view));
+  } catch (...) {
+    return agent->internal("observe_quantizer");
+  }
+}
+
+ampscope_status ampscope_agent_observe_quantizer_counts(ampscope_agent* agent,
+                                                       const ampscope_tensor_view* tensor,
+                                                       const ampscope_quantizer* quantizer,
+                                                       const ampscope_recipe_counts* counts) {
+  if (agent == nullptr) return AMPSCOPE_INVALID_ARGUMENT;
+  try {
+    CView v;
+    CQuantizer q;
+    std::string e = read_view(tensor, &v);
+    if (e.empty()) e = read_quantizer(quantizer, &q);
+    if (e.empty()) e = from_c_counts(counts, q.recipe, &q.view.counts);
+    if (!e.empty()) return agent->fail(AMPSCOPE_INVALID_ARGUMENT, std::move(e));
+    take_identity(v.view, &q.view);
+    return agent->result(agent->agent->observe_quantizer(q.view));
+  } catch (...) {
+    return agent->internal("observe_quantizer_counts");
   }
 }
 
@@ -696,6 +943,9 @@ ampscope_status ampscope_agent_end_step(ampscope_agent* agent, const ampscope_st
     if (in.num_fp32_layers > 0 && in.fp32_layers == nullptr) {
       return agent->fail(AMPSCOPE_INVALID_ARGUMENT, "info.fp32_layers is NULL");
     }
+    if (in.num_bf16_gemms > 0 && in.bf16_gemms == nullptr) {
+      return agent->fail(AMPSCOPE_INVALID_ARGUMENT, "info.bf16_gemms is NULL");
+    }
     ampscope::agent::StepInfo s;
     s.step = in.step;
     s.loss = in.loss;
@@ -712,6 +962,10 @@ ampscope_status ampscope_agent_end_step(ampscope_agent* agent, const ampscope_st
     for (std::size_t i = 0; i < in.num_fp32_layers; ++i) {
       if (in.fp32_layers[i] != nullptr) s.fp32_layers.emplace_back(in.fp32_layers[i]);
     }
+    for (std::size_t i = 0; i < in.num_bf16_gemms; ++i) {
+      if (in.bf16_gemms[i] != nullptr) s.bf16_gemms.emplace_back(in.bf16_gemms[i]);
+    }
+    agent->recording.store(false, std::memory_order_relaxed);
     agent->agent->end_step(s);
     return AMPSCOPE_OK;
   } catch (...) {
@@ -913,6 +1167,47 @@ ampscope_status ampscope_scale_and_compute_stats(void* data, uint64_t n, int32_t
     return ampscope::scale_and_compute_stats(data, static_cast<std::size_t>(n), f, factor,
                                              targets);
   });
+}
+
+ampscope_status ampscope_count_recipe(const void* data, uint64_t n, int32_t dtype,
+                                      uint64_t row_length, const char* recipe,
+                                      ampscope_recipe_counts* out, char* reason,
+                                      size_t reason_size) {
+  try {
+    ampscope_recipe_counts in;
+    std::string e = read_struct(out, AMPSCOPE_RECIPE_COUNTS_SIZE_V1, "out", &in);
+    const auto format = c::from_c_format(dtype);
+    std::optional<ampscope::Recipe> r;
+    if (e.empty() && (!format || !ampscope::is_stats_storage_format(*format))) {
+      e = "bad dtype: fp32, fp16, bf16, e4m3 or e5m2 storage";
+    } else if (e.empty() && in.scale_histogram_counts == nullptr) {
+      e = "bad out.scale_histogram_counts: room for AMPSCOPE_HISTOGRAM_BINS counts";
+    } else if (e.empty() && recipe == nullptr) {
+      e = "recipe is NULL";
+    } else if (e.empty() && data == nullptr && n > 0) {
+      e = "data is NULL";
+    } else if (e.empty()) {
+      std::string why;
+      r = ampscope::parse_recipe(recipe, &why);
+      if (!r) e = "recipe: '" + std::string(recipe) + "' is not a recipe: " + why;
+    }
+    if (!e.empty()) {
+      write_reason(e, reason, reason_size);
+      return AMPSCOPE_INVALID_ARGUMENT;
+    }
+    const ampscope::RecipeCounts counts =
+        ampscope::recipe_counts(data, static_cast<std::size_t>(n), *format,
+                                static_cast<std::size_t>(row_length), *r);
+    to_c_counts(counts, &in);
+    (void)write_struct(in, AMPSCOPE_RECIPE_COUNTS_SIZE_V1, "out", out);
+    return AMPSCOPE_OK;
+  } catch (const std::exception& e) {
+    write_reason(e.what(), reason, reason_size);
+    return AMPSCOPE_INVALID_ARGUMENT;  // the recipe refuses the dtype, or ragged rows
+  } catch (...) {
+    write_reason("internal error", reason, reason_size);
+    return AMPSCOPE_INTERNAL;
+  }
 }
 
 }  // extern "C"

@@ -1,5 +1,5 @@
 """libampscope_agent.so through ctypes: the C API's structs, functions and constants
-(ampscope/agent/c_api.h, ABI 6), and where the library is found.
+(ampscope/agent/c_api.h, ABI 7), and where the library is found.
 
 The library is looked up, in order: the AMPSCOPE_AGENT_LIBRARY environment variable (a path);
 next to this package (ampscope/_lib/, where `cmake --install` puts it); the system's library
@@ -14,7 +14,7 @@ import os
 
 # The ABI this module declares (AMPSCOPE_AGENT_ABI_VERSION of the header it mirrors). A library
 # with a lower version lacks functions or fields used here and is refused.
-ABI_VERSION = 6
+ABI_VERSION = 7
 
 OK, INVALID_ARGUMENT, UNAVAILABLE, DEADLINE_EXCEEDED, FAILED_PRECONDITION, INTERNAL = range(6)
 
@@ -93,6 +93,8 @@ class StepInfo(ctypes.Structure):
         ("val_loss", _c_double),
         ("fp32_layers", ctypes.POINTER(ctypes.c_char_p)),
         ("num_fp32_layers", ctypes.c_size_t),
+        ("bf16_gemms", ctypes.POINTER(ctypes.c_char_p)),
+        ("num_bf16_gemms", ctypes.c_size_t),
     ]
 
 
@@ -140,6 +142,33 @@ REPLACE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctyp
                               ctypes.c_size_t, _c_int64, ctypes.c_void_p, ctypes.c_size_t)
 
 
+class RecipeChange(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("effective_from_step", _c_int64),
+        ("has_amax_history_length", ctypes.c_int),
+        ("amax_history_length", _c_int32),
+        ("has_margin", ctypes.c_int),
+        ("margin", _c_int32),
+    ]
+
+    def has(self, field):
+        """Whether the library's struct carries `field` (AMPSCOPE_STRUCT_HAS)."""
+        f = getattr(RecipeChange, field)
+        return self.struct_size >= f.offset + f.size
+
+    def settings(self):
+        """(amax_history_length, margin), None for each one the change leaves alone."""
+        length = (self.amax_history_length if self.has("amax_history_length")
+                  and self.has_amax_history_length else None)
+        margin = self.margin if self.has("margin") and self.has_margin else None
+        return length, margin
+
+
+RECIPE_SCHEDULE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(RecipeChange),
+                                      ctypes.c_void_p, ctypes.c_size_t)
+
+
 class ScalerOps(ctypes.Structure):
     _fields_ = [
         ("struct_size", ctypes.c_uint32),
@@ -155,6 +184,25 @@ class OverridesOps(ctypes.Structure):
         ("struct_size", ctypes.c_uint32),
         ("capable_layers", CAPABLE_FN),
         ("replace", REPLACE_FN),
+    ]
+
+
+class RecipeOps(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("delayed", ctypes.c_int),
+        ("schedule", RECIPE_SCHEDULE_FN),
+    ]
+
+
+class Quantizer(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("recipe", ctypes.c_char_p),
+        ("layer", ctypes.c_char_p),
+        ("what_if", ctypes.c_int),
+        ("amax_history", ctypes.POINTER(ctypes.c_float)),
+        ("amax_history_length", ctypes.c_size_t),
     ]
 
 
@@ -228,6 +276,20 @@ class TensorStats(ctypes.Structure):
     ]
 
 
+class RecipeCounts(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("scale_histogram_bins", ctypes.c_uint32),
+    ] + [(name, ctypes.c_uint64) for name in ("values", "nonfinite", "underflow", "subnormal",
+                                              "saturated", "overflow")] + [
+        (name, _c_double) for name in ("amax", "signal_sq", "error_sq", "tensor_scale")
+    ] + [(name, ctypes.c_uint64) for name in ("blocks", "zero_blocks", "saturated_blocks",
+                                              "nan_blocks")] + [
+        ("scale_histogram_min_exponent", _c_int32),
+        ("scale_histogram_counts", ctypes.POINTER(ctypes.c_uint64)),
+    ]
+
+
 # Every struct of the header, for the layout test (tests/python compares with the C compiler).
 STRUCTS = {
     "ampscope_run_info": RunInfo,
@@ -242,6 +304,10 @@ STRUCTS = {
     "ampscope_target": Target,
     "ampscope_target_counts": TargetCounts,
     "ampscope_tensor_stats": TensorStats,
+    "ampscope_recipe_change": RecipeChange,
+    "ampscope_recipe_ops": RecipeOps,
+    "ampscope_quantizer": Quantizer,
+    "ampscope_recipe_counts": RecipeCounts,
 }
 
 
@@ -266,6 +332,8 @@ _FUNCTIONS = [
     ("ampscope_agent_destroy", ctypes.c_int, [_p, _c_int64]),
     ("ampscope_agent_attach_scaler", ctypes.c_int, [_p, ctypes.POINTER(ScalerOps), _p]),
     ("ampscope_agent_attach_overrides", ctypes.c_int, [_p, ctypes.POINTER(OverridesOps), _p]),
+    ("ampscope_agent_attach_gemm_precision", ctypes.c_int,
+     [_p, ctypes.POINTER(OverridesOps), _p, ctypes.POINTER(RecipeOps), _p]),
     ("ampscope_agent_begin_step", ctypes.c_int, [_p, _c_int64]),
     ("ampscope_agent_observe", ctypes.c_int, [_p, ctypes.POINTER(TensorView)]),
     ("ampscope_agent_wanted", ctypes.c_int, [_p, _c_int32, _c_int32]),
@@ -279,6 +347,13 @@ _FUNCTIONS = [
     ("ampscope_scale_and_compute_stats", ctypes.c_int,
      [_p, ctypes.c_uint64, _c_int32, ctypes.c_float, ctypes.POINTER(TensorStats),
       ctypes.c_char_p, ctypes.c_size_t]),
+    ("ampscope_agent_observe_quantizer", ctypes.c_int,
+     [_p, ctypes.POINTER(TensorView), ctypes.POINTER(Quantizer)]),
+    ("ampscope_agent_observe_quantizer_counts", ctypes.c_int,
+     [_p, ctypes.POINTER(TensorView), ctypes.POINTER(Quantizer), ctypes.POINTER(RecipeCounts)]),
+    ("ampscope_count_recipe", ctypes.c_int,
+     [_p, ctypes.c_uint64, _c_int32, ctypes.c_uint64, ctypes.c_char_p,
+      ctypes.POINTER(RecipeCounts), ctypes.c_char_p, ctypes.c_size_t]),
     ("ampscope_agent_mark_phase", ctypes.c_int, [_p, _c_int32]),
     ("ampscope_agent_end_step", ctypes.c_int, [_p, ctypes.POINTER(StepInfo)]),
     ("ampscope_agent_flush", ctypes.c_int, [_p, _c_int64]),

@@ -12,6 +12,13 @@
  *   agent_c_api_program fused SPOOL_DIR             fused statistics: an unscale through
  *                                                   ampscope_scale_and_compute_stats handed
  *                                                   over with ampscope_agent_observe_stats
+ *   agent_c_api_program quantizers SPOOL_DIR        quantisers counted by the agent and by
+ *                                                   ampscope_count_recipe, refusals, BF16
+ *                                                   GEMMs in the step info (and its ABI 2 size)
+ *   agent_c_api_program gemm-precision SPOOL_DIR ADDR DELAYED
+ *                                                   a PolicyUpdate's BF16 GEMMs and delayed
+ *                                                   recipe settings reach the callbacks (the
+ *                                                   run's recipe delayed when DELAYED is 1)
  *
  * Exit status: 0 when every check passed, otherwise the number of the failed check (with a
  * line on stderr). */
@@ -652,6 +659,285 @@ static int fused(const char* spool_dir) {
   return 0;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Quantisers (ABI 7). */
+
+/* The (8, 64) FP32 activation both this program and the driver count: 40 binades from 2^-30,
+ * mantissas 1 + k/8, every third value negative. */
+enum { kQRows = 8, kQCols = 64 };
+static void quantizer_data(float* x) {
+  for (int i = 0; i < kQRows * kQCols; ++i) {
+    x[i] = ldexpf(1.0f + (float)(i % 7) / 8.0f, i % 40 - 30) * (i % 3 == 0 ? -1.0f : 1.0f);
+  }
+}
+
+/* The step info of ABI 2..6 (no bf16_gemms), as a caller compiled against those headers has it. */
+typedef union poisoned_info_v2 {
+  ampscope_step_info full;
+  unsigned char bytes[sizeof(ampscope_step_info)];
+} poisoned_info_v2;
+
+static int quantizers(const char* spool_dir) {
+  ampscope_agent_config* cfg = NULL;
+  int failed = configure(&cfg, "c-quantizers", spool_dir, NULL);
+  if (failed != 0) return failed;
+  CHECK(1, ampscope_agent_config_set(cfg, "sample_full_every", "1") == AMPSCOPE_OK, "full");
+  ampscope_run_info run = fp16_run(AMPSCOPE_SCALER_STATIC);
+  run.precision = "mxfp4";
+  run.compute_format = AMPSCOPE_FORMAT_BF16;
+  ampscope_agent* agent = NULL;
+  CHECK(2, ampscope_agent_create(cfg, &run, &agent) == AMPSCOPE_OK,
+        ampscope_agent_config_last_error(cfg));
+  ampscope_agent_config_destroy(cfg);
+
+  float x[kQRows * kQCols];
+  quantizer_data(x);
+  int64_t shape[2] = {kQRows, kQCols};
+  ampscope_tensor_view view = AMPSCOPE_TENSOR_VIEW_INIT;
+  view.name = "fc.input";
+  view.role = AMPSCOPE_ROLE_ACTIVATION;
+  view.phase = AMPSCOPE_PHASE_FORWARD;
+  view.dtype = AMPSCOPE_FORMAT_FP32;
+  view.data = x;
+  view.shape = shape;
+  view.rank = 2;
+  ampscope_quantizer q = AMPSCOPE_QUANTIZER_INIT;
+  q.recipe = "mxfp4";
+  q.layer = "fc";
+
+  /* Outside a step the recipe is still checked, the data is not read. */
+  view.data = NULL;
+  CHECK(3, ampscope_agent_observe_quantizer(agent, &view, &q) == AMPSCOPE_OK,
+        "no step: nothing read, nothing recorded");
+  q.recipe = "mxfp9";
+  CHECK(4, ampscope_agent_observe_quantizer(agent, &view, &q) == AMPSCOPE_INVALID_ARGUMENT &&
+               strstr(ampscope_agent_last_error(agent), "quantizer.recipe: 'mxfp9'") != NULL,
+        ampscope_agent_last_error(agent));
+  q.recipe = "mxfp4";
+  view.data = x;
+
+  CHECK(5, ampscope_agent_begin_step(agent, 0) == 1, "begin_step");
+  CHECK(6, ampscope_agent_observe_quantizer(agent, &view, &q) == AMPSCOPE_OK,
+        ampscope_agent_last_error(agent));
+  q.recipe = NULL;
+  CHECK(7, ampscope_agent_observe_quantizer(agent, &view, &q) == AMPSCOPE_INVALID_ARGUMENT &&
+               strstr(ampscope_agent_last_error(agent), "quantizer.recipe is NULL") != NULL,
+        "a NULL recipe");
+  q.recipe = "mxfp4";
+  q.struct_size = 8;
+  CHECK(8, ampscope_agent_observe_quantizer(agent, &view, &q) == AMPSCOPE_INVALID_ARGUMENT &&
+               strstr(ampscope_agent_last_error(agent), "quantizer.struct_size is 8") != NULL,
+        "a quantizer below its first layout");
+  q.struct_size = sizeof(q);
+  q.amax_history_length = 3;
+  CHECK(9, ampscope_agent_observe_quantizer(agent, &view, &q) == AMPSCOPE_INVALID_ARGUMENT &&
+               strstr(ampscope_agent_last_error(agent), "amax_history is NULL") != NULL,
+        "a history length without a history");
+  q.amax_history_length = 0;
+  view.device = AMPSCOPE_DEVICE_CUDA;
+  CHECK(10, ampscope_agent_observe_quantizer(agent, &view, &q) == AMPSCOPE_INVALID_ARGUMENT &&
+                strstr(ampscope_agent_last_error(agent), "host") != NULL,
+        "device memory is refused");
+  view.device = AMPSCOPE_DEVICE_CPU;
+  view.data = NULL;
+  CHECK(11, ampscope_agent_observe_quantizer(agent, &view, &q) == AMPSCOPE_INVALID_ARGUMENT &&
+                strstr(ampscope_agent_last_error(agent), "data is NULL") != NULL,
+        "a recorded step needs the data");
+  view.data = x;
+  view.rank = 0;
+  view.shape = NULL;
+  view.numel = 500;
+  view.name = "fc.input.head";
+  q.recipe = "e4m3:tile=1x128";
+  CHECK(12, ampscope_agent_observe_quantizer(agent, &view, &q) == AMPSCOPE_OK,
+        "a shapeless tensor is one row");
+  view.rank = 2;
+  view.shape = shape;
+  view.name = "fc.input";
+
+  /* Counts the caller has: ampscope_count_recipe, then handed over with what_if and a history. */
+  uint64_t bins[AMPSCOPE_HISTOGRAM_BINS];
+  ampscope_recipe_counts counts = AMPSCOPE_RECIPE_COUNTS_INIT;
+  counts.scale_histogram_counts = bins;
+  char reason[200] = {0};
+  CHECK(13, ampscope_count_recipe(x, kQRows * kQCols, AMPSCOPE_FORMAT_FP32, kQCols,
+                                  "e4m3:scale=0.5", &counts, reason, sizeof(reason)) ==
+                AMPSCOPE_OK,
+        reason);
+  CHECK(14, counts.values == kQRows * kQCols && counts.underflow > 0 && counts.tensor_scale == 0.5,
+        "counts of a delayed scale");
+  const float history[3] = {1.0f, 896.0f, 2.0f};
+  q.recipe = "e4m3:scale=0.5";
+  q.what_if = 1;
+  q.amax_history = history;
+  q.amax_history_length = 3;
+  view.name = "fc.input.delayed";
+  view.data = NULL;
+  CHECK(15, ampscope_agent_observe_quantizer_counts(agent, &view, &q, &counts) == AMPSCOPE_OK,
+        ampscope_agent_last_error(agent));
+  ampscope_recipe_counts bad = counts;
+  bad.underflow = bad.values + 1;
+  view.name = "fc.input.bad";
+  CHECK(16, ampscope_agent_observe_quantizer_counts(agent, &view, &q, &bad) ==
+                AMPSCOPE_INVALID_ARGUMENT,
+        "counts above the values are refused");
+  bad = counts;
+  bad.scale_histogram_bins = AMPSCOPE_HISTOGRAM_BINS + 1;
+  CHECK(17, ampscope_agent_observe_quantizer_counts(agent, &view, &q, &bad) ==
+                    AMPSCOPE_INVALID_ARGUMENT &&
+                strstr(ampscope_agent_last_error(agent), "scale_histogram_bins") != NULL,
+        "a histogram longer than the bins");
+  CHECK(18, ampscope_agent_observe_quantizer_counts(agent, &view, &q, NULL) ==
+                    AMPSCOPE_INVALID_ARGUMENT &&
+                strstr(ampscope_agent_last_error(agent), "counts must not be NULL") != NULL,
+        "NULL counts");
+
+  /* ampscope_count_recipe's refusals. */
+  CHECK(19, ampscope_count_recipe(x, kQRows * kQCols, AMPSCOPE_FORMAT_E2M1, 0, "mxfp4", &counts,
+                                  reason, sizeof(reason)) == AMPSCOPE_INVALID_ARGUMENT &&
+                strstr(reason, "dtype") != NULL,
+        "FP4 is no storage format");
+  CHECK(20, ampscope_count_recipe(x, kQRows * kQCols, AMPSCOPE_FORMAT_FP32, 100, "mxfp4", &counts,
+                                  reason, sizeof(reason)) == AMPSCOPE_INVALID_ARGUMENT,
+        "rows that do not divide the tensor");
+  CHECK(21, ampscope_count_recipe(x, kQRows * kQCols, AMPSCOPE_FORMAT_FP32, 0, "nvfp5", &counts,
+                                  reason, sizeof(reason)) == AMPSCOPE_INVALID_ARGUMENT &&
+                strstr(reason, "'nvfp5' is not a recipe") != NULL,
+        reason);
+  ampscope_recipe_counts no_room = AMPSCOPE_RECIPE_COUNTS_INIT;
+  CHECK(22, ampscope_count_recipe(x, kQRows * kQCols, AMPSCOPE_FORMAT_FP32, 0, "mxfp4", &no_room,
+                                  reason, sizeof(reason)) == AMPSCOPE_INVALID_ARGUMENT &&
+                strstr(reason, "scale_histogram_counts") != NULL,
+        "no room for the histogram");
+
+  const char* bf16[1] = {"fc"};
+  ampscope_step_info info = AMPSCOPE_STEP_INFO_INIT;
+  info.bf16_gemms = bf16;
+  info.num_bf16_gemms = 1;
+  CHECK(23, ampscope_agent_end_step(agent, &info) == AMPSCOPE_OK, "end_step with BF16 GEMMs");
+  info.bf16_gemms = NULL;
+  CHECK(24, ampscope_agent_end_step(agent, &info) == AMPSCOPE_INVALID_ARGUMENT &&
+                strstr(ampscope_agent_last_error(agent), "info.bf16_gemms is NULL") != NULL,
+        "a count without names");
+
+  /* A caller of ABI 2..6: its step info ends before bf16_gemms (the bytes after it poisoned). */
+  CHECK(25, ampscope_agent_begin_step(agent, 1) == 1, "begin_step 1");
+  poisoned_info_v2 old;
+  memset(old.bytes, 0xff, sizeof(old.bytes));
+  memset(&old.full, 0, offsetof(ampscope_step_info, bf16_gemms));
+  old.full.struct_size = (uint32_t)offsetof(ampscope_step_info, bf16_gemms);
+  old.full.step = 1;
+  CHECK(26, ampscope_agent_end_step(agent, &old.full) == AMPSCOPE_OK,
+        ampscope_agent_last_error(agent));
+  CHECK(27, ampscope_agent_destroy(agent, 0) == AMPSCOPE_OK, "destroy");
+  return 0;
+}
+
+typedef struct recipe_state {
+  int scheduled;
+  int64_t from_step;
+  int32_t history_length;
+  int32_t margin;
+} recipe_state;
+
+static int schedule_recipe(void* user, const ampscope_recipe_change* change, char* reason,
+                           size_t reason_size) {
+  recipe_state* s = (recipe_state*)user;
+  if (!AMPSCOPE_STRUCT_HAS(ampscope_recipe_change, change, margin)) {
+    snprintf(reason, reason_size, "the change is smaller than this trainer's header");
+    return 1;
+  }
+  s->scheduled++;
+  s->from_step = change->effective_from_step;
+  s->history_length = change->has_amax_history_length ? change->amax_history_length : -1;
+  s->margin = change->has_margin ? change->margin : -1;
+  return 0;
+}
+
+static int gemm_precision(const char* spool_dir, const char* server, int delayed) {
+  ampscope_agent_config* cfg = NULL;
+  int failed = configure(&cfg, delayed ? "c-gemms-delayed" : "c-gemms", spool_dir, server);
+  if (failed != 0) return failed;
+  ampscope_run_info run = fp16_run(AMPSCOPE_SCALER_STATIC);
+  run.precision = delayed ? "fp8-delayed" : "mxfp8";
+  run.compute_format = AMPSCOPE_FORMAT_BF16;
+  ampscope_agent* agent = NULL;
+  CHECK(1, ampscope_agent_create(cfg, &run, &agent) == AMPSCOPE_OK,
+        ampscope_agent_config_last_error(cfg));
+  ampscope_agent_config_destroy(cfg);
+
+  overrides_state gemms;
+  memset(&gemms, 0, sizeof(gemms));
+  gemms.capable[0] = "fc";
+  gemms.capable[1] = "proj";
+  gemms.from_step = -1;
+  ampscope_overrides_ops gops = AMPSCOPE_OVERRIDES_OPS_INIT;
+  gops.capable_layers = capable_layers;
+  recipe_state recipe = {0, -1, 0, 0};
+  ampscope_recipe_ops rops = AMPSCOPE_RECIPE_OPS_INIT;
+  rops.delayed = delayed;
+  CHECK(2, ampscope_agent_attach_gemm_precision(agent, &gops, &gemms, &rops, &recipe) ==
+                   AMPSCOPE_INVALID_ARGUMENT &&
+               strstr(ampscope_agent_last_error(agent), "gemms.capable_layers and gemms.replace") !=
+                   NULL,
+        "replace is required");
+  gops.replace = replace;
+  CHECK(3, ampscope_agent_attach_gemm_precision(agent, &gops, &gemms, &rops, &recipe) ==
+                   AMPSCOPE_INVALID_ARGUMENT &&
+               strstr(ampscope_agent_last_error(agent), "recipe.schedule") != NULL,
+        "schedule is required");
+  rops.schedule = schedule_recipe;
+  rops.struct_size = 4;
+  CHECK(4, ampscope_agent_attach_gemm_precision(agent, &gops, &gemms, &rops, &recipe) ==
+                   AMPSCOPE_INVALID_ARGUMENT &&
+               strstr(ampscope_agent_last_error(agent), "recipe.struct_size is 4") != NULL,
+        "recipe ops below their first layout");
+  rops.struct_size = sizeof(rops);
+  CHECK(5, ampscope_agent_attach_gemm_precision(agent, &gops, &gemms, &rops, &recipe) ==
+               AMPSCOPE_OK,
+        ampscope_agent_last_error(agent));
+
+  /* The stand-in server sends its PolicyUpdate (BF16 GEMM "fc", history 4, margin 1, from step
+   * 3) after the first report. */
+  for (int step = 0; step < 6; ++step) {
+    ampscope_agent_begin_step(agent, step);
+    const char* bf16[4];
+    for (size_t i = 0; i < gemms.num_fp32; ++i) bf16[i] = gemms.fp32[i];
+    ampscope_step_info info = AMPSCOPE_STEP_INFO_INIT;
+    info.step = step;
+    info.bf16_gemms = bf16;
+    info.num_bf16_gemms = gemms.num_fp32;
+    CHECK(6, ampscope_agent_end_step(agent, &info) == AMPSCOPE_OK,
+          ampscope_agent_last_error(agent));
+    if (step == 0) {
+      CHECK(7, ampscope_agent_flush(agent, 10000) == AMPSCOPE_OK,
+            ampscope_agent_last_error(agent));
+    }
+  }
+  CHECK(8, ampscope_agent_attach_gemm_precision(agent, NULL, NULL, NULL, NULL) ==
+               AMPSCOPE_FAILED_PRECONDITION,
+        "attach before the first step only");
+  CHECK(9, ampscope_agent_flush(agent, 10000) == AMPSCOPE_OK, ampscope_agent_last_error(agent));
+  ampscope_agent_counters counters = AMPSCOPE_AGENT_COUNTERS_INIT;
+  CHECK(10, ampscope_agent_get_counters(agent, &counters) == AMPSCOPE_OK, "counters");
+  if (delayed) {
+    CHECK(11, gemms.replaced == 1 && gemms.from_step == 3 && gemms.num_fp32 == 1 &&
+                  strcmp(gemms.fp32[0], "fc") == 0,
+          "fc in BF16 from step 3");
+    CHECK(12, recipe.scheduled == 1 && recipe.from_step == 3 && recipe.history_length == 4 &&
+                  recipe.margin == 1,
+          "history 4, margin 1 from step 3");
+    CHECK(13, counters.policies_applied == 1 && counters.policies_refused == 0, "applied");
+  } else {
+    CHECK(14, gemms.replaced == 0 && recipe.scheduled == 0,
+          "a delayed setting for a run that is not delayed: nothing applied");
+    CHECK(15, counters.policies_applied == 0 && counters.policies_refused == 1, "refused");
+  }
+  printf("replaced %d, scheduled %d\n", gemms.replaced, recipe.scheduled);
+  CHECK(16, ampscope_agent_destroy(agent, 10000) == AMPSCOPE_OK, "destroy");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc == 2 && strcmp(argv[1], "rules") == 0) return rules();
   if (argc == 3 && strcmp(argv[1], "exercise") == 0) return exercise(argv[2]);
@@ -659,7 +945,13 @@ int main(int argc, char** argv) {
   if (argc == 4 && strcmp(argv[1], "hello") == 0) return hello(argv[2], argv[3]);
   if (argc == 4 && strcmp(argv[1], "overrides") == 0) return overrides(argv[2], argv[3]);
   if (argc == 3 && strcmp(argv[1], "fused") == 0) return fused(argv[2]);
-  fprintf(stderr, "usage: %s rules | exercise|fused|old-layouts|hello|overrides SPOOL_DIR [SERVER]\n",
+  if (argc == 3 && strcmp(argv[1], "quantizers") == 0) return quantizers(argv[2]);
+  if (argc == 5 && strcmp(argv[1], "gemm-precision") == 0) {
+    return gemm_precision(argv[2], argv[3], strcmp(argv[4], "1") == 0);
+  }
+  fprintf(stderr,
+          "usage: %s rules | exercise|fused|quantizers|old-layouts|hello|overrides SPOOL_DIR "
+          "[SERVER] | gemm-precision SPOOL_DIR SERVER DELAYED\n",
           argv[0]);
   return 200;
 }

@@ -9,8 +9,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -19,7 +21,9 @@
 #include "ampscope/testing/files.h"
 #include "ampscope/testing/server_process.h"
 #include "ampscope/v1/telemetry.grpc.pb.h"
+#include "ampscope/recipe.h"
 #include "loopback_server.h"
+#include "quantizer_wire.h"
 #include "server_harness.h"
 #include "spool_reader.h"
 
@@ -46,9 +50,11 @@ void run_c_trainer(const std::vector<std::string>& args, std::string* out = null
 
 // Stands in for ampscope-server where the real one cannot show what a test needs: the Hello
 // (the server keeps it but no query serves its scaler) and every report as the agent sent it.
-// It acknowledges each report at once.
+// It acknowledges each report at once, and sends `policy` (when given) after the first.
 class RecordingServer final : public v1::Telemetry::Service {
  public:
+  RecordingServer() = default;
+  explicit RecordingServer(v1::PolicyUpdate policy) : policy_(std::move(policy)) {}
   std::string address() const { return server_.address(); }
   std::vector<v1::Hello> hellos() const {
     std::lock_guard lock(mu_);
@@ -65,6 +71,7 @@ class RecordingServer final : public v1::Telemetry::Service {
     v1::AgentMessage in;
     while (stream->Read(&in)) {
       v1::ServerMessage ack;
+      std::optional<v1::ServerMessage> policy;
       {
         std::lock_guard lock(mu_);
         if (in.has_hello()) {
@@ -73,14 +80,22 @@ class RecordingServer final : public v1::Telemetry::Service {
         } else {
           reports_.push_back(in.report());
           ack.mutable_ack()->set_persisted_seq(in.report().seq());
+          if (policy_ && reports_.size() == 1) {
+            policy.emplace();
+            *policy->mutable_policy() = *policy_;
+            policy->mutable_policy()->set_run_id(in.report().run_id());
+          }
         }
       }
+      // The update before the Ack: the agent's flush returns once it has both.
+      if (policy && !stream->Write(*policy)) break;
       if (!stream->Write(ack)) break;
     }
     return grpc::Status::OK;
   }
 
  private:
+  std::optional<v1::PolicyUpdate> policy_;
   mutable std::mutex mu_;
   std::vector<v1::Hello> hellos_;
   std::vector<v1::StepReport> reports_;
@@ -106,7 +121,10 @@ TEST(CApiAbiTest, TheLibraryExportsOnlyTheCApi) {
                                "ampscope_loss_scale_apply_change", "ampscope_agent_policy_vote",
                                "ampscope_agent_policy_agreed", "ampscope_agent_observe_stats",
                                "ampscope_agent_stats_target", "ampscope_compute_stats",
-                               "ampscope_scale_and_compute_stats"}) {
+                               "ampscope_scale_and_compute_stats",
+                               "ampscope_agent_observe_quantizer",
+                               "ampscope_agent_observe_quantizer_counts", "ampscope_count_recipe",
+                               "ampscope_agent_attach_gemm_precision"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), expected), names.end()) << expected;
   }
   std::cout << names.size() << " symbols exported\n";
@@ -223,6 +241,109 @@ TEST(CApiTest, TheServersFp32FallbackReachesTheReplaceCallback) {
     const bool fp32 = r.step() >= applied_at;
     EXPECT_EQ(r.fp32_layers_size(), fp32 ? 1 : 0) << "step " << r.step();
   }
+}
+
+// The activation c_api_test.c's quantizer_data() writes, (8, 64) FP32.
+std::vector<float> quantizer_data() {
+  std::vector<float> x(8 * 64);
+  for (int i = 0; i < 8 * 64; ++i) {
+    x[i] = std::ldexp(1.0f + static_cast<float>(i % 7) / 8.0f, i % 40 - 30) *
+           (i % 3 == 0 ? -1.0f : 1.0f);
+  }
+  return x;
+}
+
+RecipeCounts expected_counts(const std::vector<float>& x, std::size_t n, std::size_t row_length,
+                             const char* recipe) {
+  return recipe_counts(x.data(), n, Format::kFP32, row_length, *parse_recipe(recipe));
+}
+
+TEST(CApiTest, QuantizersFromC) {
+  TempDir dir;
+  run_c_trainer({"quantizers", (dir / "spool").string()});
+  const auto reports = testing::read_spool(dir / "spool", "c-quantizers");
+  ASSERT_EQ(reports.size(), 2u);
+  const v1::StepReport& r = reports[0];
+  ASSERT_EQ(r.quantizers_size(), 3) << "the refused ones are not reported";
+  const std::vector<float> x = quantizer_data();
+
+  const v1::QuantizerStats& mx = r.quantizers(0);
+  EXPECT_EQ(mx.name(), "fc.input");
+  EXPECT_EQ(mx.role(), v1::TENSOR_ROLE_ACTIVATION);
+  EXPECT_EQ(mx.phase(), v1::TENSOR_PHASE_FORWARD);
+  EXPECT_EQ(mx.layer(), "fc");
+  EXPECT_FALSE(mx.what_if());
+  EXPECT_TRUE(mx.amax_history().empty());
+  // Counted by the agent as recipe_counts counts the tensor in rows of its last dimension.
+  testing::expect_wire_equals(mx, expected_counts(x, x.size(), 64, "mxfp4"));
+  EXPECT_GT(mx.underflow(), 0u);
+
+  const v1::QuantizerStats& tile = r.quantizers(1);
+  EXPECT_EQ(tile.name(), "fc.input.head");
+  testing::expect_wire_equals(tile, expected_counts(x, 500, 0, "e4m3:tile=1x128"));
+  EXPECT_EQ(tile.blocks(), 4u) << "one row of 500: blocks of 128, the last cut short";
+
+  const v1::QuantizerStats& delayed = r.quantizers(2);
+  EXPECT_EQ(delayed.name(), "fc.input.delayed");
+  EXPECT_EQ(delayed.layer(), "fc");
+  EXPECT_TRUE(delayed.what_if());
+  EXPECT_EQ(std::vector<float>(delayed.amax_history().begin(), delayed.amax_history().end()),
+            (std::vector<float>{1.0f, 896.0f, 2.0f}));
+  // ampscope_count_recipe's counts, handed over as they were.
+  testing::expect_wire_equals(delayed, expected_counts(x, x.size(), 64, "e4m3:scale=0.5"));
+
+  EXPECT_EQ(std::vector<std::string>(r.bf16_gemms().begin(), r.bf16_gemms().end()),
+            std::vector<std::string>{"fc"});
+  EXPECT_TRUE(reports[1].bf16_gemms().empty()) << "an ABI 2 step info has none";
+  EXPECT_EQ(reports[1].quantizers_size(), 0);
+}
+
+// The stand-in's PolicyUpdate: fc to BF16 and delayed scaling's history 4, margin 1, from
+// step 3.
+v1::PolicyUpdate gemm_policy() {
+  v1::PolicyUpdate p;
+  p.set_policy_id("1");
+  p.set_seq(1);
+  p.set_effective_from_step(3);
+  p.set_mode(v1::POLICY_MODE_HEADROOM);
+  p.add_bf16_gemms("fc");
+  p.set_bf16_gemms_set(true);
+  p.set_amax_history_length(4);
+  p.set_amax_margin(1);
+  p.set_reason("test: fc underflows");
+  return p;
+}
+
+TEST(CApiTest, PerLayerPrecisionReachesTheCallbacks) {
+  TempDir dir;
+  RecordingServer server(gemm_policy());
+  std::string out;
+  run_c_trainer({"gemm-precision", (dir / "spool").string(), server.address(), "1"}, &out);
+  const auto hellos = server.hellos();
+  ASSERT_FALSE(hellos.empty());
+  EXPECT_EQ(std::vector<std::string>(hellos[0].bf16_capable_gemms().begin(),
+                                     hellos[0].bf16_capable_gemms().end()),
+            (std::vector<std::string>{"fc", "proj"}));
+  const auto reports = server.reports();
+  ASSERT_EQ(reports.size(), 6u) << out;
+  int outcomes = 0;
+  for (const auto& r : reports) {
+    EXPECT_EQ(r.bf16_gemms_size(), r.step() >= 3 ? 1 : 0) << "step " << r.step();
+    for (const auto& o : r.policy_outcomes()) {
+      EXPECT_TRUE(o.applied()) << o.reason();
+      EXPECT_EQ(r.step(), 3) << "applied at its effective step";
+      ++outcomes;
+    }
+  }
+  EXPECT_EQ(outcomes, 1);
+}
+
+TEST(CApiTest, ADelayedSettingForARunNotDelayedIsRefused) {
+  TempDir dir;
+  RecordingServer server(gemm_policy());
+  std::string out;
+  run_c_trainer({"gemm-precision", (dir / "spool").string(), server.address(), "0"}, &out);
+  EXPECT_NE(out.find("replaced 0, scheduled 0"), std::string::npos) << out;
 }
 
 }  // namespace

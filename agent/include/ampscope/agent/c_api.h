@@ -42,7 +42,9 @@
  * counters and notices from any thread; destroy once, from the owning thread. Scaler and
  * override callbacks are called on the training thread from begin_step; the scaler's `scale`
  * callback also from the agent's sender thread (for the Hello of each new stream); the
- * overrides' `capable_layers` only during ampscope_agent_attach_overrides.
+ * overrides' `capable_layers` only during ampscope_agent_attach_overrides (and
+ * ampscope_agent_attach_gemm_precision, whose `replace` and recipe `schedule` callbacks run
+ * from begin_step too).
  */
 #ifndef AMPSCOPE_AGENT_C_API_H_
 #define AMPSCOPE_AGENT_C_API_H_
@@ -67,8 +69,12 @@
  *      ampscope_agent_policy_agreed
  *   5  counters: lockstep_timeouts (agent options policy_lockstep, policy_lockstep_timeout_ms)
  *   6  fused statistics: ampscope_tensor_stats, ampscope_agent_observe_stats,
- *      ampscope_agent_stats_target, ampscope_compute_stats, ampscope_scale_and_compute_stats */
-#define AMPSCOPE_AGENT_ABI_VERSION 6u
+ *      ampscope_agent_stats_target, ampscope_compute_stats, ampscope_scale_and_compute_stats
+ *   7  FP8/FP6/FP4 runs: quantisers (ampscope_quantizer, ampscope_recipe_counts,
+ *      ampscope_agent_observe_quantizer, ampscope_agent_observe_quantizer_counts,
+ *      ampscope_count_recipe); per-layer precision (ampscope_recipe_ops,
+ *      ampscope_recipe_change, ampscope_agent_attach_gemm_precision); step info: bf16_gemms */
+#define AMPSCOPE_AGENT_ABI_VERSION 7u
 
 /* Whether a struct `ptr` of type `type` carries `field` (its struct_size covers it). */
 #define AMPSCOPE_STRUCT_HAS(type, ptr, field) \
@@ -218,6 +224,11 @@ typedef struct ampscope_step_info {
   /* ABI 2: the layers computed in FP32 this step (num_fp32_layers names; NULL when none). */
   const char* const* fp32_layers;
   size_t num_fp32_layers;
+  /* ABI 7: FP8/FP4 runs, the layers of the GEMM overrides (ampscope_agent_attach_gemm_precision)
+   * whose GEMMs ran in BF16 this step instead of the run's recipe (num_bf16_gemms names; NULL
+   * when none). */
+  const char* const* bf16_gemms;
+  size_t num_bf16_gemms;
 } ampscope_step_info;
 #define AMPSCOPE_STEP_INFO_INIT AMPSCOPE_STRUCT_INIT_(ampscope_step_info)
 #define AMPSCOPE_STEP_INFO_SIZE_V1 offsetof(ampscope_step_info, fp32_layers)
@@ -284,6 +295,58 @@ typedef struct ampscope_overrides_ops {
 } ampscope_overrides_ops;
 #define AMPSCOPE_OVERRIDES_OPS_INIT AMPSCOPE_STRUCT_INIT_(ampscope_overrides_ops)
 #define AMPSCOPE_OVERRIDES_OPS_SIZE_V1 sizeof(ampscope_overrides_ops)
+
+/* ABI 7. A change to the delayed scaling recipe of every quantiser of an FP8 run (Transformer
+ * Engine's amax_history_len and margin), as the schedule callback receives it (the library
+ * fills it; struct_size is the library's): has_* says which fields are set. */
+typedef struct ampscope_recipe_change {
+  uint32_t struct_size;
+  int64_t effective_from_step;
+  int has_amax_history_length;
+  int32_t amax_history_length; /* [1, 1024] */
+  int has_margin;
+  int32_t margin;              /* binades, [0, 64] */
+} ampscope_recipe_change;
+#define AMPSCOPE_RECIPE_CHANGE_SIZE_V1 sizeof(ampscope_recipe_change)
+
+/* Applies `change` from effective_from_step on (the agent calls it from begin_step of that
+ * step). Returns 0 when accepted; otherwise writes a one-line reason (NUL-terminated, at most
+ * reason_size bytes), changes nothing and returns non-zero. */
+typedef int (*ampscope_recipe_schedule_fn)(void* user, const ampscope_recipe_change* change,
+                                           char* reason, size_t reason_size);
+
+/* ABI 7. The run's scaling recipe as the policy may steer it. */
+typedef struct ampscope_recipe_ops {
+  uint32_t struct_size; /* AMPSCOPE_RECIPE_OPS_INIT */
+  /* Nonzero: the run uses delayed scaling, whose history length and margin schedule may
+   * change; zero: such an update is refused without calling schedule. A field, not a
+   * callback: the agent checks updates on its own thread, where no callback runs. */
+  int delayed;
+  ampscope_recipe_schedule_fn schedule;
+} ampscope_recipe_ops;
+#define AMPSCOPE_RECIPE_OPS_INIT AMPSCOPE_STRUCT_INIT_(ampscope_recipe_ops)
+#define AMPSCOPE_RECIPE_OPS_SIZE_V1 sizeof(ampscope_recipe_ops)
+
+/* ABI 7. A quantiser: a GEMM input under a scaled FP8/FP6/FP4 recipe (ampscope/recipe.h), as
+ * ampscope_agent_observe_quantizer takes it next to the tensor it quantises. */
+typedef struct ampscope_quantizer {
+  uint32_t struct_size; /* AMPSCOPE_QUANTIZER_INIT */
+  /* The recipe as `ampscope stats --target` takes it: "mxfp8_e4m3", "nvfp4", "e4m3:current",
+   * "e4m3:scale=112.5", "e4m3:tile=1x128" (a delayed recipe is its scale: e4m3:scale=S). */
+  const char* recipe;
+  /* The linear layer whose GEMM it feeds, one of the GEMM overrides' capable layers
+   * (QuantizerStats.layer); NULL or "": none the policy can move. */
+  const char* layer;
+  /* Nonzero: the GEMM ran in BF16 and the counts say what the recipe would have done to its
+   * input (QuantizerStats.what_if). */
+  int what_if;
+  /* Delayed scaling: the amax history the scale came from, oldest first (the newest 1024 are
+   * sent); NULL with length 0 for other recipes. */
+  const float* amax_history;
+  size_t amax_history_length;
+} ampscope_quantizer;
+#define AMPSCOPE_QUANTIZER_INIT AMPSCOPE_STRUCT_INIT_(ampscope_quantizer)
+#define AMPSCOPE_QUANTIZER_SIZE_V1 sizeof(ampscope_quantizer)
 
 typedef struct ampscope_agent_counters {
   uint32_t struct_size;  /* AMPSCOPE_AGENT_COUNTERS_INIT; on return, the bytes written */
@@ -375,6 +438,37 @@ typedef struct ampscope_tensor_stats {
 #define AMPSCOPE_TENSOR_STATS_INIT AMPSCOPE_STRUCT_INIT_(ampscope_tensor_stats)
 #define AMPSCOPE_TENSOR_STATS_SIZE_V1 sizeof(ampscope_tensor_stats)
 
+/* ABI 7. One tensor's counts under a scaled recipe (ampscope/recipe.h RecipeCounts; the rules
+ * in docs/numerics.md), the recipe itself given as text beside it: finite values, non-finite
+ * inputs, underflow, subnormal, saturated and overflow counts, amax, the SQNR's sums, the
+ * per-tensor scale (current, delayed; NVFP4's tensor decode scale), block counts and the block
+ * decode scales' binade histogram (scale_histogram_counts[i] blocks with
+ * floor(log2 scale) == scale_histogram_min_exponent + i). The array is the caller's. Filled by
+ * ampscope_count_recipe, which needs room for AMPSCOPE_HISTOGRAM_BINS counts; read by
+ * ampscope_agent_observe_quantizer_counts (scale_histogram_bins entries). */
+typedef struct ampscope_recipe_counts {
+  uint32_t struct_size;          /* AMPSCOPE_RECIPE_COUNTS_INIT */
+  uint32_t scale_histogram_bins; /* entries of scale_histogram_counts in use */
+  uint64_t values;
+  uint64_t nonfinite;
+  uint64_t underflow;
+  uint64_t subnormal;
+  uint64_t saturated;
+  uint64_t overflow;
+  double amax;
+  double signal_sq;
+  double error_sq;
+  double tensor_scale;
+  uint64_t blocks;
+  uint64_t zero_blocks;
+  uint64_t saturated_blocks;
+  uint64_t nan_blocks;
+  int32_t scale_histogram_min_exponent;
+  uint64_t* scale_histogram_counts;
+} ampscope_recipe_counts;
+#define AMPSCOPE_RECIPE_COUNTS_INIT AMPSCOPE_STRUCT_INIT_(ampscope_recipe_counts)
+#define AMPSCOPE_RECIPE_COUNTS_SIZE_V1 sizeof(ampscope_recipe_counts)
+
 /* The library's AMPSCOPE_AGENT_ABI_VERSION (it may be newer than the caller's header). */
 AMPSCOPE_API uint32_t ampscope_agent_abi_version(void);
 AMPSCOPE_API const char* ampscope_status_string(ampscope_status status);
@@ -405,6 +499,17 @@ AMPSCOPE_API ampscope_status ampscope_agent_attach_scaler(ampscope_agent* agent,
 AMPSCOPE_API ampscope_status ampscope_agent_attach_overrides(ampscope_agent* agent,
                                                              const ampscope_overrides_ops* ops,
                                                              void* user);
+/* ABI 7. Optional, before the first step, as attach_scaler: per-layer precision of an FP8/FP4
+ * run. `gemms` (with `gemms_user`) is the set of linear layers whose GEMMs run in BF16 instead
+ * of the recipe: its capable_layers are Hello.bf16_capable_gemms, its replace takes
+ * PolicyUpdate.bf16_gemms (the complete BF16 set from from_step on). `recipe` (with
+ * `recipe_user`) takes a delayed recipe's history length and margin (PolicyUpdate.
+ * amax_history_length, amax_margin). Either may be NULL; both NULL detaches. Callbacks run as
+ * the overrides' do: capable_layers during this call, replace and schedule on the training
+ * thread from begin_step. */
+AMPSCOPE_API ampscope_status ampscope_agent_attach_gemm_precision(
+    ampscope_agent* agent, const ampscope_overrides_ops* gemms, void* gemms_user,
+    const ampscope_recipe_ops* recipe, void* recipe_user);
 
 /* Returns 1 when ampscope_agent_observe calls are wanted this step, else 0 (also on error). */
 AMPSCOPE_API int ampscope_agent_begin_step(ampscope_agent* agent, int64_t step);
@@ -431,6 +536,25 @@ AMPSCOPE_API ampscope_status ampscope_agent_observe_stats(ampscope_agent* agent,
 AMPSCOPE_API int ampscope_agent_stats_target(ampscope_agent* agent,
                                              const ampscope_tensor_view* view,
                                              ampscope_target* target);
+/* ABI 7. A quantiser (agent.h, Agent::observe_quantizer) the agent counts itself: `tensor`
+ * (name, role, phase, micro_step; dtype fp32, fp16, bf16, e4m3 or e5m2 storage in host
+ * memory, rows of the shape's last dimension, one row without a shape or with rank 1) counted
+ * against quantizer->recipe with recipe_counts, as `ampscope stats --target RECIPE` counts a
+ * file, and recorded with the quantiser's layer, what_if and amax history. The recipe is
+ * parsed on every call (a bad one is AMPSCOPE_INVALID_ARGUMENT naming it); the data is read
+ * only on a step whose begin_step returned 1 (elsewhere nothing is recorded and data may be
+ * NULL). A device tensor is AMPSCOPE_INVALID_ARGUMENT: copy it to the host. Counting runs on
+ * the calling thread, one pass over the tensor. */
+AMPSCOPE_API ampscope_status ampscope_agent_observe_quantizer(ampscope_agent* agent,
+                                                              const ampscope_tensor_view* tensor,
+                                                              const ampscope_quantizer* quantizer);
+/* ABI 7. The same with counts the caller has already (its own quantise pass, or
+ * ampscope_count_recipe on another thread): tensor->data is not read and may be NULL. Counts
+ * that break the server's rules (Agent::observe_quantizer's checks) are
+ * AMPSCOPE_INVALID_ARGUMENT with a notice, on steps that record only. */
+AMPSCOPE_API ampscope_status ampscope_agent_observe_quantizer_counts(
+    ampscope_agent* agent, const ampscope_tensor_view* tensor,
+    const ampscope_quantizer* quantizer, const ampscope_recipe_counts* counts);
 AMPSCOPE_API ampscope_status ampscope_agent_mark_phase(ampscope_agent* agent,
                                                        int32_t phase /* ampscope_step_phase */);
 AMPSCOPE_API ampscope_status ampscope_agent_end_step(ampscope_agent* agent,
@@ -500,6 +624,17 @@ AMPSCOPE_API ampscope_status ampscope_scale_and_compute_stats(void* data, uint64
                                                               int32_t dtype, float factor,
                                                               ampscope_tensor_stats* out,
                                                               char* reason, size_t reason_size);
+
+/* ABI 7. A tensor's counts under a scaled recipe (ampscope/recipe.h recipe_counts; needs no
+ * agent): n elements of `dtype` storage (fp32, fp16, bf16, e4m3 or e5m2) in host memory, in
+ * rows of row_length elements (0: one row; it must divide n), against `recipe` (text as
+ * ampscope_quantizer.recipe). `out`: struct_size set, scale_histogram_counts with room for
+ * AMPSCOPE_HISTOGRAM_BINS. On failure `reason` (when not NULL; NUL-terminated, at most
+ * reason_size bytes) says why. One thread, two passes over the data. */
+AMPSCOPE_API ampscope_status ampscope_count_recipe(const void* data, uint64_t n, int32_t dtype,
+                                                   uint64_t row_length, const char* recipe,
+                                                   ampscope_recipe_counts* out, char* reason,
+                                                   size_t reason_size);
 
 #ifdef __cplusplus
 } /* extern "C" */
