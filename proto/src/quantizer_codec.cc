@@ -33,6 +33,33 @@ void encode_quantizer(const RecipeCounts& c, std::span<const float> amax_history
   for (float a : amax_history.last(keep)) out->add_amax_history(a);
 }
 
+std::optional<RecipeCounts> decode_quantizer(const v1::QuantizerStats& q) {
+  const std::optional<Recipe> recipe = parse_recipe(q.recipe());
+  if (!recipe) return std::nullopt;
+  RecipeCounts c;
+  c.recipe = *recipe;
+  c.values = q.values();
+  c.nonfinite = q.nonfinite();
+  c.underflow = q.underflow();
+  c.subnormal = q.subnormal();
+  c.saturated = q.saturated();
+  c.overflow = q.overflow();
+  c.amax = q.amax();
+  c.signal_sq = q.signal_sq();
+  c.error_sq = q.error_sq();
+  c.tensor_scale = q.tensor_scale();
+  c.blocks = q.blocks();
+  c.zero_blocks = q.zero_blocks();
+  c.saturated_blocks = q.saturated_blocks();
+  c.nan_blocks = q.nan_blocks();
+  if (q.has_scale_histogram()) {
+    c.scale_histogram.min_exponent = q.scale_histogram().min_exponent();
+    c.scale_histogram.counts.assign(q.scale_histogram().counts().begin(),
+                                    q.scale_histogram().counts().end());
+  }
+  return c;
+}
+
 double sqnr_db(double signal_sq, double error_sq) {
   RecipeCounts c;
   c.signal_sq = signal_sq;

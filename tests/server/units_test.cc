@@ -5,6 +5,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "ampscope/proto/quantizer_codec.h"
+#include "ampscope/recipe.h"
 #include "flags.h"
 #include "policy_host.h"
 #include "report_digest.h"
@@ -53,6 +55,44 @@ TEST(ServerPolicyConversionTest, ReportBecomesEngineInput) {
   EXPECT_FALSE(in.tensors[1].histogram.has_value());
   ASSERT_TRUE(in.tensors[0].underflow.has_value());
   EXPECT_EQ(*in.tensors[0].underflow, r.tensors(0).targets(0).underflow());
+}
+
+TEST(ServerPolicyConversionTest, QuantisersReachTheEngineAsTheAgentEncodedThem) {
+  // 2 x 64 values over 26 binades: an MX recipe's counts with blocks and a scale histogram.
+  std::vector<float> x(128);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    x[i] = std::ldexp(1.0f + static_cast<float>(i % 7) / 8.0f, static_cast<int>(i % 26) - 18);
+  }
+  const RecipeCounts c = fake_quantize(x.data(), nullptr, 2, 64, *parse_recipe("mxfp8_e4m3"));
+  ASSERT_FALSE(c.scale_histogram.empty());
+  const float history[] = {3.0f, 5.0f};
+  v1::StepReport r = testing::make_report("run-c", 0, 1, 0, 0);
+  v1::QuantizerStats* q = r.add_quantizers();
+  q->set_name("h0.mlp.fc.input");
+  q->set_role(v1::TENSOR_ROLE_ACTIVATION);
+  proto::encode_quantizer(c, history, q);
+  q->set_layer("h0.mlp.fc");
+  q->set_what_if(true);
+  const std::optional<RecipeCounts> decoded = proto::decode_quantizer(*q);
+  ASSERT_TRUE(decoded.has_value());
+  EXPECT_EQ(*decoded, c);
+
+  const policy::StepInput in = to_step_input(r, false, true);
+  ASSERT_EQ(in.quantizers.size(), 1u);
+  EXPECT_EQ(in.quantizers[0].name, "h0.mlp.fc.input");
+  EXPECT_EQ(in.quantizers[0].layer, "h0.mlp.fc");
+  EXPECT_EQ(in.quantizers[0].role, TensorRole::kActivation);
+  EXPECT_TRUE(in.quantizers[0].what_if);
+  EXPECT_EQ(in.quantizers[0].counts, c);
+  EXPECT_EQ(in.quantizers[0].amax_history, (std::vector<float>{3.0f, 5.0f}));
+  // Only a policy that reads quantisers gets them.
+  EXPECT_TRUE(to_step_input(r, false, false).quantizers.empty());
+  EXPECT_TRUE(digest_report(r, false).step_input.quantizers.empty());
+  EXPECT_EQ(digest_report(r, false, true).step_input.quantizers.size(), 1u);
+  // A recipe parse_recipe does not read (validation refuses it first) is no engine input.
+  q->set_recipe("fp8");
+  EXPECT_FALSE(proto::decode_quantizer(*q).has_value());
+  EXPECT_TRUE(to_step_input(r, false, true).quantizers.empty());
 }
 
 TEST(ServerPolicyConversionTest, DecisionBecomesUpdate) {

@@ -47,9 +47,10 @@ double nominal_sqnr_db(Format element) {
 // The worst limit `q` breaks, with every limit scaled by `factor` (1 to demote, the stricter
 // promote_factor to promote); nullopt when it keeps them all. Non-finite inputs are the
 // tensor's, not the recipe's, and are not counted.
-std::optional<std::pair<std::string, double>> assess(const QuantizerInput& q,
+std::optional<std::pair<std::string, double>> assess(const QuantizerInput& in,
                                                      const GemmPrecisionParams& p,
                                                      double factor) {
+  const RecipeCounts& q = in.counts;
   if (q.values == 0) return std::nullopt;
   const double n = static_cast<double>(q.values);
   std::optional<std::pair<std::string, double>> worst;
@@ -57,15 +58,15 @@ std::optional<std::pair<std::string, double>> assess(const QuantizerInput& q,
     if (severity > 1.0 && (!worst || severity > worst->second)) worst = {std::move(what), severity};
   };
   const double underflow = static_cast<double>(q.underflow) / n;
-  consider(q.name + " underflow " + percent(underflow) + " of finite values",
+  consider(in.name + " underflow " + percent(underflow) + " of finite values",
            underflow / (p.max_underflow_share * factor));
   const double saturated = static_cast<double>(q.saturated + q.overflow) / n;
-  consider(q.name + " saturated " + percent(saturated) + " of finite values",
+  consider(in.name + " saturated " + percent(saturated) + " of finite values",
            saturated / (p.max_saturated_share * factor));
   if (q.signal_sq > 0.0 && q.error_sq > 0.0) {
-    const double sqnr = 10.0 * std::log10(q.signal_sq / q.error_sq);
+    const double sqnr = q.sqnr_db();
     const double floor = nominal_sqnr_db(q.recipe.element) - p.sqnr_margin_db * factor;
-    consider(q.name + " SQNR " + dB(sqnr) + " below the " + dB(floor) + " floor",
+    consider(in.name + " SQNR " + dB(sqnr) + " below the " + dB(floor) + " floor",
              std::pow(10.0, (floor - sqnr) / 10.0));
   }
   return worst;
@@ -73,12 +74,13 @@ std::optional<std::pair<std::string, double>> assess(const QuantizerInput& q,
 
 // Under delayed scaling: the amax past what the scale s covers (max_finite / s), or values
 // saturated or overflowed by it. nullopt when the scale held.
-std::optional<std::pair<std::string, double>> delayed_spike(const QuantizerInput& q) {
+std::optional<std::pair<std::string, double>> delayed_spike(const QuantizerInput& in) {
+  const RecipeCounts& q = in.counts;
   const double max_elem = format_info(q.recipe.element).max_finite;
   const double reach = q.tensor_scale > 0.0 ? max_elem / q.tensor_scale : 0.0;
   const bool past = q.tensor_scale > 0.0 && q.amax > reach;
   if (!past && q.saturated + q.overflow == 0) return std::nullopt;
-  std::string what = q.name + " amax " + number(q.amax) + " past the delayed scale's reach " +
+  std::string what = in.name + " amax " + number(q.amax) + " past the delayed scale's reach " +
                      number(reach) + " (" + number(max_elem) + " / " + number(q.tensor_scale) +
                      "), " + std::to_string(q.saturated + q.overflow) + " values saturated";
   return std::pair{std::move(what), reach > 0.0 ? q.amax / reach : 1.0};
@@ -107,21 +109,22 @@ void PolicyEngine::record_gemms(const StepInput& in) {
   const GemmPrecisionParams& p = config_.gemm_precision;
   if (!p.enabled) return;
   for (const QuantizerInput& q : in.quantizers) {
-    if (q.recipe.scaling == Scaling::kDelayed && !q.what_if) {
+    const RecipeCounts& c = q.counts;
+    if (c.recipe.scaling == Scaling::kDelayed && !q.what_if) {
       amax_history_seen_ = std::max(amax_history_seen_, static_cast<int>(q.amax_history.size()));
       const float top = q.amax_history.empty()
                             ? 0.0f
                             : *std::max_element(q.amax_history.begin(), q.amax_history.end());
-      if (top > 0.0f && q.tensor_scale > 0.0) {
+      if (top > 0.0f && c.tensor_scale > 0.0) {
         // s = max_elem / max(history) / 2^margin, so the margin is the binades s stays below
         // the scale the history alone gives.
-        const double ratio = format_info(q.recipe.element).max_finite / top / q.tensor_scale;
+        const double ratio = format_info(c.recipe.element).max_finite / top / c.tensor_scale;
         amax_margin_seen_ = std::clamp(static_cast<int>(std::lround(std::log2(ratio))), 0, 64);
       }
       if (in.step >= delayed_from_step_) {
         const auto spike = delayed_spike(q);
         delayed_spikes_.add(in.step, spike ? kHarm : 0, p.window_reports);
-        if (spike) delayed_worst_.keep(in.step, spike->first, to_string(q.recipe), spike->second);
+        if (spike) delayed_worst_.keep(in.step, spike->first, to_string(c.recipe), spike->second);
       }
     }
     if (q.layer.empty()) continue;
@@ -136,7 +139,7 @@ void PolicyEngine::record_gemms(const StepInput& in) {
       // evidence was counted when it was moved.
       const auto harm = assess(q, p, 1.0);
       k.applied.add(in.step, harm ? kHarm : 0, p.window_reports);
-      if (harm) k.worst.keep(in.step, harm->first, to_string(q.recipe), harm->second);
+      if (harm) k.worst.keep(in.step, harm->first, to_string(c.recipe), harm->second);
     }
   }
 }

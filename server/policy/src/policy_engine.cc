@@ -340,9 +340,10 @@ void PolicyEngine::check_input(const StepInput& in) const {
 
 void PolicyEngine::check_quantizers(const StepInput& in) const {
   for (std::size_t i = 0; i < in.quantizers.size(); ++i) {
-    const QuantizerInput& q = in.quantizers[i];
+    const std::string& name = in.quantizers[i].name;
+    const RecipeCounts& q = in.quantizers[i].counts;
     const std::string p = "quantizers[" + std::to_string(i) + "].";
-    if (q.name.empty()) bad_input(p + "name must not be empty");
+    if (name.empty()) bad_input(p + "name must not be empty");
     if (static_cast<int>(q.recipe.element) >= kNumFormats ||
         format_info(q.recipe.element).total_bits > 8) {
       bad_input(p + "recipe element must be an FP8, FP6 or FP4 format");
@@ -357,7 +358,7 @@ void PolicyEngine::check_quantizers(const StepInput& in) const {
         bad_input(p + "amax, signal_sq, error_sq and tensor_scale must be finite and >= 0");
       }
     }
-    for (const float a : q.amax_history) {
+    for (const float a : in.quantizers[i].amax_history) {
       if (!(std::isfinite(a) && a >= 0.0f)) bad_input(p + "amax_history must be finite, >= 0");
     }
   }

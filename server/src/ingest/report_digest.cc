@@ -4,8 +4,8 @@
 
 #include "ampscope/loss_scale.h"
 #include "ampscope/proto/stats_codec.h"
+#include "ampscope/proto/quantizer_codec.h"
 #include "ampscope/proto/vocabulary_codec.h"
-#include "ampscope/recipe.h"
 
 namespace ampscope::server {
 policy::StepInput::Offender to_offender(const v1::FirstOffender& f) {
@@ -65,30 +65,21 @@ policy::TensorInput to_tensor_input(const v1::TensorStats& t) {
   return ti;
 }
 
-// A validated quantiser (its recipe reads back as itself) as the engine reads it.
-policy::QuantizerInput to_quantizer_input(const v1::QuantizerStats& q) {
-  policy::QuantizerInput in;
-  in.name = q.name();
-  in.layer = q.layer();
-  in.role = proto::from_proto(q.role()).value_or(TensorRole::kActivation);
-  in.recipe = parse_recipe(q.recipe()).value_or(Recipe{});
-  in.what_if = q.what_if();
-  in.values = q.values();
-  in.nonfinite = q.nonfinite();
-  in.underflow = q.underflow();
-  in.saturated = q.saturated();
-  in.overflow = q.overflow();
-  in.amax = q.amax();
-  in.signal_sq = q.signal_sq();
-  in.error_sq = q.error_sq();
-  in.tensor_scale = q.tensor_scale();
-  in.amax_history.assign(q.amax_history().begin(), q.amax_history().end());
-  return in;
-}
-
+// The report's quantisers as the engine reads them. Validation let only recipes through that
+// parse_recipe reads.
 void add_quantizers(const v1::StepReport& r, policy::StepInput& in) {
   in.quantizers.reserve(static_cast<std::size_t>(r.quantizers_size()));
-  for (const v1::QuantizerStats& q : r.quantizers()) in.quantizers.push_back(to_quantizer_input(q));
+  for (const v1::QuantizerStats& q : r.quantizers()) {
+    std::optional<RecipeCounts> counts = proto::decode_quantizer(q);
+    if (!counts) continue;
+    policy::QuantizerInput& qi = in.quantizers.emplace_back();
+    qi.name = q.name();
+    qi.layer = q.layer();
+    qi.role = proto::from_proto(q.role()).value_or(TensorRole::kActivation);
+    qi.what_if = q.what_if();
+    qi.counts = std::move(*counts);
+    qi.amax_history.assign(q.amax_history().begin(), q.amax_history().end());
+  }
 }
 
 bool for_policy(const v1::TensorStats& t, bool all_tensors) {

@@ -592,6 +592,21 @@ std::string part_notice(std::string_view part, std::string_view name, const Viol
   return text::clean_text(line, limits::kNoticeMaxBytes);
 }
 
+// A list of layer names: each one clean text of at most kNameMaxBytes, a bad one refused alone.
+void keep_valid_names(google::protobuf::RepeatedPtrField<std::string>* names,
+                      std::string_view field, std::string_view part,
+                      std::vector<Refusal>& refused) {
+  keep_valid(
+      names, std::string(field),
+      [](const std::string& name, const Field& f) {
+        return check_string(name, f, limits::kNameMaxBytes, true);
+      },
+      [field, part](const std::string& name, const Violation& v) {
+        return part_notice(part, name, v, field);
+      },
+      refused);
+}
+
 // Takes out of a report that passed the report's own rules every part that breaks a rule of its
 // own.
 std::vector<Refusal> refuse_parts(v1::StepReport& r, const StreamIdentity& stream) {
@@ -630,24 +645,8 @@ std::vector<Refusal> refuse_parts(v1::StepReport& r, const StreamIdentity& strea
       f.set_tensor(std::move(stored));
     }
   }
-  keep_valid(
-      r.mutable_fp32_layers(), "report.fp32_layers",
-      [](const std::string& name, const Field& field) {
-        return check_string(name, field, limits::kNameMaxBytes, true);
-      },
-      [](const std::string& name, const Violation& v) {
-        return part_notice("fp32 layer", name, v, "report.fp32_layers");
-      },
-      refused);
-  keep_valid(
-      r.mutable_bf16_gemms(), "report.bf16_gemms",
-      [](const std::string& name, const Field& field) {
-        return check_string(name, field, limits::kNameMaxBytes, true);
-      },
-      [](const std::string& name, const Violation& v) {
-        return part_notice("bf16 layer", name, v, "report.bf16_gemms");
-      },
-      refused);
+  keep_valid_names(r.mutable_fp32_layers(), "report.fp32_layers", "fp32 layer", refused);
+  keep_valid_names(r.mutable_bf16_gemms(), "report.bf16_gemms", "bf16 layer", refused);
   keep_valid(
       r.mutable_policy_outcomes(), "report.policy_outcomes", check_policy_outcome,
       [](const v1::PolicyOutcome& o, const Violation& v) {

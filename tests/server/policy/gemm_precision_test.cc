@@ -53,13 +53,13 @@ QuantizerInput quantizer(const std::string& name, const std::string& layer,
   q.name = name;
   q.layer = layer;
   q.role = TensorRole::kActivation;
-  q.recipe = recipe(recipe_text);
   q.what_if = what_if;
-  q.values = 1000;
-  q.underflow = underflow;
-  q.amax = 4.0;
-  q.signal_sq = 1000.0;
-  q.error_sq = 1.0;
+  q.counts.recipe = recipe(recipe_text);
+  q.counts.values = 1000;
+  q.counts.underflow = underflow;
+  q.counts.amax = 4.0;
+  q.counts.signal_sq = 1000.0;
+  q.counts.error_sq = 1.0;
   return q;
 }
 
@@ -121,11 +121,11 @@ TEST(GemmPrecisionTest, WorstFirstUnderTheCap) {
   std::vector<PolicyDecision> out;
   for (std::int64_t step = 0; step < 4; ++step) {
     QuantizerInput sat = quantizer("h0.attn.qkv.weight", "h0.attn.qkv", 0, false, "mxfp8_e4m3");
-    sat.saturated = 35;
-    sat.overflow = 5;  // 4.0% against 3%: 1.33 times the limit
+    sat.counts.saturated = 35;
+    sat.counts.overflow = 5;  // 4.0% against 3%: 1.33 times the limit
     // E4M3's floor 22.84 dB; 20 dB is 10^0.284 = 1.92 times the noise allowed.
     QuantizerInput noisy = quantizer("h0.mlp.fc.input", "h0.mlp.fc", 0, false, "e4m3:current");
-    noisy.error_sq = 10.0;
+    noisy.counts.error_sq = 10.0;
     // 30% against 25%: 1.2 times.
     out = engine.observe(clean_step(step, {sat, noisy, h1_fc_grad(300)}));
     if (step < 3) {
@@ -245,20 +245,10 @@ TEST(GemmPrecisionTest, ObserveModeAndTheDefaultDecideNothing) {
 QuantizerInput counted(const std::string& name, const std::string& layer,
                        const std::vector<float>& x, std::size_t rows, std::size_t cols,
                        std::string_view recipe_text) {
-  const RecipeCounts c = fake_quantize(x.data(), nullptr, rows, cols, recipe(recipe_text));
   QuantizerInput q;
   q.name = name;
   q.layer = layer;
-  q.recipe = c.recipe;
-  q.values = c.values;
-  q.nonfinite = c.nonfinite;
-  q.underflow = c.underflow;
-  q.saturated = c.saturated;
-  q.overflow = c.overflow;
-  q.amax = c.amax;
-  q.signal_sq = c.signal_sq;
-  q.error_sq = c.error_sq;
-  q.tensor_scale = c.tensor_scale;
+  q.counts = fake_quantize(x.data(), nullptr, rows, cols, recipe(recipe_text));
   return q;
 }
 
@@ -295,7 +285,8 @@ TEST(GemmPrecisionTest, GaussianDataStaysInEveryRecipeAndWideDataMoves) {
       EXPECT_EQ(out[0].bf16_gemms, std::vector<std::string>{"wide"});
       char share[32];
       std::snprintf(share, sizeof share, "%.1f%%",
-                    100.0 * static_cast<double>(w.underflow) / static_cast<double>(w.values));
+                    100.0 * static_cast<double>(w.counts.underflow) /
+                        static_cast<double>(w.counts.values));
       EXPECT_EQ(out[0].reason, std::string("bf16 wide: wide.output_grad underflow ") + share +
                                    " of finite values in 4/4 reports (nvfp4)");
     } else {
@@ -306,9 +297,9 @@ TEST(GemmPrecisionTest, GaussianDataStaysInEveryRecipeAndWideDataMoves) {
 
 QuantizerInput delayed(double amax, std::uint64_t saturated, std::size_t history) {
   QuantizerInput q = quantizer("h0.mlp.fc.input", "h0.mlp.fc", 0, false, "e4m3:scale=0.5");
-  q.tensor_scale = 0.5;  // reach 448 / 0.5 = 896
-  q.amax = amax;
-  q.saturated = saturated;
+  q.counts.tensor_scale = 0.5;  // reach 448 / 0.5 = 896
+  q.counts.amax = amax;
+  q.counts.saturated = saturated;
   q.amax_history.assign(history, 800.0f);  // 448 / 800 / 0.5 = 1.12: margin 0
   return q;
 }
@@ -413,7 +404,7 @@ TEST(GemmPrecisionTest, ValidatesItsConfigurationAndQuantisers) {
 
   PolicyEngine engine(kRun, gemm_config(), scaler());
   QuantizerInput q = h1_fc_grad(900);
-  q.saturated = 200;
+  q.counts.saturated = 200;
   try {
     engine.observe(step_input(0, {q}));
     ADD_FAILURE() << "accepted";
@@ -421,7 +412,7 @@ TEST(GemmPrecisionTest, ValidatesItsConfigurationAndQuantisers) {
     EXPECT_STREQ(e.what(), "quantizers[0].underflow + saturated + overflow must be <= values 1000");
   }
   q = h1_fc_grad(0);
-  q.error_sq = std::nan("");
+  q.counts.error_sq = std::nan("");
   EXPECT_THROW(engine.observe(step_input(0, {q})), PolicyError);
   EXPECT_EQ(engine.latest_step(), -1);  // unchanged
 }

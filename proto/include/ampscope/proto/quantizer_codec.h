@@ -1,10 +1,12 @@
-// RecipeCounts (kernels, ampscope/recipe.h) -> ampscope.v1.QuantizerStats (wire): the one place
+// RecipeCounts (kernels, ampscope/recipe.h) <-> ampscope.v1.QuantizerStats (wire): the one place
 // that writes a quantiser's measurement fields, shared by the agent's encoder and the server's
-// tests. The identity (name, role, phase, micro-step) is the caller's.
+// tests, and reads them back (the server's policy engine). The identity (name, role, phase,
+// micro-step) is the caller's.
 // Thread safety: pure functions.
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <span>
 
 #include "ampscope/recipe.h"
@@ -23,6 +25,10 @@ inline constexpr std::size_t kRecipeMaxBytes = 64;
 // newest kMaxAmaxHistory entries of `amax_history` (oldest first).
 void encode_quantizer(const RecipeCounts& c, std::span<const float> amax_history,
                       v1::QuantizerStats* out);
+
+// The counts encode_quantizer wrote (the amax history is the caller's). nullopt when the recipe
+// text is not one parse_recipe reads (the server's validation refuses such an entry).
+std::optional<RecipeCounts> decode_quantizer(const v1::QuantizerStats& q);
 
 // The SQNR of a quantiser's sums, in dB: RecipeCounts::sqnr_db's definition (+Inf when the
 // error is 0, NaN without signal).

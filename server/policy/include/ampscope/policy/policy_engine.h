@@ -110,24 +110,16 @@ struct TensorInput {
   std::uint64_t nonfinite() const { return nan + pos_inf + neg_inf; }
 };
 
-// One GEMM input as a scaled low-precision recipe quantised it (wire: QuantizerStats), with the
-// counts of ampscope/recipe.h's RecipeCounts that the per-layer precision reads.
+// One GEMM input as a scaled low-precision recipe quantised it (wire: QuantizerStats).
 struct QuantizerInput {
   std::string name;   // "h1.mlp.fc.output_grad@wgrad"
   std::string layer;  // the layer whose GEMM it feeds ("h1.mlp.fc"); empty: not movable
   TensorRole role = TensorRole::kActivation;
-  Recipe recipe;  // the recipe applied (with what_if: measured); recipe.element is its format
   // True: the layer's GEMM ran in BF16 and the recipe was only measured on its input.
   bool what_if = false;
-  std::uint64_t values = 0;  // finite input values
-  std::uint64_t nonfinite = 0;
-  std::uint64_t underflow = 0;
-  std::uint64_t saturated = 0;
-  std::uint64_t overflow = 0;
-  double amax = 0.0;       // largest finite |x|
-  double signal_sq = 0.0;  // SQNR = 10 log10(signal_sq / error_sq)
-  double error_sq = 0.0;
-  double tensor_scale = 0.0;        // the multiplier s of current and delayed scaling
+  // The recipe applied (with what_if: measured) and its counts; the engine reads values,
+  // underflow, saturated, overflow, amax, the SQNR sums and tensor_scale.
+  RecipeCounts counts;
   std::vector<float> amax_history;  // delayed scaling: the history s came from, oldest first
 };
 
