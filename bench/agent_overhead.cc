@@ -7,10 +7,15 @@
 // not on the training thread either way.
 //
 //   ampscope_agent_bench --out FRAGMENT.json [--warmup-steps 30] [--steps-per-block 4]
-//                        [--rounds 8] [model flags]
+//                        [--rounds 8] [--precision amp-fp16] [--key-suffix ''] [model flags]
 //
 // Writes agent_overhead_ratio_default and agent_overhead_ratio_full (targets <= 1.01 and
-// <= 1.05) and the figures behind them.
+// <= 1.05), the same ratios of process CPU time (agent_overhead_cpu_ratio_*) and the figures
+// behind them, each key followed by --key-suffix. An FP8/FP4
+// --precision (fp8-delayed, ...) also hands the agent every quantiser's counts
+// (TensorObserver::on_quantized, Agent::observe_quantizer) on the steps it observes:
+// `--precision fp8-delayed --key-suffix _fp8` gives agent_overhead_ratio_full_fp8.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -54,10 +59,21 @@ class Switch final : public TensorObserver, public StepListener {
   void on_tensor_stats(const TensorView& t, const TensorStats& stats) override {
     if (active != nullptr) active->on_tensor_stats(t, stats);
   }
+  void on_quantized(const QuantizedGemmInput& q) override {
+    if (active != nullptr) active->on_quantized(q);
+  }
   void on_step(const StepEvent& e) override {
     if (active != nullptr) active->on_step(e);
   }
 };
+
+// User and system CPU time of the whole process so far.
+double process_cpu_seconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  const auto seconds = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
+  return seconds(u.ru_utime) + seconds(u.ru_stime);
+}
 
 std::unique_ptr<AgentAdapter> make_adapter(Trainer& trainer, const std::string& run,
                                            const std::filesystem::path& spool, bool full) {
@@ -103,7 +119,7 @@ std::unique_ptr<AgentAdapter> make_adapter(Trainer& trainer, const std::string& 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out;
+  std::string out, precision = "amp-fp16", suffix;
   int warmup_steps = 30, steps_per_block = 4, rounds = 8, width = 128, layers = 4, heads = 4, context = 64,
       batch = 16, threads = 0;
   CLI::App app{"Step time of the built-in trainer with and without the ampscope agent"};
@@ -121,11 +137,15 @@ int main(int argc, char** argv) {
   app.add_option("--context", context)->capture_default_str();
   app.add_option("--batch", batch)->capture_default_str();
   app.add_option("--threads", threads, "OpenBLAS threads (0: its default)")->capture_default_str();
+  app.add_option("--precision", precision, "the trainer's precision mode")
+      ->check(CLI::IsMember(precision_names()))
+      ->capture_default_str();
+  app.add_option("--key-suffix", suffix, "appended to every key written (e.g. _fp8)");
   CLI11_PARSE(app, argc, argv);
 
   try {
     TrainerConfig config;
-    config.precision = PrecisionMode::kAmpFP16;
+    config.precision = *parse_precision(precision);
     config.model.n_embd = width;
     config.model.n_layer = layers;
     config.model.n_head = heads;
@@ -146,17 +166,25 @@ int main(int argc, char** argv) {
     auto default_agent = make_adapter(trainer, "bench-default", spool, false);
     auto full_agent = make_adapter(trainer, "bench-full", spool, true);
 
-    auto block = [&](AgentAdapter* a) {
-      return [&trainer, &sw, a, steps_per_block] {
+    // Beside the wall time, the process's CPU time of each block (every thread: the trainer's,
+    // OpenBLAS's, the kernels' pool, the agent's worker): on a machine shared with other work
+    // the wall time carries their load, the CPU time much less of it.
+    bench::Timing cpu[3];
+    auto block = [&](int config, AgentAdapter* a) {
+      return [&, config, a] {
         sw.active = a;
+        const double cpu_before = process_cpu_seconds();
         for (int i = 0; i < steps_per_block; ++i) trainer.step();
+        cpu[config].seconds.push_back(process_cpu_seconds() - cpu_before);
       };
     };
-    const std::function<void()> fns[] = {block(nullptr), block(default_agent.get()),
-                                         block(full_agent.get())};
+    const std::function<void()> fns[] = {block(0, nullptr), block(1, default_agent.get()),
+                                         block(2, full_agent.get())};
     const auto t = bench::time_interleaved(fns, /*warmup=*/1, rounds);
     sw.active = nullptr;
+    for (bench::Timing& c : cpu) c.seconds.erase(c.seconds.begin());  // the warm-up round
     const auto per_step = [&](int i) { return t[i].median() / steps_per_block; };
+    const auto cpu_per_step = [&](int i) { return cpu[i].median() / steps_per_block; };
     const double base = per_step(0), def = per_step(1), full = per_step(2);
     const agent::Counters cd = default_agent->agent().counters();
     const agent::Counters cf = full_agent->agent().counters();
@@ -165,29 +193,38 @@ int main(int argc, char** argv) {
     std::filesystem::remove_all(spool);
 
     nlohmann::ordered_json j;
-    j["agent_overhead_ratio_default"] = def / base;
-    j["agent_overhead_ratio_full"] = full / base;
-    j["agent_bench_step_s_without"] = base;
-    j["agent_bench_step_s_default"] = def;
-    j["agent_bench_step_s_full"] = full;
-    j["agent_bench_training_thread_s_per_step_default"] =
+    const auto key = [&](const char* name) { return name + suffix; };
+    j[key("agent_overhead_ratio_default")] = def / base;
+    j[key("agent_overhead_ratio_full")] = full / base;
+    j[key("agent_bench_step_s_without")] = base;
+    j[key("agent_bench_step_s_default")] = def;
+    j[key("agent_bench_step_s_full")] = full;
+    j[key("agent_bench_training_thread_s_per_step_default")] =
         cd.steps > 0 ? cd.training_thread_s / static_cast<double>(cd.steps) : 0.0;
-    j["agent_bench_training_thread_s_per_step_full"] =
+    j[key("agent_bench_training_thread_s_per_step_full")] =
         cf.steps > 0 ? cf.training_thread_s / static_cast<double>(cf.steps) : 0.0;
-    j["agent_bench_dropped_reports"] = cd.dropped_reports + cf.dropped_reports;
-    j["agent_bench_model"] = "amp-fp16 gpt width " + std::to_string(width) + " layers " +
-                             std::to_string(layers) + " context " + std::to_string(context) +
-                             " batch " + std::to_string(batch) + " (cpu)";
-    j["agent_bench_warmup_steps"] = warmup_steps;
-    j["agent_bench_steps_per_block"] = steps_per_block;
-    j["agent_bench_rounds"] = rounds;
-    j["agent_bench_build_type"] = AMPSCOPE_BENCH_BUILD_TYPE;
+    j[key("agent_overhead_cpu_ratio_default")] = cpu_per_step(1) / cpu_per_step(0);
+    j[key("agent_overhead_cpu_ratio_full")] = cpu_per_step(2) / cpu_per_step(0);
+    j[key("agent_bench_cpu_s_per_step_without")] = cpu_per_step(0);
+    j[key("agent_bench_cpu_s_per_step_default")] = cpu_per_step(1);
+    j[key("agent_bench_cpu_s_per_step_full")] = cpu_per_step(2);
+    double load[1] = {-1.0};
+    if (getloadavg(load, 1) == 1) j[key("agent_bench_load_average_1min")] = load[0];
+    j[key("agent_bench_dropped_reports")] = cd.dropped_reports + cf.dropped_reports;
+    j[key("agent_bench_model")] = precision + " gpt width " + std::to_string(width) + " layers " +
+                                  std::to_string(layers) + " context " + std::to_string(context) +
+                                  " batch " + std::to_string(batch) + " (cpu)";
+    j[key("agent_bench_warmup_steps")] = warmup_steps;
+    j[key("agent_bench_steps_per_block")] = steps_per_block;
+    j[key("agent_bench_rounds")] = rounds;
+    j[key("agent_bench_build_type")] = AMPSCOPE_BENCH_BUILD_TYPE;
     std::ofstream(out) << j.dump(2) << "\n";
-    std::printf("agent overhead: default %.4f, full %.4f (step %.1f ms without the agent; "
-                "agent on the training thread %.2f / %.2f ms per step)\n",
-                def / base, full / base, base * 1e3,
-                j["agent_bench_training_thread_s_per_step_default"].get<double>() * 1e3,
-                j["agent_bench_training_thread_s_per_step_full"].get<double>() * 1e3);
+    std::printf(
+        "agent overhead (%s): default %.4f, full %.4f (step %.1f ms without the agent; "
+        "agent on the training thread %.2f / %.2f ms per step)\n",
+        precision.c_str(), def / base, full / base, base * 1e3,
+        j[key("agent_bench_training_thread_s_per_step_default")].get<double>() * 1e3,
+        j[key("agent_bench_training_thread_s_per_step_full")].get<double>() * 1e3);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ampscope_agent_bench: %s\n", e.what());

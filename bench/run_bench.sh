@@ -17,6 +17,8 @@
 #   AMPSCOPE_BENCH_SIMD_REPS     timed calls per SIMD level                        (default 3)
 #   AMPSCOPE_BENCH_THREADS       threads for both (default: the kernels' pool size)
 #   AMPSCOPE_BENCH_TARGETS       what-if targets                        (default fp16@0,e4m3@0)
+#   AMPSCOPE_BENCH_MX_RECIPE     recipe timed through recipe_counts for stats_gbps_*_mx
+#                                (default mxfp8_e4m3, rows of 4,096, one thread)
 #   AMPSCOPE_BENCH_TORCH_DTYPES  dtypes for the peer                    (default fp32,fp16,bf16)
 #   AMPSCOPE_BENCH_TORCH_REPS    most timed calls per dtype for the peer           (default 3)
 #   AMPSCOPE_BENCH_TORCH_BUDGET_S  seconds after which the peer stops repeating    (default 20)
@@ -46,6 +48,7 @@ rm -f "$fragments"/stats.json "$fragments"/stats_torch.json "$fragments"/stats_s
   --simd-reps "${AMPSCOPE_BENCH_SIMD_REPS:-3}" \
   --threads "${AMPSCOPE_BENCH_THREADS:-0}" \
   --targets "${AMPSCOPE_BENCH_TARGETS:-fp16@0,e4m3@0}" \
+  --mx-recipe "${AMPSCOPE_BENCH_MX_RECIPE:-mxfp8_e4m3}" \
   --out "$fragments/stats.json"
 
 # The peer gets exactly the buffer size and thread count the C++ run used.
@@ -107,8 +110,10 @@ echo "results: $out_dir/results.json"
 # --- The agent's overhead on a training step (bench/agent_overhead.cc) ---------------------
 # One process, one run: blocks of steps without the agent, with it at default sampling and with
 # full statistics every step, interleaved; writes agent_overhead_ratio_default and
-# agent_overhead_ratio_full (targets <= 1.01 and <= 1.05) into results.json. About a minute on
-# 2 cores.
+# agent_overhead_ratio_full (targets <= 1.01 and <= 1.05) into results.json, and the same ratios
+# of process CPU time (agent_overhead_cpu_ratio_*). Then the same of an fp8-delayed run, the
+# quantisers' counts reported too: the keys with _fp8 (agent_overhead_ratio_full_fp8, target
+# <= 1.05). About a minute each on 2 cores.
 #
 # Environment (all optional):
 #   AMPSCOPE_BENCH_AGENT_STEPS   steps per timed block (default 4)
@@ -118,11 +123,24 @@ if [[ ! -x $agent_bench ]]; then
   echo "$0: $agent_bench not found; build the target ampscope_agent_bench in $build_dir" >&2
   exit 2
 fi
-rm -f "$fragments"/agent.json
+rm -f "$fragments"/agent.json "$fragments"/agent_fp8.json
 "$agent_bench" --out "$fragments/agent.json" \
   --steps-per-block "${AMPSCOPE_BENCH_AGENT_STEPS:-4}" \
   --rounds "${AMPSCOPE_BENCH_AGENT_ROUNDS:-8}"
-"$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/agent.json"
+"$agent_bench" --out "$fragments/agent_fp8.json" --precision fp8-delayed --key-suffix _fp8 \
+  --steps-per-block "${AMPSCOPE_BENCH_AGENT_STEPS:-4}" \
+  --rounds "${AMPSCOPE_BENCH_AGENT_ROUNDS:-8}"
+"$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/agent.json" \
+  "$fragments/agent_fp8.json"
+echo "results: $out_dir/results.json"
+
+# The quantiser of an FP8/FP4 GEMM input with the statistics fused into it
+# (fake_quantize_with_stats) against fake_quantize + compute_stats on the same 1,024 x 512
+# input (bench/fused_recipe_bench.cc): recipe_stats_fused_speedup_{delayed,current,mx,nvfp4}.
+# A few seconds.
+rm -f "$fragments"/fused_recipe.json
+"$build_dir/bench/ampscope_fused_recipe_bench" --out "$fragments/fused_recipe.json"
+"$python" "$here/merge_results.py" "$out_dir/results.json" "$fragments/fused_recipe.json"
 echo "results: $out_dir/results.json"
 
 # ---- The PyTorch monitor's overhead (bench/torch_agent_bench.py) -----------------------------

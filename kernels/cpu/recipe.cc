@@ -310,10 +310,14 @@ class Quantizer {
       return;
     }
     const auto br = static_cast<std::size_t>(recipe_.block_rows);
+    // With a tap, whole strips of about a group's size at a time (one call per short strip
+    // would cost more than the kernel saves).
+    const std::size_t tap_rows = br * std::max<std::size_t>(1, kGroupElements / (br * cols));
     for (std::size_t r0 = 0; r0 < rows; r0 += br) {
-      const std::size_t r1 = std::min(rows, r0 + br);
-      if (tap_ != nullptr) tap_->add(x + r0 * cols, (r1 - r0) * cols);  // contiguous rows
-      add_strip(x, out, r0, r1, cols);
+      if (tap_ != nullptr && r0 % tap_rows == 0) {
+        tap_->add(x + r0 * cols, (std::min(rows, r0 + tap_rows) - r0) * cols);  // contiguous
+      }
+      add_strip(x, out, r0, std::min(rows, r0 + br), cols);
     }
   }
 
