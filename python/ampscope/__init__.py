@@ -9,10 +9,11 @@ ctypes). `ampscope.torch` attaches it to a PyTorch training loop:
     mon.close()
 """
 
-from ._agent import Agent, AgentError, Stats, compute_stats, scale_and_compute_stats
+from ._agent import (Agent, AgentError, Stats, compute_stats, count_recipe,
+                     scale_and_compute_stats)
 from ._capi import LibraryError
 from ._server import LocalServer
 
 __all__ = ["Agent", "AgentError", "LibraryError", "LocalServer", "Stats", "compute_stats",
-           "scale_and_compute_stats"]
+           "count_recipe", "scale_and_compute_stats"]
 __version__ = "0.1.0"

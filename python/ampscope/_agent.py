@@ -147,6 +147,33 @@ def scale_and_compute_stats(data, numel, dtype, factor, targets=()):
                        ctypes.c_float(factor), targets=targets)
 
 
+RECIPE_COUNT_FIELDS = ("values", "nonfinite", "underflow", "subnormal", "saturated", "overflow",
+                       "amax", "signal_sq", "error_sq", "tensor_scale", "blocks", "zero_blocks",
+                       "saturated_blocks", "nan_blocks")
+
+
+def count_recipe(data, numel, dtype, row_length, recipe):
+    """A tensor's counts under a scaled recipe (ampscope_count_recipe; ampscope/recipe.h's
+    recipe_counts, what `ampscope stats --target RECIPE --json` prints): numel elements of
+    `dtype` storage (FP32, FP16, BF16, E4M3 / E5M2 bytes) at the host address `data`, in rows
+    of row_length (0: one row), against `recipe` (str). A dict with the fields of
+    RECIPE_COUNT_FIELDS and "scale_histogram" {"min_exponent", "counts"}. ValueError (the
+    library's reason) on a bad argument."""
+    lib = _capi.library()
+    bins = (ctypes.c_uint64 * _capi.HISTOGRAM_BINS)()
+    out = _capi.new(_capi.RecipeCounts)
+    out.scale_histogram_counts = bins
+    reason = ctypes.create_string_buffer(256)
+    status = lib.ampscope_count_recipe(data, numel, dtype, row_length, utf8(recipe),
+                                       ctypes.byref(out), reason, len(reason))
+    if status != _capi.OK:
+        raise ValueError(reason.value.decode(errors="replace"))
+    counts = {f: getattr(out, f) for f in RECIPE_COUNT_FIELDS}
+    counts["scale_histogram"] = {"min_exponent": out.scale_histogram_min_exponent,
+                                 "counts": list(bins[:out.scale_histogram_bins])}
+    return counts
+
+
 class Agent:
     def __init__(self, *, run_id, server=None, options=None, trainer="", precision="",
                  compute_format=_capi.FORMAT_FP16, scaler_settings=None):
@@ -225,15 +252,9 @@ class Agent:
         sender thread. Returns the status."""
 
         def c_schedule(_user, change, reason, reason_size):
-            try:
-                c = change.contents
-                why = schedule(c.fields(), c.effective_from_step)
-            except Exception as e:  # a reason for the server, never an exception into C
-                why = f"{type(e).__name__}: {e}"
-            if not why:
-                return 0
-            _write_reason(why, reason, reason_size)
-            return 1
+            return _answer(lambda: schedule(change.contents.fields(),
+                                            change.contents.effective_from_step),
+                           reason, reason_size)
 
         def c_scale(_user):
             try:
@@ -252,6 +273,37 @@ class Agent:
     def attach_overrides(self, capable_layers, replace):
         """capable_layers: the layer names the FP32 fallback may use. replace(layers: list,
         from_step: int) -> None or a reason (str), called from begin_step of from_step."""
+        ops = self._overrides_ops(capable_layers, replace)
+        return self._lib.ampscope_agent_attach_overrides(self._handle, ctypes.byref(ops), None)
+
+    def attach_gemm_precision(self, gemm_layers, replace, schedule_recipe=None):
+        """Per-layer precision of an FP8/FP4 run. gemm_layers: the linear layers whose GEMMs
+        can run in BF16 instead of the recipe; replace(bf16_layers: list, from_step: int) ->
+        None or a reason (str). schedule_recipe(amax_history_length, margin, from_step) -> None
+        or a reason, each setting None when the update leaves it alone; given only when the run
+        uses delayed scaling (without it such an update is refused). Both called from
+        begin_step of from_step. gemm_layers None: no GEMM set (replace is not used). Returns
+        the status."""
+        gemms = self._overrides_ops(gemm_layers, replace) if gemm_layers is not None else None
+        recipe = None
+        if schedule_recipe is not None:
+
+            def c_schedule(_user, change, reason, reason_size):
+                return _answer(lambda: schedule_recipe(*change.contents.settings(),
+                                                       change.contents.effective_from_step),
+                               reason, reason_size)
+
+            recipe = _capi.new(_capi.RecipeOps)
+            recipe.delayed = 1
+            recipe.schedule = _capi.RECIPE_SCHEDULE_FN(c_schedule)
+            self._callbacks.append(recipe)
+        return self._lib.ampscope_agent_attach_gemm_precision(
+            self._handle, ctypes.byref(gemms) if gemms is not None else None, None,
+            ctypes.byref(recipe) if recipe is not None else None, None)
+
+    def _overrides_ops(self, capable_layers, replace):
+        """ampscope_overrides_ops over a list of names and replace(layers, from_step), kept
+        alive with the agent."""
         names = [utf8(n) for n in capable_layers]
         array = (ctypes.c_char_p * max(1, len(names)))(*names)
 
@@ -261,21 +313,15 @@ class Agent:
             return len(names)
 
         def c_replace(_user, layers, num_layers, from_step, reason, reason_size):
-            try:
-                chosen = [layers[i].decode(errors="replace") for i in range(num_layers)]
-                why = replace(chosen, from_step)
-            except Exception as e:
-                why = f"{type(e).__name__}: {e}"
-            if not why:
-                return 0
-            _write_reason(why, reason, reason_size)
-            return 1
+            return _answer(lambda: replace([layers[i].decode(errors="replace")
+                                            for i in range(num_layers)], from_step),
+                           reason, reason_size)
 
         ops = _capi.new(_capi.OverridesOps)
         ops.capable_layers = _capi.CAPABLE_FN(c_capable)
         ops.replace = _capi.REPLACE_FN(c_replace)
         self._callbacks.append((ops, array, names))
-        return self._lib.ampscope_agent_attach_overrides(self._handle, ctypes.byref(ops), None)
+        return ops
 
     # -- step calls (never raise) ------------------------------------------------------------
 
@@ -334,6 +380,32 @@ class Agent:
         return self._lib.ampscope_agent_observe_stats(self._handle, ctypes.byref(v),
                                                       ctypes.byref(stats.c))
 
+    def observe_quantizer(self, name, role, phase, dtype, data, shape, recipe, *, layer=b"",
+                          what_if=False, amax_history=None, micro_step=0):
+        """A quantiser the agent counts itself (ampscope_agent_observe_quantizer): `shape`
+        elements (a tuple of ints) of `dtype` storage at the host address `data` (None: not
+        read, on a step that does not record), against `recipe` (bytes, as `ampscope stats
+        --target` takes it). name, layer: bytes. amax_history: floats, oldest first. Returns the
+        status (INVALID_ARGUMENT with last_error() naming what is wrong)."""
+        v = self._fill_view(name, role, phase, dtype, data, 0, _capi.DEVICE_CPU, None, 1.0,
+                            micro_step, 0, None)
+        dims = (ctypes.c_int64 * max(1, len(shape)))(*shape)
+        v.shape = dims
+        v.rank = len(shape)
+        q = _capi.new(_capi.Quantizer)
+        q.recipe = recipe
+        q.layer = layer
+        q.what_if = int(bool(what_if))
+        history = None
+        if amax_history:
+            history = (ctypes.c_float * len(amax_history))(*amax_history)
+            q.amax_history = history
+            q.amax_history_length = len(amax_history)
+        status = self._lib.ampscope_agent_observe_quantizer(self._handle, ctypes.byref(v),
+                                                            ctypes.byref(q))
+        v.shape, v.rank = None, 0
+        return status
+
     def wanted(self, role, phase):
         """What observe() of a tensor of `role` in `phase` would measure now: 0 nothing,
         1 counts, 2 full statistics."""
@@ -344,7 +416,7 @@ class Agent:
 
     def end_step(self, *, step, loss=0.0, loss_scale=1.0, scale_after=1.0, found_inf=False,
                  skipped=False, grad_norm=0.0, lr=0.0, tokens=0, step_time_s=0.0,
-                 optimizer_steps=0, val_loss=None, fp32_layers=()):
+                 optimizer_steps=0, val_loss=None, fp32_layers=(), bf16_gemms=()):
         info = _capi.new(_capi.StepInfo)
         info.step = step
         info.loss = loss
@@ -366,6 +438,12 @@ class Agent:
             layers = (ctypes.c_char_p * len(names))(*names)
             info.fp32_layers = layers
             info.num_fp32_layers = len(names)
+        gemms = None
+        if bf16_gemms:
+            names = [utf8(n) for n in bf16_gemms]
+            gemms = (ctypes.c_char_p * len(names))(*names)
+            info.bf16_gemms = gemms
+            info.num_bf16_gemms = len(names)
         return self._lib.ampscope_agent_end_step(self._handle, ctypes.byref(info))
 
     # -- any thread ---------------------------------------------------------------------------
@@ -441,6 +519,27 @@ def _close_open_agents():
     for agent in list(_open_agents):
         with contextlib.suppress(Exception):
             agent.close()
+
+
+def refusal(decide):
+    """None when decide() accepted (returned None or ""), else its one-line reason: the str it
+    returned, or the exception it raised (a reason for the server, never an exception into
+    the agent)."""
+    try:
+        why = decide()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return str(why) if why else None
+
+
+def _answer(decide, reason, reason_size):
+    """A callback's answer to the agent: 0 when decide() accepted, else 1 with its refusal in
+    the agent's buffer."""
+    why = refusal(decide)
+    if why is None:
+        return 0
+    _write_reason(why, reason, reason_size)
+    return 1
 
 
 def _write_reason(text, buffer, size):

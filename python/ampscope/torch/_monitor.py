@@ -21,6 +21,10 @@ What it hooks (all removed again by Monitor.close()):
     optimizer stepped;
   - the leaves the server moves to FP32 (when a PolicyUpdate names them): the global hooks run
     them outside autocast, floating inputs cast to FP32.
+An FP8/FP4 run's own framework (Transformer Engine style) applies per-layer precision itself:
+attach(gemm_layers=..., on_gemm_precision=..., on_recipe=...) hands it the server's BF16 GEMM
+set and delayed-scaling settings at their step, and Monitor.observe_quantizer reports each GEMM
+input it quantises, counted by the agent against the recipe.
 With a process group (several ranks), each step's end also runs the per-step policy agreement:
 one max all-reduce of (-received policy seq, fallback wish) over that group, so that every rank
 applies the server's updates, and falls back, at the same step (docs/multi-rank.md). Use a
@@ -47,7 +51,7 @@ import weakref
 import torch
 
 from .. import _capi
-from .._agent import Agent, recipe_targets_option, server_option, utf8
+from .._agent import Agent, recipe_targets_option, refusal, server_option, utf8
 from . import _scaler
 
 _FORMATS = {torch.float32: _capi.FORMAT_FP32, torch.float16: _capi.FORMAT_FP16,
@@ -55,6 +59,15 @@ _FORMATS = {torch.float32: _capi.FORMAT_FP32, torch.float16: _capi.FORMAT_FP16,
 for _name, _fmt in (("float8_e4m3fn", _capi.FORMAT_E4M3), ("float8_e5m2", _capi.FORMAT_E5M2)):
     if hasattr(torch, _name):
         _FORMATS[getattr(torch, _name)] = _fmt
+# Raw bytes (torch.uint8) of FP8 storage, for a torch without float8 dtypes.
+_RAW_FP8 = {"e4m3": _capi.FORMAT_E4M3, "e5m2": _capi.FORMAT_E5M2}
+_ROLES = {"weight": _capi.ROLE_WEIGHT, "master_weight": _capi.ROLE_MASTER_WEIGHT,
+          "activation": _capi.ROLE_ACTIVATION, "activation_grad": _capi.ROLE_ACTIVATION_GRAD,
+          "weight_grad": _capi.ROLE_WEIGHT_GRAD, "optimizer_state": _capi.ROLE_OPTIMIZER_STATE,
+          "loss": _capi.ROLE_LOSS}
+_PHASES = {"unknown": _capi.PHASE_UNKNOWN, "step_start": _capi.PHASE_STEP_START,
+           "forward": _capi.PHASE_FORWARD, "backward": _capi.PHASE_BACKWARD,
+           "after_unscale": _capi.PHASE_AFTER_UNSCALE}
 _PRECISIONS = {torch.float16: ("amp-fp16", _capi.FORMAT_FP16),
                torch.bfloat16: ("amp-bf16", _capi.FORMAT_BF16),
                torch.float32: ("fp32", _capi.FORMAT_FP32)}
@@ -79,11 +92,14 @@ def _dense_start(t):
 
 
 class Monitor:
-    """Returned by attach(). Public: step(i), loss(tensor), flush(), counters(), notices(),
-    close(). Nothing here raises into the training loop once attach() returned."""
+    """Returned by attach(). Public: step(i), loss(tensor), observe_quantizer(...), flush(),
+    counters(), notices(), close(). Nothing here raises into the training loop once attach()
+    returned, but for observe_quantizer's TypeError/ValueError on bad arguments (a programming
+    error, raised on its first call)."""
 
     def __init__(self, model, optimizer, scaler, scheduler, agent, *, start_step, master_weights,
-                 named_params, process_group=None, optimizer_steps=0, warnings=()):
+                 named_params, process_group=None, optimizer_steps=0, warnings=(),
+                 gemm_precision=None):
         self._model = model
         self._optimizer = optimizer
         self._scheduler = scheduler
@@ -122,6 +138,11 @@ class Monitor:
         self._thread = threading.local()  # the FP32 fallback's autocast contexts, per thread
         self._encoded = {}
         self._group = process_group  # the agreement's torch.distributed group, or None
+        # Per-layer precision of an FP8/FP4 run: (gemm layers or None, on_gemm_precision,
+        # on_recipe) as attach() checked them, and the BF16 set the user's framework accepted.
+        self._gemm_layers, self._on_gemm_precision, self._on_recipe = gemm_precision or (
+            None, None, None)
+        self._bf16_gemms = set()
 
     # -- wiring --------------------------------------------------------------------------------
 
@@ -144,6 +165,13 @@ class Monitor:
             status = self._agent.attach_overrides(list(self._leaf_names), self._replace_fp32)
             if status != _capi.OK:
                 self._notice("torch: FP32 fallback unavailable: " + self._agent.last_error())
+        if self._gemm_layers is not None or self._on_recipe is not None:
+            status = self._agent.attach_gemm_precision(
+                self._gemm_layers, self._replace_bf16,
+                self._schedule_recipe if self._on_recipe is not None else None)
+            if status != _capi.OK:
+                self._notice("torch: per-layer precision unavailable: " +
+                             self._agent.last_error())
         if self._optimizer is not None:
             self._wrap_optimizer_step()
         if self._scheduler is not None:
@@ -289,7 +317,8 @@ class Monitor:
                              found_inf=found_inf, skipped=skipped, lr=lr,
                              step_time_s=time.perf_counter() - self._t0,
                              optimizer_steps=self._optimizer_steps,
-                             fp32_layers=sorted(self._fp32_active))
+                             fp32_layers=sorted(self._fp32_active),
+                             bf16_gemms=sorted(self._bf16_gemms))
         self._last_skipped = False
         if self._group is not None:
             self._agree()
@@ -542,7 +571,111 @@ class Monitor:
                                  "refused": None})
         return None
 
+    def _replace_bf16(self, layers, from_step):
+        unknown = [n for n in layers if n not in self._gemm_layers]
+        if unknown:
+            reason = "not one of gemm_layers: " + ", ".join(unknown[:4])
+        else:
+            reason = refusal(lambda: self._on_gemm_precision(sorted(layers), from_step))
+        if reason is None:
+            self._bf16_gemms = set(layers)
+        self._policy_log.append({"step": from_step, "bf16_gemms": sorted(layers),
+                                 "refused": reason})
+        return reason
+
+    def _schedule_recipe(self, history_length, margin, from_step):
+        reason = refusal(lambda: self._on_recipe(history_length, margin, from_step))
+        change = {k: v for k, v in (("amax_history_length", history_length),
+                                    ("margin", margin)) if v is not None}
+        self._policy_log.append({"step": from_step, "recipe": change, "refused": reason})
+        return reason
+
     # -- public --------------------------------------------------------------------------------
+
+    def observe_quantizer(self, tensor, recipe, name, *, layer=None, what_if=False,
+                          role="activation", phase="forward", dtype=None, amax_history=None):
+        """Reports a quantiser: `tensor`, a GEMM input as it was before `recipe` quantised it (or,
+        with what_if=True, the input of a GEMM that ran in BF16, to say what the recipe would
+        have done), counted by the agent against the recipe (ampscope/recipe.h's recipe_counts,
+        in rows of the last dimension, what `ampscope stats --target RECIPE` counts) on each
+        step the agent records; `ampscope show` lists it with the run's quantisers.
+
+        tensor        torch.float32 / float16 / bfloat16, torch.float8_e4m3fn / float8_e5m2, or
+                      the raw bytes of FP8 storage (torch.uint8) with dtype="e4m3" or "e5m2"
+                      (a torch without float8 dtypes). A CUDA tensor is copied to the host on
+                      recorded steps (a synchronisation)
+        recipe        "mxfp8_e4m3", "mxfp4", "nvfp4", "e4m3:current", "e4m3:tile=1x128",
+                      "e4m3:scale=S" (a delayed recipe's scale S), ...
+        name          the quantiser's name ("h0.attn.qkv.input")
+        layer         the linear layer whose GEMM it feeds, one of attach(gemm_layers=...):
+                      the unit the server moves to BF16; None: none it can move
+        role, phase   "activation", "weight", "activation_grad", ...; "forward", "backward"
+        amax_history  a delayed recipe's amax history, oldest first (floats or a 1-D tensor)
+
+        Returns True when the agent recorded it. TypeError or ValueError (the agent's message:
+        a recipe that is not one, a dtype it cannot take) on bad arguments."""
+        args = self._quantizer_args(tensor, recipe, name, layer, role, phase, dtype,
+                                    amax_history)
+        if self._closed:
+            return False
+        recording = self._in_step and self._wanted
+        t = tensor.detach()
+        if recording:
+            if t.is_cuda:
+                t = t.cpu()
+            t = t.contiguous()
+        status = self._agent.observe_quantizer(
+            args["name"], args["role"], args["phase"], args["dtype"],
+            t.data_ptr() if recording else None, tuple(t.shape) or (1,),
+            args["recipe"], layer=args["layer"], what_if=what_if,
+            amax_history=args["amax_history"], micro_step=self._micro)
+        if status == _capi.INVALID_ARGUMENT:
+            raise ValueError("observe_quantizer: " + self._agent.last_error())
+        return recording and status == _capi.OK
+
+    def _quantizer_args(self, tensor, recipe, name, layer, role, phase, dtype, amax_history):
+        """observe_quantizer's arguments as the agent takes them; TypeError/ValueError naming
+        the bad one."""
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+        for what, value in (("recipe", recipe), ("name", name)):
+            if not isinstance(value, str) or not value:
+                raise TypeError(f"{what} must be a non-empty str, got {value!r}")
+        if layer is not None and not isinstance(layer, str):
+            raise TypeError(f"layer must be a str or None, got {type(layer).__name__}")
+        if layer and (self._gemm_layers is None or layer not in self._gemm_layers):
+            raise ValueError(f"layer {layer!r} is not one of attach(gemm_layers=...)")
+        if role not in _ROLES:
+            raise ValueError(f"role must be one of {sorted(_ROLES)}, got {role!r}")
+        if phase not in _PHASES:
+            raise ValueError(f"phase must be one of {sorted(_PHASES)}, got {phase!r}")
+        if tensor.dtype == torch.uint8:
+            if dtype not in _RAW_FP8:
+                raise ValueError("a torch.uint8 tensor holds FP8 bytes: dtype must be 'e4m3' or "
+                                 f"'e5m2', got {dtype!r}")
+            fmt = _RAW_FP8[dtype]
+        elif tensor.dtype in _FORMATS:
+            if dtype is not None:
+                raise ValueError(f"dtype is for torch.uint8 bytes only; the tensor is "
+                                 f"{tensor.dtype}")
+            fmt = _FORMATS[tensor.dtype]
+        else:
+            raise TypeError(f"tensor must be float32, float16, bfloat16, float8 or uint8 (FP8 "
+                            f"bytes), got {tensor.dtype}")
+        history = None
+        if amax_history is not None:
+            if isinstance(amax_history, torch.Tensor):
+                amax_history = amax_history.detach().flatten().tolist()
+            history = [float(a) for a in amax_history]
+        return {"name": self._name(name), "role": _ROLES[role], "phase": _PHASES[phase],
+                "dtype": fmt, "recipe": utf8(recipe), "layer": utf8(layer or ""),
+                "amax_history": history}
+
+    @property
+    def bf16_gemms(self):
+        """The layers of gemm_layers whose GEMMs run in BF16 now (as on_gemm_precision
+        accepted them), sorted."""
+        return sorted(self._bf16_gemms)
 
     @property
     def agent(self):
@@ -551,8 +684,10 @@ class Monitor:
     @property
     def policy_log(self):
         """The server's changes as they reached this process, oldest first: dicts with "step"
-        (the step they govern from), "scaler" (the fields changed) or "fp32_layers" (the new FP32
-        set), and "refused" (None, or why the scaler refused)."""
+        (the step they govern from), "scaler" (the fields changed), "fp32_layers" (the new FP32
+        set), "bf16_gemms" (the new BF16 GEMM set) or "recipe" (the delayed-scaling settings
+        changed: amax_history_length, margin), and "refused" (None, or why the scaler or the
+        user's callback refused)."""
         return list(self._policy_log)
 
     @property
@@ -667,6 +802,30 @@ class _SchedulerPatch:
         return detach
 
 
+def _gemm_precision(gemm_layers, on_gemm_precision, on_recipe):
+    """attach()'s per-layer precision arguments, checked: (set of layers or None,
+    on_gemm_precision, on_recipe), or None when none is given. TypeError/ValueError naming the
+    argument."""
+    if gemm_layers is None and on_gemm_precision is None and on_recipe is None:
+        return None
+    if (gemm_layers is None) != (on_gemm_precision is None):
+        raise TypeError("gemm_layers and on_gemm_precision go together: the layers the server "
+                        "may move to BF16, and the callback that moves them")
+    layers = None
+    if gemm_layers is not None:
+        if isinstance(gemm_layers, str) or not all(isinstance(n, str) and n
+                                                   for n in gemm_layers):
+            raise TypeError("gemm_layers must be a list of non-empty str")
+        layers = list(gemm_layers)
+        if len(set(layers)) != len(layers):
+            raise ValueError(f"gemm_layers names a layer twice: {layers}")
+        if not callable(on_gemm_precision):
+            raise TypeError("on_gemm_precision must be callable(bf16_layers, from_step)")
+    if on_recipe is not None and not callable(on_recipe):
+        raise TypeError("on_recipe must be callable(history_length, margin, from_step)")
+    return (set(layers) if layers is not None else None, on_gemm_precision, on_recipe)
+
+
 def _to_fp32(value):
     if isinstance(value, torch.Tensor):
         return value.float() if value.dtype in (torch.float16, torch.bfloat16) else value
@@ -708,7 +867,8 @@ def _disabled_by_torch(scaler):
 
 def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, options=None,
            compute_dtype=None, scheduler=None, master_weights=False, start_step=0,
-           optimizer_steps=None, process_group=None, recipe_targets=None):
+           optimizer_steps=None, process_group=None, recipe_targets=None, gemm_layers=None,
+           on_gemm_precision=None, on_recipe=None):
     """Attaches an ampscope agent to a training loop and returns its Monitor.
 
     model          torch.nn.Module (its modules' qualified names name the tensors)
@@ -739,6 +899,16 @@ def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, opti
                    "mxfp8_e4m3,nvfp4", the texts `ampscope stats --target` takes; at most 8.
                    Each becomes a quantiser of the tensor in `ampscope show`. CPU tensors
                    only: tensors on a GPU are not counted against recipes
+    gemm_layers, on_gemm_precision
+                   per-layer precision of an FP8/FP4 run whose framework quantises the GEMMs:
+                   the linear layers whose GEMMs can run in BF16 instead of the recipe, and
+                   on_gemm_precision(bf16_layers, from_step), called at the start of step
+                   from_step with the complete BF16 set the server chose (the rest run the
+                   recipe); it returns None to accept or a str saying why not. Given together
+    on_recipe      on_recipe(history_length, margin, from_step) for a run with delayed
+                   scaling: the amax history length and margin (binades) from from_step on,
+                   None for one the server leaves alone; None, or a str refusal. Without it
+                   the server's delayed-scaling changes are refused
 
     Raises TypeError or ValueError naming the bad argument (the agent's own rules for run_id
     and server included), ampscope.AgentError when the agent cannot start; after that, nothing
@@ -760,6 +930,7 @@ def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, opti
         raise TypeError(f"options must be a dict, got {type(options).__name__}")
     if recipe_targets is not None:
         recipe_targets = recipe_targets_option(recipe_targets)  # naming `recipe_targets`
+    gemm_precision = _gemm_precision(gemm_layers, on_gemm_precision, on_recipe)
     if scheduler is not None and not callable(getattr(scheduler, "step", None)):
         raise TypeError(f"scheduler must have a step() method, got {type(scheduler).__name__}")
     start_step = _count("start_step", start_step)
@@ -810,7 +981,7 @@ def attach(model, optimizer=None, scaler=None, *, run_id=None, server=None, opti
     monitor = Monitor(model, optimizer, adapter, scheduler, agent, start_step=start_step,
                       master_weights=master_weights, named_params=named,
                       process_group=group, optimizer_steps=optimizer_steps,
-                      warnings=warnings_)
+                      warnings=warnings_, gemm_precision=gemm_precision)
     for text in warnings_:
         monitor._notice(text)
         _warnings.warn("ampscope: " + text, RuntimeWarning, stacklevel=2)
