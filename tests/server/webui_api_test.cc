@@ -342,6 +342,105 @@ TEST_F(WebApiTest, TensorColumnsAreInTheUnscaledDomain) {
   EXPECT_TRUE(none["dtype"].is_null());
 }
 
+// A quantiser of one GEMM input: `recipe`, its element, underflow `underflow` of 64 values.
+v1::QuantizerStats quantizer(const std::string& name, v1::TensorRole role,
+                             const std::string& recipe, v1::Format element,
+                             std::uint64_t underflow) {
+  v1::QuantizerStats q;
+  q.set_name(name);
+  q.set_role(role);
+  q.set_phase(v1::TENSOR_PHASE_BACKWARD);
+  q.set_recipe(recipe);
+  q.set_element(element);
+  q.set_values(64);
+  q.set_underflow(underflow);
+  q.set_amax(5.0);
+  q.set_signal_sq(4.0);
+  q.set_error_sq(0.04);
+  return q;
+}
+
+TEST(QuantizesTensorTest, SameNameAUseOrARecipeTargetButNotALongerName) {
+  EXPECT_TRUE(quantizes_tensor("h0.fc.input", "h0.fc.input"));
+  EXPECT_TRUE(quantizes_tensor("h0.fc.input@wgrad", "h0.fc.input"));
+  EXPECT_TRUE(quantizes_tensor("h0.fc.input [nvfp4]", "h0.fc.input"));
+  EXPECT_FALSE(quantizes_tensor("h0.fc.input2", "h0.fc.input"));
+  EXPECT_FALSE(quantizes_tensor("h0.fc", "h0.fc.input"));
+}
+
+// A tensor's page gets the samples of its quantisers (one per bucket, with the loss scale their
+// input carried) and their totals; the run's page every quantiser and the latest BF16 GEMMs.
+TEST_F(WebApiTest, QuantizersOfATensorCarryTheirRecipeSamplesAndTotals) {
+  write_run("fp4", 4, [](v1::StepReport& r) {
+    const auto u = static_cast<std::uint64_t>(r.step()) + 2;
+    v1::QuantizerStats mx = quantizer("h0.fc.output_grad", v1::TENSOR_ROLE_ACTIVATION_GRAD,
+                                      "mxfp8_e4m3", v1::FORMAT_E4M3, u);
+    mx.set_blocks(3);
+    mx.mutable_scale_histogram()->set_min_exponent(-3);
+    for (const std::uint64_t n : {2, 0, 1}) mx.mutable_scale_histogram()->add_counts(n);
+    *r.add_quantizers() = mx;
+    *r.add_quantizers() = quantizer("h0.fc.output_grad@wgrad", v1::TENSOR_ROLE_ACTIVATION_GRAD,
+                                    "mxfp4", v1::FORMAT_E2M1, 1);
+    // Another tensor of a longer name, and the same name in another role: not this tensor's.
+    *r.add_quantizers() = quantizer("h0.fc.output_grad2", v1::TENSOR_ROLE_ACTIVATION_GRAD, "mxfp4",
+                                    v1::FORMAT_E2M1, 1);
+    *r.add_quantizers() =
+        quantizer("h0.fc.output_grad", v1::TENSOR_ROLE_ACTIVATION, "mxfp4", v1::FORMAT_E2M1, 1);
+    v1::QuantizerStats delayed =
+        quantizer("h0.fc.input", v1::TENSOR_ROLE_ACTIVATION, "e4m3:scale=16", v1::FORMAT_E4M3, 0);
+    delayed.set_tensor_scale(16.0);
+    delayed.add_amax_history(1.0f);
+    delayed.add_amax_history(2.0f);
+    *r.add_quantizers() = delayed;
+    if (r.step() == 3) r.add_bf16_gemms("h0.fc");
+  });
+  const json t = get("/runs/fp4/tensor",
+                     {{"name", "h0.fc.output_grad"}, {"role", "activation_grad"}, {"width", "10"}});
+  const json& qs = t["quantizers"];
+  ASSERT_EQ(qs.size(), 2u) << qs.dump();
+  const json& mx = qs[0];
+  EXPECT_EQ(mx["name"], "h0.fc.output_grad");
+  EXPECT_EQ(mx["recipe"], "mxfp8_e4m3");
+  EXPECT_EQ(mx["scaling"], "mx");
+  EXPECT_EQ(mx["block"], true);
+  EXPECT_EQ(mx["element"]["name"], "e4m3");
+  EXPECT_EQ(mx["element"]["max"], 448.0);
+  EXPECT_EQ(mx["element"]["min_normal_exponent"], -6);
+  EXPECT_EQ(mx["element"]["min_subnormal_exponent"], -9);
+  ASSERT_EQ(mx["samples"].size(), 4u);
+  const json& last = mx["samples"][3];
+  EXPECT_EQ(last["step"], 3);
+  EXPECT_EQ(last["loss_scale"], 1024.0);  // an activation gradient carries the loss scale
+  EXPECT_EQ(last["underflow"], 5);
+  EXPECT_EQ(last["scale_histogram"], json({{"min_exponent", -3}, {"counts", {2, 0, 1}}}));
+  EXPECT_NEAR(last["sqnr_db"].get<double>(), 20.0, 1e-9);
+  EXPECT_EQ(last["exact"], false);
+  EXPECT_EQ(mx["totals"]["samples"], 4);
+  EXPECT_EQ(mx["totals"]["underflow"], 2 + 3 + 4 + 5);
+  EXPECT_EQ(mx["totals"]["scale_min_exponent"], -3);
+  EXPECT_EQ(mx["totals"]["scale_max_exponent"], -1);
+  EXPECT_EQ(qs[1]["name"], "h0.fc.output_grad@wgrad");
+  EXPECT_EQ(qs[1]["element"]["name"], "e2m1");
+  EXPECT_EQ(qs[1]["element"]["max"], 6.0);
+
+  const json input =
+      get("/runs/fp4/tensor", {{"name", "h0.fc.input"}, {"role", "activation"}, {"width", "10"}});
+  ASSERT_EQ(input["quantizers"].size(), 1u);
+  const json& d = input["quantizers"][0];
+  EXPECT_EQ(d["scaling"], "delayed");
+  EXPECT_EQ(d["block"], false);
+  EXPECT_EQ(d["samples"][0]["loss_scale"], 1.0);  // an activation carries none
+  EXPECT_EQ(d["samples"][0]["tensor_scale"], 16.0);
+  EXPECT_TRUE(d["samples"][0]["scale_histogram"].is_null());
+  EXPECT_EQ(d["samples"][0]["amax_history"], json({1.0, 2.0}));
+  EXPECT_EQ(d["totals"]["tensor_scale_max"], 16.0);
+
+  const json run = get("/runs/fp4");
+  EXPECT_EQ(run["quantizers"].size(), 5u);
+  EXPECT_EQ(run["bf16_gemms"], json({"h0.fc"}));
+  EXPECT_EQ(run["bf16_gemms_step"], 3);
+}
+
 // Names are UTF-8 and the JSON carries them as written: the tensors list, a skipped step's and
 // the first offenders' tensor, the tensor page asked by that name, the agent's host.
 TEST_F(WebApiTest, UnicodeNamesAreInTheJsonAsWritten) {

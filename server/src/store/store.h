@@ -340,6 +340,10 @@ struct RunView {
   std::vector<v1::AgentInfo> agents;
   std::vector<v1::RankDivergence> divergences;  // the latest kSeriesDivergences, by step
   std::optional<RecentReports> recent;          // when asked for: the alerts' window
+  std::vector<v1::QuantizerRecord> quantizers;  // every quantiser's totals (quantizer_totals)
+  // StepReport.bf16_gemms of the run's latest report (lowest rank), and its step.
+  std::vector<std::string> bf16_gemms;
+  std::int64_t bf16_gemms_step = 0;
 };
 inline constexpr std::uint32_t kSeriesSkips = 2000;
 inline constexpr std::uint32_t kSeriesDecisions = 1000;
@@ -360,11 +364,26 @@ struct TensorSample {
   bool from_flight_recorder = false;
   v1::TensorStats stats;
 };
+// A quantiser's sample as its report carried it, with the report's loss scale.
+struct QuantizerSample {
+  std::int64_t step = 0;
+  std::uint32_t rank = 0;
+  double loss_scale = 1.0;  // StepReport.loss_scale of the carrying report
+  v1::QuantizerStats stats;
+};
+// True when quantiser `quantizer` measured tensor `tensor`: the same name, or the name followed
+// by "@use" (a backward GEMM's own quantisation) or " [recipe]" (the agent's recipe_targets).
+bool quantizes_tensor(std::string_view quantizer, std::string_view tensor);
 struct TensorSeries {
   int phase = 0;  // v1::TensorPhase of the columns
   StepBuckets range;
   std::int64_t first_step = 0, last_step = 0;  // the run's
   std::vector<TensorSample> columns;           // at most one per bucket, ascending
+  // The quantisers of the tensor (quantizes_tensor, the same role; any phase): per bucket the
+  // latest sample of each, from the reports the columns were looked for in; by name, then
+  // step. And their totals over the run, by name.
+  std::vector<QuantizerSample> quantizers;
+  std::vector<v1::QuantizerRecord> quantizer_totals;
 };
 
 // Queries, from any thread (serialised on one read connection).

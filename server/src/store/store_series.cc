@@ -353,7 +353,36 @@ void offer(PhaseSamples& best, TensorSample sample) {
   if (!slot || later(sample, *slot)) slot = std::move(sample);
 }
 
+// The latest sample of each quantiser in one bucket, by name.
+using QuantizerSamples = std::map<std::string, QuantizerSample>;
+
+void offer(QuantizerSamples& best, QuantizerSample sample) {
+  auto [it, fresh] = best.try_emplace(sample.stats.name());
+  QuantizerSample& slot = it->second;
+  const bool newer = sample.step != slot.step ? sample.step > slot.step : sample.rank < slot.rank;
+  if (fresh || newer) slot = std::move(sample);
+}
+
+// StepReport.bf16_gemms of the run's latest report, lowest rank at that step.
+void latest_bf16_gemms(Connection& c, std::int64_t run, RunView* out) {
+  Statement s = c.prepare(
+      "SELECT step, payload FROM reports WHERE run = ?1 ORDER BY step DESC, rank LIMIT 1");
+  s.bind(1, run);
+  if (!s.step()) return;
+  v1::StepReport report;
+  const std::string_view blob = s.column_blob(1);
+  if (!report.ParseFromArray(blob.data(), static_cast<int>(blob.size()))) return;
+  out->bf16_gemms.assign(report.bf16_gemms().begin(), report.bf16_gemms().end());
+  out->bf16_gemms_step = s.column_int(0);
+}
+
 }  // namespace
+
+bool quantizes_tensor(std::string_view quantizer, std::string_view tensor) {
+  if (quantizer.substr(0, tensor.size()) != tensor) return false;
+  const std::string_view rest = quantizer.substr(tensor.size());
+  return rest.empty() || rest.front() == '@' || rest.substr(0, 2) == " [";
+}
 
 StepBuckets StepBuckets::cut(std::int64_t from, std::int64_t to, std::int64_t width) {
   StepBuckets b;
@@ -422,6 +451,8 @@ std::optional<RunView> StoreReader::run_series(const std::string& run_id, const 
                                kSeriesTensors);
   out.agents = agents(*run);
   out.divergences = divergences(*run, kSeriesDivergences);
+  out.quantizers = quantizer_records(*run);
+  latest_bf16_gemms(*conn_, *run, &out);
   if (window) {
     out.recent = window->finish(*conn_, *run);
   } else if (first_id && !out.recent) {
@@ -464,6 +495,7 @@ std::optional<TensorSeries> StoreReader::tensor_series(const std::string& run_id
     // Compared as a distance: lo + bucket_steps - 1 may pass the largest int64 in the last one.
     const std::int64_t hi = r.to - lo < r.bucket_steps - 1 ? r.to : lo + (r.bucket_steps - 1);
     PhaseSamples& best = buckets.emplace_back();
+    QuantizerSamples quantizers;
     const auto matches = [&](const v1::TensorStats& t) {
       return t.level() == v1::STATS_LEVEL_FULL && t.name() == q.name &&
              static_cast<int>(t.role()) == q.role &&
@@ -479,6 +511,12 @@ std::optional<TensorSeries> StoreReader::tensor_series(const std::string& run_id
         offer(best,
               TensorSample{reports.column_int(0), static_cast<std::uint32_t>(reports.column_int(1)),
                            false, std::move(t)});
+      }
+      for (v1::QuantizerStats& z : *report.mutable_quantizers()) {
+        if (static_cast<int>(z.role()) != q.role || !quantizes_tensor(z.name(), q.name)) continue;
+        offer(quantizers, QuantizerSample{reports.column_int(0),
+                                          static_cast<std::uint32_t>(reports.column_int(1)),
+                                          report.loss_scale(), std::move(z)});
       }
     }
     reports.reset();
@@ -498,6 +536,17 @@ std::optional<TensorSeries> StoreReader::tensor_series(const std::string& run_id
     history.reset();
     for (const std::optional<TensorSample>& s : best) {
       if (s && (!latest || later(*s, *latest))) latest = *s;
+    }
+    for (auto& [name, sample] : quantizers) out.quantizers.push_back(std::move(sample));
+  }
+  // By name, then step (the buckets are ascending).
+  std::stable_sort(out.quantizers.begin(), out.quantizers.end(),
+                   [](const QuantizerSample& a, const QuantizerSample& b) {
+                     return a.stats.name() < b.stats.name();
+                   });
+  for (v1::QuantizerRecord& r : quantizer_records(*run)) {
+    if (static_cast<int>(r.role()) == q.role && quantizes_tensor(r.name(), q.name)) {
+      out.quantizer_totals.push_back(std::move(r));
     }
   }
   out.phase = q.phase.value_or(latest ? static_cast<int>(latest->stats.phase()) : 0);

@@ -15,7 +15,9 @@
 
 #include "ampscope/formats.h"
 #include "ampscope/loss_scale.h"
+#include "ampscope/proto/quantizer_codec.h"
 #include "ampscope/proto/vocabulary_codec.h"
+#include "ampscope/recipe.h"
 #include "ampscope/vocabulary.h"
 #include "live_facts.h"
 #include "policy_wire.h"
@@ -428,18 +430,20 @@ json divergences_json(const std::vector<v1::RankDivergence>& divergences) {
 
 // --- One tensor --------------------------------------------------------------------------------
 
+json format_json(Format f) {
+  const FormatInfo& info = format_info(f);
+  return {{"name", info.name},
+          {"max", info.max_finite},
+          {"min_normal", info.min_normal()},
+          {"min_subnormal", info.min_subnormal()},
+          {"max_exponent", info.max_exponent},
+          {"min_normal_exponent", info.min_normal_exponent},
+          {"min_subnormal_exponent", info.min_subnormal_exponent}};
+}
+
 json formats_json() {
   json out = json::array();
-  for (const Format f : kWindowFormats) {
-    const FormatInfo& info = format_info(f);
-    out.push_back({{"name", info.name},
-                   {"max", info.max_finite},
-                   {"min_normal", info.min_normal()},
-                   {"min_subnormal", info.min_subnormal()},
-                   {"max_exponent", info.max_exponent},
-                   {"min_normal_exponent", info.min_normal_exponent},
-                   {"min_subnormal_exponent", info.min_subnormal_exponent}});
-  }
+  for (const Format f : kWindowFormats) out.push_back(format_json(f));
   return out;
 }
 
@@ -477,6 +481,121 @@ json column_json(const TensorSample& s) {
           {"min_abs_nonzero", t.min_abs_nonzero() / scale},
           {"targets", targets},
           {"histogram", histogram}};
+}
+
+// --- Quantisers --------------------------------------------------------------------------------
+
+// SQNR in dB; +Inf (nothing lost) and NaN (no signal) are both null in JSON: `exact` tells them
+// apart.
+void put_sqnr(double db, json* out) {
+  (*out)["sqnr_db"] = db;
+  (*out)["exact"] = std::isinf(db) && db > 0;
+}
+
+json quantizer_record_json(const v1::QuantizerRecord& q) {
+  json out = {{"name", q.name()},
+              {"role", role_text(q.role())},
+              {"phase", phase_text(q.phase())},
+              {"recipe", q.recipe()},
+              {"element", format_text(q.element())},
+              {"samples", q.samples()},
+              {"values", q.values()},
+              {"nonfinite", q.nonfinite()},
+              {"underflow", q.underflow()},
+              {"subnormal", q.subnormal()},
+              {"saturated", q.saturated()},
+              {"overflow", q.overflow()},
+              {"underflow_ratio", q.underflow_ratio()},
+              {"saturated_ratio", q.saturated_ratio()},
+              {"amax", q.amax()},
+              {"last_amax", q.last_amax()},
+              {"tensor_scale_min", q.tensor_scale_min()},
+              {"tensor_scale_max", q.tensor_scale_max()},
+              {"last_tensor_scale", q.last_tensor_scale()},
+              {"scale_min_exponent", q.has_scale_binades() ? json(q.scale_min_exponent()) : json()},
+              {"scale_max_exponent", q.has_scale_binades() ? json(q.scale_max_exponent()) : json()},
+              {"blocks", q.blocks()},
+              {"zero_blocks", q.zero_blocks()},
+              {"saturated_blocks", q.saturated_blocks()},
+              {"nan_blocks", q.nan_blocks()},
+              {"last_step", q.last_step()}};
+  put_sqnr(q.sqnr_db(), &out);
+  return out;
+}
+
+json quantizer_records_json(const std::vector<v1::QuantizerRecord>& records) {
+  json out = json::array();
+  for (const v1::QuantizerRecord& q : records) out.push_back(quantizer_record_json(q));
+  return out;
+}
+
+// One sample as its report carried it. `loss_scale`: the scale its input carried, the report's
+// loss scale for the loss-scaled roles and 1 for the others (as a tensor column's), so that the
+// page can draw the recipe's windows in the unscaled domain.
+json quantizer_sample_json(const QuantizerSample& s) {
+  const v1::QuantizerStats& q = s.stats;
+  const bool scaled =
+      proto::is_loss_scaled(q.role()) && std::isfinite(s.loss_scale) && s.loss_scale > 0;
+  json histogram = nullptr;
+  if (q.has_scale_histogram() && q.scale_histogram().counts_size() > 0) {
+    histogram = {{"min_exponent", q.scale_histogram().min_exponent()},
+                 {"counts", std::vector<std::uint64_t>(q.scale_histogram().counts().begin(),
+                                                       q.scale_histogram().counts().end())}};
+  }
+  json out = {
+      {"step", s.step},
+      {"rank", s.rank},
+      {"loss_scale", scaled ? s.loss_scale : 1.0},
+      {"recipe", q.recipe()},
+      {"layer", q.layer()},
+      {"what_if", q.what_if()},
+      {"values", q.values()},
+      {"nonfinite", q.nonfinite()},
+      {"underflow", q.underflow()},
+      {"subnormal", q.subnormal()},
+      {"saturated", q.saturated()},
+      {"overflow", q.overflow()},
+      {"amax", q.amax()},
+      {"tensor_scale", q.tensor_scale()},
+      {"blocks", q.blocks()},
+      {"zero_blocks", q.zero_blocks()},
+      {"saturated_blocks", q.saturated_blocks()},
+      {"nan_blocks", q.nan_blocks()},
+      {"scale_histogram", histogram},
+      {"amax_history", std::vector<float>(q.amax_history().begin(), q.amax_history().end())}};
+  put_sqnr(proto::sqnr_db(q.signal_sq(), q.error_sq()), &out);
+  return out;
+}
+
+// The tensor's quantisers: per name the recipe of the latest sample (else of the totals), its
+// element format's limits, whether it scales per block, the totals and the samples.
+json tensor_quantizers_json(const TensorSeries& s) {
+  std::map<std::string, json> by_name;
+  const auto entry = [&](const std::string& name, const std::string& recipe) -> json& {
+    json& e = by_name[name];
+    if (e.is_null()) {
+      e = {{"name", name}, {"totals", nullptr}, {"samples", json::array()}};
+    }
+    const std::optional<Recipe> r = parse_recipe(recipe);
+    if (r) {
+      e["recipe"] = recipe;
+      e["scaling"] = scaling_name(r->scaling);
+      e["block"] = is_block_recipe(r->scaling);
+      e["element"] = format_json(r->element);
+    }
+    return e;
+  };
+  for (const v1::QuantizerRecord& r : s.quantizer_totals) {
+    entry(r.name(), r.recipe())["totals"] = quantizer_record_json(r);
+  }
+  for (const QuantizerSample& q : s.quantizers) {
+    entry(q.stats.name(), q.stats.recipe())["samples"].push_back(quantizer_sample_json(q));
+  }
+  json out = json::array();
+  for (auto& [name, e] : by_name) {
+    if (e.contains("element")) out.push_back(std::move(e));  // a recipe the server can read
+  }
+  return out;
 }
 
 ApiError unknown_run(const std::string& run_id) { return {404, "unknown run '" + run_id + "'"}; }
@@ -561,7 +680,10 @@ ApiResponse WebApi::run_answer(const std::string& run_id, const Params& params,
       {"offenders", offenders_json(s->offenders)},
       {"tensors", tensors_json(s->tensors)},
       {"agents", agents_json(s->agents)},
-      {"divergences", divergences_json(s->divergences)}};
+      {"divergences", divergences_json(s->divergences)},
+      {"quantizers", quantizer_records_json(s->quantizers)},
+      {"bf16_gemms", s->bf16_gemms},
+      {"bf16_gemms_step", s->bf16_gemms_step}};
   return answer(200, body);
 }
 
@@ -595,7 +717,8 @@ ApiResponse WebApi::tensor_answer(const std::string& run_id, const Params& param
                               : json(nullptr)},
                {"range", range_json(s->range, s->first_step, s->last_step)},
                {"formats", formats_json()},
-               {"columns", columns}};
+               {"columns", columns},
+               {"quantizers", tensor_quantizers_json(*s)}};
   return answer(200, body);
 }
 

@@ -4,11 +4,16 @@
 // format's window at the scale the tensor carried there: a value x is stored as x*S, so format
 // F overflows above F.max/S (solid line), is normal down to F.min_normal/S (dashed line) and
 // subnormal down to F.min_subnormal/S (dotted line, band shaded); below that it flushes to zero.
+// A quantiser's recipe is drawn the same way per sample of the quantiser (per-tensor recipes),
+// or as a band of the binades its blocks keep, shaded by the share of blocks (block recipes):
+// recipe_windows.js.
 import { el, fmt, fmtScale } from './api.js';
 import { testHook } from './charts.js';
+import { bandText, blockBand, perTensorWindow, region } from './recipe_windows.js';
 
 export const FORMAT_COLOURS = { fp16: '#e8590c', bf16: '#2b8a3e', e4m3: '#c2255c', e5m2: '#7048e8' };
 export const FLIGHT_COLOUR = '#f59f00';
+export const RECIPE_COLOUR = '#e03131';
 const MARGIN = { left: 58, right: 14, top: 14, bottom: 30 };
 const SHARE_FLOOR = -6;          // log10 share drawn as the lightest colour
 // A light-to-dark blue ramp (the format lines stay readable over it).
@@ -31,12 +36,15 @@ export class Heatmap {
     this.enabled = new Set();
     canvas.addEventListener('mousemove', (e) => this.hover(e));
     canvas.addEventListener('mouseleave', () => { this.tip.hidden = true; });
+    this.recipe = null;
     window.addEventListener('resize', () => this.tensor && this.draw(this.tensor, this.enabled));
   }
 
-  draw(tensor, enabled) {
+  // recipe: one of tensor.quantizers (drawn over the cells), or null.
+  draw(tensor, enabled, recipe = this.recipe) {
     this.tensor = tensor;
     this.enabled = enabled;
+    this.recipe = recipe || null;
     const width = Math.max(300, this.canvas.clientWidth);
     const height = 420;
     const ratio = window.devicePixelRatio || 1;
@@ -48,6 +56,7 @@ export class Heatmap {
     ctx.clearRect(0, 0, width, height);
     this.layout(tensor, width, height);
     this.drawCells(ctx);
+    this.drawRecipe(ctx);
     this.drawWindows(ctx, tensor.formats.filter((f) => enabled.has(f.name)));
     this.drawAxes(ctx, width, height);
     testHook().heatmap = this;
@@ -63,14 +72,18 @@ export class Heatmap {
     const typical = Math.max(tensor.range.bucket_steps || 1, gaps.length ? gaps[gaps.length >> 1] : 1,
                              Math.ceil(span / (4 * Math.max(1, cols.length))));
     // The steps asked for, widened to the columns (a bucket's sample can sit at its end).
-    const x0 = Math.min(tensor.range.from, cols.length ? cols[0].step : Infinity);
-    const x1 = Math.max(tensor.range.to + 1, cols.length ? cols[cols.length - 1].step + typical : -Infinity);
+    const samples = this.recipe ? this.recipe.samples : [];
+    const steps = [...cols, ...samples].map((c) => c.step);
+    const x0 = Math.min(tensor.range.from, ...steps);
+    const x1 = Math.max(tensor.range.to + 1, ...steps.map((step) => step + typical));
     const plotW = width - MARGIN.left - MARGIN.right;
     const xOf = (step) => MARGIN.left + ((step - x0) / Math.max(1, x1 - x0)) * plotW;
-    this.cells = cols.map((c, i) => {
-      const next = i + 1 < cols.length ? Math.min(cols[i + 1].step, c.step + typical) : c.step + typical;
-      return { column: c, left: xOf(c.step), right: Math.max(xOf(c.step) + 1, xOf(next)) };
+    const spans = (list, key) => list.map((c, i) => {
+      const next = i + 1 < list.length ? Math.min(list[i + 1].step, c.step + typical) : c.step + typical;
+      return { [key]: c, left: xOf(c.step), right: Math.max(xOf(c.step) + 1, xOf(next)) };
     });
+    this.cells = spans(cols, 'column');
+    this.recipeCells = spans(samples, 'sample').map((c) => ({ ...c, ...recipeShape(this.recipe, c.sample) }));
     let lo = Infinity;
     let hi = -Infinity;
     for (const c of cols) {
@@ -82,6 +95,16 @@ export class Heatmap {
       while (h.counts[last] === 0) last -= 1;
       lo = Math.min(lo, h.min_exponent + first);
       hi = Math.max(hi, h.min_exponent + last);
+    }
+    // The recipe's reach: its samples' amax and the band's top, or the window's overflow edge.
+    for (const c of this.recipeCells) {
+      const edges = c.band ? [c.band.top, c.band.allNormal ? c.band.allNormal[0] : c.band.bottom]
+        : [Math.floor(Math.log2(c.window.max)), Math.floor(Math.log2(c.window.min_subnormal))];
+      if (c.amax > 0) edges.push(Math.floor(Math.log2(c.amax)));
+      for (const e of edges) {
+        if (e === null || !Number.isFinite(e)) continue;
+        if (lo > hi || (e > lo - 24 && e < hi + 24)) { lo = Math.min(lo, e); hi = Math.max(hi, e); }
+      }
     }
     if (lo > hi) { lo = -20; hi = 4; }
     // Show the compute format's window edges when they are near the data.
@@ -131,9 +154,57 @@ export class Heatmap {
     }
   }
 
+  // The recipe in use, per quantiser sample: a per-tensor recipe's window as the formats' (solid
+  // overflow, dashed normal, dotted subnormal, the subnormal range shaded); a block recipe's band
+  // row by row, darker where more blocks keep the binade normal, lighter where blocks keep it
+  // only as subnormals. A short black tick marks the sample's amax.
+  drawRecipe(ctx) {
+    if (!this.recipe) return;
+    ctx.save();
+    ctx.beginPath();
+    ctx.rect(this.plot.left, this.plot.top, this.plot.width, this.plot.height);
+    ctx.clip();
+    ctx.fillStyle = RECIPE_COLOUR;
+    ctx.strokeStyle = RECIPE_COLOUR;
+    for (const c of this.recipeCells) {
+      const w = c.right - c.left;
+      if (c.band) {
+        for (const row of c.band.rows) {
+          if (row.e < this.eMin || row.e > this.eMax) continue;
+          ctx.globalAlpha = 0.06 + 0.44 * (row.normal / c.band.blocks) + 0.2 * (row.subnormal / c.band.blocks);
+          const top = this.yOf(row.e + 1);
+          ctx.fillRect(c.left, top, w, this.yOf(row.e) - top);
+        }
+      } else {
+        ctx.globalAlpha = 0.12;
+        const top = this.yOf(Math.log2(c.window.min_normal));
+        ctx.fillRect(c.left, top, w, this.yOf(Math.log2(c.window.min_subnormal)) - top);
+        ctx.globalAlpha = 1;
+        for (const [value, width, dash] of [[c.window.max, 2, []], [c.window.min_normal, 1.5, [6, 4]],
+                                            [c.window.min_subnormal, 1.2, [2, 3]]]) {
+          ctx.lineWidth = width;
+          ctx.setLineDash(dash);
+          ctx.beginPath();
+          ctx.moveTo(c.left, this.yOf(Math.log2(value)));
+          ctx.lineTo(c.right, this.yOf(Math.log2(value)));
+          ctx.stroke();
+        }
+      }
+      if (c.amax > 0) {
+        ctx.globalAlpha = 1;
+        ctx.fillStyle = '#000';
+        ctx.fillRect(c.left, this.yOf(Math.log2(c.amax)) - 1, Math.max(2, w / 3), 2);
+        ctx.fillStyle = RECIPE_COLOUR;
+      }
+    }
+    ctx.restore();
+  }
+
   // Where format f's window edges fall relative to the exponents shown: 'drawn' when one is in
-  // view, else 'normal' (the whole view is in its normal range) or 'off' (outside it).
+  // view, else 'normal' (the whole view is in its normal range) or 'off' (outside it); 'none'
+  // without a column (a quantiser's page: no scale to draw it at).
   windowPlacement(f) {
+    if (this.cells.length === 0) return 'none';
     let normal = true;
     for (const { column } of this.cells) {
       const s = column.loss_scale > 0 ? column.loss_scale : 1;
@@ -218,9 +289,16 @@ export class Heatmap {
     const x = event.clientX - rect.left;
     const y = event.clientY - rect.top;
     const cell = this.cells.find((c) => x >= c.left && x < c.right);
-    if (!cell || y < this.plot.top || y > this.plot.top + this.plot.height) { this.tip.hidden = true; return; }
-    const c = cell.column;
     const e = Math.floor(this.eMax + 1 - (y - this.plot.top) / this.rowH);
+    if (y < this.plot.top || y > this.plot.top + this.plot.height) { this.tip.hidden = true; return; }
+    if (!cell) {
+      const lines = this.recipeLines(x, e);
+      this.tip.replaceChildren(el('div', {}, `binade [2^${e}, 2^${e + 1})`), ...lines);
+      this.tip.hidden = lines.length === 0;
+      this.place(x, y, rect);
+      return;
+    }
+    const c = cell.column;
     const h = c.histogram;
     const count = h ? (h.counts[e - h.min_exponent] || 0) : null;
     const total = h ? h.counts.reduce((a, b) => a + b, 0) : 0;
@@ -233,20 +311,32 @@ export class Heatmap {
       el('div', {}, `scale ${fmtScale(scale)}`),
       ...this.tensor.formats.filter((f) => this.enabled.has(f.name)).map((f) =>
         el('div', {}, `${f.name}: ${region(f, 2 ** e * scale, 2 ** (e + 1) * scale)}`)),
+      ...this.recipeLines(x, e),
     ];
     this.tip.replaceChildren(...lines);
     this.tip.hidden = false;
+    this.place(x, y, rect);
+  }
+
+  place(x, y, rect) {
     this.tip.style.left = `${Math.min(x + 14, rect.width - 260)}px`;
     this.tip.style.top = `${y + 14}px`;
   }
+
+  // What the recipe's sample under x does with binade e.
+  recipeLines(x, e) {
+    const c = this.recipe && this.recipeCells.find((r) => x >= r.left && x < r.right);
+    if (!c) return [];
+    const s = c.sample;
+    const what = c.band ? bandText(c.band, e) : region(c.window, 2 ** e, 2 ** (e + 1));
+    return [el('div', {}, `${this.recipe.recipe} at step ${fmt(s.step)}${s.what_if ? ' (what-if)' : ''}: ${what}`)];
+  }
 }
 
-// Where the stored binade [lo, hi) falls in format f.
-function region(f, lo, hi) {
-  if (lo > f.max) return 'overflow';
-  if (hi > f.max) return 'overflows in part';
-  if (lo >= f.min_normal) return 'normal';
-  if (lo >= f.min_subnormal) return 'subnormal';
-  if (hi > f.min_subnormal) return 'subnormal, partly flushed to zero';
-  return 'flushed to zero (underflow)';
+// A quantiser sample's window (per-tensor recipes) or band (block recipes) in the unscaled
+// domain, and its amax there.
+function recipeShape(recipe, sample) {
+  const amax = sample.amax / (sample.loss_scale > 0 ? sample.loss_scale : 1);
+  if (recipe.block) return { band: blockBand(recipe.element, sample.scale_histogram, sample.loss_scale), amax };
+  return { window: perTensorWindow(recipe.element, sample.tensor_scale, sample.loss_scale), amax };
 }

@@ -150,6 +150,7 @@ class RunPage {
         ['trainer', r.trainer], ['ranks', `${r.agents_connected} of ${r.world_size} connected`],
         ['reports', fmt(r.reports)], ['last seen', fmtAgo(r.last_seen_unix_ns, Date.now() * 1e6)],
         ['alerts', alertList(r.alerts)],
+        ...(d.bf16_gemms.length ? [['BF16 GEMMs', `${d.bf16_gemms.join(' ')} (at step ${fmt(d.bf16_gemms_step)})`, 'bf16_gemms']] : []),
         ['compare', el('a', { href: `/compare?a=${encodeURIComponent(r.run_id)}` }, 'with another run')],
       ]));
     const bucket = g.bucket_steps > 1 ? `, ${fmt(g.bucket_steps)} steps per point` : '';
@@ -234,6 +235,9 @@ class RunPage {
          { label: 'max |x|', value: (t) => fmt(t.max_abs), sort: (t) => t.max_abs, num: true },
          { label: 'Last step', value: (t) => fmt(t.last_step), sort: (t) => t.last_step, num: true }],
        d.tensors, { rowClass: (t) => (t.nonfinite > 0 ? 'bad' : '') })],
+      ...(d.quantizers.length === 0 ? [] : [['FP8/FP4 quantisers',
+        'Every low-precision GEMM input of the run, summed over its samples: worst SQNR first, then most underflow. A name leads to its recipe\'s windows over the tensor\'s binades.',
+        quantizerTable(d.quantizers, (q) => tensorLink(q.name, q.role))]]),
       ['Agents', null, table('agents', [rank,
          { label: 'Host', value: (a) => a.host },
          { label: 'Connected', value: (a) => (a.connected ? 'yes' : 'no') },
@@ -253,6 +257,33 @@ class RunPage {
     this.tables.replaceChildren(...sections.flatMap(([title, note, node]) =>
       [el('h2', {}, title), ...(note ? [el('p', { class: 'note' }, note)] : []), scroll(node)]));
   }
+}
+
+// Worst first: the lowest SQNR (an exact quantiser, or one without signal, last), then the
+// largest underflow share.
+function worstQuantizersFirst(quantizers) {
+  const sqnr = (q) => (q.sqnr_db === null ? Infinity : q.sqnr_db);
+  return quantizers.slice().sort((a, b) => sqnr(a) - sqnr(b) || b.underflow_ratio - a.underflow_ratio);
+}
+
+function quantizerTable(quantizers, link) {
+  const sqnr = (q) => (q.exact ? '∞' : q.sqnr_db === null ? '—' : fmt(q.sqnr_db, 3));
+  // Per-tensor recipes: the tensor scale's range; block recipes: the block scales' binades.
+  const scale = (q) => (q.scale_min_exponent !== null ? `2^${q.scale_min_exponent}..2^${q.scale_max_exponent}`
+    : q.tensor_scale_max > 0 ? `${fmtScale(q.tensor_scale_min)}..${fmtScale(q.tensor_scale_max)}` : '—');
+  return table('quantizers', [
+    { label: 'Quantiser', value: link, sort: (q) => q.name },
+    { label: 'Role', value: (q) => q.role, sort: (q) => q.role },
+    { label: 'Phase', value: (q) => q.phase, sort: (q) => q.phase },
+    { label: 'Recipe', value: (q) => q.recipe, sort: (q) => q.recipe },
+    { label: 'Samples', value: (q) => fmt(q.samples), sort: (q) => q.samples, num: true },
+    { label: 'SQNR dB', value: sqnr, sort: (q) => (q.sqnr_db === null ? null : q.sqnr_db), num: true },
+    { label: 'Underflow', value: (q) => fmtRatio(q.underflow_ratio), sort: (q) => q.underflow_ratio, num: true },
+    { label: 'Saturated', value: (q) => fmtRatio(q.saturated_ratio), sort: (q) => q.saturated_ratio, num: true },
+    { label: 'Scale', value: scale },
+    { label: 'amax', value: (q) => fmt(q.amax), sort: (q) => q.amax, num: true },
+    { label: 'Last step', value: (q) => fmt(q.last_step), sort: (q) => q.last_step, num: true }],
+  worstQuantizersFirst(quantizers), { rowClass: (q) => (q.overflow > 0 || q.nonfinite > 0 ? 'bad' : '') });
 }
 
 function updateText(update) {
