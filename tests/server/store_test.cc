@@ -144,6 +144,43 @@ TEST_P(ServerStoreTest, UniqueRunRankSeq) {
   EXPECT_EQ(reader.get_reports(q)->reports_size(), 1);
 }
 
+TEST_P(ServerStoreTest, DecisionsKeepPerLayerPrecisionAndTheFoldKeepsTheLatest) {
+  StoreWriter w(StoreOptions{path(), true});
+  w.begin();
+  w.upsert_run(make_hello("run-p"), kSecond);
+  v1::PolicyUpdate moved;
+  moved.set_run_id("run-p");
+  moved.set_seq(1);
+  moved.set_bf16_gemms_set(true);
+  moved.add_bf16_gemms("h0.mlp.fc");
+  moved.add_bf16_gemms("h1.mlp.fc");
+  moved.set_amax_history_length(8);
+  moved.set_reason("bf16 h0.mlp.fc: ...");
+  w.insert_decision("run-p", 1, moved);
+  v1::PolicyUpdate back;  // h0.mlp.fc back to the recipe, the margin raised
+  back.set_run_id("run-p");
+  back.set_seq(2);
+  back.set_bf16_gemms_set(true);
+  back.add_bf16_gemms("h1.mlp.fc");
+  back.set_amax_margin(1);
+  w.insert_decision("run-p", 2, back);
+  w.commit();
+  StoreReader reader(path());
+  const std::optional<v1::GetPolicyResponse> p = reader.get_policy("run-p");
+  ASSERT_TRUE(p.has_value());
+  ASSERT_EQ(p->history_size(), 2);
+  EXPECT_EQ(p->history(0).update().bf16_gemms_size(), 2);
+  EXPECT_EQ(p->history(0).update().amax_history_length(), 8u);
+  EXPECT_FALSE(p->history(0).update().has_amax_margin());
+  const v1::PolicyUpdate& current = p->current();
+  EXPECT_TRUE(current.bf16_gemms_set());
+  ASSERT_EQ(current.bf16_gemms_size(), 1);
+  EXPECT_EQ(current.bf16_gemms(0), "h1.mlp.fc");
+  EXPECT_EQ(current.amax_history_length(), 8u);
+  EXPECT_EQ(current.amax_margin(), 1u);
+  EXPECT_EQ(current.seq(), 2u);
+}
+
 TEST_P(ServerStoreTest, RolledBackWritesLeaveNothing) {
   StoreWriter w(StoreOptions{path(), true});
   w.begin();
