@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Closed-loop loss-scale policies compared over several seeds (docs/policy.md).
+"""Closed-loop policies compared over several seeds (docs/policy.md): loss scaling, and the
+per-layer precision of FP8/FP4 runs.
 
     policy_eval.py --build-dir BUILD --out-dir DIR [--profile smoke|short|full] [--fragment F]
-                   [--seeds N] [--jobs N]
+                   [--seeds N] [--jobs N] [--scenarios S,S...]
 
-Runs ampscope-train (amp-fp16, the agent attached) against ampscope-server under every scenario
-with the policies the profile gives it, on several seeds; on one seed every policy trains from
-the same weights on the same batches, so runs are compared seed by seed (paired):
+Runs ampscope-train (the agent attached) against ampscope-server under every scenario (or those
+--scenarios names) with the policies the profile gives it, on several seeds; on one seed every
+policy trains from the same weights on the same batches, so runs are compared seed by seed
+(paired). The loss-scale scenarios train in amp-fp16:
 
   policies   gradscaler     local dynamic scaler (PyTorch GradScaler semantics), server observe
              hysteresis     local Megatron-style scaler, server observe
@@ -20,19 +22,34 @@ the same weights on the same batches, so runs are compared seed by seed (paired)
              every K steps: Inf in FP16, finite once h1.attn.core computes in FP32), long
              (>= 5,000 steps on a real English text, the Jargon File from Debian's jargon-text)
 
+The fp-recipes scenario trains on the same Jargon File under FP8/FP4 recipes, with the trainer's
+default static loss scale 1:
+
+  policies   bf16           --precision amp-bf16, the reference, server observe
+             mxfp8, nvfp4   the recipe on every linear layer's GEMMs, server observe
+             mxfp8-policy,  the recipe with the server's per-layer precision (--gemm-precision):
+             nvfp4-policy   the engine moves a layer's GEMMs to BF16 when its quantisers keep
+                            underflowing, saturating or losing SQNR, and back when what-if
+                            counts of the recipe stay clean
+
 Every policy but headroom-live runs with the agent option policy_lockstep=on: before step s the
 agent waits for the server's Ack of step s-1, so the server's decisions take effect at the same
 steps on every run and the figures regenerate exactly. headroom-live, on the long scenario,
 shows how far the live loop strays from that.
 
-Every run but the long ones takes full statistics of every activation and weight gradient every
-step (--sample-full-every 1; long: the agent's default sampling), read back from the server
-with ampscope_policy_eval_extract. A step's underflow ratio is the share of the gradient values
-that pass through FP16 which are lost there at the scale in use (the extractor says how each
-gradient is counted once). A skip is avoidable when no overflow was injected at that step.
+Every run but the long and fp-recipes ones takes full statistics of every activation and weight
+gradient every step (--sample-full-every 1; long, fp-recipes: the agent's default sampling,
+which reports every quantiser on every step), read back from the server with
+ampscope_policy_eval_extract. A step's underflow ratio is the share of the gradient values that
+pass through FP16 which are lost there at the scale in use (the extractor says how each gradient
+is counted once). A skip is avoidable when no overflow was injected at that step. fp-recipes
+compares final validation losses to bf16's on the same seed, counts the layer-steps each arm ran
+in its recipe (StepReport.bf16_gemms), and lists every layer the policy moved with the reason
+the server gave.
 
 Writes DIR/runs.json (every figure of every run, the per-scenario summaries, the derived
-figures), DIR/table.md (summary first, then the goals, then per-seed rows), DIR/*.png
+figures), DIR/table.md (summary first, then the goals, then per-seed rows; then fp-recipes'
+goals and tables), DIR/*.png
 (gnuplot), the per-step series (*.dat in the series folder of DIR's work folder) and, with
 --fragment, the flat results keys for bench/merge_results.py. Exit status 1 when a run did not
 complete (every run is still tried), 2 on a setup problem (binaries, corpus). Only the standard
@@ -45,6 +62,7 @@ import gzip
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -52,8 +70,10 @@ import sys
 import threading
 import time
 
-SCENARIOS = ("defaults", "init-2p24", "grad-shrink", "overflow-spikes", "activation-overflow",
-             "long")
+LOSS_SCALE_SCENARIOS = ("defaults", "init-2p24", "grad-shrink", "overflow-spikes",
+                        "activation-overflow", "long")
+FP_SCENARIO = "fp-recipes"
+SCENARIOS = LOSS_SCALE_SCENARIOS + (FP_SCENARIO,)
 HEADROOM_LOCKSTEP = ("headroom", "headroom-fp32")  # the deterministic server policies
 STATIC_SCALE = 65536.0  # the static policy's fixed scale: GradScaler's initial scale
 INIT_TOO_HIGH = 16777216.0  # 2^24
@@ -70,8 +90,23 @@ T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
          2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
          2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
+# fp-recipes: each policy's --precision; the gaps are to bf16 on the same seed.
+FP_PRECISION = {"bf16": "amp-bf16", "mxfp8": "mxfp8", "nvfp4": "nvfp4", "mxfp8-policy": "mxfp8",
+                "nvfp4-policy": "nvfp4"}
+FP_POLICIES = tuple(FP_PRECISION)
+FP_REFERENCE = "bf16"
+FP_RECIPES = ("mxfp8", "nvfp4")  # each with its "-policy" arm
+# The linear layers of each transformer block whose GEMMs a recipe quantises (docs/trainer.md,
+# "FP8 and FP4 recipes"): the unit the per-layer precision moves.
+GEMMS_PER_BLOCK = ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")
+# "Closes most of the gap while keeping most GEMMs in the recipe": the policy arm's paired gap to
+# bf16 is at most half the recipe's, with more than half of the layer-steps in the recipe.
+TARGET_GAP_CLOSED_SHARE = 0.5
+TARGET_LOW_PRECISION_GEMM_SHARE = 0.5
+
 # Model, seeds, steps and policies per profile. smoke: the ctest (a tiny model, two seeds, about
-# a minute). short: ./run bench, about 25 minutes on 2 cores. full: longer scenarios.
+# a minute). short: ./run bench, about 25 minutes on 2 cores for the loss-scale scenarios and
+# about 12 more for fp-recipes. full: longer scenarios.
 SMALL_MODEL = ["--width", "64", "--heads", "2", "--layers", "2", "--context", "64", "--batch", "8"]
 LOCAL_AND_HEADROOM = ("gradscaler", "hysteresis", "static", "headroom")
 # The short profile's 25 minutes leave static out where it only repeats GradScaler's start.
@@ -86,10 +121,17 @@ PROFILES = {
         "scenarios": {"defaults": (30, LOCAL_AND_HEADROOM), "init-2p24": (30, LOCAL_AND_HEADROOM),
                       "grad-shrink": (30, LOCAL_AND_HEADROOM),
                       "overflow-spikes": (30, LOCAL_AND_HEADROOM + ("headroom-fp32",)),
-                      "activation-overflow": (40, FALLBACK), "long": (60, LONG)},
+                      "activation-overflow": (40, FALLBACK), "long": (60, LONG),
+                      FP_SCENARIO: (24, FP_POLICIES)},
         "spike_every": 10,
         "activation_overflow_every": 4,
         "eval_batches": 2,
+        # A tiny run cannot show a harmful quantiser under the server's limits: a limit every
+        # nvfp4 GEMM input breaks (its 16-element blocks lose about 5% of the values to zero)
+        # makes the policy decide within a few steps, so that the loop is exercised.
+        "gemm_server_args": ["--gemm-max-underflow", "0.03", "--gemm-window", "4",
+                             "--gemm-min-reports", "2"],
+        "fp_eval_batches": 2,
     },
     "short": {
         "model": SMALL_MODEL,
@@ -98,10 +140,14 @@ PROFILES = {
                       "init-2p24": (300, LOCAL_AND_HEADROOM),
                       "grad-shrink": (600, DYNAMIC_AND_HEADROOM),
                       "overflow-spikes": (400, LOCAL_AND_HEADROOM + ("headroom-fp32",)),
-                      "activation-overflow": (400, FALLBACK), "long": (5000, LONG)},
+                      "activation-overflow": (400, FALLBACK), "long": (5000, LONG),
+                      FP_SCENARIO: (2000, FP_POLICIES)},
         "spike_every": 50,
         "activation_overflow_every": 5,
         "eval_batches": 8,
+        "gemm_server_args": [],
+        "fp_eval_batches": 32,
+        "fp_seeds": 3,
     },
     "full": {
         "model": SMALL_MODEL,
@@ -110,12 +156,20 @@ PROFILES = {
                       "init-2p24": (2000, LOCAL_AND_HEADROOM),
                       "grad-shrink": (3000, LOCAL_AND_HEADROOM),
                       "overflow-spikes": (2000, LOCAL_AND_HEADROOM + ("headroom-fp32",)),
-                      "activation-overflow": (2000, FALLBACK), "long": (10000, LONG)},
+                      "activation-overflow": (2000, FALLBACK), "long": (10000, LONG),
+                      FP_SCENARIO: (5000, FP_POLICIES)},
         "spike_every": 100,
         "activation_overflow_every": 5,
         "eval_batches": 16,
+        "gemm_server_args": [],
+        "fp_eval_batches": 64,
+        "fp_seeds": 5,
     },
 }
+# fp-recipes: fp_seeds (default: the profile's seeds) and fp_eval_batches validation batches at
+# the end (paired gaps of a few hundredths need more than eval_batches); gemm_server_args go to
+# the per-layer precision's server. nvfp4 steps take about 8x amp-bf16's on this CPU emulation
+# (46 against 6 ms for the small model on one thread), hence fewer seeds than the others.
 # activation_overflow_every: the server's FP32 fallback recommends a tensor that overflowed in
 # at least 4 of its last 16 reported steps (--fp32-min-reports, --fp32-window), so an overflow
 # every 5th step or more often: an activation that has outgrown FP16 overflows again and again.
@@ -155,7 +209,7 @@ def scenario_flags(scenario, policy, profile, corpus):
         flags += ["--inject-overflow-tensor", OVERFLOW_ACTIVATION,
                   "--inject-overflow-every", str(profile["activation_overflow_every"]),
                   "--sample-count-roles", "activation,activation_grad,weight_grad,loss"]
-    elif scenario == "long":
+    elif scenario in ("long", FP_SCENARIO):
         flags += ["--data", corpus]
     return flags
 
@@ -168,7 +222,14 @@ def injected_steps(scenario, profile):
     return set(range(k, steps_of(profile, scenario), k))  # the trainer's K, 2K, ...
 
 
+def precision_of(policy):
+    return FP_PRECISION.get(policy, "amp-fp16")
+
+
 def policy_flags(policy, scenario):
+    if policy in FP_PRECISION:
+        # The trainer's default for these modes: a static loss scale of 1.
+        return ["--agent", "policy_lockstep=on"]
     if policy == "gradscaler":
         flags = ["--scaler", "dynamic"]
     elif policy == "hysteresis":
@@ -185,23 +246,29 @@ def policy_flags(policy, scenario):
 
 # Full statistics of every gradient every step where underflow is a figure. The long scenario
 # keeps the agent's default sampling (counts every step, full statistics every 100 steps and
-# around events), as a long run would, at a fifth less time per step.
+# around events), as a long run would, at a fifth less time per step. So does fp-recipes: the
+# per-layer precision reads the quantisers, which the agent reports on every step it counts
+# (every step by default) whatever the tensors' sampling level.
 FULL_SAMPLING = ["--sample-full-every", "1", "--sample-full-roles", "activation_grad,weight_grad"]
 
 
 def sampling_flags(scenario):
-    return [] if scenario == "long" else FULL_SAMPLING
+    return [] if scenario in ("long", FP_SCENARIO) else FULL_SAMPLING
 
 
 def server_for(policy):
     return {"headroom": "headroom", "headroom-live": "headroom",
-            "headroom-fp32": "headroom-fp32"}.get(policy, "observe")
+            "headroom-fp32": "headroom-fp32", "mxfp8-policy": "gemm",
+            "nvfp4-policy": "gemm"}.get(policy, "observe")
 
 
 SERVER_ARGS = {
     "observe": ["--policy", "observe"],
     "headroom": ["--policy", "headroom"],
     "headroom-fp32": ["--policy", "headroom", "--fp32-fallback"],
+    # The per-layer precision decides under static-params or headroom, not observe; static-params
+    # pushes the loss scale these runs already use (1), so the scale stays that of the recipe arms.
+    "gemm": ["--policy", "static-params", "--static-loss-scale", "1", "--gemm-precision"],
 }
 
 
@@ -406,8 +473,10 @@ def run_one(ctx, scenario, policy, seed):
     log_path = os.path.join(run_dir, "train.jsonl")
     steps = steps_of(profile, scenario)
     server = servers[server_for(policy)]
-    cmd = ([args.train_bin, "--precision", "amp-fp16", "--seed", str(seed), "--threads", "1",
-            "--eval-every", "0", "--eval-batches", str(profile["eval_batches"]), "--quiet",
+    fp = scenario == FP_SCENARIO
+    eval_batches = profile["fp_eval_batches"] if fp else profile["eval_batches"]
+    cmd = ([args.train_bin, "--precision", precision_of(policy), "--seed", str(seed),
+            "--threads", "1", "--eval-every", "0", "--eval-batches", str(eval_batches), "--quiet",
             "--log-json", log_path] + profile["model"]
            + scenario_flags(scenario, policy, profile, ctx["corpus"])
            + policy_flags(policy, scenario)
@@ -422,9 +491,11 @@ def run_one(ctx, scenario, policy, seed):
     error = None if rc == 0 else f"ampscope-train exited with {rc}"
     reports_path = os.path.join(run_dir, "reports.jsonl")
     decisions_path = os.path.join(run_dir, "decisions.json")
+    quantizers_path = os.path.join(run_dir, "quantizers.json")
     if error is None:
         rc = subprocess.call([args.extract_bin, "--server", server.address, "--run-id", rid,
-                              "--out", reports_path, "--decisions-out", decisions_path])
+                              "--out", reports_path, "--decisions-out", decisions_path]
+                             + (["--quantizers-out", quantizers_path] if fp else []))
         if rc != 0:
             error = f"ampscope_policy_eval_extract exited with {rc}"
     log = read_jsonl(log_path) if os.path.exists(log_path) else []
@@ -435,6 +506,14 @@ def run_one(ctx, scenario, policy, seed):
             decisions = json.load(f)
     m, series = summarise(log, reports, decisions, injected_steps(scenario, profile), wall_s,
                           steps)
+    if fp:
+        quantizers = []
+        if os.path.exists(quantizers_path):
+            with open(quantizers_path) as f:
+                quantizers = json.load(f)
+        m.update(fp_figures(policy, log, reports, decisions, gemm_layers(profile), quantizers))
+        m["agent_thread_share"] = agent_thread_share(os.path.join(run_dir, "train.out"))
+        write_fp_series(os.path.join(work, "series", f"{rid}.fp.dat"), log, reports)
     m["seed"] = seed
     m["error"] = error
     m["completed"] = completed(m)
@@ -451,6 +530,14 @@ def run_one(ctx, scenario, policy, seed):
 
 def _progress(ctx, scenario, policy, seed, m):
     mean = m["mean_underflow_ratio"]
+    if scenario == FP_SCENARIO:
+        share = m["low_precision_gemm_share"]
+        with ctx["print_lock"]:
+            print(f"  {scenario:19} {policy:13} seed {seed}  val {fmt(m['final_val_loss'], '.4f')}"
+                  f"  low-precision GEMM share {fmt(share, '.3f')}  layer moves "
+                  f"{len(m['layer_moves'])}  {m['wall_s']:.1f} s"
+                  f"{'' if m['completed'] else '  FAILED: ' + m['error']}", flush=True)
+        return
     with ctx["print_lock"]:
         print(f"  {scenario:19} {policy:13} seed {seed}  skipped {m['skipped']:4} (avoidable "
               f"{m['avoidable_skipped']:4})  underflow "
@@ -496,18 +583,19 @@ def run_pair(ctx, scenario, seed, workers):
 
 
 def run_everything(ctx, seeds, jobs):
-    """Every run of the profile, `jobs` at a time, longest scenario first; the fallback pairs
-    last, each pair alone on the machine. Returns results[scenario][policy][seed] and the time
-    each scenario took."""
+    """Every run of the chosen scenarios, `jobs` at a time, longest scenario first; the fallback
+    pairs last, each pair alone on the machine. seeds[scenario] lists its seeds. Returns
+    results[scenario][policy][seed] and the time each scenario took."""
     profile = ctx["profile"]
-    results = {s: {p: {} for p in policies_of(profile, s)} for s in SCENARIOS}
-    run_seconds = {s: 0.0 for s in SCENARIOS}
+    scenarios = list(seeds)
+    results = {s: {p: {} for p in policies_of(profile, s)} for s in scenarios}
+    run_seconds = {s: 0.0 for s in scenarios}
     pair = ("headroom", "headroom-fp32")
-    paired = [("activation-overflow", seed) for seed in seeds
+    paired = [("activation-overflow", seed) for seed in seeds.get("activation-overflow", [])
               if set(pair) <= set(policies_of(profile, "activation-overflow"))]
     pooled = [(s, p, seed)
-              for s in sorted(SCENARIOS, key=lambda s: -steps_of(profile, s))
-              for p in policies_of(profile, s) for seed in seeds
+              for s in sorted(scenarios, key=lambda s: -steps_of(profile, s))
+              for p in policies_of(profile, s) for seed in seeds[s]
               if not ((s, seed) in paired and p in pair)]
 
     with concurrent.futures.ThreadPoolExecutor(jobs) as ex:
@@ -526,7 +614,7 @@ def run_everything(ctx, seeds, jobs):
     total = sum(run_seconds.values()) or 1.0
     times = {s: {"runs": sum(len(results[s][p]) for p in results[s]), "run_s": run_seconds[s],
                  "wall_s": wall * run_seconds[s] / total}
-             for s in SCENARIOS}
+             for s in scenarios}
     return results, times
 
 
@@ -552,14 +640,14 @@ def mean_ci95(xs):
     return m, [m - half, m + half]
 
 
-def val_deltas(results, scenario, policy):
-    """Per seed: final val loss of `policy` minus gradscaler's on the same seed."""
+def val_deltas(results, scenario, policy, reference="gradscaler"):
+    """Per seed: final val loss of `policy` minus `reference`'s on the same seed."""
     runs = results[scenario]
-    if policy == "gradscaler" or "gradscaler" not in runs or policy not in runs:
+    if policy == reference or reference not in runs or policy not in runs:
         return {}
     out = {}
     for seed, m in runs[policy].items():
-        g = runs["gradscaler"].get(seed)
+        g = runs[reference].get(seed)
         if g and m["final_val_loss"] is not None and g["final_val_loss"] is not None:
             out[seed] = m["final_val_loss"] - g["final_val_loss"]
     return out
@@ -604,7 +692,7 @@ def skip_verdicts(summary):
     """Per scenario: headroom's avoidable skips (all seeds) against GradScaler's."""
     out = {}
     for s, pols in summary.items():
-        if "gradscaler" not in pols or "headroom" not in pols:
+        if s not in LOSS_SCALE_SCENARIOS or "gradscaler" not in pols or "headroom" not in pols:
             continue
         g, h = pols["gradscaler"]["avoidable_total"], pols["headroom"]["avoidable_total"]
         verdict = "fewer" if h < g else ("tie, GradScaler 0" if g == 0 and h == 0 else
@@ -618,7 +706,7 @@ def skip_verdicts(summary):
 
 def live_spread(results):
     """headroom-live against headroom (lockstep) on the long scenario, seed by seed."""
-    runs = results["long"]
+    runs = results.get("long", {})
     if "headroom-live" not in runs or "headroom" not in runs:
         return {}
     rows = {}
@@ -639,7 +727,7 @@ def live_spread(results):
 
 
 def fallback_rows(results):
-    runs = results["activation-overflow"].get("headroom-fp32", {})
+    runs = results.get("activation-overflow", {}).get("headroom-fp32", {})
     return {seed: {k: m.get(k) for k in (
         "fp32_decision_step", "fp32_tensors", "fp32_from_step", "fp32_layers",
         "skipped_before_fp32", "skipped_after_fp32", "throughput_ratio_after_fp32", "skipped",
@@ -647,24 +735,38 @@ def fallback_rows(results):
 
 
 def derive(results, summary):
-    both = [s for s in SCENARIOS if "gradscaler" in results[s] and "headroom" in results[s]]
+    """The results keys of the scenarios that ran: the loss-scale ones, then fp-recipes."""
+    d = {}
+    if any(s in results for s in LOSS_SCALE_SCENARIOS):
+        d.update(derive_loss_scale(results, summary))
+    if FP_SCENARIO in results:
+        d.update(derive_fp(summary[FP_SCENARIO]))
+    return d
+
+
+def derive_loss_scale(results, summary):
+    """The loss-scale keys; a key whose scenario did not run is None."""
+    both = [s for s in LOSS_SCALE_SCENARIOS
+            if s in results and "gradscaler" in results[s] and "headroom" in results[s]]
     gs_skips = sum(summary[s]["gradscaler"]["avoidable_total"] for s in both)
     hr_skips = sum(summary[s]["headroom"]["avoidable_total"] for s in both)
     gs_steps = sum(m["steps"] for s in both for m in results[s]["gradscaler"].values())
     hr_steps = sum(m["steps"] for s in both for m in results[s]["headroom"].values())
-    skip_red = gs_skips / max(1, hr_skips)
+    skip_red = gs_skips / max(1, hr_skips) if both else None
     verdicts = skip_verdicts(summary)
-    after = [m["avoidable_after_first_decision"] for s in SCENARIOS for p in HEADROOM_LOCKSTEP
+    after = [m["avoidable_after_first_decision"] for s in results for p in HEADROOM_LOCKSTEP
              for m in results[s].get(p, {}).values()]
     after_total = None if all(a is None for a in after) else sum(a or 0 for a in after)
 
-    shrink = summary["grad-shrink"]
-    gs_u = shrink["gradscaler"]["mean_underflow_ratio"]
-    hr_u = shrink["headroom"]["mean_underflow_ratio"]
+    shrink = summary.get("grad-shrink", {})
+    gs_u = shrink.get("gradscaler", {}).get("mean_underflow_ratio")
+    hr_u = shrink.get("headroom", {}).get("mean_underflow_ratio")
     under_red = gs_u / hr_u if gs_u is not None and hr_u else None
 
-    long_hr = summary["long"]["headroom"]
-    val_delta, val_ci = long_hr["val_loss_delta_vs_gradscaler"], long_hr["val_loss_delta_ci95"]
+    long_gs = summary.get("long", {}).get("gradscaler", {})
+    long_hr = summary.get("long", {}).get("headroom", {})
+    val_delta, val_ci = (long_hr.get("val_loss_delta_vs_gradscaler"),
+                         long_hr.get("val_loss_delta_ci95"))
 
     spread = live_spread(results)
     diffs = [r["val_abs_diff"] for r in spread.values()]
@@ -685,7 +787,7 @@ def derive(results, summary):
         "policy_eval_gradscaler_avoidable_skips_per_10k": per_10k(gs_skips, gs_steps),
         "policy_eval_headroom_avoidable_skips_per_10k": per_10k(hr_skips, hr_steps),
         "policy_skips_fewer_than_gradscaler_every_scenario_met":
-            all(v["verdict"] != "NOT fewer" for v in verdicts.values()),
+            all(v["verdict"] != "NOT fewer" for v in verdicts.values()) if verdicts else None,
         "policy_skip_scenarios_gradscaler_zero":
             [s for s, v in verdicts.items() if v["gradscaler"] == 0],
         "policy_avoidable_skips_after_first_decision": after_total,
@@ -702,11 +804,11 @@ def derive(results, summary):
 
         "policy_val_loss_delta_vs_gradscaler": val_delta,
         "policy_val_loss_delta_ci95": val_ci,
-        "policy_val_loss_delta_seeds": len(long_hr["val_loss_deltas"]),
+        "policy_val_loss_delta_seeds": len(long_hr.get("val_loss_deltas", {})),
         "policy_target_val_loss_delta": TARGET_VAL_LOSS_DELTA,
         "policy_val_loss_delta_target_met": met(val_delta, lambda v: v <= TARGET_VAL_LOSS_DELTA),
-        "policy_eval_gradscaler_val_loss_long": summary["long"]["gradscaler"]["final_val_loss"],
-        "policy_eval_headroom_val_loss_long": long_hr["final_val_loss"],
+        "policy_eval_gradscaler_val_loss_long": long_gs.get("final_val_loss"),
+        "policy_eval_headroom_val_loss_long": long_hr.get("final_val_loss"),
 
         "policy_live_val_loss_spread_mean": mean(diffs),
         "policy_live_val_loss_spread_max": max(diffs) if diffs else None,
@@ -725,6 +827,378 @@ def derive(results, summary):
         "policy_fp32_fallback_layers": fb_layers,
         "policy_fp32_fallback_from_steps": [r["fp32_from_step"] for r in fb.values()],
     }
+
+
+# ---- fp-recipes: FP8/FP4 recipes and the per-layer precision ------------------------------
+
+def gemm_layers(profile):
+    """The linear layers a recipe quantises, as the trainer names them (h0.attn.qkv, ...)."""
+    blocks = int(profile["model"][profile["model"].index("--layers") + 1])
+    return [f"h{b}.{g}" for b in range(blocks) for g in GEMMS_PER_BLOCK]
+
+
+def reason_for(layer, reason):
+    """The part of a decision's reason that names `layer` (the engine joins one part per change
+    with "; "), else the whole reason."""
+    parts = [p for p in reason.split("; ") if f" {layer}:" in p or p.startswith(f"{layer}:")]
+    return "; ".join(parts) or reason
+
+
+def layer_moves(reports, decisions):
+    """Every layer the policy moved (to BF16 or back to the recipe): the step its decision
+    applied at, the decision's step and the reason it gave for that layer; and whether the
+    trainer ran exactly each decided BF16 set from the step it applied on (StepReport.bf16_gemms)
+    until the next one."""
+    ran = {r["step"]: sorted(r["bf16_gemms"]) for r in reports}
+    last = max(ran) if ran else -1
+    sets = [d for d in decisions["decisions"] if d.get("bf16_gemms") is not None]
+    moves, as_decided, before = [], True, []
+    for i, d in enumerate(sets):
+        now = sorted(d["bf16_gemms"])
+        at = d["applied_step"]
+        if at is None:
+            as_decided = as_decided and d["effective_from_step"] > last  # decided too late
+            continue
+        for layer, to in ([(l, "bf16") for l in now if l not in before]
+                          + [(l, "recipe") for l in before if l not in now]):
+            moves.append({"step": at, "decided_at_step": d["decided_at_step"], "layer": layer,
+                          "to": to, "reason": reason_for(layer, d["reason"])})
+        nxt = next((e["applied_step"] for e in sets[i + 1:] if e["applied_step"] is not None),
+                   last + 1)
+        as_decided = as_decided and all(ran.get(s, now) == now for s in range(at, nxt))
+        before = now
+    return moves, as_decided
+
+
+def quantizer_layer(q):
+    """The layer a quantiser feeds: QuantizerStats.layer, else its name's stem
+    (h0.mlp.fc.output_grad@wgrad -> h0.mlp.fc)."""
+    return q["layer"] or q["name"].split("@")[0].rsplit(".", 1)[0]
+
+
+def sqnr_db(signal_sq, error_sq):
+    if not signal_sq or not error_sq:
+        return None
+    return 10.0 * math.log10(signal_sq / error_sq)
+
+
+def quantizer_figures(quantizers):
+    """Per layer, over the run's applied quantisers (what-if ones apart): the worst underflow
+    share, the worst saturated (and overflowed) share and the lowest SQNR, each with the
+    quantiser that had it; what the server's per-layer precision judges."""
+    out = {}
+    for q in quantizers:
+        if q["what_if"] or not q["values"]:
+            continue
+        x = out.setdefault(quantizer_layer(q), {"underflow": (-1.0, ""), "saturated": (-1.0, ""),
+                                                "sqnr_db": (math.inf, ""), "recipe": q["recipe"]})
+        u = q["underflow"] / q["values"]
+        sat = (q["saturated"] + q["overflow"]) / q["values"]
+        db = sqnr_db(q["signal_sq"], q["error_sq"])
+        if u > x["underflow"][0]:
+            x["underflow"] = (u, q["name"])
+        if sat > x["saturated"][0]:
+            x["saturated"] = (sat, q["name"])
+        if db is not None and db < x["sqnr_db"][0]:
+            x["sqnr_db"] = (db, q["name"])
+    for x in out.values():
+        if math.isinf(x["sqnr_db"][0]):
+            x["sqnr_db"] = (None, "")
+    return dict(sorted(out.items()))
+
+
+def fp_figures(policy, log, reports, decisions, layers, quantizers):
+    """One fp-recipes run: the share of layer-steps whose GEMMs ran the recipe (StepReport.
+    bf16_gemms; the trainer's log must agree), the layers in the recipe at the end, the moves
+    and their reasons, the steps that brought the policy quantiser evidence, and the per-layer
+    quantiser statistics. The share is None for bf16, which runs no recipe."""
+    n = len(layers)
+    recipe = policy != FP_REFERENCE and bool(reports)
+    in_bf16 = [len(r["bf16_gemms"]) for r in reports]
+    logged = {r["step"]: sorted(r.get("bf16_gemms", [])) for r in log}
+    moves, as_decided = layer_moves(reports, decisions)
+    return {
+        "gemm_layers": n,
+        "low_precision_gemm_share": 1.0 - sum(in_bf16) / (n * len(reports)) if recipe else None,
+        "low_precision_gemms_final": n - in_bf16[-1] if recipe else None,
+        "bf16_gemms_final": reports[-1]["bf16_gemms"] if reports else [],
+        "bf16_log_agrees": all(logged.get(r["step"]) == sorted(r["bf16_gemms"])
+                               for r in reports),
+        "steps_with_quantizers": sum(1 for r in reports
+                                     if r["quantizers"] + r["quantizers_what_if"] > 0),
+        "what_if_quantizers": sum(r["quantizers_what_if"] for r in reports),
+        "bf16_decisions": sum(1 for d in decisions["decisions"]
+                              if d.get("bf16_gemms") is not None),
+        "layer_moves": moves,
+        "bf16_applied_as_decided": as_decided,
+        "quantizer_layers": quantizer_figures(quantizers),
+    }
+
+
+def agent_thread_share(train_out):
+    """The share of the step time the agent took on the training thread, as ampscope-train
+    prints it at exit (lockstep's wait for the server's Ack included); None if not printed."""
+    with open(train_out, errors="replace") as f:
+        found = re.search(r"training thread ([0-9.]+)% of step time", f.read())
+    return float(found.group(1)) / 100.0 if found else None
+
+
+def write_fp_series(path, log, reports):
+    in_bf16 = {r["step"]: len(r["bf16_gemms"]) for r in reports}
+    with open(path, "w") as f:
+        f.write("# step train_loss bf16_gemm_layers\n")
+        for r in log:
+            f.write(f"{r['step']} {r['loss']!r} {in_bf16.get(r['step'], 'NaN')}\n")
+
+
+def summarise_fp(results):
+    """Per policy of fp-recipes: means over the seeds, the paired gap to bf16 and, for a
+    -policy arm, the paired difference to its recipe arm, each with its 95% interval."""
+    out = {}
+    for policy, runs in results[FP_SCENARIO].items():
+        ms = list(runs.values())
+        gaps = val_deltas(results, FP_SCENARIO, policy, FP_REFERENCE)
+        gap, gap_ci = mean_ci95(list(gaps.values()))
+        base = policy[:-len("-policy")] if policy.endswith("-policy") else None
+        deltas = val_deltas(results, FP_SCENARIO, policy, base) if base else {}
+        delta, delta_ci = mean_ci95(list(deltas.values()))
+        out[policy] = {
+            "seeds": sorted(runs),
+            "steps": ms[0]["steps_wanted"] if ms else None,
+            "precision": FP_PRECISION[policy],
+            "final_val_loss": mean(m["final_val_loss"] for m in ms),
+            "gap_vs_bf16": gap,
+            "gap_vs_bf16_ci95": gap_ci,
+            "gaps_vs_bf16": gaps,
+            "delta_vs_recipe": delta,
+            "delta_vs_recipe_ci95": delta_ci,
+            "gemm_layers": ms[0]["gemm_layers"] if ms else None,
+            "low_precision_gemm_share": mean(m["low_precision_gemm_share"] for m in ms),
+            "low_precision_gemms_final": mean(m["low_precision_gemms_final"] for m in ms),
+            "layer_moves": sum(len(m["layer_moves"]) for m in ms),
+            "bf16_decisions": mean(m["bf16_decisions"] for m in ms),
+            "steps_with_quantizers_share": min((m["steps_with_quantizers"] / m["steps"]
+                                                for m in ms if m["steps"]), default=None),
+            "agent_thread_share": mean(m["agent_thread_share"] for m in ms),
+            "step_s": mean(m["train_s"] / m["steps"] for m in ms if m["steps"]),
+            "wall_s": mean(m["wall_s"] for m in ms),
+            "completed": all(m["completed"] for m in ms),
+        }
+    return out
+
+
+def gap_closed(recipe, policy):
+    """The share of the recipe's gap to bf16 that its -policy arm closes; None unless the
+    recipe's gap is shown (its 95% interval above 0)."""
+    ci = recipe["gap_vs_bf16_ci95"]
+    if recipe["gap_vs_bf16"] is None or policy["gap_vs_bf16"] is None or not ci or ci[0] <= 0:
+        return None
+    return 1.0 - policy["gap_vs_bf16"] / recipe["gap_vs_bf16"]
+
+
+# The keys' prefix per recipe: fp4_ for nvfp4 (the keys docs/benchmarks.md lists), mxfp8_.
+FP_KEY_PREFIX = {"nvfp4": "fp4", "mxfp8": "mxfp8"}
+
+
+def derive_fp(fp):
+    d = {"fp_target_gap_closed_share": TARGET_GAP_CLOSED_SHARE,
+         "fp_target_low_precision_gemm_share": TARGET_LOW_PRECISION_GEMM_SHARE,
+         "fp_eval_seeds": len(fp.get(FP_REFERENCE, {}).get("seeds", [])),
+         "fp_eval_steps": fp.get(FP_REFERENCE, {}).get("steps")}
+    for recipe in FP_RECIPES:
+        k = FP_KEY_PREFIX[recipe]
+        r, p = fp.get(recipe), fp.get(recipe + "-policy")
+        if r is not None:
+            d[f"{k}_val_loss_gap_vs_bf16"] = r["gap_vs_bf16"]
+            d[f"{k}_val_loss_gap_vs_bf16_ci95"] = r["gap_vs_bf16_ci95"]
+        if r is None or p is None:
+            continue
+        closed = gap_closed(r, p)
+        share = p["low_precision_gemm_share"]
+        n = p["gemm_layers"]
+        d.update({
+            f"{k}_policy_val_loss_gap_vs_bf16": p["gap_vs_bf16"],
+            f"{k}_policy_val_loss_gap_vs_bf16_ci95": p["gap_vs_bf16_ci95"],
+            f"{k}_policy_val_loss_delta_vs_recipe": p["delta_vs_recipe"],
+            f"{k}_policy_val_loss_delta_vs_recipe_ci95": p["delta_vs_recipe_ci95"],
+            f"{k}_policy_gap_closed_share": closed,
+            f"{k}_policy_gap_closed_target_met":
+                met(closed, lambda v: v >= TARGET_GAP_CLOSED_SHARE),
+            f"{k}_policy_low_precision_gemm_share": share,
+            f"{k}_policy_low_precision_gemm_share_target_met":
+                met(share, lambda v: v > TARGET_LOW_PRECISION_GEMM_SHARE),
+            f"{k}_policy_low_precision_gemm_final_share":
+                None if p["low_precision_gemms_final"] is None or not n
+                else p["low_precision_gemms_final"] / n,
+            f"{k}_policy_layer_moves": p["layer_moves"],
+        })
+    return d
+
+
+FP_SUMMARY_COLUMNS = ("policy", "precision", "seeds", "steps", "final val loss",
+                      "val loss - bf16 [95% CI]", "val loss - recipe [95% CI]",
+                      "low-precision GEMM share", "low-precision layers at the end",
+                      "layer moves (all seeds)", "steps with quantisers", "ms per step",
+                      "agent share of the step", "wall s", "completed")
+FP_PER_SEED_COLUMNS = ("policy", "seed", "steps", "final train loss", "final val loss",
+                       "val loss - bf16", "low-precision GEMM share", "BF16 layers at the end",
+                       "layer moves", "BF16 sets as decided", "trainer log agrees",
+                       "steps with quantisers", "what-if quantisers", "wall s", "completed")
+FP_MOVE_COLUMNS = ("policy", "seed", "step applied", "decided at", "layer", "to",
+                   "reason (the server's)")
+FP_QUANTIZER_COLUMNS = ("recipe arm", "seed", "layer", "worst underflow", "worst saturated",
+                        "lowest SQNR")
+
+
+def fp_summary_rows(fp):
+    rows = []
+    for p, x in fp.items():
+        none = p == FP_REFERENCE
+        rows.append([p, x["precision"], str(len(x["seeds"])), str(x["steps"]),
+                     fmt(x["final_val_loss"], ".4f"),
+                     "—" if none else fmt_ci(x["gap_vs_bf16"], x["gap_vs_bf16_ci95"]),
+                     fmt_ci(x["delta_vs_recipe"], x["delta_vs_recipe_ci95"])
+                     if p.endswith("-policy") else "—",
+                     "—" if none else fmt(x["low_precision_gemm_share"], ".3f"),
+                     "—" if none else f"{fmt(x['low_precision_gemms_final'], '.1f')} of "
+                                      f"{x['gemm_layers']}",
+                     str(x["layer_moves"]),
+                     "—" if none else fmt_pct(x["steps_with_quantizers_share"]),
+                     fmt(None if x["step_s"] is None else 1000 * x["step_s"], ".1f"),
+                     "n/a" if x["agent_thread_share"] is None
+                     else f"{100 * x['agent_thread_share']:.1f}%",
+                     fmt(x["wall_s"], ".1f"), "yes" if x["completed"] else "NO"])
+    return rows
+
+
+def fp_per_seed_rows(results):
+    rows = []
+    for p, runs in results[FP_SCENARIO].items():
+        gaps = val_deltas(results, FP_SCENARIO, p, FP_REFERENCE)
+        for seed, m in sorted(runs.items()):
+            none = p == FP_REFERENCE
+            rows.append([p, str(seed), str(m["steps"]), fmt(m["final_train_loss"], ".4f"),
+                         fmt(m["final_val_loss"], ".4f"),
+                         "—" if none else fmt(gaps.get(seed), "+.4f"),
+                         "—" if none else fmt(m["low_precision_gemm_share"], ".3f"),
+                         ", ".join(m["bf16_gemms_final"]) or "—", str(len(m["layer_moves"])),
+                         "yes" if m["bf16_applied_as_decided"] else "NO",
+                         "yes" if m["bf16_log_agrees"] else "NO",
+                         str(m["steps_with_quantizers"]), str(m["what_if_quantizers"]),
+                         f"{m['wall_s']:.1f}",
+                         "yes" if m["completed"] else "NO: " + m["error"]])
+    return rows
+
+
+def fp_move_rows(results):
+    return [[p, str(seed), str(mv["step"]), str(mv["decided_at_step"]), mv["layer"], mv["to"],
+             mv["reason"].replace("|", "/")]
+            for p, runs in results[FP_SCENARIO].items() for seed, m in sorted(runs.items())
+            for mv in m["layer_moves"]]
+
+
+def fp_quantizer_rows(results, seed):
+    """The recipe arms' per-layer quantiser statistics on one seed."""
+    rows = []
+    for p in FP_RECIPES:
+        m = results[FP_SCENARIO].get(p, {}).get(seed)
+        for layer, x in (m or {}).get("quantizer_layers", {}).items():
+            rows.append([p, str(seed), layer,
+                         f"{fmt_pct(x['underflow'][0])} ({x['underflow'][1]})",
+                         f"{fmt_pct(x['saturated'][0])} ({x['saturated'][1]})",
+                         f"{fmt(x['sqnr_db'][0], '.1f')} dB ({x['sqnr_db'][1]})"])
+    return rows
+
+
+def fp_goal_rows(d):
+    rows = []
+    for recipe in FP_RECIPES:
+        k = FP_KEY_PREFIX[recipe]
+        if f"{k}_policy_gap_closed_share" not in d:
+            continue
+        gap = fmt_ci(d[f"{k}_val_loss_gap_vs_bf16"], d[f"{k}_val_loss_gap_vs_bf16_ci95"])
+        pgap = fmt_ci(d[f"{k}_policy_val_loss_gap_vs_bf16"],
+                      d[f"{k}_policy_val_loss_gap_vs_bf16_ci95"])
+        closed = d[f"{k}_policy_gap_closed_share"]
+        rows.append([f"share of the {recipe} gap to bf16 the policy closes (fp-recipes, paired)",
+                     f"{k}_policy_gap_closed_share",
+                     f"{fmt(closed, '.2f')} (gap {recipe} {gap}; {recipe}-policy {pgap})",
+                     f">= {TARGET_GAP_CLOSED_SHARE:g}",
+                     verdict(d[f"{k}_policy_gap_closed_target_met"])
+                     + ("" if closed is not None else " (no gap shown)")])
+        rows.append([f"GEMM layer-steps {recipe}-policy kept in {recipe}",
+                     f"{k}_policy_low_precision_gemm_share",
+                     f"{fmt(d[f'{k}_policy_low_precision_gemm_share'], '.3f')} (at the end "
+                     f"{fmt(d[f'{k}_policy_low_precision_gemm_final_share'], '.3f')}; "
+                     f"{d[f'{k}_policy_layer_moves']} layer moves)",
+                     f"> {TARGET_LOW_PRECISION_GEMM_SHARE:g}",
+                     verdict(d[f"{k}_policy_low_precision_gemm_share_target_met"])])
+    return rows
+
+
+def fp_table(results, summary, d, profile, seeds):
+    fp = summary[FP_SCENARIO]
+    out = ["", f"## FP8/FP4 recipes and per-layer precision ({FP_SCENARIO})", "",
+           f"{steps_of(profile, FP_SCENARIO)} steps on the Jargon File, seeds "
+           f"{', '.join(map(str, seeds))}, {profile['fp_eval_batches']} validation batches at "
+           f"the end, the agent's default sampling (quantisers reported every step), lockstep. "
+           f"A -policy arm runs its recipe with ampscope-server --gemm-precision "
+           f"{' '.join(profile['gemm_server_args']) or '(defaults)'}. The low-precision GEMM "
+           f"share is the share of layer-steps ({len(gemm_layers(profile))} linear layers x "
+           f"steps) that ran the recipe.", ""]
+    out += md_table(FP_SUMMARY_COLUMNS, fp_summary_rows(fp))
+    out += ["", "## FP8/FP4 per-seed runs", ""]
+    out += md_table(FP_PER_SEED_COLUMNS, fp_per_seed_rows(results))
+    out += ["", "## FP8/FP4 layer moves", ""]
+    moves = fp_move_rows(results)
+    out += md_table(FP_MOVE_COLUMNS, moves) if moves else ["No layer moved."]
+    out += ["", f"## FP8/FP4 quantisers of the recipe arms, worst per layer (seed {seeds[0]})", ""]
+    out += md_table(FP_QUANTIZER_COLUMNS, fp_quantizer_rows(results, seeds[0]))
+    return out
+
+
+def plot_fp(gnuplot, out_dir, work, fp, seed):
+    """fp-recipes: the policy arms' BF16 layers per step (one seed) and the gap to bf16 per seed
+    with its mean and 95% CI per arm."""
+    png = os.path.join(out_dir, "fp_recipes.png")
+    policies = [p for p in FP_POLICIES if p != FP_REFERENCE and p in fp]
+    dat = os.path.join(work, "fp_gaps.dat")
+    with open(dat, "w") as f:
+        f.write("# per arm: x seed gap, then x mean low high\n")
+        for i, p in enumerate(policies):
+            for seed_, g in sorted(fp[p]["gaps_vs_bf16"].items()):
+                f.write(f"{i + 1} {seed_} {g!r}\n")
+            f.write("\n\n")
+        for i, p in enumerate(policies):
+            m, ci = fp[p]["gap_vs_bf16"], fp[p]["gap_vs_bf16_ci95"]
+            if m is not None:
+                lo, hi = ci if ci else (m, m)
+                f.write(f"{i + 1.25} {m!r} {lo!r} {hi!r}\n")
+    tics = ", ".join(f"'{p}' {i + 1}" for i, p in enumerate(policies))
+    layers = [f"'{os.path.join(work, 'series', run_id(FP_SCENARIO, p, seed) + '.fp.dat')}' "
+              f"using 1:3 with steps lw 1.5 title '{p}'"
+              for p in policies if p.endswith("-policy")]
+    script = [
+        "set terminal pngcairo size 1500,600 font ',10'", f"set output '{png}'",
+        f"set multiplot layout 1,2 title '{FP_SCENARIO}: per-layer precision'", "set grid",
+        f"set title 'linear layers in BF16, seed {seed}'", "set xlabel 'step'",
+        "set ylabel 'layers'", "set key top left font ',8'",
+        f"set yrange [-0.2:{fp[FP_REFERENCE]['gemm_layers'] + 0.2 if FP_REFERENCE in fp else 1}]",
+        "plot " + (", ".join(layers) or "0 notitle"),
+        "set title 'final validation loss - bf16: per seed (points), mean with 95% CI'",
+        "set xlabel ''", "set ylabel 'nats'", "set autoscale y",
+        f"set xrange [0.5:{len(policies) + 0.75}]",
+        f"set xtics ({tics})", "set xzeroaxis lt -1", "set offsets 0, 0, graph 0.05, graph 0.05",
+        "plot " + ", ".join([f"'{dat}' index {i} using 1:3 with points pt 7 ps 1.2 notitle"
+                             for i in range(len(policies))]
+                            + [f"'{dat}' index {len(policies)} using 1:2:3:4 with yerrorbars "
+                               f"pt 5 ps 1.2 lc rgb '#000000' title 'mean, 95% CI'"]),
+        "unset multiplot",
+    ]
+    if _gnuplot(gnuplot, script) == 0 and os.path.exists(png):
+        return png
+    print(f"policy_eval.py: gnuplot failed for {png}", file=sys.stderr)
+    return None
 
 
 # ---- the table ----------------------------------------------------------------------------
@@ -767,7 +1241,7 @@ GOAL_COLUMNS = ("goal", "key", "measured", "target", "met")
 
 def summary_rows(summary):
     rows = []
-    for s in SCENARIOS:
+    for s in loss_scale_scenarios(summary):
         for p, x in summary[s].items():
             rows.append([s, p, str(len(x["seeds"])), str(x["steps"]), fmt(x["skipped"], ".1f"),
                          fmt(x["skipped_per_10k"], ".1f"), fmt(x["avoidable_skipped"], ".1f"),
@@ -784,7 +1258,7 @@ def summary_rows(summary):
 
 def per_seed_rows(results):
     rows = []
-    for s in SCENARIOS:
+    for s in loss_scale_scenarios(results):
         for p, runs in results[s].items():
             deltas = val_deltas(results, s, p)
             for seed, m in sorted(runs.items()):
@@ -814,7 +1288,7 @@ def goal_rows(d):
     return [
         ["avoidable skips, GradScaler / headroom (all scenarios and seeds)",
          "policy_skip_reduction_vs_gradscaler",
-         f"{d['policy_skip_reduction_vs_gradscaler']:.3g} "
+         f"{fmt(d['policy_skip_reduction_vs_gradscaler'], '.3g')} "
          f"({d['policy_eval_gradscaler_avoidable_skips']} vs "
          f"{d['policy_eval_headroom_avoidable_skips']})", f">= {TARGET_SKIP_REDUCTION:g}",
          verdict(d["policy_skip_reduction_target_met"])],
@@ -855,9 +1329,33 @@ def goal_rows(d):
     ]
 
 
+def loss_scale_scenarios(by_scenario):
+    return [s for s in LOSS_SCALE_SCENARIOS if s in by_scenario]
+
+
 def write_table(path, results, summary, d, times, profile_name, profile, seeds):
-    steps = ", ".join(f"{s} {steps_of(profile, s)}" for s in SCENARIOS)
-    out = [f"# Loss-scale policies in closed loop: profile `{profile_name}`", "",
+    """table.md: the loss-scale sections when one of their scenarios ran, then fp-recipes'."""
+    out = [f"# Policies in closed loop: profile `{profile_name}`"]
+    if loss_scale_scenarios(results):
+        first = loss_scale_scenarios(results)[0]
+        out += loss_scale_table(results, summary, d, profile, seeds[first])
+    if FP_SCENARIO in results:
+        out += ["", "## FP8/FP4 goals", ""]
+        out += md_table(GOAL_COLUMNS, fp_goal_rows(d))
+        out += fp_table(results, summary, d, profile, seeds[FP_SCENARIO])
+    out += ["", "## Time per scenario", ""]
+    out += md_table(("scenario", "runs", "run seconds (sum)", "wall seconds (its share)"),
+                    [[s, str(t["runs"]), f"{t['run_s']:.0f}", f"{t['wall_s']:.0f}"]
+                     for s, t in times.items()])
+    text = "\n".join(out) + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+    return text
+
+
+def loss_scale_table(results, summary, d, profile, seeds):
+    steps = ", ".join(f"{s} {steps_of(profile, s)}" for s in loss_scale_scenarios(results))
+    out = ["",
            f"Model `{' '.join(profile['model'])}`, amp-fp16, seeds {', '.join(map(str, seeds))} "
            f"(on a seed every policy starts from the same weights and sees the same batches); "
            f"steps: {steps}; an overflow injected every {profile['spike_every']} steps "
@@ -899,14 +1397,7 @@ def write_table(path, results, summary, d, times, profile_name, profile, seeds):
                      for seed, r in fallback_rows(results).items()])
     out += ["", "## Per-seed runs", ""]
     out += md_table(PER_SEED_COLUMNS, per_seed_rows(results))
-    out += ["", "## Time per scenario", ""]
-    out += md_table(("scenario", "runs", "run seconds (sum)", "wall seconds (its share)"),
-                    [[s, str(t["runs"]), f"{t['run_s']:.0f}", f"{t['wall_s']:.0f}"]
-                     for s, t in times.items()])
-    text = "\n".join(out) + "\n"
-    with open(path, "w") as f:
-        f.write(text)
-    return text
+    return out
 
 
 # ---- plots --------------------------------------------------------------------------------
@@ -920,13 +1411,21 @@ COLOURS = {"gradscaler": "#1f77b4", "hysteresis": "#d62728", "static": "#7f7f7f"
            "headroom": "#2ca02c", "headroom-fp32": "#9467bd", "headroom-live": "#ff7f0e"}
 
 
-def plot(out_dir, work, profile, summary, seed):
+def plot(out_dir, work, profile, summary, seeds):
+    """The plots of the scenarios that ran (each on its first seed); their paths."""
     gnuplot = shutil.which("gnuplot")
     if gnuplot is None:
         print("policy_eval.py: gnuplot not found (Debian: gnuplot-nox); no plots",
               file=sys.stderr)
         return []
     made = []
+    if FP_SCENARIO in summary:
+        png = plot_fp(gnuplot, out_dir, work, summary[FP_SCENARIO], seeds[FP_SCENARIO][0])
+        if png:
+            made.append(png)
+    if not loss_scale_scenarios(summary):
+        return made
+    seed = seeds[loss_scale_scenarios(summary)[0]][0]
     for name, (ylabel, column) in GNUPLOT_PANELS.items():
         png = os.path.join(out_dir, f"{name}.png")
         script = [
@@ -937,7 +1436,7 @@ def plot(out_dir, work, profile, summary, seed):
             "set key top right font ',8'", "set xlabel 'step'", f"set ylabel '{ylabel}'",
             "set grid",
         ]
-        for scenario in SCENARIOS:
+        for scenario in loss_scale_scenarios(summary):
             script.append(f"set title '{scenario} ({steps_of(profile, scenario)} steps)'")
             parts = []
             for policy in policies_of(profile, scenario):
@@ -967,7 +1466,7 @@ def plot_val_deltas(gnuplot, out_dir, work, summary):
         "set xlabel 'seed'", "set ylabel 'val loss difference (nats)'", "set grid",
         "set key top left font ',8'", "set xzeroaxis lt -1",
     ]
-    for s in SCENARIOS:
+    for s in loss_scale_scenarios(summary):
         x = summary[s].get("headroom")
         if x is None or not x["val_loss_deltas"]:
             continue
@@ -1015,7 +1514,19 @@ def main():
     ap.add_argument("--fragment", help="write the results keys here (for merge_results.py)")
     ap.add_argument("--server-arg", action="append", default=[],
                     help="extra ampscope-server flag for the headroom servers (repeatable)")
+    ap.add_argument("--gemm-server-arg", action="append", default=[],
+                    help="extra ampscope-server flag for the per-layer precision's server "
+                         "(fp-recipes' -policy arms; repeatable), after the profile's")
+    ap.add_argument("--scenarios", help="comma-separated scenarios to run (default: all of "
+                                        f"them: {','.join(SCENARIOS)})")
     args = ap.parse_args()
+    scenarios = SCENARIOS if not args.scenarios else [
+        s for s in SCENARIOS if s in args.scenarios.split(",")]
+    unknown = set((args.scenarios or "").split(",")) - set(SCENARIOS) - {""}
+    if unknown or not scenarios:
+        print(f"policy_eval.py: --scenarios: {', '.join(sorted(unknown)) or 'none given'}; the "
+              f"scenarios are {', '.join(SCENARIOS)}", file=sys.stderr)
+        return 2
     b = args.build_dir
     args.train_bin = os.path.join(b, "trainer", "ampscope-train")
     args.server_bin = os.path.join(b, "server", "ampscope-server")
@@ -1025,8 +1536,11 @@ def main():
             print(f"policy_eval.py: {p} not found; build the target ampscope_policy_eval_targets",
                   file=sys.stderr)
             return 2
-    profile = PROFILES[args.profile]
-    seeds = list(range(1, (args.seeds or profile["seeds"]) + 1))
+    profile = dict(PROFILES[args.profile])
+    profile["gemm_server_args"] = profile["gemm_server_args"] + args.gemm_server_arg
+    seeds = {s: list(range(1, (args.seeds or (profile.get("fp_seeds") if s == FP_SCENARIO else None)
+                               or profile["seeds"]) + 1))
+             for s in scenarios}
     out_dir = args.out_dir
     work = os.path.join(out_dir, "work")
     shutil.rmtree(work, ignore_errors=True)
@@ -1040,24 +1554,28 @@ def main():
     ctx = {"args": args, "profile": profile, "work": work, "corpus": corpus, "t0": t0,
            "servers": {}, "print_lock": threading.Lock()}
     try:
-        for name in SERVER_ARGS:
-            extra = args.server_arg if name.startswith("headroom") else []
-            ctx["servers"][name] = Server(args.server_bin, name, work, extra)
+        extra = {"headroom": args.server_arg, "headroom-fp32": args.server_arg,
+                 "gemm": profile["gemm_server_args"]}
+        for name in sorted({server_for(p) for s in scenarios for p in policies_of(profile, s)}):
+            ctx["servers"][name] = Server(args.server_bin, name, work, extra.get(name, []))
         results, times = run_everything(ctx, seeds, max(1, args.jobs))
     finally:
         for s in ctx["servers"].values():
             s.stop()
-    summary = {s: summarise_scenario(results, s) for s in SCENARIOS}
+    summary = {s: summarise_scenario(results, s) for s in loss_scale_scenarios(results)}
+    if FP_SCENARIO in results:
+        summary[FP_SCENARIO] = summarise_fp(results)
     d = derive(results, summary)
     d["policy_eval_profile"] = args.profile
-    d["policy_eval_seeds"] = len(seeds)
+    d["policy_eval_seeds"] = max(len(x) for x in seeds.values())
     d["policy_eval_wall_s"] = time.monotonic() - t0
     with open(os.path.join(out_dir, "runs.json"), "w") as f:
         json.dump({"profile": args.profile, "model": profile["model"],
                    "scenarios": {s: {"steps": steps_of(profile, s),
                                      "policies": list(policies_of(profile, s))}
-                                 for s in SCENARIOS},
+                                 for s in scenarios},
                    "seeds": seeds, "corpus_long": corpus, "server_args": args.server_arg,
+                   "gemm_server_args": profile["gemm_server_args"],
                    "jobs": args.jobs, "derived": d, "summary": summary, "times": times,
                    "live_spread": live_spread(results), "fp32_fallback": fallback_rows(results),
                    "runs": results}, f, indent=2, sort_keys=True)
@@ -1065,20 +1583,21 @@ def main():
     print()
     print(write_table(os.path.join(out_dir, "table.md"), results, summary, d, times,
                       args.profile, profile, seeds))
-    for png in plot(out_dir, work, profile, summary, seeds[0]):
+    for png in plot(out_dir, work, profile, summary, seeds):
         print(f"plot: {png}")
     print()
     for s, t in times.items():
         print(f"time {s}: {t['runs']} runs, {t['run_s']:.0f} run-seconds, about "
               f"{t['wall_s']:.0f} s of the wall time")
     print(f"policy_eval.py: {d['policy_eval_wall_s']:.0f} s in all, {args.jobs} runs at a time")
-    for row in goal_rows(d):
+    goals = goal_rows(d) if loss_scale_scenarios(results) else []
+    for row in goals + fp_goal_rows(d):
         print(f"{row[1]}: {row[2]} (target {row[3]}: {row[4]})")
     if args.fragment:
         with open(args.fragment, "w") as f:
             json.dump(d, f, indent=2, sort_keys=True)
             f.write("\n")
-    failed = [run_id(s, p, seed) for s in SCENARIOS for p, runs in results[s].items()
+    failed = [run_id(s, p, seed) for s in results for p, runs in results[s].items()
               for seed, m in runs.items() if not m["completed"]]
     if failed:
         print(f"policy_eval.py: runs that did not complete: {', '.join(failed)}", file=sys.stderr)
