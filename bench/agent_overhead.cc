@@ -221,10 +221,11 @@ int main(int argc, char** argv) {
     std::ofstream(out) << j.dump(2) << "\n";
     std::printf(
         "agent overhead (%s): default %.4f, full %.4f (step %.1f ms without the agent; "
-        "agent on the training thread %.2f / %.2f ms per step)\n",
+        "agent on the training thread %.2f / %.2f ms per step; CPU time ratios %.4f / %.4f)\n",
         precision.c_str(), def / base, full / base, base * 1e3,
         j[key("agent_bench_training_thread_s_per_step_default")].get<double>() * 1e3,
-        j[key("agent_bench_training_thread_s_per_step_full")].get<double>() * 1e3);
+        j[key("agent_bench_training_thread_s_per_step_full")].get<double>() * 1e3,
+        cpu_per_step(1) / cpu_per_step(0), cpu_per_step(2) / cpu_per_step(0));
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ampscope_agent_bench: %s\n", e.what());

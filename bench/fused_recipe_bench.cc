@@ -17,13 +17,12 @@
 //   ampscope_fused_recipe_bench --out FRAGMENT.json [--rows 1024] [--cols 512] [--calls 20]
 //                               [--reps 15] [--targets bf16@0,e4m3@0]
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -83,8 +82,8 @@ int main(int argc, char** argv) {
 
     Recipe delayed = parsed("e4m3:current");
     delayed.scaling = Scaling::kDelayed;
-    delayed.scale = static_cast<float>(fake_quantize(x.data(), nullptr, rows, cols,
-                                                     parsed("e4m3:current")).tensor_scale);
+    delayed.scale = static_cast<float>(
+        fake_quantize(x.data(), nullptr, rows, cols, parsed("e4m3:current")).tensor_scale);
     const Case cases[] = {{"delayed", delayed},
                           {"current", parsed("e4m3:current")},
                           {"mx", parsed("mxfp8_e4m3")},

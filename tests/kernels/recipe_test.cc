@@ -549,7 +549,8 @@ TEST(RecipeTest, FusedStatisticsEqualTheSeparateComputations) {
                    std::to_string(shape.cols));
       const Recipe rec = recipe(text);
       std::vector<float> want_out(x.size()), out(x.size());
-      const RecipeCounts want = fake_quantize(x.data(), want_out.data(), shape.rows, shape.cols, rec);
+      const RecipeCounts want =
+          fake_quantize(x.data(), want_out.data(), shape.rows, shape.cols, rec);
       const TensorStats want_stats = compute_stats(x.data(), x.size(), Format::kFP32, targets);
       TensorStats stats, in_place_stats;
       EXPECT_EQ(fake_quantize_with_stats(x.data(), out.data(), shape.rows, shape.cols, rec,
