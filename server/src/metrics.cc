@@ -298,6 +298,10 @@ struct MetricFamilies {
                         .Name("ampscope_policy_fp32_tensors")
                         .Help("Tensors the policy keeps in FP32")
                         .Register(*registry)),
+        policy_bf16(BuildGauge()
+                        .Name("ampscope_policy_bf16_gemms")
+                        .Help("Layers whose GEMMs the policy runs in BF16 instead of the recipe")
+                        .Register(*registry)),
         partial_steps(BuildCounter()
                           .Name("ampscope_partial_steps_total")
                           .Help("Steps merged without every rank's report (deadline passed, "
@@ -367,6 +371,7 @@ struct MetricFamilies {
   Family<Gauge>& policy_scale;
   Family<Gauge>& policy_target;
   Family<Gauge>& policy_fp32;
+  Family<Gauge>& policy_bf16;
   Family<Counter>& partial_steps;
   Family<Counter>& rank_divergence;
 };
@@ -461,6 +466,7 @@ struct RunSeries {
   Gauge* policy_scale = nullptr;
   Gauge* policy_target = nullptr;
   Gauge* policy_fp32 = nullptr;
+  Gauge* policy_bf16 = nullptr;
   Counter* partial_steps = nullptr;            // created at the run's first merged step
   std::map<std::string, Counter*> divergence;  // by field, created at its first divergence
 };
@@ -531,6 +537,7 @@ RunSeries::~RunSeries() {
   remove(f->policy_scale, policy_scale);
   remove(f->policy_target, policy_target);
   remove(f->policy_fp32, policy_fp32);
+  remove(f->policy_bf16, policy_bf16);
   remove(f->partial_steps, partial_steps);
   for (const auto& [field, c] : divergence) remove(f->rank_divergence, c);
 }
@@ -926,14 +933,14 @@ void Metrics::merged_step(RunState& state, bool partial,
 }
 
 void Metrics::policy_decision(RunState& state, std::string_view mode, std::string_view kind,
-                              const std::string& reason, std::optional<double> loss_scale,
-                              std::optional<double> min_scale, std::size_t fp32_tensors) {
+                              const v1::PolicyUpdate& u) {
   RunSeries* exported = run_series(state);
   if (exported == nullptr) return;
   RunSeries& run = *exported;
   const std::string& run_id = state.id;
-  if (min_scale) {
-    for (auto& [rank_id, rank] : run.ranks) run.set_loss_scale_min(*rank, *min_scale);
+  const std::string& reason = u.reason();
+  if (u.has_min_scale()) {
+    for (auto& [rank_id, rank] : run.ranks) run.set_loss_scale_min(*rank, u.min_scale());
   }
   Counter*& decisions = run.decisions[{std::string(mode), std::string(kind)}];
   if (decisions == nullptr) {
@@ -947,12 +954,16 @@ void Metrics::policy_decision(RunState& state, std::string_view mode, std::strin
                                           {"kind", std::string(kind)},
                                           {"reason", reason.substr(0, 200)}});
   run.policy_last->Set(1);
-  if (loss_scale) {
+  if (u.has_loss_scale()) {
     if (run.policy_scale == nullptr) run.policy_scale = &f_->policy_scale.Add({{"run", run_id}});
-    run.policy_scale->Set(*loss_scale);
+    run.policy_scale->Set(u.loss_scale());
   }
   if (run.policy_fp32 == nullptr) run.policy_fp32 = &f_->policy_fp32.Add({{"run", run_id}});
-  run.policy_fp32->Set(static_cast<double>(fp32_tensors));
+  run.policy_fp32->Set(static_cast<double>(u.fp32_tensors_size()));
+  if (u.bf16_gemms_set()) {
+    if (run.policy_bf16 == nullptr) run.policy_bf16 = &f_->policy_bf16.Add({{"run", run_id}});
+    run.policy_bf16->Set(static_cast<double>(u.bf16_gemms_size()));
+  }
 }
 
 void Metrics::policy_target(RunState& state, std::optional<double> target_scale) {

@@ -92,9 +92,10 @@ class Metrics {
   // changes, loses its series. At most kMaxQuantizersTracked quantisers per run are tracked.
   void on_quantizers(RunState& run, const v1::StepReport& report, std::size_t top_k);
   void set_agents_connected(RunState& run, std::size_t n);
+  // A decision as sent (the policy in force folds it): its kind and reason, the scale it set,
+  // the FP32 set's size and, when it carries one, the BF16 set's.
   void policy_decision(RunState& run, std::string_view mode, std::string_view kind,
-                       const std::string& reason, std::optional<double> loss_scale,
-                       std::optional<double> min_scale, std::size_t fp32_tensors);
+                       const v1::PolicyUpdate& update);
   void policy_target(RunState& run, std::optional<double> target_scale);
 
  private:

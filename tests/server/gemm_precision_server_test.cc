@@ -92,6 +92,13 @@ TEST(GemmPrecisionServerTest, HarmfulQuantisersMoveTheirLayerToBf16OnTheStream) 
   for (const v1::ServerMessage& m : agent.messages()) EXPECT_FALSE(m.has_reject());
   ASSERT_TRUE(agent.finish().ok());
 
+  // /metrics: the set's size and one decision of kind gemm_precision.
+  const std::vector<Sample> samples = parse_samples(scrape(server.metrics_address()));
+  EXPECT_EQ(sample_value(samples, "ampscope_policy_bf16_gemms", {{"run", kRun}}), 1.0);
+  EXPECT_EQ(sample_value(samples, "ampscope_policy_decisions_total",
+                         {{"run", kRun}, {"mode", "headroom"}, {"kind", "gemm_precision"}}),
+            1.0);
+
   const std::vector<v1::StepReport> stored = stored_reports(server.address(), kRun);
   ASSERT_EQ(stored.size(), 2u);
   ASSERT_EQ(stored[0].quantizers_size(), 2);  // the third refused alone

@@ -605,11 +605,8 @@ void Ingest::publish(Shard& shard, Batch& batch, std::int64_t now_ns) {
   for (const auto& [run, u] : batch.decisions) {
     const std::optional<v1::PolicyUpdate> before = policy_.current(*run);
     policy_.set_current(*run, u);
-    metrics_.policy_decision(
-        *run, policy_.mode_name(), decision_kind(u, before ? &*before : nullptr), u.reason(),
-        u.has_loss_scale() ? std::optional<double>(u.loss_scale()) : std::nullopt,
-        u.has_min_scale() ? std::optional<double>(u.min_scale()) : std::nullopt,
-        static_cast<std::size_t>(u.fp32_tensors_size()));
+    metrics_.policy_decision(*run, policy_.mode_name(),
+                             decision_kind(u, before ? &*before : nullptr), u);
     log_info("policy: run '", u.run_id(), "' decision ", u.policy_id(), " from step ",
              u.effective_from_step(), ": ", u.reason());
     decided[run].push_back(u);
