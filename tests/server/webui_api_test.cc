@@ -247,7 +247,9 @@ TEST_F(WebApiTest, RunAnswerIsDownsampledToTheWidth) {
   EXPECT_EQ(d["effective_from_step"], 6);
   EXPECT_EQ(d["mode"], "headroom");
   EXPECT_EQ(d["reason"], "headroom: test");
-  EXPECT_EQ(d["update"], json({{"loss_scale", 32768.0}}));
+  EXPECT_EQ(d["update"], json({{"loss_scale", 32768.0},
+                               {"bf16_gemms", json::array({"h1.mlp.fc"})},
+                               {"amax_history_length", 8}}));
   EXPECT_EQ(d["applications"].size(), 2u);
   EXPECT_EQ(run["tensors"][0]["name"], "h1.attn.out");
   EXPECT_EQ(run["tensors"][0]["underflow_ratio"], 0.1);

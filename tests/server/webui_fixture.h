@@ -127,6 +127,9 @@ inline void write_web_run(StoreWriter& w, std::int64_t age_ns = 60 * kSecond) {
   u.set_effective_from_step(6);
   u.set_mode(v1::POLICY_MODE_HEADROOM);
   u.set_loss_scale(32768.0);
+  u.set_bf16_gemms_set(true);
+  u.add_bf16_gemms("h1.mlp.fc");
+  u.set_amax_history_length(8);
   u.set_reason("headroom: test");
   u.set_decided_unix_ns(at);
   const std::int64_t id = w.insert_decision("web", 1, u);
