@@ -101,5 +101,56 @@ TEST(AgentAdapterTest, OverridesMapRecommendedTensorsToTheLayersThatComputeThem)
   EXPECT_NE(o.replace({"h1.attn.scores"}, 3), "");
 }
 
+// The GEMM overrides over the trainer's GemmPrecisionSet: capable layers are the linear layers,
+// and replace() makes exactly the given set from its step: a layer already in BF16 keeps its
+// entry, one due later enters at the step, the others ("*" too) go back to the recipe; a bad
+// name changes nothing.
+TEST(AgentAdapterTest, GemmsReplaceMakesExactlyTheGivenSetFromItsStep) {
+  GemmPrecisionSet set({"h0.attn.qkv", "h0.attn.proj", "h0.mlp.fc", "h0.mlp.proj"});
+  AgentAdapter::Gemms gemms(set);
+  agent::PrecisionOverrides& g = gemms;
+  EXPECT_EQ(g.capable_layers(), set.valid_layers());
+  ASSERT_EQ(set.add_bf16("*", 0), "");
+  ASSERT_EQ(set.add_bf16("h0.mlp.fc", 2), "");
+  ASSERT_EQ(set.add_bf16("h0.attn.proj", 9), "");
+  using Entries = std::vector<std::pair<std::string, std::int64_t>>;
+  const Entries before = set.bf16_entries();
+  EXPECT_EQ(g.replace({"h0.mlp.fc", "lm_head"}, 5), "unknown linear layer 'lm_head'");
+  EXPECT_EQ(g.replace({"*"}, 5), "unknown linear layer '*'");
+  EXPECT_EQ(set.bf16_entries(), before);
+  EXPECT_EQ(g.replace({"h0.mlp.fc", "h0.attn.proj", "h0.attn.qkv"}, 5), "");
+  EXPECT_EQ(set.bf16_entries(),
+            (Entries{{"h0.attn.proj", 5}, {"h0.attn.qkv", 5}, {"h0.mlp.fc", 2}}));
+  EXPECT_FALSE(set.bf16("h0.mlp.proj", 5));
+  EXPECT_EQ(g.replace({}, 7), "");
+  EXPECT_TRUE(set.bf16_entries().empty());
+}
+
+// Delayed scaling's settings as the agent changes them: the "*" entry from the change's step,
+// the unchanged field as it is in force then; refused on a run without delayed scaling.
+TEST(AgentAdapterTest, RecipeSettingsChangeEveryLayersDelayedSettingsFromTheStep) {
+  GemmPrecisionSet set({"h0.mlp.fc"});
+  const DelayedSettings run{.history_length = 16, .margin = 0};
+  AgentAdapter::RecipeSettings delayed(set, run, true);
+  agent::RecipeControl& r = delayed;
+  EXPECT_TRUE(r.delayed());
+  agent::RecipeChange margin;
+  margin.effective_from_step = 4;
+  margin.margin = 2;
+  EXPECT_EQ(r.schedule(margin), "");
+  EXPECT_EQ(set.delayed("h0.mlp.fc", 3), std::nullopt);
+  EXPECT_EQ(set.delayed("h0.mlp.fc", 4), (DelayedSettings{.history_length = 16, .margin = 2}));
+  agent::RecipeChange length;
+  length.effective_from_step = 6;
+  length.amax_history_length = 64;
+  EXPECT_EQ(r.schedule(length), "");
+  EXPECT_EQ(set.delayed("h0.mlp.fc", 6), (DelayedSettings{.history_length = 64, .margin = 2}));
+  GemmPrecisionSet other({"h0.mlp.fc"});
+  AgentAdapter::RecipeSettings current(other, run, false);
+  EXPECT_FALSE(current.delayed());
+  EXPECT_EQ(current.schedule(margin), "the run does not use delayed scaling");
+  EXPECT_TRUE(other.delayed_entries().empty());
+}
+
 }  // namespace
 }  // namespace ampscope::trainer

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "ampscope/check.h"
+#include "ampscope/convert.h"
 #include "ampscope/testing/files.h"
 #include "ampscope/trainer/trainer.h"
 #include "counting_backend.h"
@@ -303,17 +305,31 @@ class QuantRecorder : public TensorObserver {
     std::vector<float> history;
     std::int64_t step;
     int micro_step;
+    bool what_if;
   };
   std::vector<std::int64_t> steps;  // empty: every step
   std::vector<Seen> seen;
   bool observe_step(std::int64_t step) override {
     return steps.empty() || std::find(steps.begin(), steps.end(), step) != steps.end();
   }
-  void on_tensor(const TensorView&) override {}
   void on_quantized(const QuantizedGemmInput& q) override {
     seen.push_back({std::string(q.name), std::string(q.layer), q.operand, q.role, q.use, q.recipe,
                     q.counts, std::vector<float>(q.amax_history.begin(), q.amax_history.end()),
-                    q.step, q.micro_step});
+                    q.step, q.micro_step, q.what_if});
+  }
+  // The FP32 views of the tensors named in `keep` (their first showing).
+  std::vector<std::string> keep;
+  std::map<std::string, std::vector<float>> kept;
+  void on_tensor(const TensorView& t) override {
+    if (std::find(keep.begin(), keep.end(), t.name) == keep.end() ||
+        kept.count(std::string(t.name)) > 0) {
+      return;
+    }
+    ASSERT_EQ(t.dtype, Format::kFP32) << t.name;
+    std::int64_t n = 1;
+    for (std::int64_t d : t.shape) n *= d;
+    const auto* d = static_cast<const float*>(t.data);
+    kept[std::string(t.name)].assign(d, d + n);
   }
 };
 
@@ -335,6 +351,7 @@ TEST(Fp8TrainingTest, EveryModeTrainsWithItsLossFallingAndFinite) {
   }
 }
 
+// Observed on every step, so the what-if measurement runs on every GEMM: it changes nothing.
 TEST(Fp8TrainingTest, EveryLayerInBf16IsAmpBf16BitForBit) {
   const auto reference = make(tiny(PrecisionMode::kAmpBF16, 4));
   std::vector<StepEvent> want;
@@ -347,9 +364,11 @@ TEST(Fp8TrainingTest, EveryLayerInBf16IsAmpBf16BitForBit) {
     for (int i = 0; i < 4; ++i) {
       const StepEvent e = t->step();
       EXPECT_EQ(e.loss, want[std::size_t(i)].loss) << precision_name(mode) << " step " << i;
-      EXPECT_EQ(e.bf16_gemms, std::vector<std::string>{"*"});
+      EXPECT_EQ(e.bf16_gemms, t->model().gemm_layers()) << "'*' is every linear layer";
     }
-    EXPECT_TRUE(rec.seen.empty()) << precision_name(mode);
+    const bool blocks = gemm_block_length(mode) > 0;
+    EXPECT_EQ(rec.seen.size(), std::size_t(4 * 8 * (blocks ? 6 : 3))) << precision_name(mode);
+    for (const auto& s : rec.seen) EXPECT_TRUE(s.what_if) << s.name;
     expect_same_state(*t, *reference);
   }
 }
@@ -367,16 +386,23 @@ TEST(Fp8TrainingTest, ALayerInBf16IsNotQuantisedFromItsStepUntilItIsRemoved) {
     }
     ev.push_back(t->step());
   }
-  std::map<std::int64_t, int> fc_seen, other_seen;
-  for (const auto& s : rec.seen) ++(s.layer == "h1.mlp.fc" ? fc_seen : other_seen)[s.step];
+  std::map<std::int64_t, int> fc_seen, fc_what_if, other_seen;
+  for (const auto& s : rec.seen) {
+    if (s.layer != "h1.mlp.fc") {
+      EXPECT_FALSE(s.what_if) << s.name;
+      ++other_seen[s.step];
+    } else {
+      ++(s.what_if ? fc_what_if : fc_seen)[s.step];
+    }
+  }
   // Block recipes: input and weight forward, output_grad and weight in dgrad, output_grad and
-  // input in wgrad.
-  EXPECT_EQ(fc_seen[0], 6);
-  EXPECT_EQ(fc_seen[1], 6);
-  EXPECT_EQ(fc_seen[2], 0);
-  EXPECT_EQ(fc_seen[3], 0);
-  EXPECT_EQ(fc_seen[4], 6);
-  for (std::int64_t s = 0; s < 6; ++s) EXPECT_EQ(other_seen[s], 7 * 6) << "step " << s;
+  // input in wgrad; in BF16 the same six are what-if counts.
+  for (std::int64_t s = 0; s < 6; ++s) {
+    const bool bf16 = s == 2 || s == 3;
+    EXPECT_EQ(fc_seen[s], bf16 ? 0 : 6) << "step " << s;
+    EXPECT_EQ(fc_what_if[s], bf16 ? 6 : 0) << "step " << s;
+    EXPECT_EQ(other_seen[s], 7 * 6) << "step " << s;
+  }
   EXPECT_TRUE(ev[1].bf16_gemms.empty());
   EXPECT_EQ(ev[2].bf16_gemms, std::vector<std::string>{"h1.mlp.fc"});
   EXPECT_TRUE(ev[4].bf16_gemms.empty());
@@ -408,6 +434,116 @@ TEST(Fp8TrainingTest, TheHookReportsEachQuantisationWithItsRecipeAndCounts) {
                         : s.operand == GemmOperand::kWeight ? TensorRole::kWeight
                                                             : TensorRole::kActivationGrad);
       EXPECT_EQ(s.history.empty(), mode != PrecisionMode::kFP8Delayed) << s.name;
+    }
+  }
+}
+
+// What-if measurement: h0.attn.qkv runs BF16 and its inputs are counted against the recipe,
+// the same reports (names, GEMM uses, micro-batches) as when the layer is quantised. It is the
+// run's first linear layer, so at step 0 its forward inputs are those of a run that quantises
+// it: the counts must be equal, and equal to recipe_counts of h0.ln1 rounded to BF16 (the input
+// as the GEMM reads it). Under fp8-delayed its histories record nothing while it runs BF16.
+TEST(Fp8TrainingTest, WhatIfCountsAreTheRecipesCountsOfTheInputsTheBf16GemmRead) {
+  for (auto mode : kScaledModes) {
+    auto bf16 = make(tiny(mode, 3));
+    auto quantised = make(tiny(mode, 3));
+    ASSERT_EQ(bf16->gemm_precision().add_bf16("h0.attn.qkv", 0), "");
+    QuantRecorder what_if, applied;
+    what_if.keep = {"h0.ln1"};
+    bf16->set_observer(&what_if);
+    quantised->set_observer(&applied);
+    for (int i = 0; i < 3; ++i) {
+      bf16->step();
+      quantised->step();
+    }
+    std::vector<const QuantRecorder::Seen*> w, a;
+    for (const auto& s : what_if.seen) {
+      EXPECT_EQ(s.what_if, s.layer == "h0.attn.qkv") << s.name;
+      if (s.layer == "h0.attn.qkv") w.push_back(&s);
+    }
+    for (const auto& s : applied.seen) {
+      EXPECT_FALSE(s.what_if);
+      if (s.layer == "h0.attn.qkv") a.push_back(&s);
+    }
+    ASSERT_EQ(w.size(), a.size()) << precision_name(mode);
+    ASSERT_EQ(w.size(), std::size_t(3 * (gemm_block_length(mode) > 0 ? 6 : 3)));
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      EXPECT_EQ(w[i]->name, a[i]->name);
+      EXPECT_EQ(w[i]->use, a[i]->use) << w[i]->name;
+      EXPECT_EQ(w[i]->step, a[i]->step) << w[i]->name;
+      EXPECT_EQ(w[i]->counts.recipe, w[i]->recipe) << w[i]->name;
+      if (w[i]->step == 0 && w[i]->use == GemmUse::kForward) {
+        EXPECT_EQ(w[i]->counts, a[i]->counts) << precision_name(mode) << " " << w[i]->name;
+      }
+      if (mode == PrecisionMode::kFP8Delayed) {
+        EXPECT_TRUE(w[i]->history.empty()) << w[i]->name << " step " << w[i]->step;
+        EXPECT_EQ(w[i]->recipe.scale, 1.0f) << w[i]->name << " step " << w[i]->step;
+        EXPECT_EQ(a[i]->history.size(), std::size_t(a[i]->step)) << a[i]->name;
+      }
+    }
+    ASSERT_EQ(w[0]->name, "h0.attn.qkv.input");
+    ASSERT_EQ(w[0]->step, 0);
+    std::vector<float> ln1 = what_if.kept.at("h0.ln1");
+    round_through(ln1.data(), ln1.size(), Format::kBF16);
+    const std::size_t C = 32;
+    const RecipeCounts want =
+        recipe_counts(ln1.data(), ln1.size(), Format::kFP32, C,
+                      *gemm_recipe(mode, GemmOperand::kInput, GemmUse::kForward));
+    EXPECT_EQ(w[0]->counts, want) << precision_name(mode);
+    EXPECT_GT(want.values, 0u);
+  }
+}
+
+// Backend::gemm_operand_counts' host-copy default (the CUDA back end's) and the CPU's in-place
+// override count the same: the operand read and rounded to the compute format, rows of its last
+// dimension.
+TEST(Fp8TrainingTest, GemmOperandCountsAreTheSameThroughTheHostCopy) {
+  auto backend = make_cpu_backend({.blas_threads = 1});
+  std::vector<float> x = randn(3 * 5 * 48, 7);
+  for (std::size_t i = 0; i < x.size(); i += 11) x[i] *= 1e-6f;  // some underflow
+  x[3] = 3e4f;                                                   // and one outlier
+  const Tensor t(x.data(), Format::kFP32, {3, 5, 48}, Device::kCpu);
+  for (auto mode : kScaledModes) {
+    const Recipe r = *gemm_recipe(mode, GemmOperand::kInput, GemmUse::kForward);
+    const RecipeCounts own = backend->gemm_operand_counts(t, Format::kBF16, r);
+    EXPECT_EQ(backend->Backend::gemm_operand_counts(t, Format::kBF16, r), own)
+        << precision_name(mode);
+    std::vector<float> rounded = x;
+    round_through(rounded.data(), rounded.size(), Format::kBF16);
+    EXPECT_EQ(own, recipe_counts(rounded.data(), rounded.size(), Format::kFP32, 48, r))
+        << precision_name(mode);
+    EXPECT_GT(own.underflow, 0u) << precision_name(mode);
+  }
+}
+
+// The what-if measurement reads and changes nothing the step computes: a run observed on every
+// step (measuring its BF16 layers against the recipe) ends bit for bit where an unobserved one
+// does, delayed histories included.
+TEST(Fp8TrainingTest, WhatIfMeasurementLeavesTheRunUnchanged) {
+  for (auto mode : kScaledModes) {
+    auto watched = make(tiny(mode, 4));
+    auto quiet = make(tiny(mode, 4));
+    for (Trainer* t : {watched.get(), quiet.get()}) {
+      ASSERT_EQ(t->gemm_precision().add_bf16("h0.attn.qkv", 0), "");
+      ASSERT_EQ(t->gemm_precision().add_bf16("h1.mlp.fc", 2), "");
+    }
+    QuantRecorder rec;
+    watched->set_observer(&rec);
+    for (int i = 0; i < 4; ++i) {
+      const StepEvent a = watched->step(), b = quiet->step();
+      EXPECT_EQ(a.loss, b.loss) << precision_name(mode) << " step " << i;
+      EXPECT_EQ(a.bf16_gemms, b.bf16_gemms);
+    }
+    expect_same_state(*watched, *quiet);
+    if (mode == PrecisionMode::kFP8Delayed) {
+      const DelayedScaling &x = *watched->delayed_scaling(), &y = *quiet->delayed_scaling();
+      for (std::size_t i = 0; i < x.inputs().size(); ++i) {
+        const auto hx = x.history(i).history(), hy = y.history(i).history();
+        EXPECT_EQ(std::vector<float>(hx.begin(), hx.end()),
+                  std::vector<float>(hy.begin(), hy.end()))
+            << x.inputs()[i].name;
+        EXPECT_EQ(x.scale(i), y.scale(i)) << x.inputs()[i].name;
+      }
     }
   }
 }

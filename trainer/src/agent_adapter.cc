@@ -68,6 +68,37 @@ std::string AgentAdapter::Overrides::replace(const std::vector<std::string>& lay
   return {};
 }
 
+std::string AgentAdapter::Gemms::replace(const std::vector<std::string>& layers,
+                                         std::int64_t from_step) {
+  const std::vector<std::string>& valid = set_.valid_layers();
+  for (const auto& l : layers) {
+    if (std::find(valid.begin(), valid.end(), l) == valid.end()) {
+      return "unknown linear layer '" + l + "'";
+    }
+  }
+  if (from_step < 0) return "from_step must be >= 0, got " + std::to_string(from_step);
+  // Called at the start of from_step, before the step reads the set (as Overrides::replace).
+  for (const auto& [name, step] : set_.bf16_entries()) {
+    if (std::find(layers.begin(), layers.end(), name) == layers.end()) set_.remove_bf16(name);
+  }
+  const auto entries = set_.bf16_entries();
+  for (const auto& l : layers) {
+    const auto it =
+        std::find_if(entries.begin(), entries.end(), [&](const auto& e) { return e.first == l; });
+    if (it != entries.end() && it->second <= from_step) continue;
+    if (std::string e = set_.add_bf16(l, from_step); !e.empty()) return e;
+  }
+  return {};
+}
+
+std::string AgentAdapter::RecipeSettings::schedule(const agent::RecipeChange& c) {
+  if (!delayed_) return "the run does not use delayed scaling";
+  DelayedSettings s = set_.delayed("*", c.effective_from_step).value_or(default_);
+  if (c.amax_history_length) s.history_length = *c.amax_history_length;
+  if (c.margin) s.margin = *c.margin;
+  return set_.set_delayed("*", s, c.effective_from_step);
+}
+
 void add_agent_flags(CLI::App& app, AgentFlags* flags) {
   auto add = [&](const std::string& flag, const std::string& key, const std::string& help) {
     app.add_option_function<std::string>(
@@ -155,6 +186,13 @@ AgentAdapter::AgentAdapter(Trainer& trainer, std::unique_ptr<agent::Agent> agent
       installed_(install_hooks) {
   agent_->attach_scaler(scaler_.get());
   agent_->attach_overrides(overrides_.get());
+  const PrecisionMode mode = trainer.config().precision;
+  if (PrecisionPolicy::for_mode(mode).scaled_gemms) {
+    gemms_ = std::make_unique<Gemms>(trainer.gemm_precision());
+    recipe_ = std::make_unique<RecipeSettings>(
+        trainer.gemm_precision(), trainer.config().fp8_delayed, mode == PrecisionMode::kFP8Delayed);
+    agent_->attach_gemm_precision(gemms_.get(), recipe_.get());
+  }
   if (installed_) {
     trainer_.set_observer(this);
     trainer_.add_step_listener(this);
@@ -232,6 +270,8 @@ void AgentAdapter::on_quantized(const QuantizedGemmInput& q) {
   v.micro_step = q.micro_step;
   v.counts = q.counts;
   v.amax_history = q.amax_history;
+  v.layer = q.layer;
+  v.what_if = q.what_if;
   agent_->observe_quantizer(v);
 }
 
@@ -257,6 +297,7 @@ void AgentAdapter::on_step(const StepEvent& e) {
   i.step_time_s = e.step_time_s;
   i.optimizer_steps = e.optimizer_steps;
   i.fp32_layers = e.fp32_layers;
+  i.bf16_gemms = e.bf16_gemms;
   i.val_loss = e.val_loss;
   step_seconds_ += e.step_time_s;
   agent_->end_step(i);

@@ -1,5 +1,6 @@
 // The one place where ampscope-train meets ampscope::agent: the trainer's hooks (tensor
-// observer, step listener, ScalerHandle, Fp32OverrideSet) mapped onto the agent's interfaces,
+// observer, step listener, ScalerHandle, Fp32OverrideSet, GemmPrecisionSet) mapped onto the
+// agent's interfaces,
 // and the agent's command-line flags. Neither library knows the other; only ampscope-train
 // links both.
 #pragma once
@@ -57,8 +58,9 @@ std::string quantizer_name(const QuantizedGemmInput& input);
 
 class AgentAdapter final : public TensorObserver, public StepListener, public PolicyAgreement {
  public:
-  // Attaches the agent's scaler and override controls; with install_hooks, also sets itself as
-  // the trainer's observer and step listener (a caller that switches observers forwards the
+  // Attaches the agent's scaler and override controls, and in the FP8/FP4 modes its GEMM
+  // precision (Gemms, RecipeSettings); with install_hooks, also sets itself as the trainer's
+  // observer and step listener (a caller that switches observers forwards the
   // hooks itself, as bench/agent_overhead.cc does).
   AgentAdapter(Trainer& trainer, std::unique_ptr<agent::Agent> agent, bool install_hooks = true);
   ~AgentAdapter() override;
@@ -80,12 +82,16 @@ class AgentAdapter final : public TensorObserver, public StepListener, public Po
   agent::Agent& agent() { return *agent_; }
 
   class Overrides;
+  class Gemms;
+  class RecipeSettings;
 
  private:
   class Scaler;
   Trainer& trainer_;
   std::unique_ptr<Scaler> scaler_;
   std::unique_ptr<Overrides> overrides_;
+  std::unique_ptr<Gemms> gemms_;            // FP8/FP4 modes only
+  std::unique_ptr<RecipeSettings> recipe_;  // FP8/FP4 modes only
   std::unique_ptr<agent::Agent> agent_;
   std::size_t num_params_;
   bool installed_;
@@ -108,6 +114,39 @@ class AgentAdapter::Overrides final : public agent::PrecisionOverrides {
  private:
   Fp32OverrideSet& set_;
   const Gpt& model_;
+};
+
+// The trainer's GemmPrecisionSet as the agent's GEMM overrides (Agent::attach_gemm_precision):
+// capable layers are the linear layers of an FP8/FP4 run (its valid_layers(), Gpt::gemm_layers),
+// and replace() makes exactly the given layers the BF16 set from `from_step` on: the others,
+// "*" included, go back to the recipe; a layer already in BF16 by then keeps its entry, one not
+// yet (or due later) enters at `from_step`. Nothing changes when a name is not a linear layer.
+// The set must outlive it. Thread safety: as GemmPrecisionSet's (every member, any thread).
+class AgentAdapter::Gemms final : public agent::PrecisionOverrides {
+ public:
+  explicit Gemms(GemmPrecisionSet& set) : set_(set) {}
+  std::vector<std::string> capable_layers() const override { return set_.valid_layers(); }
+  std::string replace(const std::vector<std::string>& layers, std::int64_t from_step) override;
+
+ private:
+  GemmPrecisionSet& set_;
+};
+
+// fp8-delayed's settings as the agent steers them: a RecipeChange becomes the "*" entry of the
+// GemmPrecisionSet (every layer's history length and margin) from its step, the fields it
+// leaves unset as they are in force at that step (the "*" entry, else the run's
+// TrainerConfig::fp8_delayed). delayed() is fixed at construction (the run's mode).
+class AgentAdapter::RecipeSettings final : public agent::RecipeControl {
+ public:
+  RecipeSettings(GemmPrecisionSet& set, const DelayedSettings& run_default, bool delayed)
+      : set_(set), default_(run_default), delayed_(delayed) {}
+  bool delayed() const override { return delayed_; }
+  std::string schedule(const agent::RecipeChange& change) override;
+
+ private:
+  GemmPrecisionSet& set_;
+  DelayedSettings default_;
+  bool delayed_;
 };
 
 }  // namespace ampscope::trainer

@@ -400,6 +400,13 @@ class CpuBackend final : public Backend {
     if (db) db->commit();
   }
 
+  RecipeCounts gemm_operand_counts(const Tensor& operand, Format compute,
+                                   const Recipe& recipe) override {
+    const std::int64_t cols = operand.dim(operand.rank - 1);
+    const In x(operand, compute, ex_);
+    return recipe_counts(x.get(), size(operand.numel()), Format::kFP32, size(cols), recipe);
+  }
+
   void attention_forward(const Tensor& out, const Tensor& scores, const Tensor& probs,
                          const Tensor& qkv, int n_head, Format compute, Format softmax,
                          const AttentionFaults& faults) override {

@@ -392,8 +392,9 @@ std::optional<Recipe> Gpt::recipe_for(const StepContext& ctx, const std::string&
 }
 
 void Gpt::report_quantized(const StepContext& ctx, const std::string& layer, GemmOperand operand,
-                           GemmUse use, const RecipeCounts& counts, int delayed_index) const {
-  if (delayed_index >= 0 && ctx.record_amax && use != GemmUse::kWgrad) {
+                           GemmUse use, const RecipeCounts& counts, int delayed_index,
+                           bool what_if) const {
+  if (delayed_index >= 0 && ctx.record_amax && use != GemmUse::kWgrad && !what_if) {
     ctx.delayed->record(static_cast<std::size_t>(delayed_index), counts.amax);
   }
   if (ctx.observer == nullptr) return;
@@ -415,7 +416,27 @@ void Gpt::report_quantized(const StepContext& ctx, const std::string& layer, Gem
   q.scale = operand == GemmOperand::kOutputGrad ? ctx.loss_scale : 1.0f;
   q.step = ctx.step;
   q.micro_step = ctx.micro_step;
+  q.what_if = what_if;
   ctx.observer->on_quantized(q);
+}
+
+// What-if measurement (docs/trainer.md): a layer moved to BF16 computes exactly as amp-bf16
+// does, and on observed steps each input its recipe would have quantised is counted against
+// that recipe, the same reports the quantised path makes, marked what_if. A delayed history
+// records nothing meanwhile: its scale stays the one the layer left with, which is the scale a
+// move back would start from, and what is recorded does not depend on which steps were
+// observed. Unobserved steps cost nothing.
+bool Gpt::what_if_gemm(const StepContext& ctx, Format compute) const {
+  return ctx.observer != nullptr && policy_.scaled_gemms && compute != Format::kFP32;
+}
+
+void Gpt::report_what_if(const StepContext& ctx, const std::string& layer, GemmOperand operand,
+                         GemmUse use, const Tensor& t, Format compute) {
+  int index = -1;
+  const std::optional<Recipe> recipe = recipe_for(ctx, layer, operand, use, &index);
+  AMPSCOPE_CHECK(recipe.has_value(), "no recipe for ", layer, ".", operand_name(operand));
+  report_quantized(ctx, layer, operand, use, backend_.gemm_operand_counts(t, compute, *recipe),
+                   index, true);
 }
 
 void Gpt::linear_forward(const StepContext& ctx, const std::string& layer, const Tensor& out,
@@ -423,6 +444,10 @@ void Gpt::linear_forward(const StepContext& ctx, const std::string& layer, const
                          Format compute) {
   if (!quantize_gemm(ctx, layer, compute)) {
     backend_.matmul_forward(out, inp, weight, bias, compute);
+    if (what_if_gemm(ctx, compute)) {
+      report_what_if(ctx, layer, GemmOperand::kInput, GemmUse::kForward, inp, compute);
+      report_what_if(ctx, layer, GemmOperand::kWeight, GemmUse::kForward, weight, compute);
+    }
     return;
   }
   int ix = -1, iw = -1;
@@ -443,11 +468,18 @@ void Gpt::linear_forward(const StepContext& ctx, const std::string& layer, const
 void Gpt::linear_backward(const StepContext& ctx, const std::string& layer, const Tensor& dinp,
                           const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                           const Tensor& inp, const Tensor& weight, Format compute) {
+  const bool blocks = gemm_block_length(mode_) > 0;
   if (!quantize_gemm(ctx, layer, compute)) {
     backend_.matmul_backward(dinp, dweight, dbias, dout, inp, weight, compute);
+    if (what_if_gemm(ctx, compute)) {
+      report_what_if(ctx, layer, GemmOperand::kOutputGrad, GemmUse::kDgrad, dout, compute);
+      if (!blocks) return;
+      report_what_if(ctx, layer, GemmOperand::kWeight, GemmUse::kDgrad, weight, compute);
+      report_what_if(ctx, layer, GemmOperand::kOutputGrad, GemmUse::kWgrad, dout, compute);
+      report_what_if(ctx, layer, GemmOperand::kInput, GemmUse::kWgrad, inp, compute);
+    }
     return;
   }
-  const bool blocks = gemm_block_length(mode_) > 0;
   int i_dd = -1, i_dw = -1, i_wd = -1, i_wx = -1;
   RecipeCounts c_dd, c_dw, c_wd, c_wx;
   MatmulBackwardRecipes q;

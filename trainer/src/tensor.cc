@@ -1,5 +1,9 @@
 // Tensor views shared by every back end.
+#include <cstddef>
+#include <vector>
+
 #include "ampscope/check.h"
+#include "ampscope/convert.h"
 #include "ampscope/trainer/backend.h"
 
 namespace ampscope::trainer {
@@ -33,6 +37,21 @@ void Backend::quantized_matmul_backward(const Tensor&, const Tensor&, const Tens
                                         const Tensor&, const Tensor&, const Tensor&, Format,
                                         const MatmulBackwardRecipes&) {
   throw Error("the " + name() + " back end does not implement FP8/FP4 GEMM recipes");
+}
+
+RecipeCounts Backend::gemm_operand_counts(const Tensor& operand, Format compute,
+                                          const Recipe& recipe) {
+  AMPSCOPE_CHECK(operand.rank >= 1 && operand.numel() > 0, "a GEMM operand needs elements");
+  const auto n = static_cast<std::size_t>(operand.numel());
+  std::vector<std::byte> stored(operand.bytes());
+  copy_to_host(stored.data(), operand.data, stored.size());
+  std::vector<float> values(n);
+  convert_to_fp32(stored.data(), values.data(), n, operand.dtype);
+  if (compute != Format::kFP32 && compute != operand.dtype) {
+    round_through(values.data(), n, compute);
+  }
+  const auto cols = static_cast<std::size_t>(operand.dim(operand.rank - 1));
+  return recipe_counts(values.data(), n, Format::kFP32, cols, recipe);
 }
 
 }  // namespace ampscope::trainer

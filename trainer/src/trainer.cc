@@ -280,7 +280,11 @@ StepEvent Trainer::step() {
                        : scaler_.end_step(host.scaler);
   ev.optimizer_steps = updates_;
   ev.fp32_layers = overrides_.active_layers(step);
-  if (model.policy().scaled_gemms) ev.bf16_gemms = gemm_.bf16_layers(step);
+  if (model.policy().scaled_gemms) {
+    for (const std::string& layer : gemm_.valid_layers()) {
+      if (gemm_.bf16(layer, step)) ev.bf16_gemms.push_back(layer);
+    }
+  }
   ++step_;
   be.stream().synchronize();
   ev.step_time_s =

@@ -183,6 +183,13 @@ class Backend {
                                          const Tensor& dbias, const Tensor& dout,
                                          const Tensor& inp, const Tensor& weight, Format compute,
                                          const MatmulBackwardRecipes& recipes);
+  // What `recipe` would count on a GEMM operand without quantising anything (the what-if
+  // measurement of a linear layer moved to BF16): `operand` read and rounded to `compute` as
+  // the quantised GEMMs read it, its row-major [rows, last dim] view counted by recipe_counts.
+  // Equal to the counts quantized_matmul_* would return for the operand under that recipe.
+  // Default: through a host copy (any back end); the CPU's reads the operand in place.
+  virtual RecipeCounts gemm_operand_counts(const Tensor& operand, Format compute,
+                                           const Recipe& recipe);
   // Causal multi-head attention on qkv (B,T,3C) packed [q|k|v], n_head heads:
   // scores (B,NH,T,T) = q k^T / sqrt(hs) (masked positions hold 0), probs (B,NH,T,T) =
   // softmax(scores) computed in `softmax` and stored in probs.dtype, out (B,T,C) = probs v.

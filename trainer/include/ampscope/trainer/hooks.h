@@ -61,6 +61,11 @@ struct TensorView {
 //   counts    fake_quantize's RecipeCounts of this quantisation (counts.recipe == recipe)
 //   amax_history  fp8-delayed: the input's history (oldest first) the scale came from, before
 //             this step's amax is pushed; empty for the other recipes
+//   what_if   the layer runs BF16 (GemmPrecisionSet) and nothing was quantised: `counts` are
+//             what the recipe would have done to the input the BF16 GEMM read, read as the
+//             quantised GEMM reads it (Backend::gemm_operand_counts); the same reports as the
+//             quantised path, on observed steps only. Under fp8-delayed the scale is the one
+//             the history holds (it records no amax while the layer runs BF16).
 // `scale` is the loss scale output_grad carries (1 for input and weight).
 struct QuantizedGemmInput {
   std::string_view name;
@@ -75,6 +80,7 @@ struct QuantizedGemmInput {
   float scale = 1.0f;
   std::int64_t step = 0;
   int micro_step = 0;
+  bool what_if = false;
 };
 
 // Called on the training thread, synchronously, in execution order. Implementations must not
@@ -100,7 +106,8 @@ class TensorObserver {
     on_tensor(tensor);
   }
   // FP8/FP4 modes: after each GEMM of a quantised linear layer, once per input it quantised
-  // (QuantizedGemmInput says which), on steps observe_step() accepted. Default: nothing.
+  // (QuantizedGemmInput says which), and of a layer moved to BF16, once per input the recipe
+  // would have quantised (what_if), on steps observe_step() accepted. Default: nothing.
   virtual void on_quantized(const QuantizedGemmInput& input) { (void)input; }
 };
 
@@ -120,7 +127,9 @@ struct StepEvent {
   double step_time_s = 0.0;
   std::int64_t optimizer_steps = 0;  // applied updates so far, after this step
   std::vector<std::string> fp32_layers;  // layers computed in FP32 this step
-  std::vector<std::string> bf16_gemms;   // FP8/FP4 modes: layers not quantised this step
+  // FP8/FP4 modes: the GemmPrecisionSet's layers this step, "*" as every linear layer, in
+  // execution order (one also in the FP32 set computes in FP32).
+  std::vector<std::string> bf16_gemms;
   std::optional<double> val_loss;        // validation loss after this step, when evaluated
 };
 

@@ -199,8 +199,16 @@ class Gpt {
   // DelayedScaling index in *delayed_index.
   std::optional<Recipe> recipe_for(const StepContext& ctx, const std::string& layer,
                                    GemmOperand operand, GemmUse use, int* delayed_index) const;
+  // what_if: counted, not applied (the layer runs BF16); such a report records no amax.
   void report_quantized(const StepContext& ctx, const std::string& layer, GemmOperand operand,
-                        GemmUse use, const RecipeCounts& counts, int delayed_index) const;
+                        GemmUse use, const RecipeCounts& counts, int delayed_index,
+                        bool what_if = false) const;
+  // Whether a layer that quantize_gemm() leaves unquantised is measured against its recipe
+  // anyway: it runs BF16 by the GemmPrecisionSet (not FP32) and the observer watches the step.
+  bool what_if_gemm(const StepContext& ctx, Format compute) const;
+  // The what-if report of `t`, (layer, operand) as the GEMM `use` reads it.
+  void report_what_if(const StepContext& ctx, const std::string& layer, GemmOperand operand,
+                      GemmUse use, const Tensor& t, Format compute);
   // Where parameter i's gradient can overflow at this step (TensorView::held).
   Format grad_held(const StepContext& ctx, std::size_t i) const;
   Tensor act(const std::unique_ptr<Buffer>& buf, Format dtype,
