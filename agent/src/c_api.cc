@@ -164,6 +164,23 @@ ampscope_target to_c_target(const ampscope::TargetSpec& t) {
 // The most targets one statistics call counts (a bound on what a caller's struct can ask).
 constexpr std::uint32_t kMaxCTargets = 64;
 
+// A caller's binade histogram (`bins` counts from min_exponent on) into *out; empty, or a
+// message naming the fields.
+std::string read_histogram(std::uint32_t bins, const std::uint64_t* counts,
+                           std::int32_t min_exponent, const char* bins_field,
+                           const char* counts_field, ampscope::BinadeHistogram* out) {
+  if (bins > static_cast<std::uint32_t>(ampscope::kHistogramBins) ||
+      (bins > 0 && counts == nullptr)) {
+    return std::string(bins_field) + ": at most " + std::to_string(ampscope::kHistogramBins) +
+           ", with " + counts_field;
+  }
+  if (bins > 0) {
+    out->min_exponent = min_exponent;
+    out->counts.assign(counts, counts + bins);
+  }
+  return {};
+}
+
 // The caller's statistics as TensorStats; empty, or a message naming the field.
 std::string from_c_stats(const ampscope_tensor_stats* stats, ampscope::TensorStats* out) {
   ampscope_tensor_stats in;
@@ -171,15 +188,16 @@ std::string from_c_stats(const ampscope_tensor_stats* stats, ampscope::TensorSta
       !e.empty()) {
     return e;
   }
-  if (in.histogram_bins > static_cast<std::uint32_t>(ampscope::kHistogramBins) ||
-      (in.histogram_bins > 0 && in.histogram_counts == nullptr)) {
-    return "stats.histogram_bins: at most " + std::to_string(ampscope::kHistogramBins) +
-           ", with histogram_counts";
+  ampscope::TensorStats& s = *out;
+  if (std::string e = read_histogram(in.histogram_bins, in.histogram_counts,
+                                     in.histogram_min_exponent, "stats.histogram_bins",
+                                     "histogram_counts", &s.histogram);
+      !e.empty()) {
+    return e;
   }
   if (in.num_targets > kMaxCTargets || (in.num_targets > 0 && in.targets == nullptr)) {
     return "stats.num_targets: at most " + std::to_string(kMaxCTargets) + ", with targets";
   }
-  ampscope::TensorStats& s = *out;
   s.numel = in.numel;
   s.zeros = in.zeros;
   s.nan = in.nan;
@@ -189,10 +207,6 @@ std::string from_c_stats(const ampscope_tensor_stats* stats, ampscope::TensorSta
   s.min_abs_nonzero = in.min_abs_nonzero;
   s.sum = in.sum;
   s.sum_sq = in.sum_sq;
-  if (in.histogram_bins > 0) {
-    s.histogram.min_exponent = in.histogram_min_exponent;
-    s.histogram.counts.assign(in.histogram_counts, in.histogram_counts + in.histogram_bins);
-  }
   for (std::uint32_t i = 0; i < in.num_targets; ++i) {
     const ampscope_target_counts& t = in.targets[i];
     const auto format = c::from_c_format(t.target.format);
@@ -274,6 +288,21 @@ std::string ask_trainer(Call&& call) {
   return reason[0] != '\0' ? std::string(reason) : std::string("refused by the trainer");
 }
 
+// An optional field of a change as the C struct's has_ flag and value (0 when unset).
+template <typename U, typename T>
+void put_optional(const std::optional<U>& from, int* has, T* to) {
+  *has = from.has_value() ? 1 : 0;
+  *to = from ? static_cast<T>(*from) : T{};
+}
+
+// A change handed to a trainer's schedule callback (the scaler's or the recipe's).
+template <typename Ops, typename Change>
+std::string schedule_with(const Ops& ops, void* user, const Change& change) {
+  return ask_trainer([&](char* reason, std::size_t size) {
+    return ops.schedule(user, &change, reason, size);
+  });
+}
+
 // The scaler as a C trainer exposes it.
 class CScaler final : public ampscope::agent::ScalerControl {
  public:
@@ -290,23 +319,14 @@ class CScaler final : public ampscope::agent::ScalerControl {
     ampscope_scaler_change cc{};
     cc.struct_size = sizeof(cc);
     cc.effective_from_step = c.effective_from_step;
-    cc.has_scale = c.scale.has_value();
-    cc.scale = c.scale.value_or(0.0);
-    cc.has_growth_factor = c.growth_factor.has_value();
-    cc.growth_factor = c.growth_factor.value_or(0.0);
-    cc.has_backoff_factor = c.backoff_factor.has_value();
-    cc.backoff_factor = c.backoff_factor.value_or(0.0);
-    cc.has_growth_interval = c.growth_interval.has_value();
-    cc.growth_interval = c.growth_interval.value_or(0);
-    cc.has_hysteresis = c.hysteresis.has_value();
-    cc.hysteresis = c.hysteresis.value_or(0);
-    cc.has_min_scale = c.min_scale.has_value();
-    cc.min_scale = c.min_scale.value_or(0.0);
-    cc.has_max_scale = c.max_scale.has_value();
-    cc.max_scale = c.max_scale.value_or(0.0);
-    return ask_trainer([&](char* reason, std::size_t size) {
-      return ops_.schedule(user_, &cc, reason, size);
-    });
+    put_optional(c.scale, &cc.has_scale, &cc.scale);
+    put_optional(c.growth_factor, &cc.has_growth_factor, &cc.growth_factor);
+    put_optional(c.backoff_factor, &cc.has_backoff_factor, &cc.backoff_factor);
+    put_optional(c.growth_interval, &cc.has_growth_interval, &cc.growth_interval);
+    put_optional(c.hysteresis, &cc.has_hysteresis, &cc.hysteresis);
+    put_optional(c.min_scale, &cc.has_min_scale, &cc.min_scale);
+    put_optional(c.max_scale, &cc.has_max_scale, &cc.max_scale);
+    return schedule_with(ops_, user_, cc);
   }
 
  private:
@@ -374,13 +394,9 @@ class CRecipe final : public ampscope::agent::RecipeControl {
     ampscope_recipe_change cc{};
     cc.struct_size = sizeof(cc);
     cc.effective_from_step = c.effective_from_step;
-    cc.has_amax_history_length = c.amax_history_length.has_value();
-    cc.amax_history_length = c.amax_history_length.value_or(0);
-    cc.has_margin = c.margin.has_value();
-    cc.margin = c.margin.value_or(0);
-    return ask_trainer([&](char* reason, std::size_t size) {
-      return ops_.schedule(user_, &cc, reason, size);
-    });
+    put_optional(c.amax_history_length, &cc.has_amax_history_length, &cc.amax_history_length);
+    put_optional(c.margin, &cc.has_margin, &cc.margin);
+    return schedule_with(ops_, user_, cc);
   }
 
  private:
@@ -452,20 +468,12 @@ std::string from_c_counts(const ampscope_recipe_counts* counts, const ampscope::
       !e.empty()) {
     return e;
   }
-  if (in.scale_histogram_bins > static_cast<std::uint32_t>(ampscope::kHistogramBins) ||
-      (in.scale_histogram_bins > 0 && in.scale_histogram_counts == nullptr)) {
-    return "counts.scale_histogram_bins: at most " + std::to_string(ampscope::kHistogramBins) +
-           ", with scale_histogram_counts";
-  }
   ampscope::RecipeCounts& c = *out;
   c.recipe = recipe;
   copy_count_fields(in, &c);
-  if (in.scale_histogram_bins > 0) {
-    c.scale_histogram.min_exponent = in.scale_histogram_min_exponent;
-    c.scale_histogram.counts.assign(in.scale_histogram_counts,
-                                    in.scale_histogram_counts + in.scale_histogram_bins);
-  }
-  return {};
+  return read_histogram(in.scale_histogram_bins, in.scale_histogram_counts,
+                        in.scale_histogram_min_exponent, "counts.scale_histogram_bins",
+                        "scale_histogram_counts", &c.scale_histogram);
 }
 
 // RecipeCounts into the caller's struct `in` (read already; its array has room for them all).

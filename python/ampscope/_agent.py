@@ -432,18 +432,13 @@ class Agent:
         if val_loss is not None:
             info.has_val_loss = 1
             info.val_loss = val_loss
-        layers = None
-        if fp32_layers:
-            names = [utf8(n) for n in fp32_layers]
-            layers = (ctypes.c_char_p * len(names))(*names)
-            info.fp32_layers = layers
-            info.num_fp32_layers = len(names)
-        gemms = None
-        if bf16_gemms:
-            names = [utf8(n) for n in bf16_gemms]
-            gemms = (ctypes.c_char_p * len(names))(*names)
-            info.bf16_gemms = gemms
-            info.num_bf16_gemms = len(names)
+        # The name arrays stay referenced here until the call returns.
+        layers = _names(fp32_layers)
+        if layers is not None:
+            info.fp32_layers, info.num_fp32_layers = layers, len(layers)
+        gemms = _names(bf16_gemms)
+        if gemms is not None:
+            info.bf16_gemms, info.num_bf16_gemms = gemms, len(gemms)
         return self._lib.ampscope_agent_end_step(self._handle, ctypes.byref(info))
 
     # -- any thread ---------------------------------------------------------------------------
@@ -519,6 +514,14 @@ def _close_open_agents():
     for agent in list(_open_agents):
         with contextlib.suppress(Exception):
             agent.close()
+
+
+def _names(texts):
+    """A C array of the texts as UTF-8 (NUL-terminated), or None when there are none."""
+    if not texts:
+        return None
+    encoded = [utf8(t) for t in texts]
+    return (ctypes.c_char_p * len(encoded))(*encoded)
 
 
 def refusal(decide):

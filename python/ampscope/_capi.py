@@ -98,7 +98,16 @@ class StepInfo(ctypes.Structure):
     ]
 
 
-class ScalerChange(ctypes.Structure):
+class _LibraryFilled(ctypes.Structure):
+    """A struct the library fills for a callback: its struct_size is the library's."""
+
+    def has(self, field):
+        """Whether the library's struct carries `field` (AMPSCOPE_STRUCT_HAS)."""
+        f = getattr(type(self), field)
+        return self.struct_size >= f.offset + f.size
+
+
+class ScalerChange(_LibraryFilled):
     _fields_ = [
         ("struct_size", ctypes.c_uint32),
         ("effective_from_step", _c_int64),
@@ -117,11 +126,6 @@ class ScalerChange(ctypes.Structure):
         ("has_max_scale", ctypes.c_int),
         ("max_scale", _c_double),
     ]
-
-    def has(self, field):
-        """Whether the library's struct carries `field` (AMPSCOPE_STRUCT_HAS)."""
-        f = getattr(ScalerChange, field)
-        return self.struct_size >= f.offset + f.size
 
     def fields(self):
         """The fields that are set, as a dict (effective_from_step not included)."""
@@ -142,7 +146,7 @@ REPLACE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctyp
                               ctypes.c_size_t, _c_int64, ctypes.c_void_p, ctypes.c_size_t)
 
 
-class RecipeChange(ctypes.Structure):
+class RecipeChange(_LibraryFilled):
     _fields_ = [
         ("struct_size", ctypes.c_uint32),
         ("effective_from_step", _c_int64),
@@ -151,11 +155,6 @@ class RecipeChange(ctypes.Structure):
         ("has_margin", ctypes.c_int),
         ("margin", _c_int32),
     ]
-
-    def has(self, field):
-        """Whether the library's struct carries `field` (AMPSCOPE_STRUCT_HAS)."""
-        f = getattr(RecipeChange, field)
-        return self.struct_size >= f.offset + f.size
 
     def settings(self):
         """(amax_history_length, margin), None for each one the change leaves alone."""

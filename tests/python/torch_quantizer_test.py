@@ -61,7 +61,7 @@ def fp8_bytes():
     return torch.arange(256, dtype=torch.int32).repeat(4).to(torch.uint8).reshape(16, 64)
 
 
-class CountsTest(unittest.TestCase):
+class TempDirTest(unittest.TestCase):
     def setUp(self):
         self._tmp = tempfile.TemporaryDirectory(prefix="ampscope-quantizer-")
         self.tmp = self._tmp.name
@@ -69,6 +69,8 @@ class CountsTest(unittest.TestCase):
     def tearDown(self):
         self._tmp.cleanup()
 
+
+class CountsTest(TempDirTest):
     def assert_counts_equal(self, ours, cli, what):
         for k in SUMMED + ["amax", "signal_sq", "error_sq", "tensor_scale"]:
             self.assertEqual(ours[k], cli[k], f"{what}: {k}")
@@ -111,14 +113,7 @@ class CountsTest(unittest.TestCase):
                 ampscope.count_recipe(x.data_ptr(), x.numel(), *args)
 
 
-class MonitorQuantizerTest(unittest.TestCase):
-    def setUp(self):
-        self._tmp = tempfile.TemporaryDirectory(prefix="ampscope-quantizer-")
-        self.tmp = self._tmp.name
-
-    def tearDown(self):
-        self._tmp.cleanup()
-
+class MonitorQuantizerTest(TempDirTest):
     def server(self, *args):
         s = amps_testing.Server(self.tmp, *args).start()
         self.addCleanup(s.stop)
