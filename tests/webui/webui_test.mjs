@@ -77,14 +77,14 @@ async function stop(child) {
 
 // The demo's training command line; --sample-count-roles adds the activations, so that the
 // first offender of the NaN's step is the activation it was injected into rather than the loss.
-function train(grpc, run_id, steps, extra = []) {
-  return launch(TRAIN, ['--precision', 'amp-fp16', '--steps', String(steps), '--server', grpc,
+function train(grpc, run_id, steps, extra = [], precision = 'amp-fp16') {
+  return launch(TRAIN, ['--precision', precision, '--steps', String(steps), '--server', grpc,
     '--run-id', run_id, '--spool-dir', path.join(WORK, `spool-${run_id}`), '--quiet',
     '--sample-count-roles', 'activation,activation_grad,weight_grad,loss', ...extra], `train-${run_id}`);
 }
 
-async function trainToEnd(grpc, run_id, steps, extra) {
-  const child = train(grpc, run_id, steps, extra);
+async function trainToEnd(grpc, run_id, steps, extra, precision) {
+  const child = train(grpc, run_id, steps, extra, precision);
   const { code, signal } = await child.done;
   check(code === 0, `ampscope-train ${run_id} failed (${code ?? signal}):\n${logTail(`train-${run_id}`)}`);
 }
@@ -347,6 +347,74 @@ async function checkTensorPage(browser, base) {
   return [columns, recorded];
 }
 
+// An FP8/FP4 run: the run page lists its quantisers worst SQNR first (then most underflow) and
+// its BF16 GEMMs; a quantiser's link leads to its tensor page, where the recipe is drawn: NVFP4's
+// band fills the binade most blocks keep normal and leaves the binades above the band empty, and
+// the hover text counts the blocks; a delayed recipe's overflow line lies at 448 / scale.
+async function checkQuantizerPages(browser, base) {
+  const { body: run } = await api(base, '/api/runs/fp4');
+  check(run.quantizers.length > 0, 'the nvfp4 run has no quantisers in the API');
+  const sqnr = (q) => (q.sqnr_db === null ? Infinity : q.sqnr_db);
+  const expected = run.quantizers.slice().sort((a, b) => sqnr(a) - sqnr(b) || b.underflow_ratio - a.underflow_ratio)
+    .map((q) => q.name);
+  const page = await openPage(browser);
+  await loadPage(page, `${base}/runs/fp4`);
+  noErrors(page, 'run page of the nvfp4 run');
+  const listed = await page.$$eval('table[data-table="quantizers"] tbody tr td:first-child', (c) => c.map((x) => x.textContent));
+  check(listed.join() === expected.slice(0, listed.length).join() && listed.length === Math.min(200, expected.length),
+        `quantisers table: ${listed.slice(0, 5)}..., expected ${expected.slice(0, 5)}...`);
+  const gemms = await page.$eval('[data-fact="bf16_gemms"]', (n) => n.textContent).catch(() => '');
+  check(gemms.startsWith('h1.mlp.fc '), `run page: BF16 GEMMs "${gemms}", expected h1.mlp.fc`);
+  await screenshot(page, 'run_fp4');
+  await Promise.all([page.waitForNavigation(),
+    page.click('table[data-table="quantizers"] a[href*="name=h0.mlp.fc.output_grad&"]')]);
+  await page.waitForSelector('body[data-ready="1"]');
+  noErrors(page, 'quantiser page of h0.mlp.fc.output_grad');
+  const band = await page.evaluate(() => {
+    const h = window.ampscope.heatmap;
+    const ctx = h.canvas.getContext('2d');
+    const ratio = h.canvas.width / h.canvas.clientWidth;
+    const cell = h.recipeCells[h.recipeCells.length - 1];
+    const x = (cell.left + cell.right) / 2;
+    const at = (e) => [...ctx.getImageData(Math.round(x * ratio), Math.round(((h.yOf(e) + h.yOf(e + 1)) / 2) * ratio), 1, 1).data];
+    const full = cell.band.rows.reduce((a, b) => (b.normal > a.normal ? b : a));
+    const above = cell.band.top + 2 <= h.eMax ? cell.band.top + 2 : null;
+    const r = h.canvas.getBoundingClientRect();
+    return { recipe: h.recipe.recipe, full: full.e, normal: full.normal, blocks: cell.band.blocks, inside: at(full.e),
+             above: above === null ? null : at(above), hover: [r.left + x, r.top + (h.yOf(full.e) + h.yOf(full.e + 1)) / 2] };
+  });
+  check(band.recipe === 'nvfp4' && band.normal > 0, `nvfp4 band: no binade kept normal: ${JSON.stringify(band)}`);
+  check(band.inside[0] > band.inside[2] + 40, `nvfp4 band not drawn at binade ${band.full}: ${band.inside}`);
+  check(band.above === null || near(band.above, [250, 251, 252], 12), `nvfp4 band drawn above its top: ${band.above}`);
+  await page.mouse.move(band.hover[0], band.hover[1]);
+  const tip = await page.$eval('.heatmap-box .tip', (t) => (t.hidden ? '' : t.textContent));
+  check(tip.includes('nvfp4 at step') && tip.includes(`normal in ${band.normal} of ${band.blocks} blocks`),
+        `band hover text: "${tip}"`);
+  await page.mouse.move(1, 1);
+  await screenshot(page, 'tensor_fp4_band');
+  await page.close();
+
+  const delayed = await openPage(browser);
+  await loadPage(delayed, `${base}/runs/fp8/tensors?name=h0.mlp.fc.weight&role=weight`);
+  noErrors(delayed, 'tensor page of a delayed-scaled weight');
+  const line = await delayed.evaluate(() => {
+    const h = window.ampscope.heatmap;
+    const ctx = h.canvas.getContext('2d');
+    const ratio = h.canvas.width / h.canvas.clientWidth;
+    const cell = h.recipeCells[h.recipeCells.length - 1];
+    const y = h.yOf(Math.log2(448 / cell.sample.tensor_scale));
+    return { scale: cell.sample.tensor_scale, max: cell.window.max,
+             pixel: [...ctx.getImageData(Math.round(((cell.left + cell.right) / 2) * ratio), Math.round(y * ratio), 1, 1).data] };
+  });
+  check(line.scale > 1 && line.max === 448 / line.scale, `delayed window: max ${line.max} at scale ${line.scale}`);
+  // The line's red (#e03131, antialiased over the plot's near-white background).
+  const [red, green, blue] = line.pixel;
+  check(red > green + 80 && red > blue + 80, `delayed recipe: no overflow line at 448 / ${line.scale}: ${line.pixel}`);
+  await screenshot(delayed, 'tensor_fp8_delayed');
+  await delayed.close();
+  return `${listed.length} quantisers listed; binade 2^${band.full} normal in ${band.normal} of ${band.blocks} blocks`;
+}
+
 async function checkComparePage(browser, base) {
   const page = await openPage(browser);
   await loadPage(page, `${base}/compare?a=demo&b=short`);
@@ -444,6 +512,9 @@ async function main() {
   log('short run trained (40 steps)');
   await trainToEnd(server.grpc, 'tiny', 4, ['--eval-every', '0']);
   log('tiny run trained (4 steps)');
+  await trainToEnd(server.grpc, 'fp4', 6, ['--eval-every', '0', '--bf16-gemm', 'h1.mlp.fc'], 'nvfp4');
+  await trainToEnd(server.grpc, 'fp8', 6, ['--eval-every', '0'], 'fp8-delayed');
+  log('nvfp4 and fp8-delayed runs trained (6 steps each)');
   const browser = await launchBrowser(NODE_MODULES);
   try {
     await checkRunsPage(browser, server.base);
@@ -455,6 +526,7 @@ async function main() {
     log(`4-step run: whole-step ticks (${await checkShortRunAxes(browser, server.base)})`);
     await checkComparePage(browser, server.base);
     log('compare page: ok');
+    log(`quantisers: ok (${await checkQuantizerPages(browser, server.base)})`);
     const [from, to, updates] = await checkLive(browser, server.base, server.grpc);
     log(`live: ok (last step ${from} -> ${to} after ${updates} updates, no reload)`);
     await stop(server.child);
