@@ -321,6 +321,15 @@ class CudaBackend final : public Backend {
         s());
   }
 
+  // Counted on the device (the operand is not copied to the host), as the quantised pass does.
+  RecipeCounts gemm_operand_counts(const Tensor& operand, Format compute,
+                                   const Recipe& recipe) override {
+    AMPSCOPE_CHECK(operand.rank >= 1 && operand.numel() > 0, "a GEMM operand needs elements");
+    const std::int64_t cols = last_dim(operand);
+    return nn::operand_recipe_counts(array(operand, "gemm_operand_counts: operand"),
+                                     operand.numel() / cols, cols, compute, recipe, s());
+  }
+
   void attention_forward(const Tensor& out, const Tensor& scores, const Tensor& probs,
                          const Tensor& qkv, int n_head, Format compute, Format softmax,
                          const AttentionFaults& faults) override {

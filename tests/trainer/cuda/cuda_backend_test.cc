@@ -353,6 +353,14 @@ TEST_P(CudaBackendTest, QuantizedMatmulForwardMatchesCpu) {
       EXPECT_TRUE(same_counts(cpu_counts[i], gpu_counts[i], kRecipeSumRtol)) << "operand " << i;
       EXPECT_EQ(gpu_counts[i].values, static_cast<std::uint64_t>(i == 0 ? N * C : OC * C));
     }
+    // The what-if count of an operand (no GEMM) equals the quantised pass's.
+    const MatmulForwardRecipes r = recipes(cpu_counts);
+    EXPECT_TRUE(same_counts(cpu_counts[0],
+                            gpu_->gemm_operand_counts(inp.gpu(), p().compute, r.inp->recipe),
+                            kRecipeSumRtol));
+    EXPECT_TRUE(same_counts(cpu_counts[1],
+                            gpu_->gemm_operand_counts(w.gpu(), p().compute, r.weight->recipe),
+                            kRecipeSumRtol));
   }
 }
 

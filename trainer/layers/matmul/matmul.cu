@@ -229,4 +229,17 @@ void linear_backward_quantized(CublasLt& blas, Array dinp, Array dweight, Array 
   if (dbias.data != nullptr) bias_gradient(dbias, dout, N, OC, compute, stream);
 }
 
+RecipeCounts operand_recipe_counts(ConstArray x, std::int64_t rows, std::int64_t cols,
+                                   Format compute, const Recipe& recipe, cudaStream_t stream) {
+  using namespace detail;
+  const NvtxRange range{"ampscope::cuda::nn::operand_recipe_counts"};
+  AMPSCOPE_CHECK(rows >= 0 && cols >= 1, "operand_recipe_counts: bad shape ", rows, " x ", cols);
+  check_compute(compute, "operand_recipe_counts");
+  check_array(x, rows * cols, "operand_recipe_counts: x");
+  RecipeCounts counts;
+  // The quantised GEMMs' own operand pass; its dequantised copy is dropped.
+  const QuantizedOperand q(x, rows, cols, compute, OperandRecipe{&recipe, &counts}, stream);
+  return counts;
+}
+
 }  // namespace ampscope::cuda::nn

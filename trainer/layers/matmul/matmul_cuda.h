@@ -42,4 +42,10 @@ void linear_backward_quantized(CublasLt& blas, Array dinp, Array dweight, Array 
                                const ::ampscope::trainer::layers::BackwardRecipes& q,
                                cudaStream_t stream);
 
+// What `recipe` counts on a GEMM operand x (rows, cols) read and rounded to `compute`, the
+// counts linear_*_quantized would give it, without a GEMM (Backend::gemm_operand_counts). Waits
+// for the stream.
+RecipeCounts operand_recipe_counts(ConstArray x, std::int64_t rows, std::int64_t cols,
+                                   Format compute, const Recipe& recipe, cudaStream_t stream);
+
 }  // namespace ampscope::cuda::nn
