@@ -189,6 +189,16 @@ void policy_update_seeds(const fs::path& corpus) {
   fp32.add_fp32_tensors("h1.mlp.fc");
   fp32.set_fp32_tensors_set(true);
   fp32.set_seq(3);
+  v1::PolicyUpdate gemms;
+  gemms.set_policy_id("5");
+  gemms.set_run_id("fuzz-run");
+  gemms.set_effective_from_step(40);
+  gemms.add_bf16_gemms("h0.mlp.fc");
+  gemms.add_bf16_gemms("h1.mlp.proj");
+  gemms.set_bf16_gemms_set(true);
+  gemms.set_amax_history_length(32);
+  gemms.set_amax_margin(2);
+  gemms.set_seq(5);
   v1::PolicyUpdate refused = scale;
   refused.set_policy_id("4");
   refused.set_loss_scale(3000.0);  // not a power of two
@@ -196,6 +206,7 @@ void policy_update_seeds(const fs::path& corpus) {
   write("scale", {scale});
   write("params", {params});
   write("fp32", {fp32});
+  write("gemms", {gemms});
   write("sequence", {scale, params, fp32, refused, scale});
 }
 

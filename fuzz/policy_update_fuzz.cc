@@ -1,7 +1,8 @@
 // Target: the agent's handling of PolicyUpdates (agent/src/policy.h): validate_update and the
 // PolicyApplier that receives updates on the stream's thread and applies them at their step,
-// through a scaler and an FP32 override set that accept whatever they are given (so that only
-// the agent's own checks stand between the wire and the trainer).
+// through a scaler, an FP32 override set, a BF16 GEMM set and a delayed recipe that accept
+// whatever they are given (so that only the agent's own checks stand between the wire and the
+// trainer).
 // Input: protobuf's length-delimited PolicyUpdates (support.h, parse_delimited), received in
 // order by one rank (policy_agreement single); then the steps 0, each effective step, and one
 // past the last are begun.
@@ -13,13 +14,16 @@
 //   - the scaler's settings stay valid: after every step min <= max, the scale a power of two,
 //     growth_factor >= 1, backoff_factor in (0, 1], growth_interval >= 1, and a loss scale an
 //     update applied lies within the bounds in force after it;
-//   - the FP32 set applied holds capable layers only, each once.
+//   - the FP32 set and the BF16 GEMM set applied hold capable layers only, each once;
+//   - validate_gemm_update answers one line; a recipe change has a history length in [1, 1024]
+//     and a margin in [0, 64].
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ampscope/text.h"
@@ -51,11 +55,11 @@ class AcceptingScaler : public agent::ScalerControl {
 };
 
 // Layers as ampscope-train names them; a tensor "hN.attn.scores" is computed by "hN.attn.core".
+// As the BF16 GEMM set, the linear layers.
 class AcceptingOverrides : public agent::PrecisionOverrides {
  public:
-  std::vector<std::string> capable_layers() const override {
-    return {"h0.attn.core", "h0.mlp.fc", "h1.attn.core", "h1.mlp.fc", "lm_head"};
-  }
+  explicit AcceptingOverrides(std::vector<std::string> capable) : capable_(std::move(capable)) {}
+  std::vector<std::string> capable_layers() const override { return capable_; }
   std::string replace(const std::vector<std::string>& layers, std::int64_t) override {
     const std::vector<std::string> capable = capable_layers();
     std::set<std::string> once;
@@ -72,7 +76,20 @@ class AcceptingOverrides : public agent::PrecisionOverrides {
     return PrecisionOverrides::layer_of(t);
   }
 
+  std::vector<std::string> capable_;
   std::vector<std::string> applied_;
+};
+
+class AcceptingRecipe : public agent::RecipeControl {
+ public:
+  bool delayed() const override { return true; }
+  std::string schedule(const agent::RecipeChange& c) override {
+    FUZZ_CHECK(
+        !c.amax_history_length || (*c.amax_history_length >= 1 && *c.amax_history_length <= 1024),
+        std::to_string(*c.amax_history_length));
+    FUZZ_CHECK(!c.margin || (*c.margin >= 0 && *c.margin <= 64), std::to_string(*c.margin));
+    return {};
+  }
 };
 
 bool printable(const std::string& s) { return text::is_clean_text(s); }
@@ -105,10 +122,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   config.run_id = "fuzz-run";
   agent::Notices notices;
   AcceptingScaler scaler;
-  AcceptingOverrides overrides;
+  AcceptingOverrides overrides(
+      {"h0.attn.core", "h0.mlp.fc", "h1.attn.core", "h1.mlp.fc", "lm_head"});
+  AcceptingOverrides gemms({"h0.attn.qkv", "h0.mlp.fc", "h1.mlp.proj"});
+  AcceptingRecipe recipe;
   agent::PolicyApplier applier(config, nullptr, &notices);
   applier.attach_scaler(&scaler);
   applier.attach_overrides(&overrides);
+  applier.attach_gemm_precision(&gemms, &recipe);
 
   // Outcomes expected: one for each first sighting of an id (every update without one).
   std::set<std::string> ids;
@@ -120,6 +141,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::string err = agent::validate_update(u, config.run_id, scaler.settings(), true,
                                                    &overrides);
     FUZZ_CHECK(one_line(err), err);
+    const std::string gemm_err =
+        agent::validate_gemm_update(u, &applier.capable_gemms(), true, true);
+    FUZZ_CHECK(one_line(gemm_err), gemm_err);
     if (u.policy_id().empty() || ids.insert(u.policy_id()).second) ++expected;
     first_of.try_emplace(u.policy_id(), &u);
     applier.receive(u);

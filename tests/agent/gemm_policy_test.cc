@@ -11,25 +11,16 @@
 #include <vector>
 
 #include "policy.h"
+#include "policy_fakes.h"
 
 namespace ampscope::agent {
 namespace {
 
-class Scaler final : public ScalerControl {
- public:
-  ScalerSettings settings() const override { return s; }
-  std::string schedule(const ScalerChange& c) override {
-    changes.push_back(c);
-    if (c.scale) s.scale = *c.scale;
-    if (c.growth_interval) s.growth_interval = *c.growth_interval;
-    return {};
-  }
-  ScalerSettings s;
-  std::vector<ScalerChange> changes;
-};
+using testing::FakeScaler;
+using testing::update;
 
 // A trainer's BF16 GEMM set: records each replace().
-class Gemms final : public PrecisionOverrides {
+class FakeGemms final : public PrecisionOverrides {
  public:
   std::vector<std::string> capable_layers() const override {
     return {"h0.attn.qkv", "h0.mlp.fc", "h1.mlp.proj"};
@@ -46,9 +37,9 @@ class Gemms final : public PrecisionOverrides {
   std::string refuse;
 };
 
-class Recipe final : public RecipeControl {
+class FakeRecipe final : public RecipeControl {
  public:
-  explicit Recipe(bool delayed) : delayed_(delayed) {}
+  explicit FakeRecipe(bool delayed) : delayed_(delayed) {}
   bool delayed() const override { return delayed_; }
   std::string schedule(const RecipeChange& c) override {
     changes.push_back(c);
@@ -62,10 +53,7 @@ class Recipe final : public RecipeControl {
 
 v1::PolicyUpdate gemm_update(const std::string& id, std::int64_t step,
                              std::initializer_list<const char*> layers) {
-  v1::PolicyUpdate u;
-  u.set_policy_id(id);
-  u.set_run_id("run");
-  u.set_effective_from_step(step);
+  v1::PolicyUpdate u = update(id, step);
   u.set_bf16_gemms_set(true);
   for (const char* l : layers) u.add_bf16_gemms(l);
   return u;
@@ -125,9 +113,9 @@ class GemmApplierTest : public ::testing::Test {
   }
   AgentConfig config;
   Notices notices;
-  Scaler scaler;
-  Gemms gemms;
-  Recipe delayed{true}, current{false};
+  FakeScaler scaler;
+  FakeGemms gemms;
+  FakeRecipe delayed{true}, current{false};
 };
 
 TEST_F(GemmApplierTest, TheBf16SetAndTheDelayedSettingsApplyAtTheirStep) {
@@ -257,8 +245,8 @@ TEST_F(GemmApplierTest, TheFallbackKeepsTheBf16SetAndTheDelayedSettings) {
 TEST_F(GemmApplierTest, ThePerStepAgreementAppliesTheSetOnTheSameStepOnEveryRank) {
   config.world_size = 2;
   config.policy_agreement = PolicyAgreementMode::kPerStep;
-  Gemms gemms1;
-  Recipe delayed1{true};
+  FakeGemms gemms1;
+  FakeRecipe delayed1{true};
   PolicyApplier r0(config, nullptr, &notices), r1(config, nullptr, &notices);
   r0.attach_gemm_precision(&gemms, &delayed);
   r1.attach_gemm_precision(&gemms1, &delayed1);
@@ -282,12 +270,12 @@ TEST_F(GemmApplierTest, ThePerStepAgreementAppliesTheSetOnTheSameStepOnEveryRank
     ASSERT_EQ(r0.agreed(agreed), "");
     ASSERT_EQ(r1.agreed(agreed), "");
   }
-  for (const Gemms* g : {&gemms, &gemms1}) {
+  for (const FakeGemms* g : {&gemms, &gemms1}) {
     ASSERT_EQ(g->calls.size(), 1u);
     EXPECT_EQ(g->calls[0].layers, std::vector<std::string>{"h0.attn.qkv"});
     EXPECT_EQ(g->calls[0].step, 2);
   }
-  for (const Recipe* r : {&delayed, &delayed1}) {
+  for (const FakeRecipe* r : {&delayed, &delayed1}) {
     ASSERT_EQ(r->changes.size(), 1u);
     EXPECT_EQ(r->changes[0].effective_from_step, 2);
     EXPECT_EQ(r->changes[0].amax_history_length, 4);

@@ -10,25 +10,14 @@
 
 #include "ampscope/testing/files.h"
 #include "ampscope/text.h"
+#include "policy_fakes.h"
 #include "spool.h"
 
 namespace ampscope::agent {
 namespace {
 
-// A scaler that accepts what a real one would and records when it was asked.
-class FakeScaler final : public ScalerControl {
- public:
-  ScalerSettings settings() const override { return s; }
-  std::string schedule(const ScalerChange& c) override {
-    changes.push_back(c);
-    if (c.scale) s.scale = *c.scale;
-    if (c.growth_interval) s.growth_interval = *c.growth_interval;
-    return refuse;
-  }
-  ScalerSettings s;
-  std::vector<ScalerChange> changes;
-  std::string refuse;
-};
+using testing::FakeScaler;
+using testing::update;
 
 class FakeOverrides final : public PrecisionOverrides {
  public:
@@ -41,14 +30,6 @@ class FakeOverrides final : public PrecisionOverrides {
   std::vector<std::string> layers;
   std::int64_t step = -1;
 };
-
-v1::PolicyUpdate update(const std::string& id, std::int64_t step) {
-  v1::PolicyUpdate u;
-  u.set_policy_id(id);
-  u.set_run_id("run");
-  u.set_effective_from_step(step);
-  return u;
-}
 
 std::string check(const v1::PolicyUpdate& u, ScalerSettings s = {}) {
   const FakeOverrides overrides;

@@ -1,0 +1,38 @@
+// Stand-ins for a trainer's controls in the policy applier's tests (policy_test.cc,
+// gemm_policy_test.cc): a scaler that takes what a real one would and records each change, and
+// the PolicyUpdate every test starts from.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ampscope/agent/interfaces.h"
+#include "ampscope/v1/telemetry.pb.h"
+
+namespace ampscope::agent::testing {
+
+class FakeScaler final : public ScalerControl {
+ public:
+  ScalerSettings settings() const override { return s; }
+  std::string schedule(const ScalerChange& c) override {
+    changes.push_back(c);
+    if (c.scale) s.scale = *c.scale;
+    if (c.growth_interval) s.growth_interval = *c.growth_interval;
+    return refuse;
+  }
+  ScalerSettings s;
+  std::vector<ScalerChange> changes;
+  std::string refuse;  // non-empty: the scaler's own refusal
+};
+
+// An update of run "run" with an id and an effective step, and nothing else.
+inline v1::PolicyUpdate update(const std::string& id, std::int64_t step) {
+  v1::PolicyUpdate u;
+  u.set_policy_id(id);
+  u.set_run_id("run");
+  u.set_effective_from_step(step);
+  return u;
+}
+
+}  // namespace ampscope::agent::testing
