@@ -347,6 +347,26 @@ async function checkTensorPage(browser, base) {
   return [columns, recorded];
 }
 
+// The last quantiser sample drawn on a tensor page's heatmap: its recipe, band or window,
+// sample and the middle of its x extent; and the heatmap's exponents shown.
+const lastRecipeCell = (page) => page.evaluate(() => {
+  const h = window.ampscope.heatmap;
+  const c = h.recipeCells[h.recipeCells.length - 1];
+  return { recipe: h.recipe.recipe, eMax: h.eMax, band: c.band, window: c.window, sample: c.sample,
+           x: (c.left + c.right) / 2 };
+});
+
+// The heatmap's pixel at x (CSS pixels in the canvas) and the (fractional) exponent e, and where
+// that point is on the screen.
+const heatmapPixel = (page, x, e) => page.evaluate((x, e) => {
+  const h = window.ampscope.heatmap;
+  const ratio = h.canvas.width / h.canvas.clientWidth;
+  const y = h.yOf(e);
+  const r = h.canvas.getBoundingClientRect();
+  return { pixel: [...h.canvas.getContext('2d').getImageData(Math.round(x * ratio), Math.round(y * ratio), 1, 1).data],
+           screen: [r.left + x, r.top + y] };
+}, x, e);
+
 // An FP8/FP4 run: the run page lists its quantisers worst SQNR first (then most underflow) and
 // its BF16 GEMMs; a quantiser's link leads to its tensor page, where the recipe is drawn: NVFP4's
 // band fills the binade most blocks keep normal and leaves the binades above the band empty, and
@@ -370,19 +390,12 @@ async function checkQuantizerPages(browser, base) {
     page.click('table[data-table="quantizers"] a[href*="name=h0.mlp.fc.output_grad&"]')]);
   await page.waitForSelector('body[data-ready="1"]');
   noErrors(page, 'quantiser page of h0.mlp.fc.output_grad');
-  const band = await page.evaluate(() => {
-    const h = window.ampscope.heatmap;
-    const ctx = h.canvas.getContext('2d');
-    const ratio = h.canvas.width / h.canvas.clientWidth;
-    const cell = h.recipeCells[h.recipeCells.length - 1];
-    const x = (cell.left + cell.right) / 2;
-    const at = (e) => [...ctx.getImageData(Math.round(x * ratio), Math.round(((h.yOf(e) + h.yOf(e + 1)) / 2) * ratio), 1, 1).data];
-    const full = cell.band.rows.reduce((a, b) => (b.normal > a.normal ? b : a));
-    const above = cell.band.top + 2 <= h.eMax ? cell.band.top + 2 : null;
-    const r = h.canvas.getBoundingClientRect();
-    return { recipe: h.recipe.recipe, full: full.e, normal: full.normal, blocks: cell.band.blocks, inside: at(full.e),
-             above: above === null ? null : at(above), hover: [r.left + x, r.top + (h.yOf(full.e) + h.yOf(full.e + 1)) / 2] };
-  });
+  const cell = await lastRecipeCell(page);
+  const full = cell.band.rows.reduce((a, b) => (b.normal > a.normal ? b : a));
+  const inside = await heatmapPixel(page, cell.x, full.e + 0.5);
+  const above = cell.band.top + 2 <= cell.eMax ? (await heatmapPixel(page, cell.x, cell.band.top + 2.5)).pixel : null;
+  const band = { recipe: cell.recipe, full: full.e, normal: full.normal, blocks: cell.band.blocks,
+                 inside: inside.pixel, above, hover: inside.screen };
   check(band.recipe === 'nvfp4' && band.normal > 0, `nvfp4 band: no binade kept normal: ${JSON.stringify(band)}`);
   check(band.inside[0] > band.inside[2] + 40, `nvfp4 band not drawn at binade ${band.full}: ${band.inside}`);
   check(band.above === null || near(band.above, [250, 251, 252], 12), `nvfp4 band drawn above its top: ${band.above}`);
@@ -397,15 +410,9 @@ async function checkQuantizerPages(browser, base) {
   const delayed = await openPage(browser);
   await loadPage(delayed, `${base}/runs/fp8/tensors?name=h0.mlp.fc.weight&role=weight`);
   noErrors(delayed, 'tensor page of a delayed-scaled weight');
-  const line = await delayed.evaluate(() => {
-    const h = window.ampscope.heatmap;
-    const ctx = h.canvas.getContext('2d');
-    const ratio = h.canvas.width / h.canvas.clientWidth;
-    const cell = h.recipeCells[h.recipeCells.length - 1];
-    const y = h.yOf(Math.log2(448 / cell.sample.tensor_scale));
-    return { scale: cell.sample.tensor_scale, max: cell.window.max,
-             pixel: [...ctx.getImageData(Math.round(((cell.left + cell.right) / 2) * ratio), Math.round(y * ratio), 1, 1).data] };
-  });
+  const last = await lastRecipeCell(delayed);
+  const line = { scale: last.sample.tensor_scale, max: last.window.max,
+                 pixel: (await heatmapPixel(delayed, last.x, Math.log2(448 / last.sample.tensor_scale))).pixel };
   check(line.scale > 1 && line.max === 448 / line.scale, `delayed window: max ${line.max} at scale ${line.scale}`);
   // The line's red (#e03131, antialiased over the plot's near-white background).
   const [red, green, blue] = line.pixel;
