@@ -503,6 +503,27 @@ TEST(Fp8TrainingTest, WhatIfCountsAreTheRecipesCountsOfTheInputsTheBf16GemmRead)
   }
 }
 
+// Only the steps the observer takes are measured: there, every GEMM input of the BF16 layer is
+// reported once per micro-batch (block recipe: six), elsewhere nothing is.
+TEST(Fp8TrainingTest, WhatIfCountsComeOnlyOnObservedSteps) {
+  TrainerConfig c = tiny(PrecisionMode::kNVFP4, 4);
+  c.accum = 2;
+  c.batch = 4;
+  auto t = make(c);
+  ASSERT_EQ(t->gemm_precision().add_bf16("h1.attn.proj", 0), "");
+  QuantRecorder rec;
+  rec.steps = {2};
+  t->set_observer(&rec);
+  for (int i = 0; i < 4; ++i) t->step();
+  std::map<std::pair<std::int64_t, int>, int> what_if;
+  for (const auto& s : rec.seen) {
+    EXPECT_EQ(s.step, 2) << s.name;
+    if (s.what_if) ++what_if[{s.step, s.micro_step}];
+    EXPECT_EQ(s.what_if, s.layer == "h1.attn.proj") << s.name;
+  }
+  EXPECT_EQ(what_if, (std::map<std::pair<std::int64_t, int>, int>{{{2, 0}, 6}, {{2, 1}, 6}}));
+}
+
 // Backend::gemm_operand_counts' host-copy default (the CUDA back end's) and the CPU's in-place
 // override count the same: the operand read and rounded to the compute format, rows of its last
 // dimension.
