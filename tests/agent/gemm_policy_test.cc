@@ -17,7 +17,6 @@ namespace ampscope::agent {
 namespace {
 
 using testing::FakeScaler;
-using testing::update;
 
 // A trainer's BF16 GEMM set: records each replace().
 class FakeGemms final : public PrecisionOverrides {
@@ -53,10 +52,15 @@ class FakeRecipe final : public RecipeControl {
 
 v1::PolicyUpdate gemm_update(const std::string& id, std::int64_t step,
                              std::initializer_list<const char*> layers) {
-  v1::PolicyUpdate u = update(id, step);
-  u.set_bf16_gemms_set(true);
-  for (const char* l : layers) u.add_bf16_gemms(l);
-  return u;
+  return testing::set_update(id, step, testing::SetField::kBf16Gemms, layers);
+}
+
+// The one outcome `a` reports at the start of `step` (a failure, and an empty one, otherwise).
+PolicyOutcome outcome_at(PolicyApplier& a, std::int64_t step) {
+  std::vector<PolicyOutcome> out;
+  a.begin_step(step, &out);
+  EXPECT_EQ(out.size(), 1u) << "step " << step;
+  return out.size() == 1 ? out[0] : PolicyOutcome{};
 }
 
 const std::vector<std::string> kCapable = {"h0.attn.qkv", "h0.mlp.fc", "h1.mlp.proj"};
@@ -132,9 +136,8 @@ TEST_F(GemmApplierTest, TheBf16SetAndTheDelayedSettingsApplyAtTheirStep) {
   EXPECT_TRUE(out.empty());
   EXPECT_TRUE(gemms.calls.empty());
   EXPECT_TRUE(delayed.changes.empty());
-  a.begin_step(4, &out);
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_TRUE(out[0].applied) << out[0].reason;
+  const PolicyOutcome o = outcome_at(a, 4);
+  EXPECT_TRUE(o.applied) << o.reason;
   ASSERT_EQ(gemms.calls.size(), 1u);
   EXPECT_EQ(gemms.calls[0].layers, (std::vector<std::string>{"h1.mlp.proj", "h0.attn.qkv"}));
   EXPECT_EQ(gemms.calls[0].step, 4);
@@ -148,10 +151,8 @@ TEST_F(GemmApplierTest, TheBf16SetAndTheDelayedSettingsApplyAtTheirStep) {
   auto back = gemm_update("2", 6, {});
   back.set_amax_margin(0);
   a.receive(back);
-  out.clear();
-  a.begin_step(6, &out);
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_TRUE(out[0].applied) << out[0].reason;
+  const PolicyOutcome o6 = outcome_at(a, 6);
+  EXPECT_TRUE(o6.applied) << o6.reason;
   ASSERT_EQ(gemms.calls.size(), 2u);
   EXPECT_TRUE(gemms.calls[1].layers.empty());
   EXPECT_EQ(gemms.calls[1].step, 6);
@@ -168,11 +169,7 @@ TEST_F(GemmApplierTest, AnUnknownLayerRefusesTheWholeUpdate) {
   u.set_loss_scale(512);
   u.set_amax_margin(1);
   a.receive(u);
-  std::vector<PolicyOutcome> out;
-  a.begin_step(3, &out);
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_FALSE(out[0].applied);
-  EXPECT_EQ(out[0].reason,
+  EXPECT_EQ(outcome_at(a, 3).reason,
             "bf16_gemms[1]: 'h0.attn.core' is not a GEMM layer the trainer can run in BF16");
   EXPECT_TRUE(gemms.calls.empty());
   EXPECT_TRUE(delayed.changes.empty());
@@ -184,11 +181,8 @@ TEST_F(GemmApplierTest, WithoutGemmsAttachedOrOnARunWithoutDelayedScalingItIsRef
   PolicyApplier none(config, nullptr, &notices);
   none.attach_scaler(&scaler);
   none.receive(gemm_update("1", 0, {"h0.mlp.fc"}));
-  std::vector<PolicyOutcome> out;
-  none.begin_step(0, &out);
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_FALSE(out[0].applied);
-  EXPECT_EQ(out[0].reason, "bf16_gemms: no GEMM precision set is attached to the agent");
+  EXPECT_EQ(outcome_at(none, 0).reason,
+            "bf16_gemms: no GEMM precision set is attached to the agent");
   EXPECT_TRUE(none.capable_gemms().empty());
 
   PolicyApplier current_scaling(config, nullptr, &notices);
@@ -196,11 +190,8 @@ TEST_F(GemmApplierTest, WithoutGemmsAttachedOrOnARunWithoutDelayedScalingItIsRef
   auto u = gemm_update("2", 0, {"h0.mlp.fc"});
   u.set_amax_history_length(8);
   current_scaling.receive(u);
-  out.clear();
-  current_scaling.begin_step(0, &out);
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_FALSE(out[0].applied);
-  EXPECT_EQ(out[0].reason, "amax_history_length: the run does not use delayed scaling");
+  EXPECT_EQ(outcome_at(current_scaling, 0).reason,
+            "amax_history_length: the run does not use delayed scaling");
   EXPECT_TRUE(gemms.calls.empty());
   EXPECT_TRUE(current.changes.empty());
 }
@@ -210,11 +201,7 @@ TEST_F(GemmApplierTest, TheTrainersRefusalIsTheOutcome) {
   attach(a);
   gemms.refuse = "the set is locked";
   a.receive(gemm_update("1", 0, {"h0.mlp.fc"}));
-  std::vector<PolicyOutcome> out;
-  a.begin_step(0, &out);
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_FALSE(out[0].applied);
-  EXPECT_EQ(out[0].reason, "bf16_gemms: the set is locked");
+  EXPECT_EQ(outcome_at(a, 0).reason, "bf16_gemms: the set is locked");
 }
 
 // The fallback restores the local scaler's configuration and nothing else: the layers the policy
@@ -229,12 +216,13 @@ TEST_F(GemmApplierTest, TheFallbackKeepsTheBf16SetAndTheDelayedSettings) {
   u.set_growth_interval(1000000);
   u.set_amax_margin(3);
   a.receive(u);
-  std::vector<PolicyOutcome> out;
-  a.begin_step(1, &out);
+  EXPECT_TRUE(outcome_at(a, 1).applied);
   ASSERT_EQ(gemms.calls.size(), 1u);
   a.set_connected(false);
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::vector<PolicyOutcome> out;
   a.begin_step(2, &out);
+  EXPECT_TRUE(out.empty());
   EXPECT_EQ(scaler.s.growth_interval, 2000);
   EXPECT_EQ(gemms.calls.size(), 1u);
   EXPECT_EQ(delayed.changes.size(), 1u);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,18 @@ inline v1::PolicyUpdate update(const std::string& id, std::int64_t step) {
   u.set_policy_id(id);
   u.set_run_id("run");
   u.set_effective_from_step(step);
+  return u;
+}
+
+// update(id, step) carrying a complete set: the FP32 fallback's fp32_tensors or the FP8/FP4
+// per-layer precision's bf16_gemms, with its _set flag.
+enum class SetField { kFp32Tensors, kBf16Gemms };
+inline v1::PolicyUpdate set_update(const std::string& id, std::int64_t step, SetField field,
+                                   std::initializer_list<const char*> names) {
+  v1::PolicyUpdate u = update(id, step);
+  const bool gemms = field == SetField::kBf16Gemms;
+  gemms ? u.set_bf16_gemms_set(true) : u.set_fp32_tensors_set(true);
+  for (const char* n : names) gemms ? u.add_bf16_gemms(n) : u.add_fp32_tensors(n);
   return u;
 }
 

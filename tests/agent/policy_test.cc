@@ -66,10 +66,7 @@ class MappingOverrides final : public PrecisionOverrides {
 
 v1::PolicyUpdate fp32_update(const std::string& id, std::int64_t step,
                              std::initializer_list<const char*> tensors) {
-  v1::PolicyUpdate u = update(id, step);
-  u.set_fp32_tensors_set(true);
-  for (const char* t : tensors) u.add_fp32_tensors(t);
-  return u;
+  return testing::set_update(id, step, testing::SetField::kFp32Tensors, tensors);
 }
 
 TEST(PolicyValidationTest, AcceptsAPowerOfTwoWithinBounds) {
