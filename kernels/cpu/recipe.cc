@@ -1,15 +1,17 @@
 // Scaled recipes (recipe.h). Design: one Quantizer walks a row-major [rows, cols] FP32 view in
 // strips of block_rows rows; within a strip it takes groups of blocks small enough to stay in
-// L1/L2, finds each block's amax (pass 1), derives the block's encode and decode scales in one
-// function (block_scale, where every edge case sits), then rounds every element (pass 2). The
-// per-tensor recipes are one "block" covering everything, with the scale decided up front.
+// L1/L2, finds each block's amax (pass 1), derives the block's encode and decode scales
+// (recipe_rules::block_scale, where every edge case sits), then rounds every element (pass 2).
+// The per-tensor recipes are one "block" covering everything, with the scale decided up front.
 //
-// Element rounding: ElementRounder is the fast path of round_to(y, element, kSaturating), bit
-// for bit (tests/kernels/recipe_test.cc checks it against round_to over every binade). It adds
-// and subtracts 2^(quantum exponent + 23), which rounds to a multiple of the quantum, ties to
-// even, in FP32's own arithmetic. That arithmetic, like the scales', depends on MXCSR, which
-// belongs to the host process (the agent runs inside one that may have set FTZ/DAZ or another
-// rounding mode), so every entry point runs under the default MXCSR (ScopedDefaultMxcsr).
+// The rules themselves (element rounding, the scales, what is counted) are
+// ampscope/detail/recipe_rules.h's, which the device fake_quantize compiles too. Element
+// rounding adds and subtracts 2^(quantum exponent + 23), which rounds to a multiple of the
+// quantum, ties to even, in FP32's own arithmetic (tests/kernels/recipe_test.cc checks it
+// against round_to over every binade). That arithmetic, like the scales', depends on MXCSR,
+// which belongs to the host process (the agent runs inside one that may have set FTZ/DAZ or
+// another rounding mode), so every entry point runs under the default MXCSR
+// (ScopedDefaultMxcsr).
 #include "ampscope/recipe.h"
 
 #include <algorithm>
@@ -22,189 +24,64 @@
 
 #include "ampscope/check.h"
 #include "ampscope/convert.h"
+#include "ampscope/detail/recipe_rules.h"
 #include "convert_internal.h"  // ScopedDefaultMxcsr
 #include "stats_internal.h"    // StatsAccumulator, select_kernel
 
 namespace ampscope {
 namespace {
 
-constexpr float kFloatMax = std::numeric_limits<float>::max();
 constexpr float kMinNormal = 0x1p-126f;
-constexpr float kMinPositive = 0x1p-149f;
 constexpr int kMaxMargin = 64;
 constexpr int kMaxBlockSide = 65536;
-constexpr float kNVFP4ElementMax = 6.0f;
-constexpr float kNVFP4TensorDivisor = 448.0f * 6.0f;  // E4M3 max x E2M1 max
 
 bool is_element_format(Format f) {
   return f != Format::kFP32 && f != Format::kFP16 && f != Format::kBF16 &&
          format_info(f).total_bits <= 8;
 }
 
-float abs_bits(float x) {
-  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(x) & 0x7FFFFFFFu);
-}
-bool is_finite_bits(float x) {
-  return (std::bit_cast<std::uint32_t>(x) & 0x7F800000u) != 0x7F800000u;
-}
+using recipe_rules::abs_of;
+using recipe_rules::finite_bits;
 
-// The fast path of round_to(y, element, OverflowMode::kSaturating) for finite y, split so that
-// the caller can count: magnitude() rounds |y| without clamping (it may exceed max).
-struct ElementRounder {
-  explicit ElementRounder(Format f) {
-    const FormatInfo& fi = format_info(f);
-    mantissa_bits = fi.mantissa_bits;
-    min_normal_exponent = fi.min_normal_exponent;
-    max = static_cast<float>(fi.max_finite);
-    min_normal = std::ldexp(1.0f, fi.min_normal_exponent);
-    // Every |y| >= 2^(max_exponent + 1) rounds above max; below it the quantum trick is exact.
-    saturate_from = std::ldexp(1.0f, fi.max_exponent + 1);
-  }
+using recipe_rules::BlockKind;
+using recipe_rules::BlockScale;
+using recipe_rules::ElementTally;
+using recipe_rules::RecipeParams;
+using recipe_rules::RounderParams;
 
-  // |y| rounded to the element's grid (nearest, ties to even); a < saturate_from, a >= 0.
-  float magnitude(float a) const {
-    const int e = static_cast<int>(std::bit_cast<std::uint32_t>(a) >> 23) - 127;
-    const int quantum = std::max(e, min_normal_exponent) - mantissa_bits;
-    const float c = std::bit_cast<float>(static_cast<std::uint32_t>(quantum + 23 + 127) << 23);
-    return (a + c) - c;  // two FP32 roundings; the build has no -ffast-math to fold them
-  }
-
-  int mantissa_bits;
-  int min_normal_exponent;
-  float max;
-  float min_normal;
-  float saturate_from;
-};
-
-// Counts of one strip or block, added into RecipeCounts at the end.
-struct Tally {
-  std::uint64_t underflow = 0;
-  std::uint64_t subnormal = 0;
-  std::uint64_t saturated = 0;
-  std::uint64_t overflow = 0;
-  double signal_sq = 0.0;
-  double error_sq = 0.0;
-};
-
-// Quantises n finite-or-not values with one scale: y = x * enc (kDivide: x / enc), q = y rounded
-// and clamped, out = q * dec. Non-finite inputs pass through unchanged (counted elsewhere).
+// Quantises n finite-or-not values with one scale (recipe_rules::quantize_finite; kDivide: x /
+// enc). Non-finite inputs pass through unchanged (counted elsewhere). The grid and the tally are
+// copied into locals for the loop: `out` is a float*, so the compiler would otherwise reload the
+// grid's floats and store the tally after every element (1.5x slower on NVFP4); the tally's sums
+// still add in element order.
 template <bool kDivide>
 void quantize_span(const float* x, float* out, std::size_t n, float enc, float dec,
-                   const ElementRounder& r, Tally& t) {
+                   const RounderParams& r, ElementTally& t) {
+  const RounderParams grid = r;
+  ElementTally tally = t;
   for (std::size_t i = 0; i < n; ++i) {
     const float v = x[i];
-    if (!is_finite_bits(v)) {
-      if (out) out[i] = v;
-      continue;
-    }
-    const float y = kDivide ? v / enc : v * enc;
-    const float a = abs_bits(y);
-    float q;
-    if (a >= r.saturate_from) {
-      q = r.max;
-      ++t.saturated;
-    } else {
-      q = r.magnitude(a);
-      if (q > r.max) {
-        q = r.max;
-        ++t.saturated;
-      } else if (q == 0.0f) {
-        if (v != 0.0f) ++t.underflow;
-      } else if (q < r.min_normal) {
-        ++t.subnormal;
-      }
-    }
-    const float deq = std::copysign(q, v) * dec;
-    if (!is_finite_bits(deq)) [[unlikely]] {
-      ++t.overflow;  // q x scale beyond FP32 (a ceil MX scale, an amax near FP32 max)
-      if (out) out[i] = deq;
-      continue;
-    }
-    const double err = static_cast<double>(v) - static_cast<double>(deq);
-    t.signal_sq += static_cast<double>(v) * static_cast<double>(v);
-    t.error_sq += err * err;
-    if (out) out[i] = deq;
+    const float q =
+        finite_bits(v) ? recipe_rules::quantize_finite(v, enc, dec, kDivide, grid, tally) : v;
+    if (out) out[i] = q;
   }
+  t = tally;
 }
 
 float finite_amax(const float* x, std::size_t n) {
   float m = 0.0f;
   for (std::size_t i = 0; i < n; ++i) {
-    const float a = abs_bits(x[i]);
-    if (is_finite_bits(a) && a > m) m = a;
+    const float a = abs_of(x[i]);
+    if (finite_bits(a) && a > m) m = a;
   }
   return m;
 }
 
-// How one block is quantised, decided from its finite amax and whether it holds Inf or NaN.
-enum class BlockKind : std::uint8_t { kZero, kNaN, kScaled, kAllZero };
-struct BlockScale {
-  BlockKind kind = BlockKind::kScaled;
-  float enc = 1.0f;  // multiplier (mx) or divisor (tile, nvfp4)
-  float dec = 1.0f;  // decode scale: dequantised = q * dec
-};
-
-// Every block recipe's scale rule, with its edge cases, in one place (docs/numerics.md).
-BlockScale block_scale(const Recipe& recipe, const ElementRounder& r, float amax, bool nonfinite,
-                       float tensor_decode) {
-  BlockScale b;
-  if (nonfinite) {
-    b.kind = BlockKind::kNaN;  // OCP MX: a block with Inf or NaN has scale NaN
-    return b;
-  }
-  if (amax == 0.0f) {
-    b.kind = BlockKind::kZero;
-    return b;
-  }
-  switch (recipe.scaling) {
-    case Scaling::kMX: {
-      const FormatInfo& fi = format_info(recipe.element);
-      int k = floor_log2(amax) - fi.max_exponent;
-      // Ceil: the smallest k with amax <= max * 2^k, which is k or k + 1 (max < 2^(emax+1)).
-      if (recipe.rounding == ScaleRounding::kCeil &&
-          static_cast<double>(amax) > std::ldexp(fi.max_finite, k)) {
-        ++k;
-      }
-      k = std::clamp(k, kE8M0MinExponent, kE8M0MaxExponent);
-      b.enc = std::ldexp(1.0f, -k);  // x / 2^k, exactly
-      b.dec = std::ldexp(1.0f, k);
-      return b;
-    }
-    case Scaling::kTile: {
-      float d = amax / r.max;
-      if (d == 0.0f) d = kMinPositive;  // amax below max * 2^-150: the smallest FP32 scale
-      b.enc = d;
-      b.dec = d;
-      return b;
-    }
-    case Scaling::kNVFP4: {
-      const float block_decode = amax / kNVFP4ElementMax;
-      const float code =
-          round_to(block_decode / tensor_decode, Format::kE4M3, OverflowMode::kSaturating);
-      const float d = code * tensor_decode;
-      if (d == 0.0f) {
-        b.kind = BlockKind::kAllZero;  // its E4M3 code (or the product) is 0: zeros
-        return b;
-      }
-      b.enc = d;
-      b.dec = d;
-      return b;
-    }
-    default:
-      break;
-  }
-  AMPSCOPE_CHECK(false, "block_scale called for a per-tensor recipe");
-  return b;
-}
-
-// The one rule for a per-tensor scale from an amax (current scaling, AmaxHistory).
+// Current scaling's scale from an amax (AmaxHistory); `previous` when amax is 0, Inf or NaN.
 float scale_from_amax(Format element, float amax, int margin, float previous) {
   if (!(amax > 0.0f) || !std::isfinite(amax)) return previous;  // 0, Inf, NaN
-  float s = static_cast<float>(format_info(element).max_finite) / amax;
-  if (std::isinf(s)) s = kFloatMax;
-  s = std::ldexp(s, -margin);
-  // Keeps 1 / s finite, so that the decode scale exists (only for amax near FP32 max).
-  return std::max(s, kMinNormal);
+  return recipe_rules::current_scale(static_cast<float>(format_info(element).max_finite), amax,
+                                     margin);
 }
 
 void check_recipe(const Recipe& r) {
@@ -272,23 +149,10 @@ class Quantizer {
   // With a tap, every element is added to it just before it is rounded (the caller adds what
   // it reads itself first: a tensor amax pass).
   Quantizer(const Recipe& recipe, float tensor_amax, StatsTap* tap = nullptr)
-      : recipe_(recipe), rounder_(recipe.element), tap_(tap) {
+      : recipe_(recipe), params_(recipe_rules::recipe_params(recipe)), tap_(tap) {
     counts_.recipe = recipe;
     counts_.amax = tensor_amax;
-    switch (recipe.scaling) {
-      case Scaling::kCurrent:
-        scale_ = scale_from_amax(recipe.element, tensor_amax, recipe.margin, 1.0f);
-        break;
-      case Scaling::kDelayed:
-        scale_ = recipe.scale;
-        break;
-      case Scaling::kNVFP4:
-        scale_ =
-            tensor_amax == 0.0f ? 1.0f : std::max(tensor_amax / kNVFP4TensorDivisor, kMinPositive);
-        break;
-      default:
-        scale_ = 0.0f;
-    }
+    scale_ = recipe_rules::tensor_scale(params_, tensor_amax);
     counts_.tensor_scale = scale_;
     if (scale_ != 0.0f) inverse_ = 1.0f / scale_;
   }
@@ -304,8 +168,8 @@ class Quantizer {
         const std::size_t m = std::min(step, n - i);
         if (tap_ != nullptr) tap_->add(x + i, m);
         count_inputs(x + i, m);
-        quantize_span<false>(x + i, out ? out + i : nullptr, m, scale_, inverse_, rounder_,
-                             tally_);
+        quantize_span<false>(x + i, out ? out + i : nullptr, m, scale_, inverse_,
+                             params_.element, tally_);
       }
       return;
     }
@@ -335,7 +199,7 @@ class Quantizer {
  private:
   void count_inputs(const float* x, std::size_t n) {
     std::uint64_t nonfinite = 0;
-    for (std::size_t i = 0; i < n; ++i) nonfinite += is_finite_bits(x[i]) ? 0 : 1;
+    for (std::size_t i = 0; i < n; ++i) nonfinite += finite_bits(x[i]) ? 0 : 1;
     counts_.nonfinite += nonfinite;
     counts_.values += n - nonfinite;
   }
@@ -360,8 +224,8 @@ class Quantizer {
           std::uint64_t bad = 0;
           float m = amax_[b - b0];
           for (std::size_t i = 0; i < n; ++i) {
-            const float a = abs_bits(row[i]);
-            if (!is_finite_bits(a)) {
+            const float a = abs_of(row[i]);
+            if (!finite_bits(a)) {
               ++bad;
             } else if (a > m) {
               m = a;
@@ -374,8 +238,8 @@ class Quantizer {
         }
       }
       for (std::size_t b = b0; b < b1; ++b) {
-        BlockScale s =
-            block_scale(recipe_, rounder_, amax_[b - b0], nonfinite_[b - b0] != 0, scale_);
+        const BlockScale s = recipe_rules::block_scale(params_, amax_[b - b0],
+                                                       nonfinite_[b - b0] != 0, scale_);
         scales_[b - b0] = s;
         ++counts_.blocks;
         if (s.kind == BlockKind::kZero) ++counts_.zero_blocks;
@@ -397,43 +261,43 @@ class Quantizer {
   }
 
   void quantize_block_row(const float* x, float* out, std::size_t n, const BlockScale& s) {
+    const bool multiply = recipe_.scaling == Scaling::kMX;  // x / 2^k as x * 2^-k, exactly
     switch (s.kind) {
       case BlockKind::kZero:
         if (out && out != x) std::copy(x, x + n, out);
         return;
-      case BlockKind::kNaN:
-        // Every element decodes to NaN: the finite ones are counted as overflow.
-        for (std::size_t i = 0; i < n; ++i) {
-          if (is_finite_bits(x[i])) ++counts_.overflow;
-          if (out) out[i] = std::numeric_limits<float>::quiet_NaN();
-        }
-        return;
-      case BlockKind::kAllZero:
-        for (std::size_t i = 0; i < n; ++i) {
-          const float v = x[i];
-          if (v != 0.0f) ++tally_.underflow;
-          tally_.signal_sq += static_cast<double>(v) * static_cast<double>(v);
-          tally_.error_sq += static_cast<double>(v) * static_cast<double>(v);
-          if (out) out[i] = std::copysign(0.0f, v);
-        }
-        return;
       case BlockKind::kScaled:
-        if (recipe_.scaling == Scaling::kMX) {
-          quantize_span<false>(x, out, n, s.enc, s.dec, rounder_, tally_);
+        if (multiply) {
+          quantize_span<false>(x, out, n, s.enc, s.dec, params_.element, tally_);
         } else {
-          quantize_span<true>(x, out, n, s.enc, s.dec, rounder_, tally_);
+          quantize_span<true>(x, out, n, s.enc, s.dec, params_.element, tally_);
         }
         return;
+      case BlockKind::kNaN:
+        for (std::size_t i = 0; i < n; ++i) {
+          const float q = recipe_rules::nan_block_element(x[i], tally_);
+          if (out) out[i] = q;
+        }
+        return;
+      case BlockKind::kAllZero: {
+        ElementTally tally = tally_;  // in a local for the loop, as in quantize_span
+        for (std::size_t i = 0; i < n; ++i) {
+          const float q = recipe_rules::all_zero_block_element(x[i], tally);
+          if (out) out[i] = q;
+        }
+        tally_ = tally;
+        return;
+      }
     }
   }
 
   Recipe recipe_;
-  ElementRounder rounder_;
+  RecipeParams params_;
   StatsTap* tap_;
   float scale_ = 1.0f;    // current, delayed: s; nvfp4: g
   float inverse_ = 1.0f;  // fl32(1 / s)
   RecipeCounts counts_;
-  Tally tally_;
+  ElementTally tally_;
   std::array<std::uint64_t, kHistogramBins> histogram_{};
   std::vector<float> amax_;
   std::vector<std::uint64_t> nonfinite_;

@@ -1,6 +1,6 @@
 // fake_quantize on the device (ampscope/cuda/recipe.h).
 //
-// Design: the rules are recipe_element.cuh's (the CPU's expressions, shared with the host-model
+// Design: the rules are ampscope/detail/recipe_rules.h's (the CPU's expressions, shared with the host-model
 // test); this file only schedules them.
 //   amax_kernel    the tensor's finite amax (current, delayed, nvfp4), an atomicMax on the
 //                  magnitude bits (nonnegative floats order as their bits: exact, any order);
@@ -22,12 +22,14 @@
 #include "ampscope/check.h"
 #include "ampscope/cuda/check.h"
 #include "ampscope/cuda/recipe.h"
-#include "recipe_element.cuh"
+#include "ampscope/detail/recipe_rules.h"
 #include "runtime.cuh"
 
 namespace ampscope::cuda {
 namespace detail {
 namespace {
+
+using namespace ::ampscope::recipe_rules;
 
 using ull = unsigned long long;
 constexpr unsigned kFullWarp = 0xFFFFFFFFu;

@@ -2,12 +2,12 @@
 #include <array>
 #include <cstdint>
 
-#include "recipe_element.cuh"
+#include "ampscope/detail/recipe_rules.h"
 #include "recipe_host_model.h"
 
 namespace ampscope::cuda::testing {
 
-using namespace ::ampscope::cuda::detail;
+using namespace ::ampscope::recipe_rules;
 
 RecipeCounts host_model_fake_quantize(const float* x, float* out, std::size_t rows,
                                       std::size_t cols, const Recipe& recipe) {

@@ -1,7 +1,8 @@
-// The device fake_quantize's element and scale code (kernels/cuda/recipe_element.cuh), compiled
-// for the host and driven in the CPU's order (strip by strip, block by block, row by row), so
-// that the rules the kernels apply are checked against the CPU's fake_quantize on a machine
-// without a GPU; recipe_test.cc then checks the kernels' scheduling on a device.
+// The element and scale rules the device fake_quantize applies (ampscope/detail/recipe_rules.h,
+// which the CPU's fake_quantize shares) as nvcc compiles them, run on the host in the CPU's order
+// (strip by strip, block by block, row by row), so that nvcc's compilation of the rules and the
+// block logic the kernels follow are checked against the CPU's fake_quantize on a machine without
+// a GPU; recipe_test.cc then checks the kernels' scheduling on a device.
 #pragma once
 
 #include <cstddef>

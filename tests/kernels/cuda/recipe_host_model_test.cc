@@ -1,4 +1,4 @@
-// The device fake_quantize's rules (recipe_element.cuh) run on the host against the CPU's
+// The device fake_quantize's rules (recipe_rules.h as nvcc compiles them) run against the CPU's
 // fake_quantize: every recipe over tensors that reach every rule (recipe_cases.h). Needs no GPU.
 // The host model visits elements in the CPU's order, so even the FP64 sums must be equal.
 #include "recipe_host_model.h"
