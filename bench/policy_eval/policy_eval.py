@@ -106,7 +106,7 @@ TARGET_LOW_PRECISION_GEMM_SHARE = 0.5
 
 # Model, seeds, steps and policies per profile. smoke: the ctest (a tiny model, two seeds, about
 # a minute). short: ./run bench, about 25 minutes on 2 cores for the loss-scale scenarios and
-# about 12 more for fp-recipes. full: longer scenarios.
+# 17 more for fp-recipes (999 s measured with other builds running alongside). full: longer.
 SMALL_MODEL = ["--width", "64", "--heads", "2", "--layers", "2", "--context", "64", "--batch", "8"]
 LOCAL_AND_HEADROOM = ("gradscaler", "hysteresis", "static", "headroom")
 # The short profile's 25 minutes leave static out where it only repeats GradScaler's start.
