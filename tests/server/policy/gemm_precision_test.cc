@@ -276,7 +276,7 @@ TEST(GemmPrecisionTest, GaussianDataStaysInEveryRecipeAndWideDataMoves) {
     std::vector<float> wide(kRows * kCols);
     for (float& v : wide) v = std::exp2(binades(gen)) * (normal(gen) < 0 ? -1.0f : 1.0f);
     qs.push_back(counted("wide.output_grad", "wide", wide, kRows, kCols, "nvfp4"));
-    const QuantizerInput& w = qs.back();
+    const RecipeCounts w = qs.back().counts;  // qs is moved into the step below
     out = engine.observe(step_input(step, std::move(qs)));
     if (step < 3) {
       EXPECT_TRUE(out.empty()) << step;
@@ -285,8 +285,7 @@ TEST(GemmPrecisionTest, GaussianDataStaysInEveryRecipeAndWideDataMoves) {
       EXPECT_EQ(out[0].bf16_gemms, std::vector<std::string>{"wide"});
       char share[32];
       std::snprintf(share, sizeof share, "%.1f%%",
-                    100.0 * static_cast<double>(w.counts.underflow) /
-                        static_cast<double>(w.counts.values));
+                    100.0 * static_cast<double>(w.underflow) / static_cast<double>(w.values));
       EXPECT_EQ(out[0].reason, std::string("bf16 wide: wide.output_grad underflow ") + share +
                                    " of finite values in 4/4 reports (nvfp4)");
     } else {
