@@ -55,6 +55,7 @@ struct QuantizerSample {
   std::vector<float> amax_history;  // empty on steps that do not send it
   std::string layer;                // QuantizerView::layer as sent
   bool what_if = false;
+  std::optional<double> loss_cost;
 };
 
 struct PolicyOutcome {

@@ -130,6 +130,7 @@ std::string check_quantizer(const QuantizerView& q) {
     if (n > scaled - binned) return "the scale histogram holds more than the scaled blocks";
     binned += n;
   }
+  if (q.loss_cost && !std::isfinite(*q.loss_cost)) return "loss_cost not finite";
   for (float a : q.amax_history) {
     if (!magnitude(a)) return "an amax history entry not finite and >= 0";
   }
@@ -330,6 +331,7 @@ Status Recorder::observe_quantizer(const QuantizerView& q) {
   s.counts = q.counts;
   s.layer = wire_name(q.layer);  // as the Hello's bf16_capable_gemms are sent
   s.what_if = q.what_if;
+  s.loss_cost = q.loss_cost;
   // The history is the large part (up to 4 KiB): it travels at the full level only.
   if (sampler_.level(q.role, q.phase) == Level::kFull) {
     const std::size_t keep = std::min(q.amax_history.size(), proto::kMaxAmaxHistory);

@@ -151,6 +151,7 @@ void encode_report(const StepRecord& record, const ReportContext& context, v1::S
     w->set_micro_step(static_cast<std::uint32_t>(std::max(0, q.micro_step)));
     w->set_layer(q.layer);
     w->set_what_if(q.what_if);
+    if (q.loss_cost) w->set_loss_cost(*q.loss_cost);
     proto::encode_quantizer(q.counts, q.amax_history, w);
   }
   for (std::size_t i = 0; i < record.outcomes.size() && i < kMaxOutcomesPerReport; ++i) {

@@ -226,6 +226,16 @@ void add_flags(CLI::App& app, Flags& f) {
   app.add_option("--gemm-max-amax-margin", g.max_amax_margin,
                  "GEMM precision: highest delayed-scaling margin it sets (binades)")
       ->capture_default_str();
+  app.add_option("--gemm-min-loss-cost", g.min_loss_cost,
+                 "GEMM precision: loss cost (nats per step, first order) that moves a layer "
+                 "reporting one to BF16")
+      ->capture_default_str();
+  app.add_option("--gemm-loss-cost-reports", g.loss_cost_reports,
+                 "GEMM precision: measured steps a layer's loss cost is averaged over")
+      ->capture_default_str();
+  app.add_option("--gemm-loss-cost-z", g.loss_cost_z,
+                 "GEMM precision: standard errors the mean loss cost must clear the limit by")
+      ->capture_default_str();
 }
 
 // Turns the parsed strings into options; throws ampscope::Error naming the flag.

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -503,6 +504,106 @@ TEST(Fp8TrainingTest, WhatIfCountsAreTheRecipesCountsOfTheInputsTheBf16GemmRead)
   }
 }
 
+// Loss cost (Gpt::set_loss_cost_every): the tensors of one step as FP32 (by name and role), and
+// every quantiser report's loss cost.
+class CostRecorder : public TensorObserver {
+ public:
+  std::int64_t keep_step = 2;
+  std::map<std::pair<std::string, TensorRole>, std::vector<float>> kept;
+  struct Cost {
+    std::string name, layer;
+    GemmOperand operand;
+    GemmUse use;
+    std::int64_t step;
+    bool what_if;
+    std::optional<double> cost;
+  };
+  std::vector<Cost> seen;
+  bool observe_step(std::int64_t) override { return true; }
+  void on_tensor(const TensorView& t) override {
+    const auto key = std::pair{std::string(t.name), t.role};
+    if (t.step != keep_step || kept.count(key) > 0) return;
+    std::int64_t n = 1;
+    for (std::int64_t d : t.shape) n *= d;
+    std::vector<float> v(static_cast<std::size_t>(n));
+    convert_to_fp32(t.data, v.data(), v.size(), t.dtype);
+    kept[key] = std::move(v);
+  }
+  void on_quantized(const QuantizedGemmInput& q) override {
+    seen.push_back({std::string(q.name), std::string(q.layer), q.operand, q.use, q.step,
+                    q.what_if, q.loss_cost});
+  }
+};
+
+// h0.attn.qkv's output (N, OC) from its input, weight and bias as the step read them (BF16),
+// each operand first through `r_in` / `r_w` when given; FP64 sums, stored as BF16.
+std::vector<float> qkv_output(const CostRecorder& rec, const Recipe* r_in, const Recipe* r_w) {
+  std::vector<float> x = rec.kept.at({"h0.ln1", TensorRole::kActivation});
+  std::vector<float> w = rec.kept.at({"h0.attn.qkv.weight", TensorRole::kWeight});
+  std::vector<float> b = rec.kept.at({"h0.attn.qkv.bias", TensorRole::kWeight});
+  for (auto* v : {&x, &w, &b}) round_through(v->data(), v->size(), Format::kBF16);
+  const std::size_t C = 32, N = x.size() / C, OC = w.size() / C;
+  if (r_in != nullptr) fake_quantize(x.data(), x.data(), N, C, *r_in);
+  if (r_w != nullptr) fake_quantize(w.data(), w.data(), OC, C, *r_w);
+  std::vector<float> y(N * OC);
+  for (std::size_t i = 0; i < N; ++i) {
+    for (std::size_t o = 0; o < OC; ++o) {
+      double sum = b[o];
+      for (std::size_t k = 0; k < C; ++k) sum += double(x[i * C + k]) * w[o * C + k];
+      y[i * OC + o] = static_cast<float>(sum);
+    }
+  }
+  round_through(y.data(), y.size(), Format::kBF16);
+  return y;
+}
+
+// The reported cost is sum(dout x (Y_recipe - Y)) / dloss (dloss 1 here: static scale 1, one
+// micro-batch), whichever of the two outputs the layer ran: recomputed from the tensors the step
+// showed, to within the GEMMs' summation order (a part in 10^4 of sum |dout x E|).
+TEST(Fp8TrainingTest, LossCostIsTheOutputErrorDottedWithTheLossGradient) {
+  for (auto mode : {PrecisionMode::kFP8Current, PrecisionMode::kMXFP8, PrecisionMode::kNVFP4}) {
+    for (const bool in_bf16 : {false, true}) {
+      TrainerConfig c = tiny(mode, 4);
+      c.loss_cost_every = 2;
+      auto t = make(c);
+      if (in_bf16) ASSERT_EQ(t->gemm_precision().add_bf16("h0.attn.qkv", 0), "");
+      CostRecorder rec;
+      t->set_observer(&rec);
+      for (int i = 0; i < 4; ++i) t->step();
+      const std::string what = std::string(precision_name(mode)) + (in_bf16 ? " bf16" : "");
+      // Costs only on the output gradient's dgrad report of steps 0 and 2, every layer.
+      std::map<std::int64_t, int> per_step;
+      std::optional<double> cost;
+      for (const auto& s : rec.seen) {
+        const bool carrier = s.operand == GemmOperand::kOutputGrad && s.use == GemmUse::kDgrad;
+        EXPECT_EQ(s.cost.has_value(), carrier && s.step % 2 == 0) << what << " " << s.name;
+        if (!s.cost) continue;
+        ++per_step[s.step];
+        EXPECT_EQ(s.what_if, in_bf16 && s.layer == "h0.attn.qkv") << what << " " << s.name;
+        if (s.layer == "h0.attn.qkv" && s.step == 2) cost = s.cost;
+      }
+      EXPECT_EQ(per_step, (std::map<std::int64_t, int>{{0, 8}, {2, 8}})) << what;
+      ASSERT_TRUE(cost) << what;
+      const Recipe r_in = *gemm_recipe(mode, GemmOperand::kInput, GemmUse::kForward);
+      const Recipe r_w = *gemm_recipe(mode, GemmOperand::kWeight, GemmUse::kForward);
+      const std::vector<float> shown = rec.kept.at({"h0.attn.qkv", TensorRole::kActivation});
+      const std::vector<float> other =
+          in_bf16 ? qkv_output(rec, &r_in, &r_w) : qkv_output(rec, nullptr, nullptr);
+      const std::vector<float> d = rec.kept.at({"h0.attn.qkv", TensorRole::kActivationGrad});
+      ASSERT_EQ(shown.size(), other.size());
+      ASSERT_EQ(d.size(), shown.size());
+      double want = 0.0, scale = 0.0;
+      for (std::size_t i = 0; i < d.size(); ++i) {
+        const double e = in_bf16 ? double(other[i]) - shown[i] : double(shown[i]) - other[i];
+        want += d[i] * e;
+        scale += std::abs(d[i] * e);
+      }
+      EXPECT_GT(scale, 0.0) << what;
+      EXPECT_NEAR(*cost, want, 1e-4 * scale) << what;
+    }
+  }
+}
+
 // Only the steps the observer takes are measured: there, every GEMM input of the BF16 layer is
 // reported once per micro-batch (block recipe: six), elsewhere nothing is.
 TEST(Fp8TrainingTest, WhatIfCountsComeOnlyOnObservedSteps) {
@@ -551,8 +652,10 @@ TEST(Fp8TrainingTest, GemmOperandCountsAreTheSameThroughTheHostCopy) {
 // does, delayed histories included.
 TEST(Fp8TrainingTest, WhatIfMeasurementLeavesTheRunUnchanged) {
   for (auto mode : kScaledModes) {
-    auto watched = make(tiny(mode, 4));
-    auto quiet = make(tiny(mode, 4));
+    TrainerConfig c = tiny(mode, 4);
+    c.loss_cost_every = 1;  // and the loss cost, every step
+    auto watched = make(c);
+    auto quiet = make(c);
     for (Trainer* t : {watched.get(), quiet.get()}) {
       ASSERT_EQ(t->gemm_precision().add_bf16("h0.attn.qkv", 0), "");
       ASSERT_EQ(t->gemm_precision().add_bf16("h1.mlp.fc", 2), "");

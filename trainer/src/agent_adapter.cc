@@ -272,6 +272,7 @@ void AgentAdapter::on_quantized(const QuantizedGemmInput& q) {
   v.amax_history = q.amax_history;
   v.layer = q.layer;
   v.what_if = q.what_if;
+  v.loss_cost = q.loss_cost;
   agent_->observe_quantizer(v);
 }
 

@@ -64,7 +64,7 @@ struct Options {
   std::optional<int> hysteresis;
   std::optional<float> min_scale;
   std::vector<std::string> inject_nan, inject_inf, fp32_layers, bf16_gemms;
-  std::optional<int> fp8_amax_history, fp8_margin;
+  std::optional<int> fp8_amax_history, fp8_margin, loss_cost_every;
   std::vector<std::int64_t> inject_overflow;
   std::int64_t inject_overflow_every = 0;
   std::string inject_overflow_tensor;
@@ -146,6 +146,11 @@ TrainerConfig to_config(const Options& o) {
   if (!o.bf16_gemms.empty() && !PrecisionPolicy::for_mode(c.precision).scaled_gemms) {
     throw UsageError("--bf16-gemm applies to --precision fp8-delayed, fp8-current, mxfp8, nvfp4");
   }
+  if (o.loss_cost_every && !PrecisionPolicy::for_mode(c.precision).scaled_gemms) {
+    throw UsageError("--loss-cost-every applies to --precision fp8-delayed, fp8-current, mxfp8, "
+                     "nvfp4");
+  }
+  c.loss_cost_every = o.loss_cost_every.value_or(c.loss_cost_every);
   c.fp8_delayed.history_length = o.fp8_amax_history.value_or(c.fp8_delayed.history_length);
   c.fp8_delayed.margin = o.fp8_margin.value_or(c.fp8_delayed.margin);
   ScalerConfig s = default_scaler(c.precision);
@@ -462,6 +467,11 @@ int main(int argc, char** argv) {
   app.add_option("--fp8-margin", o.fp8_margin,
                  "fp8-delayed: scale = max / amax / 2^margin (default 0)")
       ->check(CLI::Range(0, 64));
+  app.add_option("--loss-cost-every", o.loss_cost_every,
+                 "FP8/FP4 modes with --server or --agent: measure what each layer's recipe "
+                 "costs the loss on every N-th observed step (one extra GEMM per layer; 0: "
+                 "never; default 4)")
+      ->check(CLI::Range(0, 1 << 20));
   app.add_option("--log-json", o.log_json,
                  "write one JSON object per step to FILE (rank r > 0 of a multi-rank run: to "
                  "FILE.rank<r>)");

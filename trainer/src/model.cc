@@ -393,7 +393,7 @@ std::optional<Recipe> Gpt::recipe_for(const StepContext& ctx, const std::string&
 
 void Gpt::report_quantized(const StepContext& ctx, const std::string& layer, GemmOperand operand,
                            GemmUse use, const RecipeCounts& counts, int delayed_index,
-                           bool what_if) const {
+                           bool what_if, std::optional<double> loss_cost) const {
   if (delayed_index >= 0 && ctx.record_amax && use != GemmUse::kWgrad && !what_if) {
     ctx.delayed->record(static_cast<std::size_t>(delayed_index), counts.amax);
   }
@@ -417,6 +417,7 @@ void Gpt::report_quantized(const StepContext& ctx, const std::string& layer, Gem
   q.step = ctx.step;
   q.micro_step = ctx.micro_step;
   q.what_if = what_if;
+  q.loss_cost = loss_cost;
   ctx.observer->on_quantized(q);
 }
 
@@ -431,12 +432,59 @@ bool Gpt::what_if_gemm(const StepContext& ctx, Format compute) const {
 }
 
 void Gpt::report_what_if(const StepContext& ctx, const std::string& layer, GemmOperand operand,
-                         GemmUse use, const Tensor& t, Format compute) {
+                         GemmUse use, const Tensor& t, Format compute,
+                         std::optional<double> loss_cost) {
   int index = -1;
   const std::optional<Recipe> recipe = recipe_for(ctx, layer, operand, use, &index);
   AMPSCOPE_CHECK(recipe.has_value(), "no recipe for ", layer, ".", operand_name(operand));
   report_quantized(ctx, layer, operand, use, backend_.gemm_operand_counts(t, compute, *recipe),
-                   index, true);
+                   index, true, loss_cost);
+}
+
+// Loss cost (docs/trainer.md, "Loss cost"). Both outputs come from the back end's own GEMMs,
+// so that E is what the recipe changes in this layer's output and nothing else; dout is the
+// gradient the backward reads, so the cost is of the network as it runs.
+bool Gpt::measure_loss_cost(const StepContext& ctx, Format compute) const {
+  return loss_cost_every_ > 0 && ctx.observer != nullptr && policy_.scaled_gemms &&
+         compute != Format::kFP32 && ctx.step % loss_cost_every_ == 0;
+}
+
+void Gpt::keep_output_error(const StepContext& ctx, const std::string& layer, const Tensor& out,
+                            const Tensor& inp, const Tensor& weight, const Tensor& bias,
+                            Format compute, bool quantized) {
+  const std::unique_ptr<Buffer> mem = backend_.allocate(out.bytes());
+  Tensor other = out;
+  other.data = mem->data();
+  if (quantized) {
+    backend_.matmul_forward(other, inp, weight, bias, compute);
+  } else {
+    int ix = -1, iw = -1;  // counted nowhere and recording nothing: only the product is wanted
+    MatmulForwardRecipes q;
+    q.inp = QuantizedOperand{*recipe_for(ctx, layer, GemmOperand::kInput, GemmUse::kForward, &ix),
+                             nullptr};
+    q.weight = QuantizedOperand{
+        *recipe_for(ctx, layer, GemmOperand::kWeight, GemmUse::kForward, &iw), nullptr};
+    backend_.quantized_matmul_forward(other, inp, weight, bias, compute, q);
+  }
+  std::vector<float> e = host_values(out);
+  const std::vector<float> o = host_values(other);
+  for (std::size_t i = 0; i < e.size(); ++i) e[i] = quantized ? e[i] - o[i] : o[i] - e[i];
+  output_errors_.emplace_back(layer, std::move(e));
+}
+
+std::optional<double> Gpt::take_loss_cost(const std::string& layer, const Tensor& dout) {
+  const auto it = std::find_if(output_errors_.begin(), output_errors_.end(),
+                               [&](const auto& k) { return k.first == layer; });
+  if (it == output_errors_.end()) return std::nullopt;
+  const std::vector<float> d = host_values(dout);
+  AMPSCOPE_CHECK(d.size() == it->second.size(), "loss cost of ", layer, ": dout has ", d.size(),
+                 " elements, the output ", it->second.size());
+  double sum = 0.0;
+  for (std::size_t i = 0; i < d.size(); ++i) sum += static_cast<double>(d[i]) * it->second[i];
+  output_errors_.erase(it);
+  const double cost = sum / static_cast<double>(dloss_);
+  // A non-finite dout (an overflowed step the scaler skips) measures nothing.
+  return std::isfinite(cost) ? std::optional<double>(cost) : std::nullopt;
 }
 
 void Gpt::linear_forward(const StepContext& ctx, const std::string& layer, const Tensor& out,
@@ -444,6 +492,9 @@ void Gpt::linear_forward(const StepContext& ctx, const std::string& layer, const
                          Format compute) {
   if (!quantize_gemm(ctx, layer, compute)) {
     backend_.matmul_forward(out, inp, weight, bias, compute);
+    if (what_if_gemm(ctx, compute) && measure_loss_cost(ctx, compute)) {
+      keep_output_error(ctx, layer, out, inp, weight, bias, compute, false);
+    }
     if (what_if_gemm(ctx, compute)) {
       report_what_if(ctx, layer, GemmOperand::kInput, GemmUse::kForward, inp, compute);
       report_what_if(ctx, layer, GemmOperand::kWeight, GemmUse::kForward, weight, compute);
@@ -458,6 +509,9 @@ void Gpt::linear_forward(const StepContext& ctx, const std::string& layer, const
   q.weight = QuantizedOperand{
       *recipe_for(ctx, layer, GemmOperand::kWeight, GemmUse::kForward, &iw), &cw};
   backend_.quantized_matmul_forward(out, inp, weight, bias, compute, q);
+  if (measure_loss_cost(ctx, compute)) {
+    keep_output_error(ctx, layer, out, inp, weight, bias, compute, true);
+  }
   report_quantized(ctx, layer, GemmOperand::kInput, GemmUse::kForward, cx, ix);
   report_quantized(ctx, layer, GemmOperand::kWeight, GemmUse::kForward, cw, iw);
 }
@@ -470,9 +524,11 @@ void Gpt::linear_backward(const StepContext& ctx, const std::string& layer, cons
                           const Tensor& inp, const Tensor& weight, Format compute) {
   const bool blocks = gemm_block_length(mode_) > 0;
   if (!quantize_gemm(ctx, layer, compute)) {
+    // The loss cost reads dout before the backward writes anything.
+    const std::optional<double> cost = take_loss_cost(layer, dout);
     backend_.matmul_backward(dinp, dweight, dbias, dout, inp, weight, compute);
     if (what_if_gemm(ctx, compute)) {
-      report_what_if(ctx, layer, GemmOperand::kOutputGrad, GemmUse::kDgrad, dout, compute);
+      report_what_if(ctx, layer, GemmOperand::kOutputGrad, GemmUse::kDgrad, dout, compute, cost);
       if (!blocks) return;
       report_what_if(ctx, layer, GemmOperand::kWeight, GemmUse::kDgrad, weight, compute);
       report_what_if(ctx, layer, GemmOperand::kOutputGrad, GemmUse::kWgrad, dout, compute);
@@ -491,8 +547,10 @@ void Gpt::linear_backward(const StepContext& ctx, const std::string& layer, cons
       *recipe_for(ctx, layer, GemmOperand::kOutputGrad, GemmUse::kWgrad, &i_wd), &c_wd};
   q.wgrad_inp = QuantizedOperand{
       *recipe_for(ctx, layer, GemmOperand::kInput, GemmUse::kWgrad, &i_wx), &c_wx};
+  const std::optional<double> cost = take_loss_cost(layer, dout);
   backend_.quantized_matmul_backward(dinp, dweight, dbias, dout, inp, weight, compute, q);
-  report_quantized(ctx, layer, GemmOperand::kOutputGrad, GemmUse::kDgrad, c_dd, i_dd);
+  report_quantized(ctx, layer, GemmOperand::kOutputGrad, GemmUse::kDgrad, c_dd, i_dd, false,
+                   cost);
   if (!blocks) return;
   report_quantized(ctx, layer, GemmOperand::kWeight, GemmUse::kDgrad, c_dw, i_dw);
   report_quantized(ctx, layer, GemmOperand::kOutputGrad, GemmUse::kWgrad, c_wd, i_wd);
@@ -681,6 +739,7 @@ void Gpt::forward(const Batch& batch, const StepContext& ctx, double* loss_sum) 
   AMPSCOPE_CHECK(T == config_.context, "sequence length ", T, ", model context ",
                  config_.context);
   cur_batch_ = static_cast<int>(B);
+  output_errors_.clear();
   const auto bt_bytes = static_cast<std::size_t>(B * T) * sizeof(std::int32_t);
   backend_.copy_from_host(a.tokens_b->data(), batch.inputs.data(), bt_bytes);
   backend_.copy_from_host(a.targets_b->data(), batch.targets.data(), bt_bytes);
@@ -802,6 +861,7 @@ void Gpt::forward(const Batch& batch, const StepContext& ctx, double* loss_sum) 
 
 void Gpt::backward(float dloss, const StepContext& ctx) {
   auto& a = *acts_;
+  dloss_ = dloss;
   const PrecisionPolicy& pp = policy_;
   const std::int64_t B = cur_batch_, T = config_.context, C = config_.n_embd,
                      V = config_.vocab_size;

@@ -55,6 +55,8 @@ std::string validate(const TrainerConfig& c) {
     os << "fp8 amax history length must be >= 1, got " << c.fp8_delayed.history_length;
   } else if (c.fp8_delayed.margin < 0 || c.fp8_delayed.margin > 64) {
     os << "fp8 margin must be in [0, 64], got " << c.fp8_delayed.margin;
+  } else if (c.loss_cost_every < 0) {
+    os << "loss_cost_every must be >= 0, got " << c.loss_cost_every;
   } else if (c.inject_rank && *c.inject_rank < 0) {
     os << "inject_rank must be >= 0, got " << *c.inject_rank;
   } else if (c.scaler) {
@@ -141,6 +143,7 @@ Trainer::Trainer(const TrainerConfig& config, const Corpus& corpus,
                      precision_name(config_.precision), " needs FP8/FP4 GEMM recipes, which the ",
                      backend_->name(), " back end does not implement (use the cpu back end)");
   }
+  model_->set_loss_cost_every(config_.loss_cost_every);
   if (config_.precision == PrecisionMode::kFP8Delayed) {
     delayed_ = std::make_unique<DelayedScaling>(model_->gemm_layers(), config_.fp8_delayed);
   }

@@ -175,6 +175,10 @@ std::string validate(const EngineConfig& config) {
          "gemm_precision.promote_factor must be in (0, 1], got " + num(g.promote_factor));
   c.range<std::int64_t>("gemm_precision.min_dwell_steps", g.min_dwell_steps, 0, 1000000);
   c.range("gemm_precision.spike_reports", g.spike_reports, 1, g.window_reports);
+  c.that(g.min_loss_cost > 0.0 && g.min_loss_cost <= 1e6,
+         "gemm_precision.min_loss_cost must be in (0, 1e6], got " + num(g.min_loss_cost));
+  c.range("gemm_precision.loss_cost_reports", g.loss_cost_reports, 2, 1024);
+  c.range("gemm_precision.loss_cost_z", g.loss_cost_z, 0.0, 10.0);
   c.range("gemm_precision.max_amax_margin", g.max_amax_margin, 0, 64);
   return c.error();
 }

@@ -20,6 +20,7 @@ namespace ampscope::policy {
 namespace {
 
 constexpr std::uint8_t kHarm = 1;
+constexpr int kMaxDwellDoublings = 6;  // a dwell grows to at most 64 x min_dwell_steps
 
 std::string percent(double share) {
   char buf[32];
@@ -30,6 +31,19 @@ std::string percent(double share) {
 std::string number(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+// A severity below 1 as a share of the way to the limit: "1.2%".
+std::string share(double severity) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2g%%", 100.0 * severity);
+  return buf;
+}
+
+std::string signed_number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%+.3g", v);
   return buf;
 }
 
@@ -46,16 +60,19 @@ double nominal_sqnr_db(Format element) {
 
 // The worst limit `q` breaks, with every limit scaled by `factor` (1 to demote, the stricter
 // promote_factor to promote); nullopt when it keeps them all. Non-finite inputs are the
-// tensor's, not the recipe's, and are not counted.
+// tensor's, not the recipe's, and are not counted. With `above` 0: the limit it comes nearest
+// to, broken or not (the cause a loss-cost move names).
 std::optional<std::pair<std::string, double>> assess(const QuantizerInput& in,
                                                      const GemmPrecisionParams& p,
-                                                     double factor) {
+                                                     double factor, double above = 1.0) {
   const RecipeCounts& q = in.counts;
   if (q.values == 0) return std::nullopt;
   const double n = static_cast<double>(q.values);
   std::optional<std::pair<std::string, double>> worst;
   auto consider = [&](std::string what, double severity) {
-    if (severity > 1.0 && (!worst || severity > worst->second)) worst = {std::move(what), severity};
+    if (severity > above && (!worst || severity > worst->second)) {
+      worst = {std::move(what), severity};
+    }
   };
   const double underflow = static_cast<double>(q.underflow) / n;
   consider(in.name + " underflow " + percent(underflow) + " of finite values",
@@ -66,7 +83,8 @@ std::optional<std::pair<std::string, double>> assess(const QuantizerInput& in,
   if (q.signal_sq > 0.0 && q.error_sq > 0.0) {
     const double sqnr = q.sqnr_db();
     const double floor = nominal_sqnr_db(q.recipe.element) - p.sqnr_margin_db * factor;
-    consider(in.name + " SQNR " + dB(sqnr) + " below the " + dB(floor) + " floor",
+    consider(in.name + " SQNR " + dB(sqnr) + (sqnr < floor ? " below the " : " above the ") +
+                 dB(floor) + " floor",
              std::pow(10.0, (floor - sqnr) / 10.0));
   }
   return worst;
@@ -86,12 +104,58 @@ std::optional<std::pair<std::string, double>> delayed_spike(const QuantizerInput
   return std::pair{std::move(what), reach > 0.0 ? q.amax / reach : 1.0};
 }
 
+// "+0.003 +- 0.0002 nats of loss per step (first order, mean of 16 measured steps, 2 standard
+// errors)": the cost's mean and the margin the decision allowed for its noise.
+std::string cost_text(int steps, double mean, double se, const GemmPrecisionParams& p) {
+  return signed_number(mean) + " +- " + number(p.loss_cost_z * se) +
+         " nats of loss per step (first order, mean of " + std::to_string(steps) +
+         " measured steps +- " + number(p.loss_cost_z) + " standard errors)";
+}
+
 }  // namespace
 
 void PolicyEngine::GemmFinding::keep(std::int64_t at, std::string what, std::string of_recipe,
                                      double worse) {
   if (at < step || (at == step && worse <= severity)) return;
   *this = {std::move(what), std::move(of_recipe), worse, at};
+}
+
+void PolicyEngine::CostWindow::add(std::int64_t step, double cost, int window) {
+  auto pos = std::lower_bound(steps.begin(), steps.end(), step);
+  const auto idx = static_cast<std::size_t>(pos - steps.begin());
+  if (pos != steps.end() && *pos == step) {
+    sums[idx] += cost;  // another rank or micro-step of the same step
+    counts[idx] += 1;
+    return;
+  }
+  const auto keep = static_cast<std::size_t>(window) + 1;  // the complete ones and the latest
+  if (steps.size() >= keep && idx == 0) return;  // too old
+  const auto at = static_cast<std::ptrdiff_t>(idx);
+  steps.insert(pos, step);
+  sums.insert(sums.begin() + at, cost);
+  counts.insert(counts.begin() + at, 1);
+  if (steps.size() > keep) {
+    steps.erase(steps.begin());
+    sums.erase(sums.begin());
+    counts.erase(counts.begin());
+  }
+}
+
+PolicyEngine::CostWindow::Complete PolicyEngine::CostWindow::complete(std::int64_t latest,
+                                                                      int window) const {
+  const auto end = static_cast<std::size_t>(
+      std::lower_bound(steps.begin(), steps.end(), latest) - steps.begin());
+  const std::size_t begin = end > static_cast<std::size_t>(window) ? end - window : 0;
+  Complete c;
+  for (std::size_t i = begin; i < end; ++i) c.mean += sums[i] / counts[i];
+  c.steps = static_cast<int>(end - begin);
+  if (c.steps == 0) return c;
+  c.mean /= c.steps;
+  if (c.steps < 2) return c;
+  double ss = 0.0;
+  for (std::size_t i = begin; i < end; ++i) ss += std::pow(sums[i] / counts[i] - c.mean, 2);
+  c.se = std::sqrt(ss / (c.steps - 1) / c.steps);
+  return c;
 }
 
 PolicyEngine::GemmTrack& PolicyEngine::gemm_track(const std::string& layer) {
@@ -130,16 +194,22 @@ void PolicyEngine::record_gemms(const StepInput& in) {
     if (q.layer.empty()) continue;
     GemmTrack& k = gemm_track(q.layer);
     const bool in_bf16 = std::binary_search(bf16_set_.begin(), bf16_set_.end(), q.layer);
+    if (q.loss_cost) k.costed = true;
     if (q.what_if) {
       // Evidence for the way back: counted only from the move's effective step on.
       if (!in_bf16 || k.bf16_from_step < 0 || in.step < k.bf16_from_step) continue;
       k.what_if.add(in.step, assess(q, p, p.promote_factor) ? kHarm : 0, p.promote_reports);
+      if (q.loss_cost) k.what_if_cost.add(in.step, *q.loss_cost, p.loss_cost_reports);
     } else if (!in_bf16) {
       // A layer already moved reports the recipe applied until its move takes effect: that
       // evidence was counted when it was moved.
       const auto harm = assess(q, p, 1.0);
       k.applied.add(in.step, harm ? kHarm : 0, p.window_reports);
       if (harm) k.worst.keep(in.step, harm->first, to_string(c.recipe), harm->second);
+      if (const auto near = assess(q, p, 1.0, 0.0)) {
+        k.cause.keep(in.step, near->first, to_string(c.recipe), near->second);
+      }
+      if (q.loss_cost) k.cost.add(in.step, *q.loss_cost, p.loss_cost_reports);
     }
   }
 }
@@ -149,29 +219,62 @@ bool PolicyEngine::update_bf16_set(std::vector<std::string>* why) {
   bool changed = false;
   // Back to the recipe first, so that the room they leave can take a worse layer.
   for (GemmTrack& k : gemm_tracks_) {
-    if (k.bf16_from_step < 0 || latest_step_ - k.bf16_from_step < p.min_dwell_steps) continue;
-    const int seen = static_cast<int>(k.what_if.steps.size());
-    if (seen < p.promote_reports || k.what_if.count(kHarm) > 0) continue;
-    why->push_back("recipe " + k.layer + ": what-if " + k.worst.recipe + " within the limits x" +
-                   number(p.promote_factor) + " (underflow " +
-                   percent(p.max_underflow_share * p.promote_factor) + ", saturated " +
-                   percent(p.max_saturated_share * p.promote_factor) + ", SQNR margin " +
-                   dB(p.sqnr_margin_db * p.promote_factor) + ") in " + std::to_string(seen) + "/" +
-                   std::to_string(seen) + " reports after " +
-                   std::to_string(latest_step_ - k.bf16_from_step) + " steps in BF16");
+    const std::int64_t dwell = p.min_dwell_steps << std::min(k.returns, kMaxDwellDoublings);
+    if (k.bf16_from_step < 0 || latest_step_ - k.bf16_from_step < dwell) continue;
+    const std::string after =
+        " after " + std::to_string(latest_step_ - k.bf16_from_step) + " steps in BF16" +
+        (k.returns > 0 ? " (dwell " + std::to_string(dwell) + ", return " +
+                             std::to_string(k.returns + 1) + ")"
+                       : "");
+    if (k.costed) {
+      const auto seen = k.what_if_cost.complete(latest_step_, p.loss_cost_reports);
+      const double limit = p.min_loss_cost * p.promote_factor;
+      if (seen.steps < p.loss_cost_reports || seen.mean + p.loss_cost_z * seen.se > limit) {
+        continue;
+      }
+      why->push_back("recipe " + k.layer + ": what-if " + k.cause.recipe + " would cost " +
+                     cost_text(seen.steps, seen.mean, seen.se, p) + ", at most " + number(limit) + " (min_loss_cost x" +
+                     number(p.promote_factor) + ")" + after);
+    } else {
+      const int seen = static_cast<int>(k.what_if.steps.size());
+      if (seen < p.promote_reports || k.what_if.count(kHarm) > 0) continue;
+      why->push_back("recipe " + k.layer + ": what-if " + k.worst.recipe + " within the limits x" +
+                     number(p.promote_factor) + " (underflow " +
+                     percent(p.max_underflow_share * p.promote_factor) + ", saturated " +
+                     percent(p.max_saturated_share * p.promote_factor) + ", SQNR margin " +
+                     dB(p.sqnr_margin_db * p.promote_factor) + ") in " + std::to_string(seen) +
+                     "/" + std::to_string(seen) + " reports" + after);
+    }
     bf16_set_.erase(std::lower_bound(bf16_set_.begin(), bf16_set_.end(), k.layer));
     k.applied.clear();
     k.what_if.clear();
+    k.cost.clear();
+    k.what_if_cost.clear();
     k.worst = {};
+    k.cause = {};
     k.bf16_from_step = -1;
+    k.returns += 1;
     changed = true;
   }
-  std::vector<GemmTrack*> candidates;
+  // Layers with a loss cost by it, the others by the limits.
+  struct Candidate {
+    GemmTrack* track;
+    CostWindow::Complete cost;
+  };
+  std::vector<Candidate> candidates;
   for (GemmTrack& k : gemm_tracks_) {
     if (std::binary_search(bf16_set_.begin(), bf16_set_.end(), k.layer)) continue;
-    if (k.applied.count(kHarm) >= p.min_reports) candidates.push_back(&k);
+    const auto cost = k.cost.complete(latest_step_, p.loss_cost_reports);
+    const bool costly = cost.steps >= p.loss_cost_reports &&
+                        cost.mean - p.loss_cost_z * cost.se >= p.min_loss_cost;
+    if (k.costed ? costly : k.applied.count(kHarm) >= p.min_reports) {
+      candidates.push_back({&k, cost});
+    }
   }
-  std::sort(candidates.begin(), candidates.end(), [](const GemmTrack* a, const GemmTrack* b) {
+  std::sort(candidates.begin(), candidates.end(), [](const Candidate& x, const Candidate& y) {
+    const GemmTrack *a = x.track, *b = y.track;
+    if (a->costed != b->costed) return a->costed;
+    if (a->costed && x.cost.mean != y.cost.mean) return x.cost.mean > y.cost.mean;
     const int ha = a->applied.count(kHarm), hb = b->applied.count(kHarm);
     if (ha != hb) return ha > hb;
     if (a->worst.severity != b->worst.severity) return a->worst.severity > b->worst.severity;
@@ -182,18 +285,29 @@ bool PolicyEngine::update_bf16_set(std::vector<std::string>* why) {
   const std::size_t room = cap > bf16_set_.size() ? cap - bf16_set_.size() : 0;
   const std::size_t moved = std::min(room, candidates.size());
   for (std::size_t i = 0; i < moved; ++i) {
-    GemmTrack& k = *candidates[i];
-    why->push_back("bf16 " + k.layer + ": " + k.worst.text + " in " +
-                   std::to_string(k.applied.count(kHarm)) + "/" +
-                   std::to_string(k.applied.steps.size()) + " reports (" + k.worst.recipe + ")");
+    GemmTrack& k = *candidates[i].track;
+    const CostWindow::Complete& cost = candidates[i].cost;
+    if (k.costed) {
+      why->push_back("bf16 " + k.layer + ": " + k.cause.recipe + " costs " + cost_text(cost.steps, cost.mean, cost.se, p) +
+                     ", at least " + number(p.min_loss_cost) + " (min_loss_cost), rank " +
+                     std::to_string(i + 1) + " of " +
+                     std::to_string(candidates.size()) + " (its inputs' nearest limit: " +
+                     k.cause.text + ", " + share(k.cause.severity) + " of it)");
+    } else {
+      why->push_back("bf16 " + k.layer + ": " + k.worst.text + " in " +
+                     std::to_string(k.applied.count(kHarm)) + "/" +
+                     std::to_string(k.applied.steps.size()) + " reports (" + k.worst.recipe +
+                     ")");
+    }
     bf16_set_.insert(std::lower_bound(bf16_set_.begin(), bf16_set_.end(), k.layer), k.layer);
     k.what_if.clear();
+    k.what_if_cost.clear();
     changed = true;
   }
   if (moved > 0 && moved < candidates.size()) {
     why->push_back("bf16 cap " + std::to_string(cap) + " of " +
                    std::to_string(gemm_tracks_.size()) + " layers (max_bf16_share " +
-                   number(p.max_bf16_share) + ") reached: " + candidates[moved]->layer +
+                   number(p.max_bf16_share) + ") reached: " + candidates[moved].track->layer +
                    " stays in the recipe");
   }
   return changed;

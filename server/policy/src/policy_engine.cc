@@ -361,6 +361,8 @@ void PolicyEngine::check_quantizers(const StepInput& in) const {
     for (const float a : in.quantizers[i].amax_history) {
       if (!(std::isfinite(a) && a >= 0.0f)) bad_input(p + "amax_history must be finite, >= 0");
     }
+    const std::optional<double>& cost = in.quantizers[i].loss_cost;
+    if (cost && !std::isfinite(*cost)) bad_input(p + "loss_cost must be finite");
   }
 }
 

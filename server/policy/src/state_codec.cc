@@ -87,7 +87,10 @@ json config_to_json(const EngineConfig& c) {
         {"promote_factor", g.promote_factor},
         {"min_dwell_steps", g.min_dwell_steps},
         {"spike_reports", g.spike_reports},
-        {"max_amax_margin", g.max_amax_margin}}},
+        {"max_amax_margin", g.max_amax_margin},
+        {"min_loss_cost", g.min_loss_cost},
+        {"loss_cost_reports", g.loss_cost_reports},
+        {"loss_cost_z", g.loss_cost_z}}},
   };
 }
 
@@ -132,6 +135,10 @@ EngineConfig config_from_json(const json& j) {
     p.min_dwell_steps = g.at("min_dwell_steps").get<std::int64_t>();
     p.spike_reports = g.at("spike_reports").get<int>();
     p.max_amax_margin = g.at("max_amax_margin").get<int>();
+    // Added within version 2: a document written before keeps the defaults.
+    p.min_loss_cost = g.value("min_loss_cost", p.min_loss_cost);
+    p.loss_cost_reports = g.value("loss_cost_reports", p.loss_cost_reports);
+    p.loss_cost_z = g.value("loss_cost_z", p.loss_cost_z);
   }
   return c;
 }
@@ -223,6 +230,22 @@ struct StateCodec {
             j.at("severity").get<double>(), j.at("step").get<std::int64_t>()};
   }
 
+  static json costs_to_json(const PolicyEngine::CostWindow& w) {
+    return json{{"steps", w.steps}, {"sums", w.sums}, {"counts", w.counts}};
+  }
+  static PolicyEngine::CostWindow costs_from_json(const json& j, const std::string& owner) {
+    PolicyEngine::CostWindow w;
+    w.steps = j.at("steps").get<std::vector<std::int64_t>>();
+    w.sums = j.at("sums").get<std::vector<double>>();
+    w.counts = j.at("counts").get<std::vector<int>>();
+    const bool counted = std::all_of(w.counts.begin(), w.counts.end(), [](int n) { return n > 0; });
+    if (w.steps.size() != w.sums.size() || w.steps.size() != w.counts.size() || !counted ||
+        !std::is_sorted(w.steps.begin(), w.steps.end())) {
+      throw PolicyError("state: " + owner + " loss costs are not one sorted entry per step");
+    }
+    return w;
+  }
+
   static json gemms_to_json(const PolicyEngine& e) {
     json tracks = json::array();
     for (const auto& k : e.gemm_tracks_) {
@@ -230,7 +253,12 @@ struct StateCodec {
                         {"applied", flags_to_json(k.applied)},
                         {"what_if", flags_to_json(k.what_if)},
                         {"worst", finding_to_json(k.worst)},
-                        {"bf16_from_step", k.bf16_from_step}});
+                        {"bf16_from_step", k.bf16_from_step},
+                        {"costed", k.costed},
+                        {"cost", costs_to_json(k.cost)},
+                        {"what_if_cost", costs_to_json(k.what_if_cost)},
+                        {"cause", finding_to_json(k.cause)},
+                        {"returns", k.returns}});
     }
     return json{{"tracks", tracks},
                 {"bf16_set", e.bf16_set_},
@@ -251,6 +279,16 @@ struct StateCodec {
       t.what_if = flags_from_json(k.at("what_if"), "gemm track '" + t.layer + "'");
       t.worst = finding_from_json(k.at("worst"));
       t.bf16_from_step = k.at("bf16_from_step").get<std::int64_t>();
+      // Added within version 2: a document written before has no loss costs.
+      if (k.contains("costed")) {
+        const std::string owner = "gemm track '" + t.layer + "'";
+        t.costed = k.at("costed").get<bool>();
+        t.cost = costs_from_json(k.at("cost"), owner);
+        t.what_if_cost = costs_from_json(k.at("what_if_cost"), owner + " what-if");
+        t.cause = finding_from_json(k.at("cause"));
+        t.returns = k.value("returns", 0);
+        if (t.returns < 0) throw PolicyError("state: " + owner + " has a negative return count");
+      }
       e.gemm_tracks_.push_back(std::move(t));
     }
     if (!std::is_sorted(e.gemm_tracks_.begin(), e.gemm_tracks_.end(),

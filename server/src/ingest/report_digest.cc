@@ -79,6 +79,7 @@ void add_quantizers(const v1::StepReport& r, policy::StepInput& in) {
     qi.what_if = q.what_if();
     qi.counts = std::move(*counts);
     qi.amax_history.assign(q.amax_history().begin(), q.amax_history().end());
+    if (q.has_loss_cost()) qi.loss_cost = q.loss_cost();
   }
 }
 

@@ -446,6 +446,9 @@ Result check_quantizer_magnitudes(const v1::QuantizerStats& q, const Field& fiel
   if (auto v = check_non_negative(q.signal_sq(), field / "signal_sq")) return v;
   if (auto v = check_non_negative(q.error_sq(), field / "error_sq")) return v;
   if (auto v = check_non_negative(q.tensor_scale(), field / "tensor_scale")) return v;
+  if (q.has_loss_cost()) {
+    if (auto v = check_finite(q.loss_cost(), field / "loss_cost")) return v;
+  }
   const Field history = field / "amax_history";
   if (auto v = check_count(q.amax_history_size(), history, limits::kMaxAmaxHistory)) return v;
   for (int i = 0; i < q.amax_history_size(); ++i) {

@@ -416,5 +416,190 @@ TEST(GemmPrecisionTest, ValidatesItsConfigurationAndQuantisers) {
   EXPECT_EQ(engine.latest_step(), -1);  // unchanged
 }
 
+// ---- Loss cost (QuantizerInput::loss_cost) ----------------------------------------------
+
+EngineConfig cost_config() {
+  EngineConfig c = gemm_config();
+  c.gemm_precision.loss_cost_reports = 4;
+  c.gemm_precision.min_loss_cost = 1e-3;
+  c.gemm_precision.max_bf16_share = 0.5;  // 2 of the 4 layers
+  return c;
+}
+
+// A layer's output-gradient quantiser carrying a loss cost (clean counts unless `underflow`).
+QuantizerInput costed(const std::string& layer, double cost, bool what_if = false,
+                      std::uint64_t underflow = 0) {
+  QuantizerInput q = quantizer(layer + ".output_grad", layer, underflow, what_if);
+  q.loss_cost = cost;
+  return q;
+}
+
+// Every layer's input and output gradient, the latter with the layer's cost of `costs`.
+StepInput cost_step(std::int64_t step, const std::vector<double>& costs, bool what_if = false) {
+  std::vector<QuantizerInput> qs;
+  for (std::size_t i = 0; i < kLayers.size(); ++i) {
+    qs.push_back(quantizer(kLayers[i] + ".input", kLayers[i], 0, what_if));
+    qs.push_back(costed(kLayers[i], costs[i], what_if));
+  }
+  return step_input(step, std::move(qs));
+}
+
+TEST(GemmPrecisionTest, LossCostMovesTheCostliestLayersUnderTheCap) {
+  PolicyEngine engine(kRun, cost_config(), scaler());
+  // Means over steps 0..3: h0.attn.qkv 3e-3, h0.mlp.fc 1.5e-3 alternating 0 and 3e-3 (standard
+  // error 8.7e-4: 1.5e-3 - 2 x 8.7e-4 is below 1e-3, not shown to cost that much), h1.attn.qkv
+  // 1.2e-3, h1.mlp.fc 2e-3. Three are past 1e-3; the cap takes the two costliest. A step counts
+  // once a later one is reported: the window is full at step 4.
+  for (std::int64_t step = 0; step < 4; ++step) {
+    const std::vector<double> costs = {3e-3, step % 2 ? 3e-3 : 0.0, 1.2e-3, 2e-3};
+    EXPECT_TRUE(engine.observe(cost_step(step, costs)).empty()) << step;
+  }
+  const auto out = engine.observe(cost_step(4, {0.0, 0.0, 0.0, 0.0}));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].bf16_gemms, (std::vector<std::string>{"h0.attn.qkv", "h1.mlp.fc"}));
+  EXPECT_EQ(out[0].reason,
+            "bf16 h0.attn.qkv: nvfp4 costs +0.003 +- 0 nats of loss per step (first order, mean "
+            "of 4 measured steps +- 2 standard errors), at least 0.001 (min_loss_cost), rank 1 "
+            "of 3 (its inputs' nearest limit: h0.attn.qkv.input SQNR 30.0 dB above the 10.8 dB "
+            "floor, 1.2% of it); "
+            "bf16 h1.mlp.fc: nvfp4 costs +0.002 +- 0 nats of loss per step (first order, mean "
+            "of 4 measured steps +- 2 standard errors), at least 0.001 (min_loss_cost), rank 2 "
+            "of 3 (its inputs' nearest limit: h1.mlp.fc.input SQNR 30.0 dB above the 10.8 dB "
+            "floor, 1.2% of it); "
+            "bf16 cap 2 of 4 layers (max_bf16_share 0.5) reached: h1.attn.qkv stays in the "
+            "recipe");
+}
+
+TEST(GemmPrecisionTest, ALayerWithALossCostIsNotMovedByItsCounts) {
+  PolicyEngine engine(kRun, cost_config(), scaler());
+  for (std::int64_t step = 0; step < 12; ++step) {
+    // h1.mlp.fc underflows 41% of its values (past the 25% limit) at no cost to the loss.
+    StepInput in = cost_step(step, {1e-4, 1e-4, 1e-4, -2e-4});
+    in.quantizers.push_back(costed("h1.mlp.fc", -2e-4, false, 412));
+    EXPECT_TRUE(engine.observe(in).empty()) << step;
+  }
+  EXPECT_FALSE(engine.current_policy());
+}
+
+TEST(GemmPrecisionTest, LossCostsOfOneStepAverageOverRanksAndMicroSteps) {
+  PolicyEngine engine(kRun, cost_config(), scaler());
+  for (std::int64_t step = 0; step < 6; ++step) {
+    // h0.attn.qkv: 1.8e-3 and 0 from two ranks average 9e-4, below the limit; a sum (1.8e-3)
+    // would move it.
+    StepInput a = cost_step(step, {1.8e-3, 0.0, 0.0, 0.0});
+    StepInput b = cost_step(step, {0.0, 0.0, 0.0, 0.0});
+    b.rank = 1;
+    EXPECT_TRUE(engine.observe(a).empty()) << step;
+    EXPECT_TRUE(engine.observe(b).empty()) << step;
+  }
+  EXPECT_FALSE(engine.current_policy());
+}
+
+TEST(GemmPrecisionTest, ReturnsWhenTheWhatIfLossCostFallsAfterTheDwell) {
+  PolicyEngine engine(kRun, cost_config(), scaler());
+  for (std::int64_t step = 0; step < 5; ++step) engine.observe(cost_step(step, {3e-3, 0, 0, 0}));
+  ASSERT_EQ(engine.current_policy()->bf16_gemms, std::vector<std::string>{"h0.attn.qkv"});
+  // Effective from step 6: what-if costs. 6e-4 is below the 1e-3 to move but above the 5e-4
+  // (1e-3 x promote_factor 0.5) to return: it stays.
+  engine.observe(cost_step(5, {3e-3, 0, 0, 0}));
+  auto what_if_step = [](std::int64_t step, double cost) {
+    StepInput in = cost_step(step, {0, 0, 0, 0});
+    in.quantizers[0].what_if = in.quantizers[1].what_if = true;
+    in.quantizers[1].loss_cost = cost;
+    return in;
+  };
+  for (std::int64_t step = 6; step < 21; ++step) {
+    EXPECT_TRUE(engine.observe(what_if_step(step, 6e-4)).empty()) << step;
+  }
+  // Then 1e-4. At step 22 the mean of steps 18..21 (6, 6, 6, 1 x 1e-4) is 4.75e-4 but its
+  // standard error 1.25e-4: 4.75e-4 + 2 x 1.25e-4 is above 5e-4. At step 24, steps 20..23
+  // (6, 1, 1, 1): 2.25e-4 + 2 x 1.25e-4 = 4.75e-4, 18 steps after the move: back.
+  for (std::int64_t step = 21; step < 24; ++step) {
+    EXPECT_TRUE(engine.observe(what_if_step(step, 1e-4)).empty()) << step;
+  }
+  const auto out = engine.observe(what_if_step(24, 1e-4));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].bf16_gemms.empty());
+  EXPECT_EQ(out[0].reason,
+            "recipe h0.attn.qkv: what-if nvfp4 would cost +0.000225 +- 0.00025 nats of loss per "
+            "step (first order, mean of 4 measured steps +- 2 standard errors), at most 0.0005 "
+            "(min_loss_cost x0.5) after 18 steps in BF16");
+}
+
+// A layer whose recipe keeps costing comes back after its dwell, is measured again, and moves
+// again; each return doubles its next dwell (10, then 20 steps), so that it flaps ever less.
+TEST(GemmPrecisionTest, DwellDoublesEachTimeALayerComesBack) {
+  PolicyEngine engine(kRun, cost_config(), scaler());
+  std::vector<std::pair<std::int64_t, PolicyDecision>> decided;
+  for (std::int64_t step = 0; step < 45; ++step) {
+    // The trainer's side: the BF16 set of the latest decision in effect at this step.
+    bool in_bf16 = false;
+    for (const auto& [at, d] : decided) {
+      if (step >= d.effective_from_step) in_bf16 = !d.bf16_gemms.empty();
+    }
+    StepInput in = cost_step(step, {in_bf16 ? 0.0 : 3e-3, 0, 0, 0});
+    in.quantizers[0].what_if = in.quantizers[1].what_if = in_bf16;
+    for (auto& d : engine.observe(in)) decided.emplace_back(step, std::move(d));
+  }
+  // Moved at 4 (from 6), back at 16 (10 steps; from 18), moved at 22 (steps 18..21 measured
+  // afresh; from 24), back at 44 (20 steps).
+  ASSERT_EQ(decided.size(), 4u);
+  EXPECT_EQ(decided[0].first, 4);
+  EXPECT_EQ(decided[1].first, 16);
+  EXPECT_EQ(decided[2].first, 22);
+  EXPECT_EQ(decided[3].first, 44);
+  EXPECT_EQ(decided[2].second.bf16_gemms, std::vector<std::string>{"h0.attn.qkv"});
+  EXPECT_TRUE(decided[3].second.bf16_gemms.empty());
+  EXPECT_TRUE(decided[3].second.reason.ends_with(" after 20 steps in BF16 (dwell 20, return 2)"))
+      << decided[3].second.reason;
+}
+
+TEST(GemmPrecisionTest, LossCostsSurviveSaveAndRestore) {
+  PolicyEngine engine(kRun, cost_config(), scaler());
+  for (std::int64_t step = 0; step < 2; ++step) engine.observe(cost_step(step, {3e-3, 0, 2e-3, 0}));
+  PolicyEngine twin = PolicyEngine::restore(engine.save_state());
+  EXPECT_EQ(twin.save_state(), engine.save_state());
+  for (std::int64_t step = 2; step < 5; ++step) {
+    engine.observe(cost_step(step, {3e-3, 0, 2e-3, 0}));
+    twin.observe(cost_step(step, {3e-3, 0, 2e-3, 0}));
+  }
+  ASSERT_TRUE(twin.current_policy());
+  EXPECT_EQ(twin.current_policy()->bf16_gemms,
+            (std::vector<std::string>{"h0.attn.qkv", "h1.attn.qkv"}));
+  EXPECT_EQ(twin.current_policy()->reason, engine.current_policy()->reason);
+  // A version-2 document written before loss costs existed restores with none.
+  nlohmann::json doc = nlohmann::json::parse(engine.save_state());
+  for (auto& t : doc["gemm_precision"]["tracks"]) {
+    for (const char* key : {"costed", "cost", "what_if_cost", "cause"}) t.erase(key);
+  }
+  doc["config"]["gemm_precision"].erase("min_loss_cost");
+  const PolicyEngine old = PolicyEngine::restore(doc.dump());
+  EXPECT_EQ(old.config().gemm_precision.min_loss_cost, GemmPrecisionParams{}.min_loss_cost);
+  doc["gemm_precision"]["tracks"][0]["costed"] = true;
+  doc["gemm_precision"]["tracks"][0]["cost"] = {{"steps", {1, 2}}, {"sums", {0.1}},
+                                                {"counts", {1, 1}}};
+  doc["gemm_precision"]["tracks"][0]["what_if_cost"] = doc["gemm_precision"]["tracks"][0]["cost"];
+  doc["gemm_precision"]["tracks"][0]["cause"] = {
+      {"text", ""}, {"recipe", ""}, {"severity", 0.0}, {"step", -1}};
+  EXPECT_THROW(PolicyEngine::restore(doc.dump()), PolicyError);
+}
+
+TEST(GemmPrecisionTest, ValidatesLossCosts) {
+  EngineConfig cfg = cost_config();
+  cfg.gemm_precision.min_loss_cost = 0.0;
+  EXPECT_EQ(validate(cfg), "gemm_precision.min_loss_cost must be in (0, 1e6], got 0");
+  cfg = cost_config();
+  cfg.gemm_precision.loss_cost_reports = 0;
+  EXPECT_EQ(validate(cfg), "gemm_precision.loss_cost_reports must be in [2, 1024], got 0");
+  PolicyEngine engine(kRun, cost_config(), scaler());
+  try {
+    engine.observe(step_input(0, {costed("h0.attn.qkv", std::nan(""))}));
+    ADD_FAILURE() << "accepted";
+  } catch (const PolicyError& e) {
+    EXPECT_STREQ(e.what(), "quantizers[0].loss_cost must be finite");
+  }
+  EXPECT_EQ(engine.latest_step(), -1);
+}
+
 }  // namespace
 }  // namespace ampscope::policy

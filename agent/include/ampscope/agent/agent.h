@@ -104,6 +104,9 @@ struct QuantizerView {
   // The GEMM ran in BF16 and `counts` say what the recipe would have done to its input
   // (QuantizerStats.what_if): the evidence for moving the layer back to the recipe.
   bool what_if = false;
+  // QuantizerStats.loss_cost: on the layer's output-gradient quantiser, what the recipe's
+  // rounding of the layer's forward output costs the loss to first order (nats); finite.
+  std::optional<double> loss_cost;
 };
 
 // What the Hello tells the server about the run (besides the config's run_id/rank/world_size).

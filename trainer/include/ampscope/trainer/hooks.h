@@ -81,6 +81,11 @@ struct QuantizedGemmInput {
   std::int64_t step = 0;
   int micro_step = 0;
   bool what_if = false;
+  // On a layer's output-gradient report of its first use (dgrad), on the steps the model
+  // measures it (Gpt::set_loss_cost_every): sum(dout x (Y_recipe - Y)) / dloss, the change in
+  // the micro-batch's mean loss the recipe's rounding of the forward output Y causes, to first
+  // order (with what_if, the change it would cause). Finite.
+  std::optional<double> loss_cost;
 };
 
 // Called on the training thread, synchronously, in execution order. Implementations must not

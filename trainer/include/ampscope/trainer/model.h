@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ampscope/trainer/backend.h"
@@ -166,6 +167,14 @@ class Gpt {
 
   Backend& backend() { return backend_; }
 
+  // FP8/FP4 modes: on every n-th observed step (0: never), each scaled linear layer measures
+  // what its recipe's rounding costs the loss, to first order: the forward's output under the
+  // recipe minus the output unquantised (both computed, whichever of the two the layer runs),
+  // dotted with the loss's gradient by that output in the backward; reported with the layer's
+  // output-gradient quantiser (QuantizedGemmInput::loss_cost). One extra GEMM per layer on
+  // those steps.
+  void set_loss_cost_every(int n) { loss_cost_every_ = n; }
+
  private:
   struct Activations;
   struct Layer;
@@ -202,13 +211,23 @@ class Gpt {
   // what_if: counted, not applied (the layer runs BF16); such a report records no amax.
   void report_quantized(const StepContext& ctx, const std::string& layer, GemmOperand operand,
                         GemmUse use, const RecipeCounts& counts, int delayed_index,
-                        bool what_if = false) const;
+                        bool what_if = false,
+                        std::optional<double> loss_cost = std::nullopt) const;
+  // Loss cost (set_loss_cost_every): whether this step measures it; the forward keeps the
+  // layer's output error (recipe minus unquantised, FP32 on the host), the backward dots it
+  // with dout / dloss and forgets it.
+  bool measure_loss_cost(const StepContext& ctx, Format compute) const;
+  void keep_output_error(const StepContext& ctx, const std::string& layer, const Tensor& out,
+                         const Tensor& inp, const Tensor& weight, const Tensor& bias,
+                         Format compute, bool quantized);
+  std::optional<double> take_loss_cost(const std::string& layer, const Tensor& dout);
   // Whether a layer that quantize_gemm() leaves unquantised is measured against its recipe
   // anyway: it runs BF16 by the GemmPrecisionSet (not FP32) and the observer watches the step.
   bool what_if_gemm(const StepContext& ctx, Format compute) const;
   // The what-if report of `t`, (layer, operand) as the GEMM `use` reads it.
   void report_what_if(const StepContext& ctx, const std::string& layer, GemmOperand operand,
-                      GemmUse use, const Tensor& t, Format compute);
+                      GemmUse use, const Tensor& t, Format compute,
+                      std::optional<double> loss_cost = std::nullopt);
   // Where parameter i's gradient can overflow at this step (TensorView::held).
   Format grad_held(const StepContext& ctx, std::size_t i) const;
   Tensor act(const std::unique_ptr<Buffer>& buf, Format dtype,
@@ -225,6 +244,9 @@ class Gpt {
   std::unique_ptr<Buffer> loss_mem_;  // one FP64: the returning forward's loss
   std::unique_ptr<Activations> acts_;
   int cur_batch_ = 0;
+  int loss_cost_every_ = 0;
+  float dloss_ = 1.0f;  // the running backward's
+  std::vector<std::pair<std::string, std::vector<float>>> output_errors_;  // this micro-step's
 };
 
 }  // namespace ampscope::trainer

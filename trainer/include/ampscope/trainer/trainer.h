@@ -79,6 +79,9 @@ struct TrainerConfig {
   // fp8-delayed: every layer's amax history length and margin unless GemmPrecisionSet says
   // otherwise for it (--fp8-amax-history, --fp8-margin).
   DelayedSettings fp8_delayed;
+  // FP8/FP4 modes: measure each layer's loss cost on every n-th observed step (0: never;
+  // Gpt::set_loss_cost_every; --loss-cost-every).
+  int loss_cost_every = 4;
 };
 
 // Dynamic (PyTorch defaults) for amp-fp16; static 1 for fp32, fp16 and amp-bf16.

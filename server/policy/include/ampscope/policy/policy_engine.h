@@ -121,6 +121,9 @@ struct QuantizerInput {
   // underflow, saturated, overflow, amax, the SQNR sums and tensor_scale.
   RecipeCounts counts;
   std::vector<float> amax_history;  // delayed scaling: the history s came from, oldest first
+  // On a layer's output-gradient quantiser: what the recipe's rounding of the layer's forward
+  // output costs the loss to first order, nats (with what_if: would cost). Finite.
+  std::optional<double> loss_cost;
 };
 
 struct StepInput {
@@ -251,7 +254,8 @@ struct GemmPrecisionParams {
   double max_bf16_share = 0.25;  // [0, 1]
   // Back to the recipe when its last promote_reports what-if reports all stayed within the limits
   // scaled by promote_factor (shares x factor, SQNR margin x factor) and the layer has been in
-  // BF16 for min_dwell_steps steps.
+  // BF16 for its dwell: min_dwell_steps, doubled each time the layer has come back before (up
+  // to 64 x), so that a layer the recipe keeps harming spends ever longer in BF16.
   int promote_reports = 8;     // 1..64
   double promote_factor = 0.5;  // (0, 1]
   std::int64_t min_dwell_steps = 100;  // 0..10^6
@@ -260,6 +264,15 @@ struct GemmPrecisionParams {
   // to max_amax_margin.
   int spike_reports = 3;    // 1..window_reports
   int max_amax_margin = 4;  // 0..64
+  // Layers whose reports carry a loss cost (QuantizerInput::loss_cost) are judged by it, not by
+  // the limits above (which then only name the cause). Over a layer's last loss_cost_reports
+  // measured steps (a step's ranks and micro-steps averaged), mean m with standard error se: it
+  // moves to BF16 when m - loss_cost_z x se >= min_loss_cost nats (recipe applied), the largest
+  // m first, ahead of layers judged by the limits; back when, after min_dwell_steps, the what-if
+  // costs give m + loss_cost_z x se <= min_loss_cost x promote_factor.
+  double min_loss_cost = 5e-4;  // (0, 1e6]
+  int loss_cost_reports = 16;   // 2..1024
+  double loss_cost_z = 2.0;     // [0, 10]
   friend bool operator==(const GemmPrecisionParams&, const GemmPrecisionParams&) = default;
 };
 
@@ -401,6 +414,24 @@ class PolicyEngine {
     // Takes a finding of `at` when it is of a later step, or of the same step and worse.
     void keep(std::int64_t at, std::string what, std::string of_recipe, double worse);
   };
+  // Loss costs over a bounded window of measured steps: one entry per step, the mean of its
+  // ranks' and micro-steps' costs. A step counts once a later step has been reported (until
+  // then another rank may still add to it): `window` complete steps are kept, and the latest.
+  struct CostWindow {
+    std::vector<std::int64_t> steps;  // ascending
+    std::vector<double> sums;         // per step
+    std::vector<int> counts;          // per step
+    void add(std::int64_t step, double cost, int window);
+    // The steps before `latest` (at most `window`, the newest): the mean of their means and
+    // its standard error (their sample standard deviation / sqrt(steps); 0 below 2 steps).
+    struct Complete {
+      int steps = 0;
+      double mean = 0.0;
+      double se = 0.0;
+    };
+    Complete complete(std::int64_t latest, int window) const;
+    void clear() { steps.clear(), sums.clear(), counts.clear(); }
+  };
   // GEMM-precision evidence about one layer.
   struct GemmTrack {
     std::string layer;
@@ -408,6 +439,11 @@ class PolicyEngine {
     StepFlags what_if;  // while in BF16: bit 0 outside the stricter limits
     GemmFinding worst;  // latest harmful report's worst quantiser
     std::int64_t bf16_from_step = -1;  // effective step of its move to BF16; -1: in the recipe
+    bool costed = false;       // a loss cost was reported: judged by cost, not by the limits
+    CostWindow cost;           // recipe applied
+    CostWindow what_if_cost;   // while in BF16, from its effective step on
+    GemmFinding cause;         // latest applied report's quantiser nearest a limit (any severity)
+    int returns = 0;           // times it came back to the recipe: its dwell doubles each time
   };
 
   void check_input(const StepInput& input) const;
