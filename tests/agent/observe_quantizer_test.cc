@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -116,6 +117,8 @@ TEST(ObserveQuantizerTest, RefusesWhatTheServerWouldRefuse) {
   bad[3].recipe.element = Format::kFP16;  // no recipe rounds to FP16
   bad[4].zero_blocks = good.blocks + 1;
   const float bad_history[] = {1.0f, -2.0f};
+  QuantizerView bad_cost = view("h0.fc.output_grad", TensorRole::kActivationGrad, good);
+  bad_cost.loss_cost = std::numeric_limits<double>::infinity();
   {
     auto agent = make_agent(c);
     ASSERT_TRUE(agent->begin_step(0));
@@ -126,6 +129,7 @@ TEST(ObserveQuantizerTest, RefusesWhatTheServerWouldRefuse) {
     }
     EXPECT_EQ(agent->observe_quantizer(view("w", TensorRole::kWeight, good, bad_history)).code,
               StatusCode::kInvalidArgument);
+    EXPECT_EQ(agent->observe_quantizer(bad_cost).code, StatusCode::kInvalidArgument);
     ASSERT_TRUE(agent->observe_quantizer(view("ok", TensorRole::kWeight, good)).ok());
     StepInfo info;
     ASSERT_TRUE(agent->end_step(info).ok());
@@ -140,7 +144,7 @@ TEST(ObserveQuantizerTest, RefusesWhatTheServerWouldRefuse) {
   ASSERT_EQ(reports[0].quantizers_size(), 1);
   EXPECT_EQ(reports[0].quantizers(0).name(), "ok");
   EXPECT_EQ(reports[0].quantizers(0).recipe(), "e4m3:current");
-  EXPECT_EQ(reports[0].agent().dropped_tensors(), 6u);  // the step's report counts them
+  EXPECT_EQ(reports[0].agent().dropped_tensors(), 7u);  // the step's report counts them
 }
 
 TEST(ObserveQuantizerTest, OutsideAStepNothingIsRecorded) {
@@ -160,8 +164,8 @@ TEST(ObserveQuantizerTest, OutsideAStepNothingIsRecorded) {
   EXPECT_EQ(reports[0].quantizers_size(), 0);
 }
 
-// Per-layer precision: each quantiser names its layer and whether it was a what-if count, and
-// the step lists the layers that ran BF16. The spool holds them (a replay sends these bytes),
+// Per-layer precision: each quantiser names its layer, whether it was a what-if count and its
+// loss cost when measured, and the step lists the layers that ran BF16. The spool holds them (a replay sends these bytes),
 // and a layer name that is not clean text is sent escaped as the Hello's names are.
 TEST(ObserveQuantizerTest, TheLayerWhatIfAndTheBf16GemmsTravelInTheReport) {
   TempDir dir;
@@ -175,9 +179,10 @@ TEST(ObserveQuantizerTest, TheLayerWhatIfAndTheBf16GemmsTravelInTheReport) {
     QuantizerView a = view("h0.mlp.fc.input", TensorRole::kActivation, applied);
     a.layer = "h0.mlp.fc";
     ASSERT_TRUE(agent->observe_quantizer(a).ok());
-    QuantizerView b = view("h0.attn.qkv.weight", TensorRole::kWeight, would);
+    QuantizerView b = view("h0.attn.qkv.output_grad", TensorRole::kActivationGrad, would);
     b.layer = "h0.attn.qkv";
     b.what_if = true;
+    b.loss_cost = -1.25e-3;
     ASSERT_TRUE(agent->observe_quantizer(b).ok());
     QuantizerView d = view("h1.mlp.proj.input", TensorRole::kActivation, applied);
     d.layer = odd_layer;
@@ -195,10 +200,13 @@ TEST(ObserveQuantizerTest, TheLayerWhatIfAndTheBf16GemmsTravelInTheReport) {
   ASSERT_EQ(r.quantizers_size(), 4);
   EXPECT_EQ(r.quantizers(0).layer(), "h0.mlp.fc");
   EXPECT_FALSE(r.quantizers(0).what_if());
+  EXPECT_FALSE(r.quantizers(0).has_loss_cost());
   expect_wire_equals(r.quantizers(0), applied);
   EXPECT_EQ(r.quantizers(1).layer(), "h0.attn.qkv");
   EXPECT_TRUE(r.quantizers(1).what_if());
   EXPECT_EQ(r.quantizers(1).recipe(), "nvfp4");
+  ASSERT_TRUE(r.quantizers(1).has_loss_cost());
+  EXPECT_EQ(r.quantizers(1).loss_cost(), -1.25e-3);
   expect_wire_equals(r.quantizers(1), would);
   EXPECT_EQ(r.quantizers(2).layer(), "h1.mlp\\x01proj");
   EXPECT_EQ(r.quantizers(3).layer(), "");

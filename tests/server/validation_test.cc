@@ -537,6 +537,15 @@ TEST(ServerValidationTest, QuantizerMagnitudesHistoryAndScaleHistogramBounded) {
   v1::StepReport r = with_quantizer();
   for (int i = 1; i < 1024; ++i) r.mutable_quantizers(0)->add_amax_history(2.0f);
   EXPECT_TRUE(passes_whole(r, stream_of()));
+  // A loss cost is any finite number, negative included (a recipe's rounding can lower the loss
+  // to first order).
+  expect_quantizer_refused([](v1::QuantizerStats& q) { q.set_loss_cost(kNaN); }, ".loss_cost",
+                           "non_finite");
+  expect_quantizer_refused([](v1::QuantizerStats& q) { q.set_loss_cost(-kInf); }, ".loss_cost",
+                           "non_finite");
+  r = with_quantizer();
+  r.mutable_quantizers(0)->set_loss_cost(-2.5e-3);
+  EXPECT_TRUE(passes_whole(r, stream_of()));
 }
 
 TEST(ServerValidationTest, PerLayerPrecisionNamesOnlyTheHellosLayers) {
