@@ -35,7 +35,8 @@
 //
 // quantizers.json: every quantiser of the run summed over its reports, one entry per (name,
 // what_if), sorted by name: layer, recipe (the latest), reports, values, underflow, saturated,
-// overflow, signal_sq, error_sq; the statistics the server's per-layer precision reads.
+// overflow, signal_sq, error_sq, and of the reports carrying a loss cost their count
+// (loss_costs), sum and sum of squares; the statistics the server's per-layer precision reads.
 //
 // It reads the server's Query service (GetReports with tensors, GetRun), the same API
 // `ampscope tail` and `show` use (through their QueryClient); the `ampscope` tool prints no
@@ -70,6 +71,8 @@ struct QuantizerSum {
   std::string layer, recipe;
   std::uint64_t reports = 0, values = 0, underflow = 0, saturated = 0, overflow = 0;
   double signal_sq = 0.0, error_sq = 0.0;
+  std::uint64_t loss_costs = 0;  // reports carrying a loss cost
+  double loss_cost_sum = 0.0, loss_cost_sq_sum = 0.0;
 };
 using QuantizerSums = std::map<std::pair<std::string, bool>, QuantizerSum>;
 
@@ -130,6 +133,11 @@ void add_quantizer(const v1::QuantizerStats& q, StepRow& row, QuantizerSums& sum
   s.overflow += q.overflow();
   s.signal_sq += q.signal_sq();
   s.error_sq += q.error_sq();
+  if (q.has_loss_cost()) {
+    ++s.loss_costs;
+    s.loss_cost_sum += q.loss_cost();
+    s.loss_cost_sq_sum += q.loss_cost() * q.loss_cost();
+  }
 }
 
 void add_report(const v1::StepReport& r, StepRow& row, QuantizerSums& sums) {
@@ -184,6 +192,9 @@ ordered_json quantizers_json(const QuantizerSums& sums) {
     j["overflow"] = s.overflow;
     j["signal_sq"] = json_number(s.signal_sq);
     j["error_sq"] = json_number(s.error_sq);
+    j["loss_costs"] = s.loss_costs;
+    j["loss_cost_sum"] = json_number(s.loss_cost_sum);
+    j["loss_cost_sq_sum"] = json_number(s.loss_cost_sq_sum);
     out.push_back(std::move(j));
   }
   return out;

@@ -885,13 +885,20 @@ def sqnr_db(signal_sq, error_sq):
 def quantizer_figures(quantizers):
     """Per layer, over the run's applied quantisers (what-if ones apart): the worst underflow
     share, the worst saturated (and overflowed) share and the lowest SQNR, each with the
-    quantiser that had it; what the server's per-layer precision judges."""
+    quantiser that had it, and the mean loss cost with its standard error and count (the
+    output gradient's reports carry it); what the server's per-layer precision judges."""
     out = {}
     for q in quantizers:
         if q["what_if"] or not q["values"]:
             continue
         x = out.setdefault(quantizer_layer(q), {"underflow": (-1.0, ""), "saturated": (-1.0, ""),
-                                                "sqnr_db": (math.inf, ""), "recipe": q["recipe"]})
+                                                "sqnr_db": (math.inf, ""), "recipe": q["recipe"],
+                                                "loss_cost": (None, None, 0)})
+        n = q.get("loss_costs", 0)
+        if n:
+            mean = q["loss_cost_sum"] / n
+            var = max(0.0, q["loss_cost_sq_sum"] / n - mean * mean) * n / max(1, n - 1)
+            x["loss_cost"] = (mean, math.sqrt(var / n), n)
         u = q["underflow"] / q["values"]
         sat = (q["saturated"] + q["overflow"]) / q["values"]
         db = sqnr_db(q["signal_sq"], q["error_sq"])
@@ -1047,7 +1054,7 @@ FP_PER_SEED_COLUMNS = ("policy", "seed", "steps", "final train loss", "final val
 FP_MOVE_COLUMNS = ("policy", "seed", "step applied", "decided at", "layer", "to",
                    "reason (the server's)")
 FP_QUANTIZER_COLUMNS = ("recipe arm", "seed", "layer", "worst underflow", "worst saturated",
-                        "lowest SQNR")
+                        "lowest SQNR", "loss cost, nats per step (+- 2 SE; measured steps)")
 
 
 def fp_summary_rows(fp):
@@ -1106,8 +1113,14 @@ def fp_quantizer_rows(results, seed):
             rows.append([p, str(seed), layer,
                          f"{fmt_pct(x['underflow'][0])} ({x['underflow'][1]})",
                          f"{fmt_pct(x['saturated'][0])} ({x['saturated'][1]})",
-                         f"{fmt(x['sqnr_db'][0], '.1f')} dB ({x['sqnr_db'][1]})"])
+                         f"{fmt(x['sqnr_db'][0], '.1f')} dB ({x['sqnr_db'][1]})",
+                         fmt_cost(x.get("loss_cost", (None, None, 0)))])
     return rows
+
+
+def fmt_cost(cost):
+    mean, se, n = cost
+    return "—" if mean is None else f"{mean:+.2e} +- {2 * se:.1e} ({n})"
 
 
 def fp_goal_rows(d):

@@ -22,36 +22,19 @@ namespace {
 constexpr std::uint8_t kHarm = 1;
 constexpr int kMaxDwellDoublings = 6;  // a dwell grows to at most 64 x min_dwell_steps
 
-std::string percent(double share) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * share);
+// One number printed by `spec` (a printf conversion of one double).
+std::string printed(const char* spec, double v) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, spec, v);
   return buf;
 }
 
-std::string number(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.4g", v);
-  return buf;
-}
-
-// A severity below 1 as a share of the way to the limit: "1.2%".
-std::string share(double severity) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2g%%", 100.0 * severity);
-  return buf;
-}
-
-std::string signed_number(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%+.3g", v);
-  return buf;
-}
-
-std::string dB(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f dB", v);
-  return buf;
-}
+std::string percent(double share) { return printed("%.1f%%", 100.0 * share); }
+std::string number(double v) { return printed("%.4g", v); }
+// A severity (1 at the limit) as a share of the limit: "1.2%".
+std::string share(double severity) { return printed("%.2g%%", 100.0 * severity); }
+std::string signed_number(double v) { return printed("%+.3g", v); }
+std::string dB(double v) { return printed("%.1f dB", v); }
 
 double nominal_sqnr_db(Format element) {
   const int m = format_info(element).mantissa_bits;
