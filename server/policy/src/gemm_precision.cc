@@ -21,6 +21,7 @@ namespace {
 
 constexpr std::uint8_t kHarm = 1;
 constexpr int kMaxDwellDoublings = 6;  // a dwell grows to at most 64 x min_dwell_steps
+constexpr double kSwapFactor = 2.0;    // a waiting layer's cost over a BF16 one's: they swap
 
 // One number printed by `spec` (a printf conversion of one double).
 std::string printed(const char* spec, double v) {
@@ -200,34 +201,31 @@ void PolicyEngine::record_gemms(const StepInput& in) {
 bool PolicyEngine::update_bf16_set(std::vector<std::string>* why) {
   const GemmPrecisionParams& p = config_.gemm_precision;
   bool changed = false;
-  // Back to the recipe first, so that the room they leave can take a worse layer.
-  for (GemmTrack& k : gemm_tracks_) {
-    const std::int64_t dwell = p.min_dwell_steps << std::min(k.returns, kMaxDwellDoublings);
-    if (k.bf16_from_step < 0 || latest_step_ - k.bf16_from_step < dwell) continue;
-    const std::string after =
-        " after " + std::to_string(latest_step_ - k.bf16_from_step) + " steps in BF16" +
-        (k.returns > 0 ? " (dwell " + std::to_string(dwell) + ", return " +
-                             std::to_string(k.returns + 1) + ")"
-                       : "");
-    if (k.costed) {
-      const auto seen = k.what_if_cost.complete(latest_step_, p.loss_cost_reports);
-      const double limit = p.min_loss_cost * p.promote_factor;
-      if (seen.steps < p.loss_cost_reports || seen.mean + p.loss_cost_z * seen.se > limit) {
-        continue;
-      }
-      why->push_back("recipe " + k.layer + ": what-if " + k.cause.recipe + " would cost " +
-                     cost_text(seen.steps, seen.mean, seen.se, p) + ", at most " + number(limit) + " (min_loss_cost x" +
-                     number(p.promote_factor) + ")" + after);
-    } else {
-      const int seen = static_cast<int>(k.what_if.steps.size());
-      if (seen < p.promote_reports || k.what_if.count(kHarm) > 0) continue;
-      why->push_back("recipe " + k.layer + ": what-if " + k.worst.recipe + " within the limits x" +
-                     number(p.promote_factor) + " (underflow " +
-                     percent(p.max_underflow_share * p.promote_factor) + ", saturated " +
-                     percent(p.max_saturated_share * p.promote_factor) + ", SQNR margin " +
-                     dB(p.sqnr_margin_db * p.promote_factor) + ") in " + std::to_string(seen) +
-                     "/" + std::to_string(seen) + " reports" + after);
-    }
+  const auto dwell_of = [&](const GemmTrack& k) {
+    return p.min_dwell_steps << std::min(k.returns, kMaxDwellDoublings);
+  };
+  const auto dwelt = [&](const GemmTrack& k) {
+    return k.bf16_from_step >= 0 && latest_step_ - k.bf16_from_step >= dwell_of(k);
+  };
+  const auto after = [&](const GemmTrack& k) {
+    return " after " + std::to_string(latest_step_ - k.bf16_from_step) + " steps in BF16" +
+           (k.returns > 0 ? " (dwell " + std::to_string(dwell_of(k)) + ", return " +
+                                std::to_string(k.returns + 1) + ")"
+                          : "");
+  };
+  // A layer in BF16 measures what the recipe would cost, m = D - K/2 to second order (D the
+  // change in loss, K the curvature along the rounding error), while the recipe applied
+  // measures D + K/2: the curvature dominates both (the evaluation's layers measured opposite
+  // signs), so |m| estimates the cost with the recipe, and |m| + z se bounds it.
+  const auto estimate = [&](const GemmTrack& k) -> std::optional<CostWindow::Complete> {
+    const auto seen = k.what_if_cost.complete(latest_step_, p.loss_cost_reports);
+    if (seen.steps < p.loss_cost_reports) return std::nullopt;
+    return seen;
+  };
+  const auto bound = [&](const CostWindow::Complete& c) {
+    return std::abs(c.mean) + p.loss_cost_z * c.se;
+  };
+  const auto back = [&](GemmTrack& k) {
     bf16_set_.erase(std::lower_bound(bf16_set_.begin(), bf16_set_.end(), k.layer));
     k.applied.clear();
     k.what_if.clear();
@@ -238,6 +236,29 @@ bool PolicyEngine::update_bf16_set(std::vector<std::string>* why) {
     k.bf16_from_step = -1;
     k.returns += 1;
     changed = true;
+  };
+  const double return_limit = p.min_loss_cost * p.promote_factor;
+  // Back to the recipe first, so that the room they leave can take a worse layer.
+  for (GemmTrack& k : gemm_tracks_) {
+    if (!dwelt(k)) continue;
+    if (k.costed) {
+      const auto seen = estimate(k);
+      if (!seen || bound(*seen) > return_limit) continue;
+      why->push_back("recipe " + k.layer + ": what-if " + k.cause.recipe + " would cost " +
+                     cost_text(seen->steps, seen->mean, seen->se, p) + ", within +-" +
+                     number(return_limit) + " (min_loss_cost x" + number(p.promote_factor) +
+                     ")" + after(k));
+    } else {
+      const int seen = static_cast<int>(k.what_if.steps.size());
+      if (seen < p.promote_reports || k.what_if.count(kHarm) > 0) continue;
+      why->push_back("recipe " + k.layer + ": what-if " + k.worst.recipe + " within the limits x" +
+                     number(p.promote_factor) + " (underflow " +
+                     percent(p.max_underflow_share * p.promote_factor) + ", saturated " +
+                     percent(p.max_saturated_share * p.promote_factor) + ", SQNR margin " +
+                     dB(p.sqnr_margin_db * p.promote_factor) + ") in " + std::to_string(seen) +
+                     "/" + std::to_string(seen) + " reports" + after(k));
+    }
+    back(k);
   }
   // Layers with a loss cost by it, the others by the limits.
   struct Candidate {
@@ -265,17 +286,45 @@ bool PolicyEngine::update_bf16_set(std::vector<std::string>* why) {
   });
   const auto cap = static_cast<std::size_t>(
       std::floor(p.max_bf16_share * static_cast<double>(gemm_tracks_.size()) + 1e-9));
-  const std::size_t room = cap > bf16_set_.size() ? cap - bf16_set_.size() : 0;
+  std::size_t room = cap > bf16_set_.size() ? cap - bf16_set_.size() : 0;
+  // The cap full: the costliest waiting layer takes the room of the BF16 layer (past its dwell)
+  // whose cost with the recipe is bounded lowest, when its own lower bound is over kSwapFactor
+  // times that bound.
+  if (room == 0 && !candidates.empty() && candidates[0].track->costed) {
+    GemmTrack* cheapest = nullptr;
+    std::optional<CostWindow::Complete> cheapest_cost;
+    for (GemmTrack& k : gemm_tracks_) {
+      if (!k.costed || !dwelt(k)) continue;
+      const auto seen = estimate(k);
+      if (seen && (!cheapest_cost || bound(*seen) < bound(*cheapest_cost))) {
+        cheapest = &k;
+        cheapest_cost = seen;
+      }
+    }
+    const CostWindow::Complete& c = candidates[0].cost;
+    const double low = c.mean - p.loss_cost_z * c.se;
+    if (cheapest != nullptr && low > kSwapFactor * bound(*cheapest_cost)) {
+      why->push_back("recipe " + cheapest->layer + ": what-if " + cheapest->cause.recipe +
+                     " would cost " +
+                     cost_text(cheapest_cost->steps, cheapest_cost->mean, cheapest_cost->se, p) +
+                     ", at most " + number(bound(*cheapest_cost)) + " either way, under 1/" +
+                     number(kSwapFactor) + " of " + candidates[0].track->layer + "'s " +
+                     number(low) + ": its room goes to that layer" + after(*cheapest));
+      back(*cheapest);
+      room = 1;
+    }
+  }
   const std::size_t moved = std::min(room, candidates.size());
   for (std::size_t i = 0; i < moved; ++i) {
     GemmTrack& k = *candidates[i].track;
     const CostWindow::Complete& cost = candidates[i].cost;
     if (k.costed) {
-      why->push_back("bf16 " + k.layer + ": " + k.cause.recipe + " costs " + cost_text(cost.steps, cost.mean, cost.se, p) +
-                     ", at least " + number(p.min_loss_cost) + " (min_loss_cost), rank " +
-                     std::to_string(i + 1) + " of " +
-                     std::to_string(candidates.size()) + " (its inputs' nearest limit: " +
-                     k.cause.text + ", " + share(k.cause.severity) + " of it)");
+      why->push_back("bf16 " + k.layer + ": " + k.cause.recipe + " costs " +
+                     cost_text(cost.steps, cost.mean, cost.se, p) + ", at least " +
+                     number(p.min_loss_cost) + " (min_loss_cost), rank " +
+                     std::to_string(i + 1) + " of " + std::to_string(candidates.size()) +
+                     " (its inputs' nearest limit: " + k.cause.text + ", " +
+                     share(k.cause.severity) + " of it)");
     } else {
       why->push_back("bf16 " + k.layer + ": " + k.worst.text + " in " +
                      std::to_string(k.applied.count(kHarm)) + "/" +

@@ -522,8 +522,56 @@ TEST(GemmPrecisionTest, ReturnsWhenTheWhatIfLossCostFallsAfterTheDwell) {
   EXPECT_TRUE(out[0].bf16_gemms.empty());
   EXPECT_EQ(out[0].reason,
             "recipe h0.attn.qkv: what-if nvfp4 would cost +0.000225 +- 0.00025 nats of loss per "
-            "step (first order, mean of 4 measured steps +- 2 standard errors), at most 0.0005 "
-            "(min_loss_cost x0.5) after 18 steps in BF16");
+            "step (first order, mean of 4 measured steps +- 2 standard errors), within "
+            "+-0.0005 (min_loss_cost x0.5) after 18 steps in BF16");
+}
+
+// In BF16 the what-if cost reads D - K/2 where the recipe applied reads D + K/2: a negative
+// what-if cost is curvature, not a gain, and keeps the layer in BF16 like a positive one.
+TEST(GemmPrecisionTest, ANegativeWhatIfCostKeepsTheLayerInBf16) {
+  PolicyEngine engine(kRun, cost_config(), scaler());
+  for (std::int64_t step = 0; step < 6; ++step) engine.observe(cost_step(step, {3e-3, 0, 0, 0}));
+  ASSERT_EQ(engine.current_policy()->bf16_gemms, std::vector<std::string>{"h0.attn.qkv"});
+  for (std::int64_t step = 6; step < 60; ++step) {
+    StepInput in = cost_step(step, {-8e-4, 0, 0, 0});
+    in.quantizers[0].what_if = in.quantizers[1].what_if = true;
+    EXPECT_TRUE(engine.observe(in).empty()) << step;
+  }
+}
+
+// The cap full (one of four layers), a waiting layer whose cost's lower bound is over twice the
+// bound on a BF16 layer's takes its room; at 1.5e-3 (under 2 x 8e-4) it waits.
+TEST(GemmPrecisionTest, ACostlierLayerTakesTheRoomOfACheaperOne) {
+  EngineConfig cfg = cost_config();
+  cfg.gemm_precision.max_bf16_share = 0.25;
+  for (const double waiting : {1.5e-3, 4e-3}) {
+    PolicyEngine engine(kRun, cfg, scaler());
+    for (std::int64_t step = 0; step < 5; ++step) {
+      engine.observe(cost_step(step, {3e-3, 0, 0, 0}));
+    }
+    ASSERT_EQ(engine.current_policy()->bf16_gemms, std::vector<std::string>{"h0.attn.qkv"});
+    engine.observe(cost_step(5, {3e-3, 0, 0, 0}));
+    std::vector<std::pair<std::int64_t, PolicyDecision>> decided;
+    for (std::int64_t step = 6; step < 30; ++step) {
+      StepInput in = cost_step(step, {-8e-4, 0, 0, waiting});
+      in.quantizers[0].what_if = in.quantizers[1].what_if = true;
+      for (auto& d : engine.observe(in)) decided.emplace_back(step, std::move(d));
+    }
+    if (waiting < 1.6e-3) {
+      EXPECT_TRUE(decided.empty()) << decided.front().second.reason;
+      continue;
+    }
+    // Its dwell (10 steps from 6) is over at 16.
+    ASSERT_EQ(decided.size(), 1u);
+    EXPECT_EQ(decided[0].first, 16);
+    EXPECT_EQ(decided[0].second.bf16_gemms, std::vector<std::string>{"h1.mlp.fc"});
+    EXPECT_TRUE(decided[0].second.reason.starts_with(
+        "recipe h0.attn.qkv: what-if nvfp4 would cost -0.0008 +- 0 nats of loss per step (first "
+        "order, mean of 4 measured steps +- 2 standard errors), at most 0.0008 either way, under "
+        "1/2 of h1.mlp.fc's 0.004: its room goes to that layer after 10 steps in BF16; bf16 "
+        "h1.mlp.fc: nvfp4 costs +0.004"))
+        << decided[0].second.reason;
+  }
 }
 
 // A layer whose recipe keeps costing comes back after its dwell, is measured again, and moves
