@@ -3,7 +3,7 @@
 per-layer precision of FP8/FP4 runs.
 
     policy_eval.py --build-dir BUILD --out-dir DIR [--profile smoke|short|full] [--fragment F]
-                   [--seeds N] [--jobs N] [--scenarios S,S...]
+                   [--seeds N] [--first-seed K] [--jobs N] [--scenarios S,S...]
 
 Runs ampscope-train (the agent attached) against ampscope-server under every scenario (or those
 --scenarios names) with the policies the profile gives it, on several seeds; on one seed every
@@ -1522,6 +1522,8 @@ def main():
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--profile", choices=sorted(PROFILES), default="short")
     ap.add_argument("--seeds", type=int, help="seeds 1..N (default: the profile's)")
+    ap.add_argument("--first-seed", type=int, default=1,
+                    help="seeds K..K+N-1 instead (held-out seeds for rules tuned on 1..N)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                     help="runs at a time (default: 2, or 1 on one core)")
     ap.add_argument("--fragment", help="write the results keys here (for merge_results.py)")
@@ -1551,8 +1553,9 @@ def main():
             return 2
     profile = dict(PROFILES[args.profile])
     profile["gemm_server_args"] = profile["gemm_server_args"] + args.gemm_server_arg
-    seeds = {s: list(range(1, (args.seeds or (profile.get("fp_seeds") if s == FP_SCENARIO else None)
-                               or profile["seeds"]) + 1))
+    seeds = {s: list(range(args.first_seed, args.first_seed
+                           + (args.seeds or (profile.get("fp_seeds") if s == FP_SCENARIO else None)
+                              or profile["seeds"])))
              for s in scenarios}
     out_dir = args.out_dir
     work = os.path.join(out_dir, "work")

@@ -225,6 +225,9 @@ bool PolicyEngine::update_bf16_set(std::vector<std::string>* why) {
   const auto bound = [&](const CostWindow::Complete& c) {
     return std::abs(c.mean) + p.loss_cost_z * c.se;
   };
+  const auto held = [&](const GemmTrack& k, const CostWindow::Complete& c) {
+    return std::max(bound(c), k.moved_cost);
+  };
   const auto back = [&](GemmTrack& k) {
     bf16_set_.erase(std::lower_bound(bf16_set_.begin(), bf16_set_.end(), k.layer));
     k.applied.clear();
@@ -289,25 +292,27 @@ bool PolicyEngine::update_bf16_set(std::vector<std::string>* why) {
   std::size_t room = cap > bf16_set_.size() ? cap - bf16_set_.size() : 0;
   // The cap full: the costliest waiting layer takes the room of the BF16 layer (past its dwell)
   // whose cost with the recipe is bounded lowest, when its own lower bound is over kSwapFactor
-  // times that bound.
+  // times that bound. A BF16 layer's bound is |m| + z se of its what-if costs, and at least
+  // the lower bound it moved with (so that two costly layers do not trade places back).
   if (room == 0 && !candidates.empty() && candidates[0].track->costed) {
     GemmTrack* cheapest = nullptr;
     std::optional<CostWindow::Complete> cheapest_cost;
     for (GemmTrack& k : gemm_tracks_) {
       if (!k.costed || !dwelt(k)) continue;
       const auto seen = estimate(k);
-      if (seen && (!cheapest_cost || bound(*seen) < bound(*cheapest_cost))) {
+      if (seen && (!cheapest_cost || held(k, *seen) < held(*cheapest, *cheapest_cost))) {
         cheapest = &k;
         cheapest_cost = seen;
       }
     }
     const CostWindow::Complete& c = candidates[0].cost;
     const double low = c.mean - p.loss_cost_z * c.se;
-    if (cheapest != nullptr && low > kSwapFactor * bound(*cheapest_cost)) {
+    if (cheapest != nullptr && low > kSwapFactor * held(*cheapest, *cheapest_cost)) {
       why->push_back("recipe " + cheapest->layer + ": what-if " + cheapest->cause.recipe +
                      " would cost " +
                      cost_text(cheapest_cost->steps, cheapest_cost->mean, cheapest_cost->se, p) +
-                     ", at most " + number(bound(*cheapest_cost)) + " either way, under 1/" +
+                     ", at most " + number(held(*cheapest, *cheapest_cost)) +
+                     " either way (and at its move), under 1/" +
                      number(kSwapFactor) + " of " + candidates[0].track->layer + "'s " +
                      number(low) + ": its room goes to that layer" + after(*cheapest));
       back(*cheapest);
@@ -334,6 +339,7 @@ bool PolicyEngine::update_bf16_set(std::vector<std::string>* why) {
     bf16_set_.insert(std::lower_bound(bf16_set_.begin(), bf16_set_.end(), k.layer), k.layer);
     k.what_if.clear();
     k.what_if_cost.clear();
+    k.moved_cost = k.costed ? cost.mean - p.loss_cost_z * cost.se : 0.0;
     changed = true;
   }
   if (moved > 0 && moved < candidates.size()) {

@@ -258,7 +258,8 @@ struct StateCodec {
                         {"cost", costs_to_json(k.cost)},
                         {"what_if_cost", costs_to_json(k.what_if_cost)},
                         {"cause", finding_to_json(k.cause)},
-                        {"returns", k.returns}});
+                        {"returns", k.returns},
+                        {"moved_cost", k.moved_cost}});
     }
     return json{{"tracks", tracks},
                 {"bf16_set", e.bf16_set_},
@@ -287,6 +288,7 @@ struct StateCodec {
         t.what_if_cost = costs_from_json(k.at("what_if_cost"), owner + " what-if");
         t.cause = finding_from_json(k.at("cause"));
         t.returns = k.value("returns", 0);
+        t.moved_cost = k.value("moved_cost", 0.0);
         if (t.returns < 0) throw PolicyError("state: " + owner + " has a negative return count");
       }
       e.gemm_tracks_.push_back(std::move(t));

@@ -444,6 +444,7 @@ class PolicyEngine {
     CostWindow what_if_cost;   // while in BF16, from its effective step on
     GemmFinding cause;         // latest applied report's quantiser nearest a limit (any severity)
     int returns = 0;           // times it came back to the recipe: its dwell doubles each time
+    double moved_cost = 0.0;   // its cost's lower bound (m - z se) when it last moved to BF16
   };
 
   void check_input(const StepInput& input) const;
