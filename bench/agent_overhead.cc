@@ -14,7 +14,9 @@
 // behind them, each key followed by --key-suffix. An FP8/FP4
 // --precision (fp8-delayed, ...) also hands the agent every quantiser's counts
 // (TensorObserver::on_quantized, Agent::observe_quantizer) on the steps it observes:
-// `--precision fp8-delayed --key-suffix _fp8` gives agent_overhead_ratio_full_fp8.
+// `--precision fp8-delayed --key-suffix _fp8` gives agent_overhead_ratio_full_fp8. Those modes
+// also measure each layer's loss cost on every --loss-cost-every-th observed step (the
+// trainer's default 4; 0: never), one extra GEMM per layer there: part of what is measured.
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -121,7 +123,7 @@ std::unique_ptr<AgentAdapter> make_adapter(Trainer& trainer, const std::string& 
 int main(int argc, char** argv) {
   std::string out, precision = "amp-fp16", suffix;
   int warmup_steps = 30, steps_per_block = 4, rounds = 8, width = 128, layers = 4, heads = 4, context = 64,
-      batch = 16, threads = 0;
+      batch = 16, threads = 0, loss_cost_every = TrainerConfig{}.loss_cost_every;
   CLI::App app{"Step time of the built-in trainer with and without the ampscope agent"};
   app.add_option("--out", out, "JSON fragment to write")->required();
   app.add_option("--warmup-steps", warmup_steps,
@@ -141,6 +143,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(precision_names()))
       ->capture_default_str();
   app.add_option("--key-suffix", suffix, "appended to every key written (e.g. _fp8)");
+  app.add_option("--loss-cost-every", loss_cost_every,
+                 "FP8/FP4 modes: the trainer's loss cost on every N-th observed step (0: never)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -152,6 +158,7 @@ int main(int argc, char** argv) {
     config.model.context = context;
     config.batch = batch;
     config.steps = 1 << 20;
+    config.loss_cost_every = loss_cost_every;
     const Corpus corpus = Corpus::synthetic();
     CpuBackendOptions bo;
     bo.blas_threads = threads;
@@ -217,6 +224,7 @@ int main(int argc, char** argv) {
     j[key("agent_bench_warmup_steps")] = warmup_steps;
     j[key("agent_bench_steps_per_block")] = steps_per_block;
     j[key("agent_bench_rounds")] = rounds;
+    j[key("agent_bench_loss_cost_every")] = loss_cost_every;
     j[key("agent_bench_build_type")] = AMPSCOPE_BENCH_BUILD_TYPE;
     std::ofstream(out) << j.dump(2) << "\n";
     std::printf(

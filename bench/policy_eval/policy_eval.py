@@ -96,6 +96,9 @@ FP_PRECISION = {"bf16": "amp-bf16", "mxfp8": "mxfp8", "nvfp4": "nvfp4", "mxfp8-p
 FP_POLICIES = tuple(FP_PRECISION)
 FP_REFERENCE = "bf16"
 FP_RECIPES = ("mxfp8", "nvfp4")  # each with its "-policy" arm
+# Measured more often than the trainer's default (16): the policy decides on the mean of 16
+# measured steps, so every 4th step lets it decide within 64 steps (docs/policy.md).
+FP_LOSS_COST_EVERY = 4
 # The linear layers of each transformer block whose GEMMs a recipe quantises (docs/trainer.md,
 # "FP8 and FP4 recipes"): the unit the per-layer precision moves.
 GEMMS_PER_BLOCK = ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")
@@ -228,8 +231,13 @@ def precision_of(policy):
 
 def policy_flags(policy, scenario):
     if policy in FP_PRECISION:
-        # The trainer's default for these modes: a static loss scale of 1.
-        return ["--agent", "policy_lockstep=on"]
+        # The trainer's default for these modes: a static loss scale of 1. The loss cost every
+        # FP_LOSS_COST_EVERY-th step, the recipe arms' too (they report what the policy arms
+        # would judge; it changes nothing they compute).
+        flags = ["--agent", "policy_lockstep=on"]
+        if policy != FP_REFERENCE:
+            flags += ["--loss-cost-every", str(FP_LOSS_COST_EVERY)]
+        return flags
     if policy == "gradscaler":
         flags = ["--scaler", "dynamic"]
     elif policy == "hysteresis":

@@ -470,7 +470,7 @@ int main(int argc, char** argv) {
   app.add_option("--loss-cost-every", o.loss_cost_every,
                  "FP8/FP4 modes with --server or --agent: measure what each layer's recipe "
                  "costs the loss on every N-th observed step (one extra GEMM per layer; 0: "
-                 "never; default 4)")
+                 "never; default 16)")
       ->check(CLI::Range(0, 1 << 20));
   app.add_option("--log-json", o.log_json,
                  "write one JSON object per step to FILE (rank r > 0 of a multi-rank run: to "

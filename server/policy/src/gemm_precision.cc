@@ -33,7 +33,9 @@ std::string printed(const char* spec, double v) {
 std::string percent(double share) { return printed("%.1f%%", 100.0 * share); }
 std::string number(double v) { return printed("%.4g", v); }
 // A severity (1 at the limit) as a share of the limit: "1.2%".
-std::string share(double severity) { return printed("%.2g%%", 100.0 * severity); }
+std::string share(double severity) {
+  return printed(severity < 0.1 ? "%.2g%%" : "%.0f%%", 100.0 * severity);
+}
 std::string signed_number(double v) { return printed("%+.3g", v); }
 std::string dB(double v) { return printed("%.1f dB", v); }
 

@@ -81,7 +81,7 @@ struct TrainerConfig {
   DelayedSettings fp8_delayed;
   // FP8/FP4 modes: measure each layer's loss cost on every n-th observed step (0: never;
   // Gpt::set_loss_cost_every; --loss-cost-every).
-  int loss_cost_every = 4;
+  int loss_cost_every = 16;
 };
 
 // Dynamic (PyTorch defaults) for amp-fp16; static 1 for fp32, fp16 and amp-bf16.
