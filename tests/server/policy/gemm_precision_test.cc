@@ -391,15 +391,23 @@ TEST(GemmPrecisionTest, RestoresAVersion1Document) {
 }
 
 TEST(GemmPrecisionTest, ValidatesItsConfigurationAndQuantisers) {
-  EngineConfig cfg = gemm_config();
-  cfg.gemm_precision.min_reports = 9;
-  EXPECT_EQ(validate(cfg), "gemm_precision.min_reports must be in [1, 8], got 9");
-  cfg = gemm_config();
-  cfg.gemm_precision.max_bf16_share = 1.5;
-  EXPECT_EQ(validate(cfg), "gemm_precision.max_bf16_share must be in [0, 1], got 1.5");
-  cfg = gemm_config();
-  cfg.gemm_precision.promote_factor = 0.0;
-  EXPECT_EQ(validate(cfg), "gemm_precision.promote_factor must be in (0, 1], got 0");
+  const std::pair<void (*)(GemmPrecisionParams&), const char*> bad[] = {
+      {[](GemmPrecisionParams& g) { g.min_reports = 9; },
+       "gemm_precision.min_reports must be in [1, 8], got 9"},
+      {[](GemmPrecisionParams& g) { g.max_bf16_share = 1.5; },
+       "gemm_precision.max_bf16_share must be in [0, 1], got 1.5"},
+      {[](GemmPrecisionParams& g) { g.promote_factor = 0.0; },
+       "gemm_precision.promote_factor must be in (0, 1], got 0"},
+      {[](GemmPrecisionParams& g) { g.min_loss_cost = 0.0; },
+       "gemm_precision.min_loss_cost must be in (0, 1e6], got 0"},
+      {[](GemmPrecisionParams& g) { g.loss_cost_reports = 1; },
+       "gemm_precision.loss_cost_reports must be in [2, 1024], got 1"},
+  };
+  for (const auto& [breaks, message] : bad) {
+    EngineConfig cfg = gemm_config();
+    breaks(cfg.gemm_precision);
+    EXPECT_EQ(validate(cfg), message);
+  }
 
   PolicyEngine engine(kRun, gemm_config(), scaler());
   QuantizerInput q = h1_fc_grad(900);
@@ -413,6 +421,14 @@ TEST(GemmPrecisionTest, ValidatesItsConfigurationAndQuantisers) {
   q = h1_fc_grad(0);
   q.counts.error_sq = std::nan("");
   EXPECT_THROW(engine.observe(step_input(0, {q})), PolicyError);
+  q = h1_fc_grad(0);
+  q.loss_cost = std::nan("");
+  try {
+    engine.observe(step_input(0, {q}));
+    ADD_FAILURE() << "accepted";
+  } catch (const PolicyError& e) {
+    EXPECT_STREQ(e.what(), "quantizers[0].loss_cost must be finite");
+  }
   EXPECT_EQ(engine.latest_step(), -1);  // unchanged
 }
 
@@ -632,23 +648,6 @@ TEST(GemmPrecisionTest, LossCostsSurviveSaveAndRestore) {
   doc["gemm_precision"]["tracks"][0]["cause"] = {
       {"text", ""}, {"recipe", ""}, {"severity", 0.0}, {"step", -1}};
   EXPECT_THROW(PolicyEngine::restore(doc.dump()), PolicyError);
-}
-
-TEST(GemmPrecisionTest, ValidatesLossCosts) {
-  EngineConfig cfg = cost_config();
-  cfg.gemm_precision.min_loss_cost = 0.0;
-  EXPECT_EQ(validate(cfg), "gemm_precision.min_loss_cost must be in (0, 1e6], got 0");
-  cfg = cost_config();
-  cfg.gemm_precision.loss_cost_reports = 0;
-  EXPECT_EQ(validate(cfg), "gemm_precision.loss_cost_reports must be in [2, 1024], got 0");
-  PolicyEngine engine(kRun, cost_config(), scaler());
-  try {
-    engine.observe(step_input(0, {costed("h0.attn.qkv", std::nan(""))}));
-    ADD_FAILURE() << "accepted";
-  } catch (const PolicyError& e) {
-    EXPECT_STREQ(e.what(), "quantizers[0].loss_cost must be finite");
-  }
-  EXPECT_EQ(engine.latest_step(), -1);
 }
 
 }  // namespace
