@@ -129,11 +129,13 @@ PROFILES = {
         "spike_every": 10,
         "activation_overflow_every": 4,
         "eval_batches": 2,
-        # A tiny run cannot show a harmful quantiser under the server's limits: a limit every
-        # nvfp4 GEMM input breaks (its 16-element blocks lose about 5% of the values to zero)
-        # makes the policy decide within a few steps, so that the loop is exercised.
-        "gemm_server_args": ["--gemm-max-underflow", "0.03", "--gemm-window", "4",
-                             "--gemm-min-reports", "2"],
+        # A tiny run cannot show a costly layer under the server's defaults: a loss cost of
+        # any positive mean over 2 measured steps (every 4th step) moves a layer, so that the
+        # loop is exercised within 24 steps; the counts' limits (which decide for layers without
+        # a loss cost) as strict: every nvfp4 GEMM input loses about 5% of its values to zero.
+        "gemm_server_args": ["--gemm-min-loss-cost", "1e-12", "--gemm-loss-cost-reports", "2",
+                             "--gemm-loss-cost-z", "0", "--gemm-max-underflow", "0.03",
+                             "--gemm-window", "4", "--gemm-min-reports", "2"],
         "fp_eval_batches": 2,
     },
     "short": {
