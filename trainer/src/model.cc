@@ -445,8 +445,8 @@ void Gpt::report_what_if(const StepContext& ctx, const std::string& layer, GemmO
 // so that E is what the recipe changes in this layer's output and nothing else; dout is the
 // gradient the backward reads, so the cost is of the network as it runs.
 bool Gpt::measure_loss_cost(const StepContext& ctx, Format compute) const {
-  return loss_cost_every_ > 0 && ctx.observer != nullptr && policy_.scaled_gemms &&
-         compute != Format::kFP32 && ctx.step % loss_cost_every_ == 0;
+  // The steps and layers measured against the recipe (what_if_gemm's), every n-th step.
+  return what_if_gemm(ctx, compute) && loss_cost_every_ > 0 && ctx.step % loss_cost_every_ == 0;
 }
 
 void Gpt::keep_output_error(const StepContext& ctx, const std::string& layer, const Tensor& out,
@@ -492,7 +492,7 @@ void Gpt::linear_forward(const StepContext& ctx, const std::string& layer, const
                          Format compute) {
   if (!quantize_gemm(ctx, layer, compute)) {
     backend_.matmul_forward(out, inp, weight, bias, compute);
-    if (what_if_gemm(ctx, compute) && measure_loss_cost(ctx, compute)) {
+    if (measure_loss_cost(ctx, compute)) {
       keep_output_error(ctx, layer, out, inp, weight, bias, compute, false);
     }
     if (what_if_gemm(ctx, compute)) {
