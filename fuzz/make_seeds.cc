@@ -96,7 +96,8 @@ void stream_seeds(const fs::path& corpus) {
   rejects.push_back(report_message(make_report(run, 0, 3, 3, 1)));
   streams.push_back({"rejects", rejects});
   // Names as PyTorch writes them (UTF-8), and parts refused alone: a tensor whose counts exceed
-  // its numel, a first offender and a notice with control characters; the steps are stored.
+  // its numel, a first offender, a notice and layer names with control characters; the steps are
+  // stored.
   const std::string unicode = "encoder.temp\xc3\xa9rature.\xe7\xba\xbf\xe6\x80\xa7";
   std::vector<v1::AgentMessage> parts = {hello_message(hello)};
   v1::StepReport named = make_report(run, 0, 1, 1, 2);
@@ -107,6 +108,8 @@ void stream_seeds(const fs::path& corpus) {
   partial.mutable_tensors(1)->set_zeros(partial.tensors(1).numel() + 1);
   partial.mutable_first_offender()->set_tensor("h0\x1b[2J");
   partial.add_notices("two\nlines");
+  partial.add_fp32_layers("h0\x1b[2J");
+  partial.add_bf16_gemms("h0.mlp\nfc");
   parts.push_back(report_message(partial));
   streams.push_back({"unicode-and-parts", parts});
   // FP8/FP4 quantisers as the agent writes them (an MX block recipe with its scale histogram, a

@@ -58,8 +58,8 @@ void check_hello(const v1::Hello& hello) {
 
 bool refusable(const std::string& field) {
   for (std::string_view part :
-       {"report.tensors[", "report.fp32_layers[", "report.policy_outcomes[", "report.notices[",
-        "report.quantizers["}) {
+       {"report.tensors[", "report.fp32_layers[", "report.bf16_gemms[", "report.policy_outcomes[",
+        "report.notices[", "report.quantizers["}) {
     if (field.starts_with(part)) return true;
   }
   if (field == "report.first_offender.tensor") return true;
