@@ -204,7 +204,23 @@ ordered_json quantizer_json(const v1::QuantizerRecord& q) {
   j["saturated_blocks"] = q.saturated_blocks();
   j["nan_blocks"] = q.nan_blocks();
   j["last_step"] = q.last_step();
+  if (q.loss_cost_samples() > 0) {
+    j["loss_cost_samples"] = q.loss_cost_samples();
+    j["loss_cost_mean"] = json_number(q.loss_cost_mean());
+    j["loss_cost_stddev"] = json_number(q.loss_cost_stddev());
+  }
   return j;
+}
+
+// The loss cost over the run: mean +- two standard errors, nats per step ("-": not measured).
+std::string loss_cost_text(const v1::QuantizerRecord& q) {
+  if (q.loss_cost_samples() == 0) return "-";
+  const double n = static_cast<double>(q.loss_cost_samples());
+  std::ostringstream os;
+  os << std::showpos << std::scientific << std::setprecision(1) << q.loss_cost_mean()
+     << std::noshowpos << " +-" << 2.0 * q.loss_cost_stddev() / std::sqrt(n) << " (n "
+     << q.loss_cost_samples() << ")";
+  return os.str();
 }
 
 // The FP8/FP4 section: one line per quantised GEMM input, over the run.
@@ -213,15 +229,16 @@ void print_quantizers(std::ostream& out,
   out << "\nFP8/FP4 quantisers (" << quantizers.size() << "):\n";
   out << "  " << std::left << std::setw(36) << "TENSOR" << std::setw(17) << "ROLE" << std::setw(24)
       << "RECIPE" << std::setw(22) << "SCALE" << std::setw(11) << "AMAX" << std::setw(11)
-      << "UNDERFLOW" << std::setw(11) << "SATURATED"
-      << "SQNR\n";
+      << "UNDERFLOW" << std::setw(11) << "SATURATED" << std::setw(11) << "SQNR"
+      << "LOSS COST\n";
   for (const v1::QuantizerRecord& q : quantizers) {
     std::ostringstream amax;
     amax << std::setprecision(4) << q.amax();
     out << "  " << pad_columns(q.name(), 36) << std::left << std::setw(17) << role_name(q.role())
         << pad_columns(q.recipe(), 24) << std::setw(22) << scale_range(q) << std::setw(11)
         << amax.str() << std::setw(11) << percent(q.underflow_ratio()) << std::setw(11)
-        << percent(q.saturated_ratio()) << sqnr_text(q.sqnr_db()) << "\n";
+        << percent(q.saturated_ratio()) << std::setw(11) << sqnr_text(q.sqnr_db())
+        << loss_cost_text(q) << "\n";
   }
 }
 

@@ -170,6 +170,9 @@ void print_report_json(std::ostream& out, const v1::StoredReport& stored, bool t
         {"policy_id", o.policy_id()}, {"applied", o.applied()}, {"reason", o.reason()}});
   }
   j["policy_outcomes"] = std::move(outcomes);
+  // The layers this step computed in FP32 (the policy's overrides) and its GEMMs in BF16.
+  j["fp32_layers"] = r.fp32_layers();
+  j["bf16_gemms"] = r.bf16_gemms();
   if (tensors) {
     ordered_json list = ordered_json::array();
     for (const v1::TensorStats& t : r.tensors()) list.push_back(tensor_json(t));

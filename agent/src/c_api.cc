@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -425,11 +426,16 @@ std::string read_quantizer(const ampscope_quantizer* quantizer, CQuantizer* out)
     return "quantizer.amax_history is NULL with amax_history_length " +
            std::to_string(in.amax_history_length);
   }
+  // Zero for a caller of an older layout (read_struct clears what it did not send).
+  if (in.has_loss_cost != 0 && !std::isfinite(in.loss_cost)) {
+    return "quantizer.loss_cost is not finite: " + std::to_string(in.loss_cost);
+  }
   out->recipe = *recipe;
   ampscope::agent::QuantizerView& q = out->view;
   q.layer = in.layer != nullptr ? std::string_view(in.layer) : std::string_view();
   q.what_if = in.what_if != 0;
   if (in.amax_history_length > 0) q.amax_history = {in.amax_history, in.amax_history_length};
+  if (in.has_loss_cost != 0) q.loss_cost = in.loss_cost;
   return {};
 }
 

@@ -1,6 +1,7 @@
 #include "ampscope/proto/quantizer_codec.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "ampscope/proto/vocabulary_codec.h"
 
@@ -65,6 +66,15 @@ double sqnr_db(double signal_sq, double error_sq) {
   c.signal_sq = signal_sq;
   c.error_sq = error_sq;
   return c.sqnr_db();
+}
+
+MeanAndStddev mean_and_stddev(std::uint64_t n, double sum, double sum_sq) {
+  if (n == 0) return {};
+  const double count = static_cast<double>(n);
+  const double mean = sum / count;
+  if (n == 1) return {mean, 0.0};
+  const double variance = (sum_sq - sum * mean) / (count - 1.0);
+  return {mean, variance > 0.0 ? std::sqrt(variance) : 0.0};
 }
 
 }  // namespace ampscope::proto

@@ -381,11 +381,12 @@ class Agent:
                                                       ctypes.byref(stats.c))
 
     def observe_quantizer(self, name, role, phase, dtype, data, shape, recipe, *, layer=b"",
-                          what_if=False, amax_history=None, micro_step=0):
+                          what_if=False, amax_history=None, micro_step=0, loss_cost=None):
         """A quantiser the agent counts itself (ampscope_agent_observe_quantizer): `shape`
         elements (a tuple of ints) of `dtype` storage at the host address `data` (None: not
         read, on a step that does not record), against `recipe` (bytes, as `ampscope stats
-        --target` takes it). name, layer: bytes. amax_history: floats, oldest first. Returns the
+        --target` takes it). name, layer: bytes. amax_history: floats, oldest first. loss_cost:
+        the recipe's first-order loss change in nats (a finite float), None: not measured. Returns the
         status (INVALID_ARGUMENT with last_error() naming what is wrong)."""
         v = self._fill_view(name, role, phase, dtype, data, 0, _capi.DEVICE_CPU, None, 1.0,
                             micro_step, 0, None)
@@ -396,6 +397,9 @@ class Agent:
         q.recipe = recipe
         q.layer = layer
         q.what_if = int(bool(what_if))
+        if loss_cost is not None:
+            q.has_loss_cost = 1
+            q.loss_cost = loss_cost
         history = None
         if amax_history:
             history = (ctypes.c_float * len(amax_history))(*amax_history)

@@ -14,7 +14,7 @@ import os
 
 # The ABI this module declares (AMPSCOPE_AGENT_ABI_VERSION of the header it mirrors). A library
 # with a lower version lacks functions or fields used here and is refused.
-ABI_VERSION = 7
+ABI_VERSION = 8
 
 OK, INVALID_ARGUMENT, UNAVAILABLE, DEADLINE_EXCEEDED, FAILED_PRECONDITION, INTERNAL = range(6)
 
@@ -202,6 +202,8 @@ class Quantizer(ctypes.Structure):
         ("what_if", ctypes.c_int),
         ("amax_history", ctypes.POINTER(ctypes.c_float)),
         ("amax_history_length", ctypes.c_size_t),
+        ("has_loss_cost", ctypes.c_int),  # ABI 8
+        ("loss_cost", ctypes.c_double),
     ]
 
 

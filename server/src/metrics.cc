@@ -273,6 +273,12 @@ struct MetricFamilies {
                             .Help("Per-tensor scale of a top-K quantiser (current and delayed: "
                                   "the multiplier; nvfp4: the decode scale), latest sample")
                             .Register(*registry)),
+        quantizer_loss_cost(BuildGauge()
+                                .Name("ampscope_quantizer_loss_cost_nats")
+                                .Help("First-order loss change a top-K quantiser's recipe causes "
+                                      "through its layer's output, nats per step, latest "
+                                      "measured sample")
+                                .Register(*registry)),
         agents_connected(BuildGauge()
                              .Name("ampscope_agents_connected")
                              .Help("Agents of the run with an open stream")
@@ -365,6 +371,7 @@ struct MetricFamilies {
   Family<Gauge>& quantizer_sqnr;
   Family<Gauge>& quantizer_amax;
   Family<Gauge>& quantizer_scale;
+  Family<Gauge>& quantizer_loss_cost;
   Family<Gauge>& agents_connected;
   Family<Counter>& policy_decisions;
   Family<Gauge>& policy_last;
@@ -427,6 +434,7 @@ struct RunSeries {
     std::string recipe;  // recipe_label()
     bool has_scale = false;  // a per-tensor scale (current, delayed, nvfp4's tensor scale)
     double underflow_ratio = 0, saturated_ratio = 0, sqnr_db = 0, amax = 0, scale = 0;
+    std::optional<double> loss_cost;  // the latest sample that carried one
     double score() const { return std::max(underflow_ratio, saturated_ratio); }
   };
   struct QuantizerSeries {
@@ -435,7 +443,8 @@ struct RunSeries {
     Gauge* saturated;
     Gauge* sqnr;
     Gauge* amax;
-    Gauge* scale = nullptr;  // recipes with a per-tensor scale only
+    Gauge* scale = nullptr;      // recipes with a per-tensor scale only
+    Gauge* loss_cost = nullptr;  // from the first sample with a loss cost
   };
 
   RunSeries(std::shared_ptr<MetricFamilies> families, const std::string& run_id);
@@ -555,6 +564,7 @@ void RunSeries::remove_quantizer(const QuantizerSeries& q) {
   remove(f->quantizer_sqnr, q.sqnr);
   remove(f->quantizer_amax, q.amax);
   remove(f->quantizer_scale, q.scale);
+  remove(f->quantizer_loss_cost, q.loss_cost);
 }
 
 RunSeries::Rank& RunSeries::rank(std::uint32_t rank) {
@@ -858,6 +868,7 @@ void Metrics::on_quantizers(RunState& state, const v1::StepReport& report, std::
     l.sqnr_db = proto::sqnr_db(q.signal_sq(), q.error_sq());
     l.amax = q.amax();
     l.scale = q.tensor_scale();
+    if (q.has_loss_cost()) l.loss_cost = q.loss_cost();
   }
   // The top-K by the larger of the two shares, then by name: the layers an alert would name.
   std::vector<const std::pair<const RunSeries::QuantizerKey, RunSeries::QuantizerLatest>*> ranked;
@@ -885,21 +896,23 @@ void Metrics::on_quantizers(RunState& state, const v1::StepReport& report, std::
   }
   for (const auto& [key, l] : wanted) {
     auto it = run.quantizers.find(key);
-    if (it == run.quantizers.end()) {
+    const auto labels = [&] {
       const auto& [name, role, phase] = key;
-      const prometheus::Labels labels{
+      return prometheus::Labels{
           {"run", state.id},
           {"tensor", name},
           {"role", std::string(role_label(role))},
           {"phase",
            std::string(phase_name(proto::from_proto(static_cast<v1::TensorPhase>(phase))))},
           {"recipe", l->recipe}};
+    };
+    if (it == run.quantizers.end()) {
       RunSeries::QuantizerSeries q{l->recipe,
-                                   &f_->quantizer_underflow.Add(labels),
-                                   &f_->quantizer_saturated.Add(labels),
-                                   &f_->quantizer_sqnr.Add(labels),
-                                   &f_->quantizer_amax.Add(labels)};
-      if (l->has_scale) q.scale = &f_->quantizer_scale.Add(labels);
+                                   &f_->quantizer_underflow.Add(labels()),
+                                   &f_->quantizer_saturated.Add(labels()),
+                                   &f_->quantizer_sqnr.Add(labels()),
+                                   &f_->quantizer_amax.Add(labels())};
+      if (l->has_scale) q.scale = &f_->quantizer_scale.Add(labels());
       it = run.quantizers.emplace(key, q).first;
     }
     it->second.underflow->Set(l->underflow_ratio);
@@ -907,6 +920,12 @@ void Metrics::on_quantizers(RunState& state, const v1::StepReport& report, std::
     it->second.sqnr->Set(l->sqnr_db);
     it->second.amax->Set(l->amax);
     if (it->second.scale != nullptr) it->second.scale->Set(l->scale);
+    if (l->loss_cost) {
+      if (it->second.loss_cost == nullptr) {
+        it->second.loss_cost = &f_->quantizer_loss_cost.Add(labels());
+      }
+      it->second.loss_cost->Set(*l->loss_cost);
+    }
   }
 }
 

@@ -749,8 +749,14 @@ static int quantizers(const char* spool_dir) {
   view.numel = 500;
   view.name = "fc.input.head";
   q.recipe = "e4m3:tile=1x128";
+  /* A caller of ABI 7: its quantizer ends before has_loss_cost (set here, and not read). */
+  q.struct_size = (uint32_t)AMPSCOPE_QUANTIZER_SIZE_V1;
+  q.has_loss_cost = 1;
+  q.loss_cost = NAN;
   CHECK(12, ampscope_agent_observe_quantizer(agent, &view, &q) == AMPSCOPE_OK,
         "a shapeless tensor is one row");
+  q.struct_size = sizeof(q);
+  q.has_loss_cost = 0;
   view.rank = 2;
   view.shape = shape;
   view.name = "fc.input";
@@ -773,8 +779,17 @@ static int quantizers(const char* spool_dir) {
   q.amax_history_length = 3;
   view.name = "fc.input.delayed";
   view.data = NULL;
+  q.has_loss_cost = 1;
+  q.loss_cost = INFINITY;
+  CHECK(28, ampscope_agent_observe_quantizer_counts(agent, &view, &q, &counts) ==
+                    AMPSCOPE_INVALID_ARGUMENT &&
+                strstr(ampscope_agent_last_error(agent), "quantizer.loss_cost is not finite") !=
+                    NULL,
+        "a loss cost that is not finite");
+  q.loss_cost = -0.0025;
   CHECK(15, ampscope_agent_observe_quantizer_counts(agent, &view, &q, &counts) == AMPSCOPE_OK,
         ampscope_agent_last_error(agent));
+  q.has_loss_cost = 0;
   ampscope_recipe_counts bad = counts;
   bad.underflow = bad.values + 1;
   view.name = "fc.input.bad";

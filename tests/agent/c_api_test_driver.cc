@@ -281,6 +281,7 @@ TEST(CApiTest, QuantizersFromC) {
   const v1::QuantizerStats& tile = r.quantizers(1);
   EXPECT_EQ(tile.name(), "fc.input.head");
   testing::expect_wire_equals(tile, expected_counts(x, 500, 0, "e4m3:tile=1x128"));
+  EXPECT_FALSE(tile.has_loss_cost()) << "an ABI 7 quantizer has none";
   EXPECT_EQ(tile.blocks(), 4u) << "one row of 500: blocks of 128, the last cut short";
 
   const v1::QuantizerStats& delayed = r.quantizers(2);
@@ -289,8 +290,10 @@ TEST(CApiTest, QuantizersFromC) {
   EXPECT_TRUE(delayed.what_if());
   EXPECT_EQ(std::vector<float>(delayed.amax_history().begin(), delayed.amax_history().end()),
             (std::vector<float>{1.0f, 896.0f, 2.0f}));
-  // ampscope_count_recipe's counts, handed over as they were.
+  // ampscope_count_recipe's counts, handed over as they were, and the loss cost given (ABI 8).
   testing::expect_wire_equals(delayed, expected_counts(x, x.size(), 64, "e4m3:scale=0.5"));
+  EXPECT_EQ(delayed.loss_cost(), -0.0025);
+  EXPECT_FALSE(mx.has_loss_cost());
 
   EXPECT_EQ(std::vector<std::string>(r.bf16_gemms().begin(), r.bf16_gemms().end()),
             std::vector<std::string>{"fc"});

@@ -178,6 +178,8 @@ int main(void) {
   F(ampscope_quantizer, what_if);
   F(ampscope_quantizer, amax_history);
   F(ampscope_quantizer, amax_history_length);
+  F(ampscope_quantizer, has_loss_cost);
+  F(ampscope_quantizer, loss_cost);
   END();
   BEGIN(ampscope_recipe_counts);
   F(ampscope_recipe_counts, struct_size);

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""FP8/FP4 quantisers and per-layer precision from PyTorch (C ABI 7).
+"""FP8/FP4 quantisers and per-layer precision from PyTorch (C ABI 7, the loss cost ABI 8).
 
 Checks: ampscope.count_recipe through the C ABI equals `ampscope stats FILE.npy --json --target`
 field for field (FP32 data, and FP8 E4M3 storage as raw uint8 bytes: torch 1.13 has no float8);
@@ -142,7 +142,8 @@ class MonitorQuantizerTest(TempDirTest):
             with mon.step(step):
                 recorded.append(mon.observe_quantizer(x, "mxfp4", "fc.input", layer="fc"))
                 recorded.append(mon.observe_quantizer(
-                    b, "nvfp4", "proj.input", layer="proj", dtype="e4m3", what_if=True))
+                    b, "nvfp4", "proj.input", layer="proj", dtype="e4m3", what_if=True,
+                    loss_cost=0.001 * (step + 1)))
                 recorded.append(mon.observe_quantizer(
                     x.t(), "e4m3:scale=0.5", "fc.weight", role="weight",
                     amax_history=torch.tensor([1.0, 2.0, 0.5])))
@@ -169,6 +170,12 @@ class MonitorQuantizerTest(TempDirTest):
                 self.assertEqual(q[k], steps * cli[k], f"{key}: {k}")
             self.assertEqual(q["amax"], cli["amax"], key)
         self.assertGreater(expected[("fc.input", "activation")]["underflow"], 0)
+        # The loss cost given (C ABI 8): its count, mean and spread over the run.
+        cost = quantizers[("proj.input", "activation")]
+        self.assertEqual(cost["loss_cost_samples"], steps)
+        self.assertAlmostEqual(cost["loss_cost_mean"], 0.002, places=12)
+        self.assertAlmostEqual(cost["loss_cost_stddev"], 0.001, places=12)
+        self.assertNotIn("loss_cost_samples", quantizers[("fc.input", "activation")])
 
     def test_bad_arguments_are_refused_naming_them(self):
         server = self.server()
@@ -190,7 +197,11 @@ class MonitorQuantizerTest(TempDirTest):
                     (lambda: mon.observe_quantizer(x.numpy(), "mxfp4", "a"), TypeError,
                      "torch.Tensor"),
                     (lambda: mon.observe_quantizer(x, "mxfp4", "a", role="gradient"),
-                     ValueError, "role")):
+                     ValueError, "role"),
+                    (lambda: mon.observe_quantizer(x, "mxfp4", "a", loss_cost=float("nan")),
+                     ValueError, "loss_cost must be finite"),
+                    (lambda: mon.observe_quantizer(x, "mxfp4", "a", loss_cost="0.1"),
+                     TypeError, "loss_cost must be a float")):
                 with self.assertRaisesRegex(error, message):
                     call()
         # Outside a step the recipe is still checked (the data is not read).
@@ -248,6 +259,9 @@ class MonitorQuantizerTest(TempDirTest):
         outcomes = {o["policy_id"]: o for o in reports[from_step]["policy_outcomes"]}
         self.assertIn(moved[0]["policy_id"], outcomes, reports[from_step]["policy_outcomes"])
         self.assertTrue(outcomes[moved[0]["policy_id"]]["applied"])
+        # Each step's report names its BF16 GEMMs (tail --json): none before, fc from then on.
+        self.assertEqual(reports[from_step - 1]["bf16_gemms"], [])
+        self.assertEqual(reports[from_step]["bf16_gemms"], ["fc"])
 
 
     def test_a_delayed_scaling_change_reaches_on_recipe_at_its_step(self):

@@ -1,6 +1,7 @@
 // What FP8/FP4 quantisers measured (StepReport.quantizers) through the real server: stored and
 // summed per quantiser, kept across a restart, returned by GetRun, printed by `ampscope show`
-// (text and --json), exported as bounded Prometheus series; a bad entry is refused alone.
+// (text and --json, the loss cost among them), exported as bounded Prometheus series; a bad
+// entry is refused alone.
 // The quantisers' counts are fake_quantize's of real data, encoded as the agent encodes them.
 #include <gtest/gtest.h>
 
@@ -83,6 +84,8 @@ class QuantizerServerTest : public ::testing::Test {
       v1::StepReport r = make_report("run-fp8", 0, step + 1, step, 2);
       *r.add_quantizers() = encode("h0.fc.input", v1::TENSOR_ROLE_ACTIVATION, s.mx);
       *r.add_quantizers() = encode("h0.fc.weight", v1::TENSOR_ROLE_WEIGHT, s.delayed, history);
+      // The loss cost of the weight's layer on steps 0 and 2 (1 measured none).
+      if (step != 1) r.mutable_quantizers(1)->set_loss_cost(step == 0 ? 0.004 : 0.002);
       if (step == 1) {
         // Refused alone: more saturated values than values.
         v1::QuantizerStats bad = encode("h0.bad", v1::TENSOR_ROLE_WEIGHT, s.delayed);
@@ -199,9 +202,14 @@ TEST_F(QuantizerServerTest, ShowPrintsTheFp8SectionAndItsJson) {
   EXPECT_NE(input.find("mxfp8_e4m3"), std::string::npos) << input;
   EXPECT_NE(input.find(" dB"), std::string::npos) << input;
   EXPECT_NE(input.find("2^"), std::string::npos) << input;  // the block scales' binades
+  EXPECT_NE(text.out.find("LOSS COST"), std::string::npos) << text.out;
+  EXPECT_EQ(input.back(), '-') << "no loss cost measured: " << input;
   const std::size_t wline = text.out.find("  h0.fc.weight");
   ASSERT_NE(wline, std::string::npos);
-  EXPECT_NE(text.out.find("s 7", wline), std::string::npos) << text.out;
+  const std::string weight = text.out.substr(wline, text.out.find('\n', wline) - wline);
+  EXPECT_NE(weight.find("s 7"), std::string::npos) << weight;
+  // Mean +- 2 standard errors of {0.004, 0.002}: 3e-3 +- 2 x 1.41e-3 / sqrt(2).
+  EXPECT_NE(weight.find("+3.0e-03 +-2.0e-03 (n 2)"), std::string::npos) << weight;
 
   const CommandResult r = cli({"show", "run-fp8", "--json"});
   ASSERT_EQ(r.code, 0) << r.err;
@@ -221,6 +229,11 @@ TEST_F(QuantizerServerTest, ShowPrintsTheFp8SectionAndItsJson) {
   EXPECT_TRUE(q.contains("scale_min_exponent"));
   EXPECT_FALSE(q.contains("tensor_scale_min"));
   EXPECT_EQ(j["quantizers"][1].at("tensor_scale_max"), 7.0);
+  EXPECT_FALSE(q.contains("loss_cost_samples"));
+  EXPECT_EQ(j["quantizers"][1].at("loss_cost_samples"), 2);
+  EXPECT_NEAR(j["quantizers"][1].at("loss_cost_mean").get<double>(), 0.003, 1e-15);
+  EXPECT_NEAR(j["quantizers"][1].at("loss_cost_stddev").get<double>(), 0.002 / std::sqrt(2.0),
+              1e-15);
 }
 
 TEST_F(QuantizerServerTest, MetricsExportTheLatestSamplePerQuantiserWithABoundedRecipeLabel) {
@@ -244,6 +257,9 @@ TEST_F(QuantizerServerTest, MetricsExportTheLatestSamplePerQuantiserWithABounded
   const std::map<std::string, std::string> weight = {
       {"run", "run-fp8"}, {"tensor", "h0.fc.weight"}, {"recipe", "delayed_e4m3"}};
   EXPECT_EQ(sample_value(samples, "ampscope_quantizer_scale", weight), delayed.tensor_scale);
+  // The loss cost: the latest measured value, and no series for a quantiser without one.
+  EXPECT_EQ(sample_value(samples, "ampscope_quantizer_loss_cost_nats", weight), 0.002);
+  EXPECT_TRUE(find_samples(samples, "ampscope_quantizer_loss_cost_nats", input).empty());
   EXPECT_EQ(find_samples(samples, "ampscope_quantizer_amax").size(), 2u);
   EXPECT_EQ(sample_value(samples, "ampscope_report_parts_refused_total",
                          {{"reason", "quantizer_counts"}}),

@@ -8,8 +8,10 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <thread>
 #include <tuple>
 
@@ -89,7 +91,7 @@ TEST_P(ServerStoreTest, AStoreBeforeQuantizersGetsTheirTableAndKeepsItsReports) 
   connect()->exec(backend() == Backend::kSqlite
                       ? "DROP TABLE quantizer_totals; PRAGMA user_version = 6;"
                       : "DROP TABLE quantizer_totals; "
-                        "DELETE FROM ampscope_schema WHERE version = 3;");
+                        "DELETE FROM ampscope_schema WHERE version >= 3;");
   ASSERT_FALSE(has_relation(*connect(), "quantizer_totals"));
   { StoreWriter w(StoreOptions{path(), true}); }
   const auto c = connect();
@@ -398,10 +400,13 @@ TEST_P(ServerStoreTest, QuantizerTotalsSumTheSamplesAndKeepTheLatestStepsRecipe)
     std::int64_t step;
     v1::QuantizerStats a, b;
   };
-  const Sample samples[] = {
+  Sample samples[] = {
       {1, input("e4m3:scale=112", 3, 4, 112), block_quantizer(2, 300, -3, {1, 1})},
       {2, input("e4m3:scale=56", 1, 8, 56), block_quantizer(0, 100, -5, {2})},
       {0, input("e4m3:scale=7", 0, 2, 7), block_quantizer(0, 1, -4, {2})}};
+  // The loss cost of two of the input's three samples (the other step did not measure it).
+  samples[0].a.set_loss_cost(0.002);
+  samples[2].a.set_loss_cost(-0.001);
   std::uint64_t seq = 0;
   for (const Sample& sample : samples) {
     v1::StepReport r = make_report("run-q", 0, ++seq, sample.step, 1);
@@ -436,8 +441,13 @@ TEST_P(ServerStoreTest, QuantizerTotalsSumTheSamplesAndKeepTheLatestStepsRecipe)
   EXPECT_EQ(a.last_tensor_scale(), 56.0);
   EXPECT_FALSE(a.has_scale_binades());
   EXPECT_EQ(a.last_step(), 2);
+  EXPECT_EQ(a.loss_cost_samples(), 2u);
+  EXPECT_NEAR(a.loss_cost_mean(), 0.0005, 1e-15);
+  EXPECT_NEAR(a.loss_cost_stddev(), 0.003 / std::sqrt(2.0), 1e-15);  // of {0.002, -0.001}
   const v1::QuantizerRecord& b = run->quantizers(1);
   EXPECT_EQ(b.name(), "h0.fc.weight");
+  EXPECT_EQ(b.loss_cost_samples(), 0u);
+  EXPECT_EQ(b.loss_cost_mean(), 0.0);
   EXPECT_EQ(b.recipe(), "mxfp8_e4m3");
   EXPECT_EQ(b.saturated(), 2u);
   EXPECT_DOUBLE_EQ(b.saturated_ratio(), 2.0 / 192.0);
@@ -454,6 +464,43 @@ TEST_P(ServerStoreTest, QuantizerTotalsSumTheSamplesAndKeepTheLatestStepsRecipe)
   w.delete_run("run-q");
   w.commit();
   EXPECT_EQ(connect()->query_int("SELECT count(*) FROM quantizer_totals"), 1);  // "other"'s
+}
+
+// A store of schema version 7 (PostgreSQL's 3) gets the loss-cost columns and keeps its
+// quantisers' totals, which start counting the loss cost from the upgrade.
+TEST_P(ServerStoreTest, AStoreBeforeLossCostsKeepsItsQuantizerTotals) {
+  const auto add = [&](std::uint64_t seq, std::int64_t step, std::optional<double> cost) {
+    StoreWriter w(StoreOptions{path(), true});
+    w.begin();
+    w.upsert_run(make_hello("run-q"), kSecond);
+    w.upsert_agent(make_hello("run-q"), kSecond);
+    v1::StepReport r = make_report("run-q", 0, seq, step, 1);
+    v1::QuantizerStats q =
+        quantizer("h0.fc.doutput", v1::TENSOR_ROLE_ACTIVATION_GRAD, "e5m2:scale=4", 10, 1, 0, 2, 4);
+    if (cost) q.set_loss_cost(*cost);
+    *r.add_quantizers() = q;
+    w.insert_report(r, r.SerializeAsString(), kSecond);
+    w.commit();
+  };
+  add(1, 1, 0.25);
+  connect()->exec(backend() == Backend::kSqlite
+                      ? "ALTER TABLE quantizer_totals DROP COLUMN loss_cost_samples; "
+                        "ALTER TABLE quantizer_totals DROP COLUMN loss_cost_sum; "
+                        "ALTER TABLE quantizer_totals DROP COLUMN loss_cost_sq_sum; "
+                        "PRAGMA user_version = 7;"
+                      : "ALTER TABLE quantizer_totals DROP COLUMN loss_cost_samples, "
+                        "DROP COLUMN loss_cost_sum, DROP COLUMN loss_cost_sq_sum; "
+                        "DELETE FROM ampscope_schema WHERE version = 4;");
+  add(2, 2, 0.5);
+  EXPECT_EQ(schema_version(*connect()), current_schema_version(backend()));
+  StoreReader reader(path());
+  const std::optional<v1::GetRunResponse> run = reader.get_run("run-q", 0);
+  ASSERT_TRUE(run.has_value());
+  ASSERT_EQ(run->quantizers_size(), 1);
+  EXPECT_EQ(run->quantizers(0).samples(), 2u);
+  EXPECT_EQ(run->quantizers(0).values(), 20u);
+  EXPECT_EQ(run->quantizers(0).loss_cost_samples(), 1u);  // step 1's went with the columns
+  EXPECT_EQ(run->quantizers(0).loss_cost_mean(), 0.5);
 }
 
 TEST_P(ServerStoreTest, DeleteRunRemovesEveryRowOfThatRunOnly) {

@@ -380,6 +380,7 @@ TEST_F(WebApiTest, QuantizersOfATensorCarryTheirRecipeSamplesAndTotals) {
     mx.set_blocks(3);
     mx.mutable_scale_histogram()->set_min_exponent(-3);
     for (const std::uint64_t n : {2, 0, 1}) mx.mutable_scale_histogram()->add_counts(n);
+    if (r.step() % 2 == 1) mx.set_loss_cost(0.01 * static_cast<double>(r.step()));  // 1 and 3
     *r.add_quantizers() = mx;
     *r.add_quantizers() = quantizer("h0.fc.output_grad@wgrad", v1::TENSOR_ROLE_ACTIVATION_GRAD,
                                     "mxfp4", v1::FORMAT_E2M1, 1);
@@ -417,7 +418,12 @@ TEST_F(WebApiTest, QuantizersOfATensorCarryTheirRecipeSamplesAndTotals) {
   EXPECT_EQ(last["scale_histogram"], json({{"min_exponent", -3}, {"counts", {2, 0, 1}}}));
   EXPECT_NEAR(last["sqnr_db"].get<double>(), 20.0, 1e-9);
   EXPECT_EQ(last["exact"], false);
+  EXPECT_EQ(last["loss_cost"], 0.03);
+  EXPECT_TRUE(mx["samples"][2]["loss_cost"].is_null());  // step 2 measured none
   EXPECT_EQ(mx["totals"]["samples"], 4);
+  EXPECT_EQ(mx["totals"]["loss_cost_samples"], 2);
+  EXPECT_NEAR(mx["totals"]["loss_cost_mean"].get<double>(), 0.02, 1e-15);
+  EXPECT_NEAR(mx["totals"]["loss_cost_stddev"].get<double>(), 0.01 * std::sqrt(2.0), 1e-15);
   EXPECT_EQ(mx["totals"]["underflow"], 2 + 3 + 4 + 5);
   EXPECT_EQ(mx["totals"]["scale_min_exponent"], -3);
   EXPECT_EQ(mx["totals"]["scale_max_exponent"], -1);
@@ -436,6 +442,8 @@ TEST_F(WebApiTest, QuantizersOfATensorCarryTheirRecipeSamplesAndTotals) {
   EXPECT_TRUE(d["samples"][0]["scale_histogram"].is_null());
   EXPECT_EQ(d["samples"][0]["amax_history"], json({1.0, 2.0}));
   EXPECT_EQ(d["totals"]["tensor_scale_max"], 16.0);
+  EXPECT_EQ(d["totals"]["loss_cost_samples"], 0);
+  EXPECT_TRUE(d["totals"]["loss_cost_mean"].is_null());
 
   const json run = get("/runs/fp4");
   EXPECT_EQ(run["quantizers"].size(), 5u);

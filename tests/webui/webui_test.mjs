@@ -383,6 +383,17 @@ async function checkQuantizerPages(browser, base) {
   const listed = await page.$$eval('table[data-table="quantizers"] tbody tr td:first-child', (c) => c.map((x) => x.textContent));
   check(listed.join() === expected.slice(0, listed.length).join() && listed.length === Math.min(200, expected.length),
         `quantisers table: ${listed.slice(0, 5)}..., expected ${expected.slice(0, 5)}...`);
+  // The output gradients carry their layer's loss cost (measured every 2nd step here): the
+  // table shows mean ± 2 SE and the count the API gives; the other quantisers a dash.
+  const headers = await page.$$eval('table[data-table="quantizers"] thead th', (c) => c.map((x) => x.textContent));
+  const costColumn = headers.findIndex((h) => h.startsWith('Loss cost'));
+  const cells = Object.fromEntries(await page.$$eval('table[data-table="quantizers"] tbody tr',
+    (rows, i) => rows.map((r) => [r.children[0].textContent, r.children[i].textContent]), costColumn));
+  const costed = run.quantizers.find((q) => q.name === 'h0.mlp.fc.output_grad');
+  check(costColumn > 0 && costed && costed.loss_cost_samples > 0 &&
+        /^[+-]\d\.\de[+-]\d+ ± \d\.\de[+-]\d+ \(n \d+\)$/.test(cells['h0.mlp.fc.output_grad']) &&
+        cells['h0.mlp.fc.output_grad'].endsWith(`(n ${costed.loss_cost_samples})`) && cells['h0.mlp.fc.input'] === '—',
+        `quantisers table: loss cost column ${costColumn}, cells ${JSON.stringify(cells).slice(0, 300)}`);
   const gemms = await page.$eval('[data-fact="bf16_gemms"]', (n) => n.textContent).catch(() => '');
   check(gemms.startsWith('h1.mlp.fc '), `run page: BF16 GEMMs "${gemms}", expected h1.mlp.fc`);
   await screenshot(page, 'run_fp4');
@@ -519,7 +530,8 @@ async function main() {
   log('short run trained (40 steps)');
   await trainToEnd(server.grpc, 'tiny', 4, ['--eval-every', '0']);
   log('tiny run trained (4 steps)');
-  await trainToEnd(server.grpc, 'fp4', 6, ['--eval-every', '0', '--bf16-gemm', 'h1.mlp.fc'], 'nvfp4');
+  await trainToEnd(server.grpc, 'fp4', 6, ['--eval-every', '0', '--bf16-gemm', 'h1.mlp.fc', '--loss-cost-every', '2'],
+                   'nvfp4');
   await trainToEnd(server.grpc, 'fp8', 6, ['--eval-every', '0'], 'fp8-delayed');
   log('nvfp4 and fp8-delayed runs trained (6 steps each)');
   const browser = await launchBrowser(NODE_MODULES);

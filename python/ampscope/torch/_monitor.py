@@ -41,6 +41,7 @@ memory in stream order) can change the memory under it.
 import contextlib
 import functools
 import itertools
+import math
 import operator
 import threading
 import time
@@ -593,7 +594,8 @@ class Monitor:
     # -- public --------------------------------------------------------------------------------
 
     def observe_quantizer(self, tensor, recipe, name, *, layer=None, what_if=False,
-                          role="activation", phase="forward", dtype=None, amax_history=None):
+                          role="activation", phase="forward", dtype=None, amax_history=None,
+                          loss_cost=None):
         """Reports a quantiser: `tensor`, a GEMM input as it was before `recipe` quantised it (or,
         with what_if=True, the input of a GEMM that ran in BF16, to say what the recipe would
         have done), counted by the agent against the recipe (ampscope/recipe.h's recipe_counts,
@@ -611,11 +613,21 @@ class Monitor:
                       the unit the server moves to BF16; None: none it can move
         role, phase   "activation", "weight", "activation_grad", ...; "forward", "backward"
         amax_history  a delayed recipe's amax history, oldest first (floats or a 1-D tensor)
+        loss_cost     the first-order loss change the recipe causes through the layer's output
+                      on this step, nats: sum(dL/dY * (Y_recipe - Y)) with the loss gradient
+                      unscaled (a finite float; docs/pytorch.md). Report it on the layer's
+                      output-gradient quantiser; the server's policy then ranks the layer by
+                      it. None: not measured
 
         Returns True when the agent recorded it. TypeError or ValueError (the agent's message:
         a recipe that is not one, a dtype it cannot take) on bad arguments."""
         args = self._quantizer_args(tensor, recipe, name, layer, role, phase, dtype,
                                     amax_history)
+        if loss_cost is not None:
+            if isinstance(loss_cost, bool) or not isinstance(loss_cost, (int, float)):
+                raise TypeError(f"loss_cost must be a float or None, got {type(loss_cost).__name__}")
+            if not math.isfinite(loss_cost):
+                raise ValueError(f"loss_cost must be finite, got {loss_cost!r}")
         if self._closed:
             return False
         recording = self._in_step and self._wanted
@@ -628,7 +640,8 @@ class Monitor:
             args["name"], args["role"], args["phase"], args["dtype"],
             t.data_ptr() if recording else None, tuple(t.shape) or (1,),
             args["recipe"], layer=args["layer"], what_if=what_if,
-            amax_history=args["amax_history"], micro_step=self._micro)
+            amax_history=args["amax_history"], micro_step=self._micro,
+            loss_cost=None if loss_cost is None else float(loss_cost))
         if status == _capi.INVALID_ARGUMENT:
             raise ValueError("observe_quantizer: " + self._agent.last_error())
         return recording and status == _capi.OK

@@ -35,8 +35,8 @@
 namespace ampscope::server {
 
 // The schema versions this server writes, per back end.
-inline constexpr int kSchemaVersion = 7;          // SQLite (PRAGMA user_version)
-inline constexpr int kPostgresSchemaVersion = 3;  // PostgreSQL (table ampscope_schema)
+inline constexpr int kSchemaVersion = 8;          // SQLite (PRAGMA user_version)
+inline constexpr int kPostgresSchemaVersion = 4;  // PostgreSQL (table ampscope_schema)
 int current_schema_version(Backend backend);
 
 struct StoreOptions {

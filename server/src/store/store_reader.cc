@@ -421,7 +421,8 @@ std::vector<v1::QuantizerRecord> StoreReader::quantizer_records(std::int64_t run
       "SELECT name, role, phase, recipe, element, samples, \"values\", nonfinite, underflow, "
       "subnormal, saturated, overflow, signal_sq, error_sq, amax, last_amax, scale_min, "
       "scale_max, last_scale, scale_min_exponent, scale_max_exponent, blocks, zero_blocks, "
-      "saturated_blocks, nan_blocks, last_step FROM quantizer_totals WHERE run = ?1 "
+      "saturated_blocks, nan_blocks, last_step, loss_cost_samples, loss_cost_sum, "
+      "loss_cost_sq_sum FROM quantizer_totals WHERE run = ?1 "
       "ORDER BY name, role, phase LIMIT ?2");
   s.bind(1, run).bind(2, static_cast<std::int64_t>(kMaxQuantizerRecords));
   std::vector<v1::QuantizerRecord> out;
@@ -461,6 +462,11 @@ std::vector<v1::QuantizerRecord> StoreReader::quantizer_records(std::int64_t run
     q.set_saturated_blocks(count(23));
     q.set_nan_blocks(count(24));
     q.set_last_step(s.column_int(25));
+    q.set_loss_cost_samples(count(26));
+    const proto::MeanAndStddev cost =
+        proto::mean_and_stddev(q.loss_cost_samples(), s.column_double(27), s.column_double(28));
+    q.set_loss_cost_mean(cost.mean);
+    q.set_loss_cost_stddev(cost.stddev);
   }
   return out;
 }

@@ -89,8 +89,9 @@ struct StoreWriter::Statements {
         add_quantizer(prepare_add_quantizer(c)),
         delete_quantizers(c.prepare("DELETE FROM quantizer_totals WHERE run = ?1")) {}
 
-  // One sample into quantizer_totals: sums add up, extremes widen (an absent scale range,
-  // NULL, takes the other side's), and the latest step's sample sets the "latest" columns.
+  // One sample into quantizer_totals: sums add up (the loss cost's over the samples that carry
+  // one), extremes widen (an absent scale range, NULL, takes the other side's), and the latest
+  // step's sample sets the "latest" columns.
   static Statement prepare_add_quantizer(Connection& c) {
     const auto latest = [](const char* column) {
       return std::string(column) + " = CASE WHEN excluded.last_step >= q.last_step THEN excluded." +
@@ -109,15 +110,17 @@ struct StoreWriter::Statements {
         "INSERT INTO quantizer_totals AS q (run, name, role, phase, recipe, element, samples, "
         "\"values\", nonfinite, underflow, subnormal, saturated, overflow, signal_sq, error_sq, "
         "amax, last_amax, scale_min, scale_max, last_scale, scale_min_exponent, "
-        "scale_max_exponent, blocks, zero_blocks, saturated_blocks, nan_blocks, last_step) "
+        "scale_max_exponent, blocks, zero_blocks, saturated_blocks, nan_blocks, last_step, "
+        "loss_cost_samples, loss_cost_sum, loss_cost_sq_sum) "
         "VALUES (?1, ?2, ?3, ?4, ?5, ?6, 1, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?15, ?16, "
-        "?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24) "
+        "?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27) "
         "ON CONFLICT (run, name, role, phase) DO UPDATE SET ";
     sql += latest("recipe") + latest("element") + latest("last_amax") + latest("last_scale");
     sql += "samples = q.samples + 1, ";
     for (const char* c : {"\"values\"", "nonfinite", "underflow", "subnormal", "saturated",
                           "overflow", "signal_sq", "error_sq", "blocks", "zero_blocks",
-                          "saturated_blocks", "nan_blocks"}) {
+                          "saturated_blocks", "nan_blocks", "loss_cost_samples",
+                          "loss_cost_sum", "loss_cost_sq_sum"}) {
       sql += sum(c);
     }
     sql += extreme("amax", ">=") + extreme("scale_min", "<=") + extreme("scale_max", ">=") +
@@ -591,6 +594,9 @@ void StoreWriter::add_quantizer(std::int64_t run, std::int64_t step, const v1::Q
       .bind(22, count(q.saturated_blocks()))
       .bind(23, count(q.nan_blocks()))
       .bind(24, step)
+      .bind(25, std::int64_t{q.has_loss_cost() ? 1 : 0})
+      .bind(26, q.loss_cost())  // 0 when absent
+      .bind(27, q.loss_cost() * q.loss_cost())
       .run();
 }
 

@@ -518,7 +518,10 @@ json quantizer_record_json(const v1::QuantizerRecord& q) {
               {"zero_blocks", q.zero_blocks()},
               {"saturated_blocks", q.saturated_blocks()},
               {"nan_blocks", q.nan_blocks()},
-              {"last_step", q.last_step()}};
+              {"last_step", q.last_step()},
+              {"loss_cost_samples", q.loss_cost_samples()},
+              {"loss_cost_mean", q.loss_cost_samples() > 0 ? json(q.loss_cost_mean()) : json()},
+              {"loss_cost_stddev", q.loss_cost_samples() > 0 ? json(q.loss_cost_stddev()) : json()}};
   put_sqnr(q.sqnr_db(), &out);
   return out;
 }
@@ -562,7 +565,8 @@ json quantizer_sample_json(const QuantizerSample& s) {
       {"saturated_blocks", q.saturated_blocks()},
       {"nan_blocks", q.nan_blocks()},
       {"scale_histogram", histogram},
-      {"amax_history", std::vector<float>(q.amax_history().begin(), q.amax_history().end())}};
+      {"amax_history", std::vector<float>(q.amax_history().begin(), q.amax_history().end())},
+      {"loss_cost", q.has_loss_cost() ? json(q.loss_cost()) : json()}};
   put_sqnr(proto::sqnr_db(q.signal_sq(), q.error_sq()), &out);
   return out;
 }

@@ -151,3 +151,11 @@ export function facts(items) {
   return el('dl', { class: 'facts' }, items.map(([label, value, key]) =>
     el('div', {}, el('dt', {}, label), el('dd', { dataset: key ? { fact: key } : {} }, value))));
 }
+
+// The loss cost over the run: mean ± two standard errors, nats per step; '—' when not measured.
+export function lossCostText(q) {
+  if (!q.loss_cost_samples) return '—';
+  const sci = (v) => v.toExponential(1);
+  const half = 2 * q.loss_cost_stddev / Math.sqrt(q.loss_cost_samples);
+  return `${q.loss_cost_mean >= 0 ? '+' : ''}${sci(q.loss_cost_mean)} ± ${sci(half)} (n ${fmt(q.loss_cost_samples)})`;
+}

@@ -3,7 +3,7 @@
 // every 2 s with `since` (an unchanged run costs one tiny answer) and redraws in place; a drag
 // on any chart re-queries that step range, a double click (or "whole run") goes back.
 import { alertList, badge, bumpUpdates, el, facts, fmt, fmtAgo, fmtRatio, fmtScale, getJson,
-         markReady, poll, runHref, tensorHref } from './api.js';
+         lossCostText, markReady, poll, runHref, tensorHref } from './api.js';
 import { Chart, LOG2, LOG10, PALETTE, expLabels, pow2Labels, scaleMarkers,
          sparseAsPoints } from './charts.js';
 import { scroll, table } from './table.js';
@@ -282,6 +282,7 @@ function quantizerTable(quantizers, link) {
     { label: 'Saturated', value: (q) => fmtRatio(q.saturated_ratio), sort: (q) => q.saturated_ratio, num: true },
     { label: 'Scale', value: scale },
     { label: 'amax', value: (q) => fmt(q.amax), sort: (q) => q.amax, num: true },
+    { label: 'Loss cost (nats/step)', value: lossCostText, sort: (q) => q.loss_cost_mean, num: true },
     { label: 'Last step', value: (q) => fmt(q.last_step), sort: (q) => q.last_step, num: true }],
   worstQuantizersFirst(quantizers), { rowClass: (q) => (q.overflow > 0 || q.nonfinite > 0 ? 'bad' : '') });
 }

@@ -2,7 +2,8 @@
 // quantiser's input (an FP8/FP4 GEMM input), the recipe in use drawn over the heatmap, the
 // quantiser's facts and its counts and SQNR per sample. A drag on a chart re-queries that step
 // range (the server picks one sample per bucket), a double click goes back to the whole run.
-import { el, facts, fmt, fmtRatio, fmtScale, getJson, markReady, runHref, tensorHref } from './api.js';
+import { el, facts, fmt, fmtRatio, fmtScale, getJson, lossCostText, markReady, runHref,
+  tensorHref } from './api.js';
 import { Chart, LOG2, LOG10, PALETTE, expLabels, pow2Labels, sparseAsPoints } from './charts.js';
 import { FLIGHT_COLOUR, FORMAT_COLOURS, Heatmap, RECIPE_COLOUR, rampColour } from './heatmap.js';
 
@@ -167,6 +168,7 @@ export async function showTensor(main, run_id, name, role, phase) {
           ['underflow', fmtRatio(t.underflow_ratio)], ['saturated', fmtRatio(t.saturated_ratio)],
           ['subnormal', fmtRatio(t.values ? t.subnormal / t.values : null)], ['SQNR', sqnrText(t)],
           ['amax', `${fmt(t.amax)} (latest ${fmt(t.last_amax)})`]);
+        if (t.loss_cost_samples) items.push(['loss cost (nats/step)', lossCostText(t)]);
         if (q.block) {
           items.push(['block scales', bandWords(q)],
             ['blocks', `${fmt(t.blocks)} (zero ${fmt(t.zero_blocks)}, saturated ${fmt(t.saturated_blocks)}, NaN ${fmt(t.nan_blocks)})`]);

@@ -73,8 +73,9 @@
  *   7  FP8/FP6/FP4 runs: quantisers (ampscope_quantizer, ampscope_recipe_counts,
  *      ampscope_agent_observe_quantizer, ampscope_agent_observe_quantizer_counts,
  *      ampscope_count_recipe); per-layer precision (ampscope_recipe_ops,
- *      ampscope_recipe_change, ampscope_agent_attach_gemm_precision); step info: bf16_gemms */
-#define AMPSCOPE_AGENT_ABI_VERSION 7u
+ *      ampscope_recipe_change, ampscope_agent_attach_gemm_precision); step info: bf16_gemms
+ *   8  quantizer: has_loss_cost/loss_cost */
+#define AMPSCOPE_AGENT_ABI_VERSION 8u
 
 /* Whether a struct `ptr` of type `type` carries `field` (its struct_size covers it). */
 #define AMPSCOPE_STRUCT_HAS(type, ptr, field) \
@@ -344,9 +345,15 @@ typedef struct ampscope_quantizer {
    * sent); NULL with length 0 for other recipes. */
   const float* amax_history;
   size_t amax_history_length;
+  /* ABI 8. Nonzero: loss_cost carries the first-order loss change this recipe causes through
+   * its layer's output on this step, nats (QuantizerStats.loss_cost: the sum over the output of
+   * dL/dY * (Y_recipe - Y), the loss gradient unscaled; docs/trainer.md "Loss cost"), finite.
+   * The server's GEMM precision policy ranks layers by it where it is given. */
+  int has_loss_cost;
+  double loss_cost;
 } ampscope_quantizer;
 #define AMPSCOPE_QUANTIZER_INIT AMPSCOPE_STRUCT_INIT_(ampscope_quantizer)
-#define AMPSCOPE_QUANTIZER_SIZE_V1 sizeof(ampscope_quantizer)
+#define AMPSCOPE_QUANTIZER_SIZE_V1 offsetof(ampscope_quantizer, has_loss_cost)
 
 typedef struct ampscope_agent_counters {
   uint32_t struct_size;  /* AMPSCOPE_AGENT_COUNTERS_INIT; on return, the bytes written */

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <span>
 
@@ -33,5 +34,14 @@ std::optional<RecipeCounts> decode_quantizer(const v1::QuantizerStats& q);
 // The SQNR of a quantiser's sums, in dB: RecipeCounts::sqnr_db's definition (+Inf when the
 // error is 0, NaN without signal).
 double sqnr_db(double signal_sq, double error_sq);
+
+// The mean and sample standard deviation of n values from their sum and sum of squares
+// (QuantizerRecord.loss_cost_mean and _stddev): {0, 0} without values, a standard deviation of
+// 0 with one (and where rounding makes the variance negative).
+struct MeanAndStddev {
+  double mean = 0.0;
+  double stddev = 0.0;
+};
+MeanAndStddev mean_and_stddev(std::uint64_t n, double sum, double sum_sq);
 
 }  // namespace ampscope::proto

@@ -1,5 +1,5 @@
 // The PostgreSQL store's schema and its migrations: the same tables, columns and meanings as
-// SQLite's (store/sqlite/store_schema.cc, whose versions 5, 6 and 7 are this one's 1, 2 and 3),
+// SQLite's (store/sqlite/store_schema.cc, whose versions 5 to 8 are this one's 1 to 4),
 // in PostgreSQL's types: BIGINT integers (flags stay 0/1 integers, so that the store's SQL is
 // the same on both), DOUBLE PRECISION reals, BYTEA payloads, identity ids. Table ampscope_schema
 // holds the versions applied; migration i takes the database from version i to i + 1, all of
@@ -247,8 +247,15 @@ CREATE TABLE quantizer_totals (
 );
 )sql";
 
-constexpr std::array<const char*, kPostgresSchemaVersion> kMigrations = {kMigration1, kMigration2,
-                                                                          kMigration3};
+// Version 3 -> 4: SQLite's version 8, the quantisers' loss cost.
+constexpr const char* kMigration4 = R"sql(
+ALTER TABLE quantizer_totals ADD COLUMN loss_cost_samples BIGINT NOT NULL DEFAULT 0,
+  ADD COLUMN loss_cost_sum DOUBLE PRECISION NOT NULL DEFAULT 0,
+  ADD COLUMN loss_cost_sq_sum DOUBLE PRECISION NOT NULL DEFAULT 0;
+)sql";
+
+constexpr std::array<const char*, kPostgresSchemaVersion> kMigrations = {
+    kMigration1, kMigration2, kMigration3, kMigration4};
 
 // pg_advisory_xact_lock's key for migrating: "ampscope" in ASCII.
 constexpr const char* kMigrationLock = "7020391035032268901";

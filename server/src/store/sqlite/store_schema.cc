@@ -271,6 +271,15 @@ CREATE TABLE quantizer_totals (
 ) WITHOUT ROWID;
 )sql";
 
+// Version 7 -> 8: the quantisers' loss cost (QuantizerStats.loss_cost): how many samples
+// carried one, and the sums of the cost and of its square (the run's mean and spread). The field
+// came with this version: reports stored before carry none.
+constexpr const char* kMigration8 = R"sql(
+ALTER TABLE quantizer_totals ADD COLUMN loss_cost_samples INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE quantizer_totals ADD COLUMN loss_cost_sum REAL NOT NULL DEFAULT 0;
+ALTER TABLE quantizer_totals ADD COLUMN loss_cost_sq_sum REAL NOT NULL DEFAULT 0;
+)sql";
+
 // Version 3 -> 4, after its SQL: the new columns and rows of every stored report, from its
 // payload, in the migration's transaction (nothing is lost on upgrade).
 void fill_report_counts(Connection& c) {
@@ -306,10 +315,11 @@ void fill_report_counts(Connection& c) {
 }
 
 constexpr std::array<const char*, kSchemaVersion> kMigrations = {
-    kMigration1, kMigration2, kMigration3, kMigration4, kMigration5, kMigration6, kMigration7};
+    kMigration1, kMigration2, kMigration3, kMigration4,
+    kMigration5, kMigration6, kMigration7, kMigration8};
 // The C++ step of a migration, run after its SQL in the same transaction; null: none.
 constexpr std::array<void (*)(Connection&), kSchemaVersion> kMigrationSteps = {
-    nullptr, nullptr, nullptr, fill_report_counts, nullptr, nullptr, nullptr};
+    nullptr, nullptr, nullptr, fill_report_counts, nullptr, nullptr, nullptr, nullptr};
 
 }  // namespace
 
