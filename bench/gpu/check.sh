@@ -14,6 +14,7 @@
 #                   device-to-device copy: gpu_stats_bandwidth_ratio,
 #                   gpu_fused_unscale_bandwidth_ratio (targets >= 0.85)
 #   7 loss          amp-fp16 training on the GPU vs the CPU run of the same seed
+#   7b fp8 gemms    fp8-delayed through cuBLASLt's FP8 GEMM vs its emulation: loss and speed
 #   8 tensor cores  matmul-heavy amp-fp16 run and an FP32 control (no tensor-core math) with the
 #                   agent's CUPTI collector reporting to a local ampscope-server
 #   9 pytorch       ampscope.torch with torch.cuda.amp.GradScaler on the GPU against the CPU's
@@ -40,7 +41,7 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift 2 ;;
     --no-install) INSTALL=0; shift ;;
     --jobs) JOBS="$2"; shift 2 ;;
-    -h | --help) sed -n '2,27p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h | --help) sed -n '2,28p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "check.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -343,6 +344,37 @@ else
     end_step ok "$CMP"
   else
     end_step failed "GPU loss outside the tolerance of the CPU run: $CMP"
+  fi
+fi
+
+# ---- 7b FP8 GEMMs --------------------------------------------------------------------------------
+# fp8-delayed with its GEMMs through cuBLASLt's FP8 GEMM (--fp8-gemm auto) against the emulation
+# (dequantised FP32 GEMMs, the CPU's): the same run within 3e-2 at every step, and the speed of
+# each (gpu_fp8_gemm_speedup: real over emulated tokens per second).
+begin fp8_gemms
+FP8_ARGS="${LOSS_ARGS/--precision amp-fp16/--precision fp8-delayed}"
+timeout 120 "$TRAIN" --device cuda $FP8_ARGS --fp8-gemm auto --log-json "$WORK/fp8_real.jsonl" >"$WORK/fp8_real.txt" 2>&1
+REAL_RC=$?
+timeout 120 "$TRAIN" --device cuda $FP8_ARGS --fp8-gemm emulate --log-json "$WORK/fp8_emul.jsonl" >"$WORK/fp8_emul.txt" 2>&1
+EMUL_RC=$?
+if [ $REAL_RC -ne 0 ] || [ $EMUL_RC -ne 0 ]; then
+  put fp8_gemms "{\"config\": $(jstr "$FP8_ARGS"), \"error\": $(jstr "real exit $REAL_RC: $(tail -1 "$WORK/fp8_real.txt"); emulate exit $EMUL_RC: $(tail -1 "$WORK/fp8_emul.txt")")}"
+  end_step failed "training failed (real exit $REAL_RC, emulate exit $EMUL_RC; outputs in $WORK)"
+else
+  CMP=$(paste <(losses "$WORK/fp8_emul.jsonl") <(losses "$WORK/fp8_real.jsonl") | awk '
+    function abs(x) { return x < 0 ? -x : x }
+    { n++; d = abs($2 - $1) / abs($1); if (d > max) max = d; e = $1; r = $2 }
+    END { ok = (n > 0 && max <= 3e-2) ? "true" : "false";
+          printf "{\"steps\": %d, \"emulated_final_loss\": %.6f, \"real_final_loss\": %.6f, \"max_rel_diff\": %.3g, \"within_tolerance\": %s}", n, e, r, max, ok }')
+  REAL_TPS=$(tok_per_s "$WORK/fp8_real.txt")
+  EMUL_TPS=$(tok_per_s "$WORK/fp8_emul.txt")
+  SPEEDUP=$(awk -v r="$REAL_TPS" -v e="$EMUL_TPS" 'BEGIN { if (e > 0) printf "%.3f", r / e }')
+  put fp8_gemms "{\"config\": $(jstr "$FP8_ARGS"), \"real_tokens_per_s\": $(jnum "$REAL_TPS"), \"emulated_tokens_per_s\": $(jnum "$EMUL_TPS"), \"comparison\": $CMP}"
+  put gpu_fp8_gemm_speedup "$(jnum "$SPEEDUP")"
+  if grep -q '"within_tolerance": true' <<<"$CMP"; then
+    end_step ok "$CMP"
+  else
+    end_step failed "real FP8 GEMMs outside the tolerance of the emulation: $CMP"
   fi
 fi
 

@@ -38,10 +38,16 @@ cudaDataType_t cuda_type(Format f) {
       return CUDA_R_16F;
     case Format::kBF16:
       return CUDA_R_16BF;
+    case Format::kE4M3:
+      return CUDA_R_8F_E4M3;
+    case Format::kE5M2:
+      return CUDA_R_8F_E5M2;
     default:
       return CUDA_R_32F;
   }
 }
+
+bool is_fp8(Format f) { return f == Format::kE4M3 || f == Format::kE5M2; }
 
 // The largest power of two (up to 256) that divides the address of every batch entry.
 std::uint32_t alignment_of(const void* p, std::int64_t stride_elements, int element_bytes,
@@ -51,7 +57,7 @@ std::uint32_t alignment_of(const void* p, std::int64_t stride_elements, int elem
   return static_cast<std::uint32_t>(bits & (~bits + 1));  // lowest set bit
 }
 
-using ProblemKey = std::tuple<std::int64_t, std::int64_t, std::int64_t, int, int, bool, bool,
+using ProblemKey = std::tuple<std::int64_t, std::int64_t, std::int64_t, int, int, int, bool, bool,
                               std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                               std::int64_t, std::uint32_t, std::uint32_t, std::uint32_t>;
 
@@ -82,9 +88,26 @@ void check_args(const GemmArgs& g) {
   AMPSCOPE_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, "gemm: negative shape ", g.m, "x", g.n, "x",
                  g.k);
   AMPSCOPE_CHECK(g.batch >= 1, "gemm: batch must be >= 1, found ", g.batch);
-  AMPSCOPE_CHECK(
-      g.operand == Format::kFP32 || g.operand == Format::kFP16 || g.operand == Format::kBF16,
-      "gemm: operands must be fp32, fp16 or bf16, found ", format_name(g.operand));
+  if (is_fp8(g.operand)) {
+    AMPSCOPE_CHECK(is_fp8(g.operand_b), "gemm: an FP8 a needs an FP8 b, found ",
+                   format_name(g.operand_b));
+    AMPSCOPE_CHECK(g.operand == Format::kE4M3 || g.operand_b == Format::kE4M3,
+                   "gemm: FP8 operands cannot both be e5m2");
+    AMPSCOPE_CHECK(!g.a_transposed && g.b_transposed,
+                   "gemm: FP8 operands must be a (m, k) and b (n, k): a not transposed, b "
+                   "transposed");
+    AMPSCOPE_CHECK(g.k % 16 == 0 && g.lda % 16 == 0 && g.ldb % 16 == 0,
+                   "gemm: FP8 products need k and the leading dimensions of a and b multiples of "
+                   "16, found k ", g.k, ", lda ", g.lda, ", ldb ", g.ldb);
+    AMPSCOPE_CHECK(g.a_scale != nullptr && g.b_scale != nullptr,
+                   "gemm: FP8 operands need their decode scales");
+    AMPSCOPE_CHECK(CublasLt::fp8_supported(),
+                   "gemm: FP8 products need a device of compute capability 8.9 or later");
+  } else {
+    AMPSCOPE_CHECK(
+        g.operand == Format::kFP32 || g.operand == Format::kFP16 || g.operand == Format::kBF16,
+        "gemm: operands must be fp32, fp16, bf16, e4m3 or e5m2, found ", format_name(g.operand));
+  }
   // Row-major leading dimensions: at least the stored row length.
   const std::int64_t a_cols = g.a_transposed ? g.m : g.k;
   const std::int64_t b_cols = g.b_transposed ? g.k : g.n;
@@ -117,6 +140,21 @@ CublasLt::CublasLt() : impl_(std::make_unique<Impl>()) {
 
 CublasLt::~CublasLt() = default;
 
+bool CublasLt::fp8_supported() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    (void)cudaGetLastError();  // no device: nothing sticky
+    return false;
+  }
+  return major > 8 || (major == 8 && minor >= 9);
+}
+
+bool CublasLt::fp8_shape_allowed(std::int64_t m, std::int64_t n, std::int64_t k) {
+  return m > 0 && n > 0 && k > 0 && k % 16 == 0 && n % 16 == 0 && m % 16 == 0;
+}
+
 void CublasLt::gemm(const GemmArgs& g, cudaStream_t stream) {
   const detail::NvtxRange range{"ampscope::cuda::CublasLt::gemm"};
   check_args(g);
@@ -131,8 +169,10 @@ void CublasLt::gemm(const GemmArgs& g, cudaStream_t stream) {
     return;
   }
 
-  const cudaDataType_t type = cuda_type(g.operand);
-  const int bytes = storage_bytes(g.operand);
+  const bool fp8 = is_fp8(g.operand);
+  const Format b_format = fp8 ? g.operand_b : g.operand;
+  const cudaDataType_t type = cuda_type(g.operand), type_b = cuda_type(b_format);
+  const int bytes = storage_bytes(g.operand), bytes_b = storage_bytes(b_format);
   Descriptors d;
   AMPSCOPE_CHECK_CUBLAS(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // cuBLASLt's A is our b, its B our a (see the file comment).
@@ -142,13 +182,23 @@ void CublasLt::gemm(const GemmArgs& g, cudaStream_t stream) {
       cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
   AMPSCOPE_CHECK_CUBLAS(
       cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
+  if (fp8) {
+    // cuBLASLt's A scale is our b's, its B scale our a's; FP32 accumulation throughout.
+    const std::int8_t fast_accumulate = 0;
+    AMPSCOPE_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(
+        d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.b_scale, sizeof(g.b_scale)));
+    AMPSCOPE_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(
+        d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.a_scale, sizeof(g.a_scale)));
+    AMPSCOPE_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(
+        d.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accumulate, sizeof(fast_accumulate)));
+  }
   // Column-major shapes of the stored matrices: b is (n, k), or (k, n) when transposed; a is
   // (k, m), or (m, k) when transposed; d is (n, m).
   const auto rows_a = static_cast<std::uint64_t>(g.b_transposed ? g.k : g.n);
   const auto cols_a = static_cast<std::uint64_t>(g.b_transposed ? g.n : g.k);
   const auto rows_b = static_cast<std::uint64_t>(g.a_transposed ? g.m : g.k);
   const auto cols_b = static_cast<std::uint64_t>(g.a_transposed ? g.k : g.m);
-  AMPSCOPE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&d.a, type, rows_a, cols_a, g.ldb));
+  AMPSCOPE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&d.a, type_b, rows_a, cols_a, g.ldb));
   AMPSCOPE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&d.b, type, rows_b, cols_b, g.lda));
   AMPSCOPE_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(
       &d.d, CUDA_R_32F, static_cast<std::uint64_t>(g.n), static_cast<std::uint64_t>(g.m), g.ldc));
@@ -156,7 +206,7 @@ void CublasLt::gemm(const GemmArgs& g, cudaStream_t stream) {
   set_batch(d.b, g.batch, g.stride_a);
   set_batch(d.d, g.batch, g.stride_c);
 
-  const std::uint32_t align_a = alignment_of(g.b, g.stride_b, bytes, g.batch);
+  const std::uint32_t align_a = alignment_of(g.b, g.stride_b, bytes_b, g.batch);
   const std::uint32_t align_b = alignment_of(g.a, g.stride_a, bytes, g.batch);
   const std::uint32_t align_d = alignment_of(g.c, g.stride_c, 4, g.batch);
   const ProblemKey key{g.m,
@@ -164,6 +214,7 @@ void CublasLt::gemm(const GemmArgs& g, cudaStream_t stream) {
                        g.k,
                        g.batch,
                        static_cast<int>(type),
+                       static_cast<int>(type_b),
                        g.a_transposed,
                        g.b_transposed,
                        g.lda,

@@ -18,11 +18,13 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 
 #include "ampscope/check.h"
 #include "ampscope/cuda/check.h"
 #include "ampscope/cuda/recipe.h"
 #include "ampscope/detail/recipe_rules.h"
+#include "recipe_codes.cuh"
 #include "runtime.cuh"
 
 namespace ampscope::cuda {
@@ -118,6 +120,32 @@ __global__ void tensor_kernel(const float* x, float* out, std::size_t n, RecipeP
       ++c.nonfinite;
     }
     if (out != nullptr) out[i] = result;
+  }
+  flush(e, c, t);
+}
+
+// quantize_codes: tensor_kernel's rounding and counts, each element stored as its FP8 code at
+// its place in the row-major [rows, cols] view or in its transpose.
+template <Format F>
+__global__ void tensor_codes_kernel(const float* x, std::uint8_t* codes, float* decode,
+                                    std::size_t rows, std::size_t cols, bool transposed,
+                                    RecipeParams p, RecipeTally* t) {
+  const float s = tensor_scale(p, float_of(t->amax_bits));
+  const float inverse = div_rn(1.0f, s);
+  if (blockIdx.x == 0 && threadIdx.x == 0) *decode = inverse;
+  ElementTally e;
+  LaneCounts c;
+  const std::size_t n = rows * cols;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const float v = x[i];
+    if (finite_bits(v)) {
+      ++c.values;
+    } else {
+      ++c.nonfinite;
+    }
+    codes[transposed ? i % cols * rows + i / cols : i] = fp8_code<F>(v, s, inverse, p.element, e);
   }
   flush(e, c, t);
 }
@@ -232,28 +260,54 @@ RecipeCounts to_counts(RecipeCounts counts, const RecipeTally& t, const RecipePa
 }  // namespace
 }  // namespace detail
 
-void fake_quantize(const float* x, float* out, std::size_t rows, std::size_t cols,
-                   const Recipe& recipe, RecipeCounts* counts, cudaStream_t stream) {
-  using namespace detail;
-  const NvtxRange range{"ampscope::cuda::fake_quantize"};
-  // The CPU function on no elements: its checks of the recipe (same messages), and the counts of
-  // an empty tensor (tensor_scale of amax 0), which the device results then fill in.
+namespace detail {
+namespace {
+
+// What fake_quantize and quantize_codes do first: the CPU function on no elements (its checks of
+// the recipe, same messages, and the counts of an empty tensor, tensor_scale of amax 0, which
+// the device results then fill in), the size check, and for the recipes that need it the amax
+// pass into `tally`. Returns the empty tensor's counts.
+RecipeCounts start(const float* x, std::size_t rows, std::size_t cols, const Recipe& recipe,
+                   const char* what, const TallyBuffer& tally, cudaStream_t stream) {
   RecipeCounts empty = ::ampscope::fake_quantize(nullptr, nullptr, 0, 0, recipe);
   const std::size_t n = rows * cols;
-  AMPSCOPE_CHECK(cols == 0 || n / cols == rows, "fake_quantize: ", rows, " x ", cols,
+  AMPSCOPE_CHECK(cols == 0 || n / cols == rows, what, ": ", rows, " x ", cols,
                  " elements overflow");
-  if (n == 0) {
-    if (counts != nullptr) *counts = std::move(empty);
-    return;
-  }
-  check_device_accessible(x, "fake_quantize: x");
-  if (out != nullptr) check_device_accessible(out, "fake_quantize: out");
-  const RecipeParams p = recipe_params(recipe);
-  const TallyBuffer tally(stream);
+  if (n == 0) return empty;
+  check_device_accessible(x, (std::string(what) + ": x").c_str());
   if (recipe.scaling != Scaling::kTile && recipe.scaling != Scaling::kMX) {
     amax_kernel<<<grid_blocks(n, kBlocksPerSm), kThreadsPerBlock, 0, stream>>>(x, n, tally.get());
     check_launch();
   }
+  return empty;
+}
+
+// Waits for the stream and returns the device's counts.
+RecipeCounts finish(RecipeCounts empty, const TallyBuffer& tally, const RecipeParams& p,
+                    cudaStream_t stream) {
+  RecipeTally host{};
+  AMPSCOPE_CHECK_CUDA(
+      cudaMemcpyAsync(&host, tally.get(), sizeof host, cudaMemcpyDeviceToHost, stream));
+  AMPSCOPE_CHECK_CUDA(cudaStreamSynchronize(stream));
+  return to_counts(std::move(empty), host, p);
+}
+
+}  // namespace
+}  // namespace detail
+
+void fake_quantize(const float* x, float* out, std::size_t rows, std::size_t cols,
+                   const Recipe& recipe, RecipeCounts* counts, cudaStream_t stream) {
+  using namespace detail;
+  const NvtxRange range{"ampscope::cuda::fake_quantize"};
+  const TallyBuffer tally(stream);
+  RecipeCounts empty = start(x, rows, cols, recipe, "fake_quantize", tally, stream);
+  const std::size_t n = rows * cols;
+  if (n == 0) {
+    if (counts != nullptr) *counts = std::move(empty);
+    return;
+  }
+  if (out != nullptr) check_device_accessible(out, "fake_quantize: out");
+  const RecipeParams p = recipe_params(recipe);
   if (is_block_recipe(recipe.scaling)) {
     const auto br = static_cast<std::size_t>(recipe.block_rows);
     const auto bc = static_cast<std::size_t>(recipe.block_cols);
@@ -265,12 +319,46 @@ void fake_quantize(const float* x, float* out, std::size_t rows, std::size_t col
                                                                                  tally.get());
   }
   check_launch();
-  if (counts == nullptr) return;
-  RecipeTally host{};
-  AMPSCOPE_CHECK_CUDA(
-      cudaMemcpyAsync(&host, tally.get(), sizeof host, cudaMemcpyDeviceToHost, stream));
-  AMPSCOPE_CHECK_CUDA(cudaStreamSynchronize(stream));
-  *counts = to_counts(std::move(empty), host, p);
+  if (counts != nullptr) *counts = finish(std::move(empty), tally, p, stream);
+}
+
+bool has_fp8_codes(const Recipe& recipe) {
+  return (recipe.scaling == Scaling::kCurrent || recipe.scaling == Scaling::kDelayed) &&
+         (recipe.element == Format::kE4M3 || recipe.element == Format::kE5M2);
+}
+
+void quantize_codes(const float* x, std::uint8_t* codes, float* decode, std::size_t rows,
+                    std::size_t cols, bool transposed, const Recipe& recipe, RecipeCounts* counts,
+                    cudaStream_t stream) {
+  using namespace detail;
+  const NvtxRange range{"ampscope::cuda::quantize_codes"};
+  AMPSCOPE_CHECK(has_fp8_codes(recipe), "quantize_codes: ", to_string(recipe),
+                 " is not a per-tensor FP8 recipe");
+  const TallyBuffer tally(stream);
+  RecipeCounts empty = start(x, rows, cols, recipe, "quantize_codes", tally, stream);
+  const RecipeParams p = recipe_params(recipe);
+  check_device_accessible(decode, "quantize_codes: decode");
+  const std::size_t n = rows * cols;
+  if (n > 0) {
+    check_device_accessible(codes, "quantize_codes: codes");
+    const auto launch = [&](auto kernel) {
+      kernel<<<grid_blocks(n, kBlocksPerSm), kThreadsPerBlock, 0, stream>>>(
+          x, codes, decode, rows, cols, transposed, p, tally.get());
+    };
+    if (recipe.element == Format::kE4M3) {
+      launch(tensor_codes_kernel<Format::kE4M3>);
+    } else {
+      launch(tensor_codes_kernel<Format::kE5M2>);
+    }
+    check_launch();
+  } else {
+    // No elements: the decode scale of an empty tensor (amax 0).
+    const float inverse = 1.0f / static_cast<float>(empty.tensor_scale);
+    AMPSCOPE_CHECK_CUDA(
+        cudaMemcpyAsync(decode, &inverse, sizeof inverse, cudaMemcpyHostToDevice, stream));
+    AMPSCOPE_CHECK_CUDA(cudaStreamSynchronize(stream));  // `inverse` is on this stack
+  }
+  if (counts != nullptr) *counts = finish(std::move(empty), tally, p, stream);
 }
 
 }  // namespace ampscope::cuda

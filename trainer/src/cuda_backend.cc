@@ -155,7 +155,9 @@ layers::OperandRecipe operand(const std::optional<QuantizedOperand>& q) {
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const CudaBackendOptions& options)
-      : queue_(std::make_shared<DeviceQueue>(options.device)), stream_(queue_) {
+      : queue_(std::make_shared<DeviceQueue>(options.device)),
+        stream_(queue_),
+        fp8_gemms_(options.fp8_gemms) {
     cudaDeviceProp prop{};
     AMPSCOPE_CHECK_CUDA(cudaGetDeviceProperties(&prop, options.device));
     name_ = "cuda:" + std::to_string(options.device) + " (" + prop.name + ", sm_" +
@@ -280,8 +282,9 @@ class CudaBackend final : public Backend {
   }
 
   // The FP8/FP4 emulation: the operands quantised on the device by ampscope/cuda/recipe.h's
-  // fake_quantize (bit for bit the CPU's), then an FP32 cuBLASLt GEMM (layers/matmul). Counts
-  // asked for come back at once (the launcher waits for the stream), as the CPU's do.
+  // fake_quantize (bit for bit the CPU's), then an FP32 cuBLASLt GEMM (layers/matmul); per-tensor
+  // FP8 recipes as real FP8 GEMMs where allowed (CudaBackendOptions::fp8_gemms). Counts asked
+  // for come back at once (the launcher waits for the stream), as the CPU's do.
   bool supports_gemm_recipes() const override { return true; }
 
   void quantized_matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
@@ -298,7 +301,7 @@ class CudaBackend final : public Backend {
     nn::linear_forward_quantized(*blas_, array(out, "matmul: out"), array(inp, "matmul: inp"),
                                  array(weight, "matmul: weight"),
                                  optional_array(bias, "matmul: bias"), N, C, OC, compute,
-                                 operand(q.inp), operand(q.weight), s());
+                                 operand(q.inp), operand(q.weight), fp8_gemms_, s());
   }
 
   void quantized_matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
@@ -318,7 +321,7 @@ class CudaBackend final : public Backend {
         *blas_, optional_array(dinp, "matmul: dinp"), array(dweight, "matmul: dweight"),
         optional_array(dbias, "matmul: dbias"), array(dout, "matmul: dout"),
         array(inp, "matmul: inp"), array(weight, "matmul: weight"), N, C, OC, compute, recipes,
-        s());
+        fp8_gemms_, s());
   }
 
   // Counted on the device (the operand is not copied to the host), as the quantised pass does.
@@ -521,6 +524,7 @@ class CudaBackend final : public Backend {
 
   std::shared_ptr<DeviceQueue> queue_;
   CudaStream stream_;
+  bool fp8_gemms_;  // CudaBackendOptions::fp8_gemms
   std::unique_ptr<cuda::CublasLt> blas_;
   std::string name_;
   std::unique_ptr<Backend> host_;  // the CPU back end, for attention_on_host; made on first use

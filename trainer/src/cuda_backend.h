@@ -22,6 +22,10 @@ namespace ampscope::trainer {
 
 struct CudaBackendOptions {
   int device = 0;  // CUDA device ordinal
+  // Per-tensor FP8 recipes (fp8-delayed, fp8-current): GEMMs through cuBLASLt's FP8 GEMM where
+  // the device (compute capability 8.9+) and the shapes (multiples of 16) allow it; false:
+  // always the emulation (dequantised operands, FP32 GEMMs). Block recipes always emulate.
+  bool fp8_gemms = true;
 };
 
 inline constexpr bool kCudaBackendBuilt = AMPSCOPE_TRAINER_CUDA != 0;

@@ -36,6 +36,7 @@ using ampscope::Device;
 struct Options {
   std::string precision = "amp-fp16";
   std::string device = "cpu";
+  std::string fp8_gemm = "auto";
   std::string comm = "auto";
   std::int64_t steps = 300;
   std::int64_t stop_at = 0;
@@ -360,12 +361,18 @@ int main(int argc, char** argv) {
   app.add_option("--precision", o.precision,
                  "fp32 | fp16 | amp-fp16 | amp-bf16 | fp8-delayed | fp8-current | mxfp8 | nvfp4 "
                  "(the last four: amp-bf16 with the linear layers' GEMM inputs quantised by the "
-                 "recipe; CPU back end)")
+                 "recipe)")
       ->check(CLI::IsMember(precision_names()))
       ->capture_default_str();
   app.add_option("--device", o.device,
                  "cpu | cuda (the first CUDA device; under NCCL, one device per rank of a node)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--fp8-gemm", o.fp8_gemm,
+                 "auto | emulate: with --device cuda, fp8-delayed and fp8-current run their GEMMs "
+                 "as cuBLASLt FP8 GEMMs where the GPU (sm_89+) and the shapes (multiples of 16) "
+                 "allow (auto), or always as dequantised FP32 GEMMs (emulate, the CPU's)")
+      ->check(CLI::IsMember({"auto", "emulate"}))
       ->capture_default_str();
   app.add_option("--comm", o.comm,
                  "data parallel collectives: auto | single | mpi | nccl (auto: single unless "
@@ -507,6 +514,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<Communicator> comm = make_communicator(o, mpi, &argc, &argv);
     CudaBackendOptions cuda;
     if (comm->name() == "nccl") cuda.device = mpi->local_rank();
+    cuda.fp8_gemms = o.fp8_gemm == "auto";
     return run(o, std::move(comm), cuda);
   } catch (const UsageError& e) {
     return fail(e, 2);

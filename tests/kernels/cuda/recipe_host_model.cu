@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "ampscope/detail/recipe_rules.h"
+#include "recipe_codes.cuh"
 #include "recipe_host_model.h"
 
 namespace ampscope::cuda::testing {
@@ -81,6 +82,38 @@ RecipeCounts host_model_fake_quantize(const float* x, float* out, std::size_t ro
   counts.amax = amax;
   counts.tensor_scale = tensor_scale(p, amax);
   counts.scale_histogram = BinadeHistogram::from_dense(histogram);
+  return counts;
+}
+
+RecipeCounts host_model_quantize_codes(const float* x, std::uint8_t* codes, float* decode,
+                                       std::size_t rows, std::size_t cols, bool transposed,
+                                       const Recipe& recipe) {
+  RecipeCounts counts = ::ampscope::fake_quantize(nullptr, nullptr, 0, 0, recipe);  // checks
+  const RecipeParams p = recipe_params(recipe);
+  const std::size_t n = rows * cols;
+  float amax = 0.0f;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float a = abs_of(x[i]);
+    if (finite_bits(a) && a > amax) amax = a;
+  }
+  const float s = tensor_scale(p, amax), inverse = div_rn(1.0f, s);
+  *decode = inverse;
+  ElementTally e;
+  for (std::size_t i = 0; i < n; ++i) {
+    ++(finite_bits(x[i]) ? counts.values : counts.nonfinite);
+    codes[transposed ? i % cols * rows + i / cols : i] =
+        recipe.element == Format::kE4M3
+            ? detail::fp8_code<Format::kE4M3>(x[i], s, inverse, p.element, e)
+            : detail::fp8_code<Format::kE5M2>(x[i], s, inverse, p.element, e);
+  }
+  counts.underflow = e.underflow;
+  counts.subnormal = e.subnormal;
+  counts.saturated = e.saturated;
+  counts.overflow = e.overflow;
+  counts.signal_sq = e.signal_sq;
+  counts.error_sq = e.error_sq;
+  counts.amax = amax;
+  counts.tensor_scale = s;
   return counts;
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "ampscope/recipe.h"
 
@@ -13,5 +14,11 @@ namespace ampscope::cuda::testing {
 
 RecipeCounts host_model_fake_quantize(const float* x, float* out, std::size_t rows,
                                       std::size_t cols, const Recipe& recipe);
+
+// quantize_codes' elements (recipe_codes.cuh) in the same order: codes (rows x cols, or the
+// transpose), *decode = fl32(1 / s). Per-tensor E4M3/E5M2 recipes only.
+RecipeCounts host_model_quantize_codes(const float* x, std::uint8_t* codes, float* decode,
+                                       std::size_t rows, std::size_t cols, bool transposed,
+                                       const Recipe& recipe);
 
 }  // namespace ampscope::cuda::testing

@@ -3,8 +3,9 @@
 // grows with the precision mode's rounding (a one-ulp difference in an FP16/BF16 activation is
 // legitimate, and training amplifies it slowly), skip the same steps, and keep the same scale.
 // The FP8/FP4 modes too (quantised on the device bit for bit as on the CPU, but a one-ulp BF16
-// difference upstream can move an element to the next code); on the CPU each of them learns in
-// these 12 steps (loss 3.88 -> 3.09). Skips itself without a device.
+// difference upstream can move an element to the next code; fp8-delayed and fp8-current through
+// real FP8 GEMMs where the device has them, which sum in another order); on the CPU each of them
+// learns in these 12 steps (loss 3.88 -> 3.09). Skips itself without a device.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -71,6 +72,22 @@ TEST_P(CudaTrainingTest, FollowsTheCpuRunOfTheSameSeed) {
     EXPECT_NEAR(gpu[i].grad_norm, cpu[i].grad_norm, 10 * rtol * cpu[i].grad_norm) << "step " << i;
   }
   EXPECT_LT(gpu.back().loss, gpu.front().loss) << "the CUDA run does not learn";
+}
+
+// fp8-delayed and fp8-current run their GEMMs as cuBLASLt FP8 GEMMs on a device that has them
+// (every dimension here is a multiple of 16); with fp8_gemms off they emulate, as the CPU does.
+// Both follow the CPU run.
+TEST_P(CudaTrainingTest, EmulatedFp8GemmsFollowTheCpuRunToo) {
+  const Case c = GetParam();
+  if (c.mode != PrecisionMode::kFP8Delayed && c.mode != PrecisionMode::kFP8Current) {
+    GTEST_SKIP() << "block recipes always emulate";
+  }
+  const auto cpu = train(c, make_cpu_backend({.blas_threads = 1}));
+  const auto gpu = train(c, make_cuda_backend({.fp8_gemms = false}));
+  ASSERT_EQ(cpu.size(), gpu.size());
+  for (std::size_t i = 0; i < cpu.size(); ++i) {
+    EXPECT_NEAR(gpu[i].loss, cpu[i].loss, c.last_step_rtol * cpu[i].loss) << "step " << i;
+  }
 }
 
 // The step's scalars (found_inf, the squared norm, the loss of every micro-batch) stay on the

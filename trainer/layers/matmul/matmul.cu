@@ -2,7 +2,10 @@
 // cuBLASLt through gemm.cuh's three steps. Backward: dinp = dout W, dW += dout^T x, and
 // dbias += column sums of dout in two deterministic stages (nn_columns.cuh).
 // The FP8/FP4 versions give each GEMM FP32 operands: the input rounded to compute, then
-// quantised -> dequantised in place by the device fake_quantize (ampscope/cuda/recipe.h).
+// quantised -> dequantised in place by the device fake_quantize (ampscope/cuda/recipe.h); or,
+// with real FP8 allowed and per-tensor FP8 recipes on both operands, the same quantisation
+// written as FP8 codes and decode scales (quantize_codes) and cuBLASLt's FP8 GEMM, whose TN
+// layout takes the backward's operands as transposed codes.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -105,6 +108,62 @@ class QuantizedOperand {
   StreamScratch copy_;
 };
 
+// An operand (rows, cols) as a real FP8 GEMM reads it: QuantizedOperand's FP32 copy rounded to
+// compute, then quantize_codes' codes (rows x cols, or the transpose) and decode scale, with the
+// counts fake_quantize would give.
+class Fp8Operand {
+ public:
+  Fp8Operand(ConstArray x, std::int64_t rows, std::int64_t cols, Format compute, OperandRecipe q,
+             bool transposed, cudaStream_t stream)
+      : codes_(static_cast<std::size_t>(rows * cols), stream),
+        decode_(sizeof(float), stream),
+        element_(q.recipe->element) {
+    const std::int64_t n = rows * cols;
+    const StreamScratch copy(bytes_of(n, Format::kFP32), stream);
+    if (n > 0) {
+      rounded_fp32_kernel<<<elementwise_blocks(n), kThreadsPerBlock, 0, stream>>>(
+          copy.as<float>(), x, n, compute);
+      check_launch();
+    }
+    ::ampscope::cuda::quantize_codes(copy.as<float>(), codes_.as<std::uint8_t>(),
+                                     decode_.as<float>(), static_cast<std::size_t>(rows),
+                                     static_cast<std::size_t>(cols), transposed, *q.recipe,
+                                     q.counts, stream);
+  }
+  const std::uint8_t* codes() const { return codes_.as<std::uint8_t>(); }
+  const float* decode() const { return decode_.as<float>(); }
+  Format element() const { return element_; }
+
+ private:
+  StreamScratch codes_, decode_;
+  Format element_;
+};
+
+// Whether a product c (m,n) = a (m,k) b (k,n) of these operands runs as a real FP8 GEMM: allowed,
+// both recipes per-tensor FP8 (not both E5M2), a device that has FP8 GEMMs and a shape cuBLASLt
+// takes.
+bool real_fp8(bool allowed, OperandRecipe a, OperandRecipe b, std::int64_t m, std::int64_t n,
+              std::int64_t k) {
+  return allowed && a.recipe != nullptr && b.recipe != nullptr &&
+         ::ampscope::cuda::has_fp8_codes(*a.recipe) &&
+         ::ampscope::cuda::has_fp8_codes(*b.recipe) &&
+         (a.recipe->element == Format::kE4M3 || b.recipe->element == Format::kE4M3) &&
+         CublasLt::fp8_shape_allowed(m, n, k) && CublasLt::fp8_supported();
+}
+
+// c (m,n) = a (m,k) x b^T, b stored (n,k): the FP8 GEMM of two Fp8Operands (TN), FP32 result.
+void fp8_gemm(CublasLt& blas, float* c, const Fp8Operand& a, const Fp8Operand& b, std::int64_t m,
+              std::int64_t n, std::int64_t k, cudaStream_t stream) {
+  GemmArgs g = gemm_args(a.element(), m, n, k);
+  g.operand_b = b.element();
+  g.a_scale = a.decode();
+  g.b_scale = b.decode();
+  set_a(g, a.codes(), false, k, 0);
+  set_b(g, b.codes(), true, k, 0);
+  set_c(g, c, n, 0);
+  blas.gemm(g, stream);
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -160,10 +219,19 @@ void linear_backward(CublasLt& blas, Array dinp, Array dweight, Array dbias, Con
 void linear_forward_quantized(CublasLt& blas, Array out, ConstArray inp, ConstArray weight,
                               ConstArray bias, std::int64_t N, std::int64_t C, std::int64_t OC,
                               Format compute, OperandRecipe q_inp, OperandRecipe q_weight,
-                              cudaStream_t stream) {
+                              bool real_fp8_allowed, cudaStream_t stream) {
   using namespace detail;
   const NvtxRange range{"ampscope::cuda::nn::linear_forward_quantized"};
   check_forward(out, inp, weight, bias, N, C, OC, compute, "linear_forward_quantized");
+  if (real_fp8(real_fp8_allowed, q_inp, q_weight, N, OC, C)) {
+    // out (N,OC) = x (N,C) x w^T, w stored (OC,C): TN as stored.
+    const Fp8Operand x(inp, N, C, compute, q_inp, false, stream);
+    const Fp8Operand w(weight, OC, C, compute, q_weight, false, stream);
+    StreamScratch acc(bytes_of(N * OC, Format::kFP32), stream);
+    fp8_gemm(blas, acc.as<float>(), x, w, N, OC, C, stream);
+    epilogue(out, acc.as<float>(), bias, N, OC, compute, false, stream);
+    return;
+  }
   const QuantizedOperand x(inp, N, C, compute, q_inp, stream);
   const QuantizedOperand w(weight, OC, C, compute, q_weight, stream);
   if (N == 0) return;
@@ -180,7 +248,7 @@ void linear_backward_quantized(CublasLt& blas, Array dinp, Array dweight, Array 
                                ConstArray dout, ConstArray inp, ConstArray weight, std::int64_t N,
                                std::int64_t C, std::int64_t OC, Format compute,
                                const ::ampscope::trainer::layers::BackwardRecipes& q,
-                               cudaStream_t stream) {
+                               bool real_fp8_allowed, cudaStream_t stream) {
   using namespace detail;
   const NvtxRange range{"ampscope::cuda::nn::linear_backward_quantized"};
   check_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, compute,
@@ -191,6 +259,31 @@ void linear_backward_quantized(CublasLt& blas, Array dinp, Array dweight, Array 
                          *q.dgrad_dout.recipe == *q.wgrad_dout.recipe;
   OperandRecipe first = q.dgrad_dout;
   if (same_dout && first.counts == nullptr) first.counts = q.wgrad_dout.counts;
+  if (real_fp8(real_fp8_allowed, q.wgrad_dout, q.wgrad_inp, OC, C, N) &&
+      (dinp.data == nullptr || real_fp8(true, q.dgrad_dout, q.dgrad_weight, N, C, OC))) {
+    // The TN layout: dinp (N,C) = d (N,OC) x (w^T stored (C,OC))^T; dweight (OC,C) = (d^T
+    // stored (OC,N)) x (x^T stored (C,N))^T. dout's two code layouts come from one recipe when
+    // the two are equal, its counts reported once.
+    if (dinp.data != nullptr) {
+      const Fp8Operand d(dout, N, OC, compute, first, false, stream);
+      const Fp8Operand w(weight, OC, C, compute, q.dgrad_weight, true, stream);
+      StreamScratch acc(bytes_of(N * C, Format::kFP32), stream);
+      fp8_gemm(blas, acc.as<float>(), d, w, N, C, OC, stream);
+      epilogue(dinp, acc.as<float>(), ConstArray{}, N, C, compute, false, stream);
+    }
+    OperandRecipe wq = q.wgrad_dout;
+    if (same_dout) wq = OperandRecipe{first.recipe, dinp.data == nullptr ? first.counts : nullptr};
+    const Fp8Operand dt(dout, N, OC, compute, wq, true, stream);
+    if (same_dout && q.wgrad_dout.counts != nullptr && q.wgrad_dout.counts != first.counts) {
+      *q.wgrad_dout.counts = *first.counts;
+    }
+    const Fp8Operand xt(inp, N, C, compute, q.wgrad_inp, true, stream);
+    StreamScratch acc(bytes_of(OC * C, Format::kFP32), stream);
+    fp8_gemm(blas, acc.as<float>(), dt, xt, OC, C, N, stream);
+    epilogue(dweight, acc.as<float>(), ConstArray{}, OC, C, compute, true, stream);
+    if (dbias.data != nullptr) bias_gradient(dbias, dout, N, OC, compute, stream);
+    return;
+  }
   std::unique_ptr<QuantizedOperand> d_dgrad;
   if (dinp.data != nullptr || same_dout) {
     d_dgrad = std::make_unique<QuantizedOperand>(dout, N, OC, compute, first, stream);

@@ -17,6 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "ampscope/recipe.h"
 
@@ -27,5 +28,20 @@ namespace ampscope::cuda {
 // failed launch or copy.
 void fake_quantize(const float* x, float* out, std::size_t rows, std::size_t cols,
                    const Recipe& recipe, RecipeCounts* counts, cudaStream_t stream);
+
+// True for the recipes quantize_codes takes: per-tensor scaling (current, delayed) with an E4M3
+// or E5M2 element, the operands of a real FP8 GEMM.
+bool has_fp8_codes(const Recipe& recipe);
+
+// fake_quantize of a per-tensor FP8 recipe (has_fp8_codes), written as what a real FP8 GEMM
+// reads instead of dequantised values: `codes` (rows x cols bytes, row-major; cols x rows, the
+// transpose, when `transposed`) the elements q as E4M3/E5M2 bits, and *decode (one device
+// float) fl32(1 / s). So q x decode is fake_quantize's dequantised value bit for bit, and the
+// counts are fake_quantize's. A non-finite input is stored as that format's conversion without
+// saturation gives it (E5M2: +-Inf or NaN; E4M3: NaN). Stream-ordered as fake_quantize; throws
+// ampscope::Error as it does, and on a recipe without codes.
+void quantize_codes(const float* x, std::uint8_t* codes, float* decode, std::size_t rows,
+                    std::size_t cols, bool transposed, const Recipe& recipe, RecipeCounts* counts,
+                    cudaStream_t stream);
 
 }  // namespace ampscope::cuda

@@ -292,9 +292,11 @@ struct ElementTally {
   double error_sq = 0.0;
 };
 
-// One finite element under a scaled block or tensor scale: y = v * enc (divide: v / enc),
-// rounded and clamped to q, dequantised q * dec. Returns the dequantised value and counts it.
-AMPSCOPE_RECIPE_HD inline float quantize_finite(float v, float enc, float dec, bool divide,
+// The element a finite value becomes under a scaled block or tensor scale: y = v * enc (divide:
+// v / enc), rounded and clamped to the element grid, with v's sign (a value of the element
+// format, exactly: what a real low-precision GEMM reads). Counts saturated, underflow and
+// subnormal.
+AMPSCOPE_RECIPE_HD inline float quantize_element(float v, float enc, bool divide,
                                                  const RounderParams& r, ElementTally& t) {
   const float y = divide ? div_rn(v, enc) : mul_rn(v, enc);
   const float a = abs_of(y);
@@ -313,7 +315,13 @@ AMPSCOPE_RECIPE_HD inline float quantize_finite(float v, float enc, float dec, b
       ++t.subnormal;
     }
   }
-  const float deq = mul_rn(with_sign_of(q, v), dec);
+  return with_sign_of(q, v);
+}
+
+// v's element q (quantize_element's) dequantised, q * dec, counted: overflow when that is not
+// finite, else the squared signal and error.
+AMPSCOPE_RECIPE_HD inline float dequantize_element(float v, float q, float dec, ElementTally& t) {
+  const float deq = mul_rn(q, dec);
   if (!finite_bits(deq)) {
     ++t.overflow;
     return deq;
@@ -322,6 +330,13 @@ AMPSCOPE_RECIPE_HD inline float quantize_finite(float v, float enc, float dec, b
   t.signal_sq += dmul_rn(static_cast<double>(v), static_cast<double>(v));
   t.error_sq += dmul_rn(err, err);
   return deq;
+}
+
+// One finite element under a scaled block or tensor scale: quantised, then dequantised. Returns
+// the dequantised value and counts it.
+AMPSCOPE_RECIPE_HD inline float quantize_finite(float v, float enc, float dec, bool divide,
+                                                 const RounderParams& r, ElementTally& t) {
+  return dequantize_element(v, quantize_element(v, enc, divide, r, t), dec, t);
 }
 
 // An element of a block whose scale is NaN (it holds an Inf or NaN): decodes to NaN; a finite
