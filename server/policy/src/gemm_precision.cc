@@ -155,6 +155,15 @@ PolicyEngine::GemmTrack& PolicyEngine::gemm_track(const std::string& layer) {
   return *it;
 }
 
+bool PolicyEngine::add_gemm_layers(const std::vector<std::string>& layers) {
+  if (!config_.gemm_precision.enabled) return false;
+  const std::size_t before = gemm_tracks_.size();
+  for (const std::string& layer : layers) {
+    if (!layer.empty()) gemm_track(layer);
+  }
+  return gemm_tracks_.size() != before;
+}
+
 void PolicyEngine::record_gemms(const StepInput& in) {
   const GemmPrecisionParams& p = config_.gemm_precision;
   if (!p.enabled) return;

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "ampscope/proto/vocabulary_codec.h"
 #include "log.h"
@@ -25,6 +27,15 @@ policy::ScalerConfig to_engine_scaler(const v1::ScalerConfig& s) {
   c.max_scale = s.max_scale() > 0 ? s.max_scale() : policy::kFp32Max;
   return c;
 }
+
+namespace {
+
+// The layers a Hello says the run can move to BF16.
+std::vector<std::string> gemm_layers(const v1::Hello& hello) {
+  return {hello.bf16_capable_gemms().begin(), hello.bf16_capable_gemms().end()};
+}
+
+}  // namespace
 
 v1::PolicyUpdate to_policy_update(const policy::PolicyDecision& d, const std::string& run_id,
                                   v1::PolicyMode mode, ManagedSets sets,
@@ -92,6 +103,7 @@ RunPolicy& PolicyHost::policy_of(RunState& run) {
 bool PolicyHost::create_engine(const std::string& run_id, RunPolicy& rp, const v1::Hello& hello) {
   try {
     rp.engine.emplace(run_id, config_, to_engine_scaler(hello.scaler()));
+    rp.engine->add_gemm_layers(gemm_layers(hello));
     rp.force_save = true;
     return true;
   } catch (const policy::PolicyError& e) {
@@ -124,7 +136,11 @@ void PolicyHost::restore_run(RunState& run, const RestoredRun& restored,
     }
   }
   if (restored.hello.has_scaler()) rp.hello_scaler = restored.hello.scaler();
-  if (!rp.engine) create_engine(restored.run_id, rp, restored.hello);
+  if (!rp.engine) {
+    create_engine(restored.run_id, rp, restored.hello);
+  } else if (rp.engine->add_gemm_layers(gemm_layers(restored.hello))) {
+    rp.dirty = true;
+  }
   rp.last_report_id = from_report;
   rp.last_merged_id = from_merged;
   // Decisions made while replaying were committed with the steps that caused them (or, with a
@@ -190,6 +206,7 @@ void PolicyHost::on_hello(RunState& run, const v1::Hello& hello) {
     create_engine(hello.run_id(), rp, hello);
     return;
   }
+  if (rp.engine->add_gemm_layers(gemm_layers(hello))) rp.dirty = true;
   // Every rank says the run's configured scaler in its Hello, again at each reconnect; only a
   // different configuration is news to the engine (which tracks the scale in use itself).
   if (!new_config) return;

@@ -104,6 +104,31 @@ TEST(GemmPrecisionTest, MovesALayerWhoseQuantiserKeepsUnderflowing) {
   EXPECT_EQ(engine.current_policy()->bf16_gemms, std::vector<std::string>{"h1.mlp.fc"});
 }
 
+// A trainer that reports one layer's quantiser (ampscope.torch on some layers only): counted
+// over the layers seen, the cap (a quarter) is 0 of 1 and nothing can move; counted over the
+// capable layers the Hello names (add_gemm_layers), it is 1 of 4. The state keeps them.
+TEST(GemmPrecisionTest, TheCapCountsTheCapableLayersNotOnlyThoseThatReported) {
+  const auto run = [](bool declared) {
+    PolicyEngine engine(kRun, gemm_config(), scaler());
+    if (declared) {
+      EXPECT_TRUE(engine.add_gemm_layers(kLayers));
+      EXPECT_FALSE(engine.add_gemm_layers(kLayers)) << "the same layers again change nothing";
+      engine = PolicyEngine::restore(engine.save_state());
+    }
+    std::vector<PolicyDecision> all;
+    for (std::int64_t step = 0; step < 6; ++step) {
+      for (PolicyDecision& d : engine.observe(step_input(step, {h1_fc_grad(412)}))) {
+        all.push_back(std::move(d));
+      }
+    }
+    return all;
+  };
+  EXPECT_TRUE(run(false).empty());
+  const std::vector<PolicyDecision> moved = run(true);
+  ASSERT_EQ(moved.size(), 1u);
+  EXPECT_EQ(moved[0].bf16_gemms, std::vector<std::string>{"h1.mlp.fc"});
+}
+
 TEST(GemmPrecisionTest, HarmBelowTheThresholdOrInTooFewReportsMovesNothing) {
   PolicyEngine engine(kRun, gemm_config(), scaler());
   for (std::int64_t step = 0; step < 24; ++step) {

@@ -348,6 +348,11 @@ class PolicyEngine {
   // The run's scaler changed outside the engine (a new Hello). Validated like the constructor.
   void set_run_scaler(const ScalerConfig& run_scaler);
 
+  // The layers the run can move to BF16 (Hello.bf16_capable_gemms): the per-layer precision's
+  // cap (max_bf16_share) counts them from the start, not only the layers that have reported.
+  // Returns whether any was new (the state changed). Nothing when gemm_precision is off.
+  bool add_gemm_layers(const std::vector<std::string>& layers);
+
   // The whole state as a versioned JSON document (config included), and back. Restoring and
   // feeding the same inputs gives the same decisions as the original engine would have. The
   // document is a few tens of KB for 200 tracked tensors: persist it with each decision and
