@@ -894,7 +894,11 @@ void Metrics::on_quantizers(RunState& state, const v1::StepReport& report, std::
     run.remove_quantizer(it->second);
     it = run.quantizers.erase(it);
   }
-  for (const auto& [key, l] : wanted) {
+  for (const auto& entry : wanted) {
+    // Named, not bound: a lambda cannot capture a structured binding before C++20's P1091
+    // (clang 14).
+    const RunSeries::QuantizerKey& key = entry.first;
+    const RunSeries::QuantizerLatest* l = entry.second;
     auto it = run.quantizers.find(key);
     const auto labels = [&] {
       const auto& [name, role, phase] = key;
