@@ -10,16 +10,37 @@ namespace ampscope::cuda::testing {
 
 using namespace ::ampscope::recipe_rules;
 
-RecipeCounts host_model_fake_quantize(const float* x, float* out, std::size_t rows,
-                                      std::size_t cols, const Recipe& recipe) {
-  RecipeCounts counts = ::ampscope::fake_quantize(nullptr, nullptr, 0, 0, recipe);  // checks
-  const RecipeParams p = recipe_params(recipe);
-  const std::size_t n = rows * cols;
+namespace {
+
+// The largest finite |x| of n values (0 without any).
+float finite_amax(const float* x, std::size_t n) {
   float amax = 0.0f;
   for (std::size_t i = 0; i < n; ++i) {
     const float a = abs_of(x[i]);
     if (finite_bits(a) && a > amax) amax = a;
   }
+  return amax;
+}
+
+// The element tally and amax into the counts.
+void take_tally(const ElementTally& e, float amax, RecipeCounts* counts) {
+  counts->underflow = e.underflow;
+  counts->subnormal = e.subnormal;
+  counts->saturated = e.saturated;
+  counts->overflow = e.overflow;
+  counts->signal_sq = e.signal_sq;
+  counts->error_sq = e.error_sq;
+  counts->amax = amax;
+}
+
+}  // namespace
+
+RecipeCounts host_model_fake_quantize(const float* x, float* out, std::size_t rows,
+                                      std::size_t cols, const Recipe& recipe) {
+  RecipeCounts counts = ::ampscope::fake_quantize(nullptr, nullptr, 0, 0, recipe);  // checks
+  const RecipeParams p = recipe_params(recipe);
+  const std::size_t n = rows * cols;
+  const float amax = finite_amax(x, n);
   ElementTally e;
   std::array<std::uint64_t, kHistogramBins> histogram{};
   if (!is_block_recipe(recipe.scaling)) {
@@ -73,13 +94,7 @@ RecipeCounts host_model_fake_quantize(const float* x, float* out, std::size_t ro
       }
     }
   }
-  counts.underflow = e.underflow;
-  counts.subnormal = e.subnormal;
-  counts.saturated = e.saturated;
-  counts.overflow = e.overflow;
-  counts.signal_sq = e.signal_sq;
-  counts.error_sq = e.error_sq;
-  counts.amax = amax;
+  take_tally(e, amax, &counts);
   counts.tensor_scale = tensor_scale(p, amax);
   counts.scale_histogram = BinadeHistogram::from_dense(histogram);
   return counts;
@@ -91,11 +106,7 @@ RecipeCounts host_model_quantize_codes(const float* x, std::uint8_t* codes, floa
   RecipeCounts counts = ::ampscope::fake_quantize(nullptr, nullptr, 0, 0, recipe);  // checks
   const RecipeParams p = recipe_params(recipe);
   const std::size_t n = rows * cols;
-  float amax = 0.0f;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float a = abs_of(x[i]);
-    if (finite_bits(a) && a > amax) amax = a;
-  }
+  const float amax = finite_amax(x, n);
   const float s = tensor_scale(p, amax), inverse = div_rn(1.0f, s);
   *decode = inverse;
   ElementTally e;
@@ -106,13 +117,7 @@ RecipeCounts host_model_quantize_codes(const float* x, std::uint8_t* codes, floa
             ? detail::fp8_code<Format::kE4M3>(x[i], s, inverse, p.element, e)
             : detail::fp8_code<Format::kE5M2>(x[i], s, inverse, p.element, e);
   }
-  counts.underflow = e.underflow;
-  counts.subnormal = e.subnormal;
-  counts.saturated = e.saturated;
-  counts.overflow = e.overflow;
-  counts.signal_sq = e.signal_sq;
-  counts.error_sq = e.error_sq;
-  counts.amax = amax;
+  take_tally(e, amax, &counts);
   counts.tensor_scale = s;
   return counts;
 }
