@@ -80,6 +80,7 @@ TEST_F(CliTest, BadInputGivesOneLineErrorAndNonZeroExit) {
       "--precision amp-bf16 --bf16-gemm h0.mlp.fc",       // no quantised GEMMs
       "--precision mxfp8 --bf16-gemm h9.mlp.fc",          // no block h9
       "--precision nvfp4 --bf16-gemm lm_head",            // never quantised
+      "--precision fp8-delayed --fp8-gemm fast",          // auto or emulate
   };
   for (const auto& args : bad) {
     const Result r = run(tiny() + args);
@@ -98,7 +99,8 @@ TEST_F(CliTest, HelpListsTheFlags) {
        {"--precision", "--steps", "--seed", "--batch", "--accum", "--lr", "--data",
         "--checkpoint-dir", "--resume", "--log-json", "--context", "--width", "--heads", "--layers",
         "--inject-nan", "--grad-shrink", "--grad-shrink-end", "--inject-overflow-every",
-        "--inject-overflow-tensor", "--bf16-gemm", "--fp8-amax-history", "--fp8-margin"}) {
+        "--inject-overflow-tensor", "--bf16-gemm", "--fp8-amax-history", "--fp8-margin",
+        "--fp8-gemm", "--loss-cost-every"}) {
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
   }
 }
