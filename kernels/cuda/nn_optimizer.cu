@@ -214,6 +214,18 @@ __global__ void sum_partial_kernel(ConstArray x, std::int64_t n, double* partial
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
+// Per-block FP64 sums of a x b over the same fixed grid.
+__global__ void products_partial_kernel(ConstArray a, ConstArray b, std::int64_t n,
+                                        double* partials) {
+  __shared__ double shared[kThreadsPerBlock / kWarpSize];
+  double acc = 0.0;
+  for (std::int64_t i = global_thread(); i < n; i += grid_threads()) {
+    acc += static_cast<double>(load(a.data, a.dtype, i)) * load(b.data, b.dtype, i);
+  }
+  acc = block_sum(acc, shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
 __device__ double sum_of_partials(const double* partials, int count) {
   __shared__ double shared[kThreadsPerBlock / kWarpSize];
   double acc = 0.0;
@@ -230,6 +242,11 @@ __global__ void accumulate_mean_final_kernel(const double* partials, int count, 
                                              double* acc) {
   const double sum = sum_of_partials(partials, count);
   if (threadIdx.x == 0) *acc += sum / n;
+}
+
+__global__ void sum_final_kernel(const double* partials, int count, double* out) {
+  const double sum = sum_of_partials(partials, count);
+  if (threadIdx.x == 0) *out = sum;
 }
 
 __global__ void scale_kernel(Array x, std::int64_t n, float factor) {
@@ -385,6 +402,25 @@ void sum_squares(float* sum_sq, ConstArray x, std::int64_t n, cudaStream_t strea
   check_launch();
   sum_squares_final_kernel<<<1, kThreadsPerBlock, 0, stream>>>(partials.as<double>(), blocks,
                                                                sum_sq);
+  check_launch();
+}
+
+void sum_products(double* out, ConstArray a, ConstArray b, std::int64_t n, cudaStream_t stream) {
+  using namespace detail;
+  const NvtxRange range{"ampscope::cuda::nn::sum_products"};
+  AMPSCOPE_CHECK(out != nullptr, "sum_products: out is null");
+  ::ampscope::cuda::detail::check_device_accessible(out, "sum_products: out");
+  check_array(a, n, "sum_products: a");
+  check_array(b, n, "sum_products: b");
+  const int blocks = std::max(1, grid_blocks(static_cast<std::size_t>(n), kSumSquaresBlocksPerSm));
+  StreamScratch partials(static_cast<std::size_t>(blocks) * sizeof(double), stream);
+  if (n > 0) {
+    products_partial_kernel<<<blocks, kThreadsPerBlock, 0, stream>>>(a, b, n,
+                                                                     partials.as<double>());
+    check_launch();
+  }
+  sum_final_kernel<<<1, kThreadsPerBlock, 0, stream>>>(partials.as<double>(), n > 0 ? blocks : 0,
+                                                       out);
   check_launch();
 }
 

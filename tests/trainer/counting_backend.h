@@ -104,6 +104,9 @@ class CountingBackend final : public Backend {
     inner_->update_loss_scale(state, found_inf, rule);
   }
   void accumulate_mean(double* acc, const Tensor& x) override { inner_->accumulate_mean(acc, x); }
+  void sum_products(double* out, const Tensor& a, const Tensor& b) override {
+    inner_->sum_products(out, a, b);
+  }
   void scale(const Tensor& x, float factor) override { inner_->scale(x, factor); }
   void adamw(const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
              const AdamWParams& hp) override {

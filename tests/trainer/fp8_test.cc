@@ -566,7 +566,9 @@ TEST(Fp8TrainingTest, LossCostIsTheOutputErrorDottedWithTheLossGradient) {
       TrainerConfig c = tiny(mode, 4);
       c.loss_cost_every = 2;
       auto t = make(c);
-      if (in_bf16) ASSERT_EQ(t->gemm_precision().add_bf16("h0.attn.qkv", 0), "");
+      if (in_bf16) {
+        ASSERT_EQ(t->gemm_precision().add_bf16("h0.attn.qkv", 0), "");
+      }
       CostRecorder rec;
       t->set_observer(&rec);
       for (int i = 0; i < 4; ++i) t->step();

@@ -578,6 +578,16 @@ class CpuBackend final : public Backend {
     *acc += sum / static_cast<double>(x.numel());
   }
 
+  void sum_products(double* out, const Tensor& a, const Tensor& b) override {
+    check_same_numel(a, b, "sum_products");
+    In x(a, Format::kFP32, ex_), y(b, Format::kFP32, ex_);
+    double sum = 0.0;
+    for (std::int64_t i = 0; i < a.numel(); ++i) {
+      sum += static_cast<double>(x.get()[i]) * static_cast<double>(y.get()[i]);
+    }
+    *out = sum;
+  }
+
   void scale(const Tensor& x, float factor) override {
     In g(x, Format::kFP32, ex_);
     Out o(x, Format::kFP32, ex_);

@@ -463,6 +463,12 @@ class CudaBackend final : public Backend {
     nn::accumulate_mean(acc, array(x, "accumulate_mean: x"), x.numel(), s());
   }
 
+  void sum_products(double* out, const Tensor& a, const Tensor& b) override {
+    check_same_numel(a, b, "sum_products");
+    nn::sum_products(out, array(a, "sum_products: a"), array(b, "sum_products: b"), a.numel(),
+                     s());
+  }
+
   void scale(const Tensor& x, float factor) override {
     nn::scale(array(x, "scale: x"), x.numel(), factor, s());
   }

@@ -466,21 +466,32 @@ void Gpt::keep_output_error(const StepContext& ctx, const std::string& layer, co
         *recipe_for(ctx, layer, GemmOperand::kWeight, GemmUse::kForward, &iw), nullptr};
     backend_.quantized_matmul_forward(other, inp, weight, bias, compute, q);
   }
-  std::vector<float> e = host_values(out);
-  const std::vector<float> o = host_values(other);
-  for (std::size_t i = 0; i < e.size(); ++i) e[i] = quantized ? e[i] - o[i] : o[i] - e[i];
-  output_errors_.emplace_back(layer, std::move(e));
+  // out - other in FP32, in the back end: other negated (exact), then added.
+  backend_.scale(other, -1.0f);
+  OutputError kept{layer, backend_.allocate(static_cast<std::size_t>(out.numel()) * sizeof(float)),
+                   quantized ? 1.0 : -1.0};
+  Tensor e = out;
+  e.data = kept.error->data();
+  e.dtype = Format::kFP32;
+  backend_.add(e, out, other, Format::kFP32);
+  output_errors_.push_back(std::move(kept));
 }
 
 std::optional<double> Gpt::take_loss_cost(const std::string& layer, const Tensor& dout) {
   const auto it = std::find_if(output_errors_.begin(), output_errors_.end(),
-                               [&](const auto& k) { return k.first == layer; });
+                               [&](const OutputError& k) { return k.layer == layer; });
   if (it == output_errors_.end()) return std::nullopt;
-  const std::vector<float> d = host_values(dout);
-  AMPSCOPE_CHECK(d.size() == it->second.size(), "loss cost of ", layer, ": dout has ", d.size(),
-                 " elements, the output ", it->second.size());
+  const auto n = static_cast<std::size_t>(dout.numel());
+  AMPSCOPE_CHECK(it->error->bytes() == n * sizeof(float), "loss cost of ", layer, ": dout has ", n,
+                 " elements, the output ", it->error->bytes() / sizeof(float));
+  Tensor e = dout;
+  e.data = it->error->data();
+  e.dtype = Format::kFP32;
+  if (!loss_cost_mem_) loss_cost_mem_ = backend_.allocate(sizeof(double));
+  backend_.sum_products(static_cast<double*>(loss_cost_mem_->data()), dout, e);
   double sum = 0.0;
-  for (std::size_t i = 0; i < d.size(); ++i) sum += static_cast<double>(d[i]) * it->second[i];
+  backend_.copy_to_host(&sum, loss_cost_mem_->data(), sizeof sum);  // waits for the product
+  sum *= it->sign;
   output_errors_.erase(it);
   const double cost = sum / static_cast<double>(dloss_);
   // A non-finite dout (an overflowed step the scaler skips) measures nothing.

@@ -513,6 +513,17 @@ TEST_P(CudaBackendTest, OptimizerStepMatchesCpu) {
   gpu_->copy_to_host(&gpu_mean, gpu_acc->data(), sizeof(double));
   EXPECT_NE(cpu_mean, 0.0);
   EXPECT_NEAR(gpu_mean, cpu_mean, 1e-9 * std::abs(cpu_mean) + 1e-12);
+  // The loss cost's dot product: sum of a x b in FP64, against itself with the other operand.
+  Twin other = random(f, {n}, 44, 1.0f);
+  cpu_->sum_products(static_cast<double*>(cpu_acc->data()), grads.cpu(), other.cpu());
+  gpu_->sum_products(static_cast<double*>(gpu_acc->data()), grads.gpu(), other.gpu());
+  double cpu_dot = 0.0, gpu_dot = 0.0, magnitude = 0.0;
+  cpu_->copy_to_host(&cpu_dot, cpu_acc->data(), sizeof(double));
+  gpu_->copy_to_host(&gpu_dot, gpu_acc->data(), sizeof(double));
+  const std::vector<float> gv = grads.host.values(), ov = other.host.values();
+  for (std::size_t i = 0; i < gv.size(); ++i) magnitude += std::abs(double(gv[i]) * ov[i]);
+  EXPECT_GT(magnitude, 0.0);
+  EXPECT_NEAR(gpu_dot, cpu_dot, 1e-12 * magnitude);
   cpu_->scale(grads.cpu(), 0.37f);
   gpu_->scale(grads.gpu(), 0.37f);
   EXPECT_TRUE(same_bits(grads.host, download(grads)));

@@ -103,6 +103,10 @@ void sum_squares(float* sum_sq, ConstArray x, std::int64_t n, cudaStream_t strea
 // loss of a micro-batch added on the device, so that it comes back with the step's one read.
 void accumulate_mean(double* acc, ConstArray x, std::int64_t n, cudaStream_t stream);
 
+// *out (FP64, device) = sum of a[i] x b[i] over n elements, products and sum in FP64 the same
+// way (the trainer's loss cost: dout dotted with a layer's output error).
+void sum_products(double* out, ConstArray a, ConstArray b, std::int64_t n, cudaStream_t stream);
+
 // x (n) *= factor.
 void scale(Array x, std::int64_t n, float factor, cudaStream_t stream);
 

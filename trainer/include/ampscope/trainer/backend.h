@@ -246,6 +246,10 @@ class Backend {
   // in element order; the device in fixed blocks). The trainer adds each micro-batch's loss
   // this way so that a step reads it back together with found_inf and the norm.
   virtual void accumulate_mean(double* acc, const Tensor& x) = 0;
+  // *out (one FP64 in this back end's memory) = sum of a[i] x b[i] (same numel), the values as
+  // stored, products and sum in FP64 (the CPU in element order; the device in fixed blocks): the
+  // model's loss cost, dout dotted with its output error, without a host copy of either.
+  virtual void sum_products(double* out, const Tensor& a, const Tensor& b) = 0;
   // x *= factor (computed in FP32, stored in x.dtype).
   virtual void scale(const Tensor& x, float factor) = 0;
   // PyTorch AdamW (decoupled weight decay, bias-corrected) on params, grads, m, v of equal

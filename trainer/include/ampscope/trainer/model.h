@@ -214,8 +214,8 @@ class Gpt {
                         bool what_if = false,
                         std::optional<double> loss_cost = std::nullopt) const;
   // Loss cost (set_loss_cost_every): whether this step measures it; the forward keeps the
-  // layer's output error (recipe minus unquantised, FP32 on the host), the backward dots it
-  // with dout / dloss and forgets it.
+  // layer's output error (FP32, in the back end's memory), the backward dots it with
+  // dout / dloss (Backend::sum_products) and forgets it.
   bool measure_loss_cost(const StepContext& ctx, Format compute) const;
   void keep_output_error(const StepContext& ctx, const std::string& layer, const Tensor& out,
                          const Tensor& inp, const Tensor& weight, const Tensor& bias,
@@ -246,7 +246,15 @@ class Gpt {
   int cur_batch_ = 0;
   int loss_cost_every_ = 0;
   float dloss_ = 1.0f;  // the running backward's
-  std::vector<std::pair<std::string, std::vector<float>>> output_errors_;  // this micro-step's
+  // A layer's output error as kept for its backward: out - other (FP32), whose sign makes it
+  // recipe minus unquantised.
+  struct OutputError {
+    std::string layer;
+    std::unique_ptr<Buffer> error;
+    double sign = 1.0;
+  };
+  std::vector<OutputError> output_errors_;  // this micro-step's
+  std::unique_ptr<Buffer> loss_cost_mem_;   // one FP64: sum_products' result
 };
 
 }  // namespace ampscope::trainer
