@@ -130,7 +130,8 @@ TEST_F(DashboardTest, HasTheDocumentedPanels) {
        {"Training and validation loss", "Loss scale (log2)", "Skipped steps and reasons",
         "Non-finite values by role", "Underflow ratio by format", "Overflow ratio by format",
         "Gradient magnitudes", "Worst tensors (top-K)", "First offenders",
-        "Tensor-core utilisation", "Step time", "Agent connectivity", "Agent spool backlog"}) {
+        "Tensor-core utilisation", "Step time", "Agent connectivity", "Agent spool backlog",
+        "FP8/FP4 quantisers (top-K)", "FP8/FP4 loss cost per quantiser"}) {
     EXPECT_NE(panel_titled(title), nullptr) << title;
   }
 }
@@ -484,7 +485,7 @@ TEST(ExportedMetricsTest, EveryMetricTheDashboardAndAlertsReadIsExported) {
     for (std::uint64_t seq = 1; seq <= kReports; ++seq) {
       v1::StepReport r = realistic_report("dash-run", seq, scale, /*nan_step=*/5);
       // An FP8 GEMM input under delayed scaling: the ampscope_quantizer_* series, the scale's
-      // among them.
+      // and the loss cost's among them.
       v1::QuantizerStats* q = r.add_quantizers();
       q->set_name("h0.mlp.fc.input");
       q->set_role(v1::TENSOR_ROLE_ACTIVATION);
@@ -497,6 +498,7 @@ TEST(ExportedMetricsTest, EveryMetricTheDashboardAndAlertsReadIsExported) {
       q->set_signal_sq(100.0);
       q->set_error_sq(0.1);
       q->set_tensor_scale(112.0);
+      q->set_loss_cost(2e-4);  // the ampscope_quantizer_loss_cost_nats series
       ASSERT_TRUE(agent.send(r));
       scale = r.scale_after();
     }
