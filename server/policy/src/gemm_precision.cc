@@ -1,7 +1,8 @@
 // Per-layer precision of FP8/FP4 runs: which layers' GEMMs leave the recipe for BF16 and come
 // back, and delayed scaling's amax history and margin. Reading order: record_gemms() (what each
-// quantiser report says, per layer and step) -> update_bf16_set() (back to the recipe first,
-// then to BF16, worst first, under the cap) -> update_delayed().
+// quantiser report says, per layer and step) -> update_bf16_set() (moves that did not take
+// effect undone, then back to the recipe, then to BF16, worst first, under the cap) ->
+// update_delayed().
 //
 // Limits (docs/policy.md, "Per-layer precision (FP8/FP4)"): a report is harmful when a share of
 // its finite values underflowed, or saturated and overflowed, above a limit, or when its SQNR
@@ -97,6 +98,10 @@ std::string cost_text(int steps, double mean, double se, const GemmPrecisionPara
          " nats of loss per step (first order, mean of " + std::to_string(steps) +
          " measured steps +- " + number(p.loss_cost_z) + " standard errors)";
 }
+
+// Reported steps with the recipe applied, from a move's effective step on, after which the
+// move is taken as not done: the steps a scale decision is given to show (apply_grace_steps).
+int unheeded_steps(const EngineConfig& c) { return std::max(1, c.apply_grace_steps); }
 
 }  // namespace
 
@@ -205,8 +210,44 @@ void PolicyEngine::record_gemms(const StepInput& in) {
         k.cause.keep(in.step, near->first, to_string(c.recipe), near->second);
       }
       if (q.loss_cost) k.cost.add(in.step, *q.loss_cost, p.loss_cost_reports);
+    } else if (k.bf16_from_step >= 0 && in.step >= k.bf16_from_step) {
+      // In BF16 from this step on by the engine's account, yet the recipe was applied.
+      k.unheeded.add(in.step, kHarm, unheeded_steps(config_));
     }
   }
+}
+
+bool PolicyEngine::drop_unheeded_moves(std::vector<std::string>* why) {
+  const GemmPrecisionParams& p = config_.gemm_precision;
+  bool changed = false;
+  for (GemmTrack& k : gemm_tracks_) {
+    // A move that took effect shows in what-if reports; one whose layer reported only the recipe
+    // applied for as many steps as a scale decision is given to show did not (the agent refused
+    // the update, or the trainer cannot move that layer). Out of the set, so that the set is
+    // what the run does, and held for a dwell that doubles with each such move.
+    if (k.bf16_from_step < 0 || !k.what_if.steps.empty() ||
+        static_cast<int>(k.unheeded.steps.size()) < unheeded_steps(config_)) {
+      continue;
+    }
+    const std::int64_t hold = p.min_dwell_steps << std::min(k.refusals, kMaxDwellDoublings);
+    why->push_back("recipe " + k.layer + ": its move to BF16 from step " +
+                   std::to_string(k.bf16_from_step) + " did not take effect (the recipe applied " +
+                   "in " + std::to_string(k.unheeded.steps.size()) +
+                   " reported steps since, none in BF16: the agent refused the update or the " +
+                   "trainer cannot move this layer); not moved again before step " +
+                   std::to_string(latest_step_ + hold));
+    bf16_set_.erase(std::lower_bound(bf16_set_.begin(), bf16_set_.end(), k.layer));
+    k.applied.clear();
+    k.cost.clear();
+    k.unheeded.clear();
+    k.worst = {};
+    k.cause = {};
+    k.bf16_from_step = -1;
+    k.refusals += 1;
+    k.held_until = latest_step_ + hold;
+    changed = true;
+  }
+  return changed;
 }
 
 bool PolicyEngine::update_bf16_set(std::vector<std::string>* why) {
@@ -247,10 +288,12 @@ bool PolicyEngine::update_bf16_set(std::vector<std::string>* why) {
     k.what_if_cost.clear();
     k.worst = {};
     k.cause = {};
+    k.unheeded.clear();
     k.bf16_from_step = -1;
     k.returns += 1;
     changed = true;
   };
+  changed = drop_unheeded_moves(why);
   const double return_limit = p.min_loss_cost * p.promote_factor;
   // Back to the recipe first, so that the room they leave can take a worse layer.
   for (GemmTrack& k : gemm_tracks_) {
@@ -282,6 +325,7 @@ bool PolicyEngine::update_bf16_set(std::vector<std::string>* why) {
   std::vector<Candidate> candidates;
   for (GemmTrack& k : gemm_tracks_) {
     if (std::binary_search(bf16_set_.begin(), bf16_set_.end(), k.layer)) continue;
+    if (latest_step_ < k.held_until) continue;  // its last move did not take effect
     const auto cost = k.cost.complete(latest_step_, p.loss_cost_reports);
     const bool costly = cost.steps >= p.loss_cost_reports &&
                         cost.mean - p.loss_cost_z * cost.se >= p.min_loss_cost;
@@ -350,6 +394,7 @@ bool PolicyEngine::update_bf16_set(std::vector<std::string>* why) {
     bf16_set_.insert(std::lower_bound(bf16_set_.begin(), bf16_set_.end(), k.layer), k.layer);
     k.what_if.clear();
     k.what_if_cost.clear();
+    k.unheeded.clear();
     k.moved_cost = k.costed ? cost.mean - p.loss_cost_z * cost.se : 0.0;
     changed = true;
   }

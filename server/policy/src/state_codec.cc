@@ -259,7 +259,10 @@ struct StateCodec {
                         {"what_if_cost", costs_to_json(k.what_if_cost)},
                         {"cause", finding_to_json(k.cause)},
                         {"returns", k.returns},
-                        {"moved_cost", k.moved_cost}});
+                        {"moved_cost", k.moved_cost},
+                        {"unheeded", flags_to_json(k.unheeded)},
+                        {"refusals", k.refusals},
+                        {"held_until", k.held_until}});
     }
     return json{{"tracks", tracks},
                 {"bf16_set", e.bf16_set_},
@@ -290,6 +293,14 @@ struct StateCodec {
         t.returns = k.value("returns", 0);
         t.moved_cost = k.value("moved_cost", 0.0);
         if (t.returns < 0) throw PolicyError("state: " + owner + " has a negative return count");
+      }
+      // Added within version 2 too: a document written before knows of no unheeded move.
+      if (k.contains("unheeded")) {
+        const std::string owner = "gemm track '" + t.layer + "'";
+        t.unheeded = flags_from_json(k.at("unheeded"), owner + " unheeded");
+        t.refusals = k.at("refusals").get<int>();
+        t.held_until = k.at("held_until").get<std::int64_t>();
+        if (t.refusals < 0) throw PolicyError("state: " + owner + " has a negative refusal count");
       }
       e.gemm_tracks_.push_back(std::move(t));
     }

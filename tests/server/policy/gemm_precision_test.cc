@@ -3,6 +3,7 @@
 // real recipes (ampscope/recipe.h) give for Gaussian and wide-range data.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -232,6 +233,48 @@ TEST(GemmPrecisionTest, WithoutTheDwellCleanWhatIfReportsWait) {
   const auto out = engine.observe(clean_step(25, {h1_fc_grad(0, true)}));
   ASSERT_EQ(out.size(), 1u);
   EXPECT_TRUE(out[0].bf16_gemms.empty());
+}
+
+// An agent that refuses the update (or a trainer that cannot move the layer) keeps reporting
+// the recipe applied: after apply_grace_steps (8) reported steps of it from the move's
+// effective step on, with no what-if report, the engine takes the layer out of its BF16 set
+// and does not move it again for min_dwell_steps (10), then 20: the set stays what the run does.
+TEST(GemmPrecisionTest, AMoveThatDoesNotTakeEffectIsUndoneAndHeldEverLonger) {
+  PolicyEngine engine(kRun, gemm_config(), scaler());
+  std::vector<std::pair<std::int64_t, PolicyDecision>> decisions;
+  for (std::int64_t step = 0; step < 60; ++step) {
+    for (PolicyDecision& d : engine.observe(clean_step(step, {h1_fc_grad(412)}))) {
+      decisions.emplace_back(step, std::move(d));
+    }
+  }
+  ASSERT_EQ(decisions.size(), 5u);
+  const std::vector<std::int64_t> at = {3, 12, 22, 31, 51};
+  for (std::size_t i = 0; i < at.size(); ++i) {
+    EXPECT_EQ(decisions[i].first, at[i]) << i;
+    const bool moved = i % 2 == 0;
+    EXPECT_EQ(decisions[i].second.bf16_gemms,
+              moved ? std::vector<std::string>{"h1.mlp.fc"} : std::vector<std::string>{})
+        << i;
+  }
+  EXPECT_EQ(decisions[1].second.reason,
+            "recipe h1.mlp.fc: its move to BF16 from step 5 did not take effect (the recipe "
+            "applied in 8 reported steps since, none in BF16: the agent refused the update or "
+            "the trainer cannot move this layer); not moved again before step 22");
+  EXPECT_NE(decisions[3].second.reason.find("from step 24 did not take effect"),
+            std::string::npos)
+      << decisions[3].second.reason;
+  EXPECT_NE(decisions[3].second.reason.find("not moved again before step 51"), std::string::npos)
+      << decisions[3].second.reason;
+  // What-if reports say the move took effect, whatever else the layer reports applied (here its
+  // input, as clean_step reports every layer's): it stays.
+  PolicyEngine honoured(kRun, gemm_config(), scaler());
+  for (std::int64_t step = 0; step < 40; ++step) {
+    honoured.observe(clean_step(step, {h1_fc_grad(412, step >= 5)}));
+  }
+  EXPECT_EQ(honoured.current_policy()->bf16_gemms, std::vector<std::string>{"h1.mlp.fc"});
+  // The refusal count and the hold survive save and restore.
+  PolicyEngine restored = PolicyEngine::restore(engine.save_state());
+  EXPECT_EQ(restored.save_state(), engine.save_state());
 }
 
 TEST(GemmPrecisionTest, RanksOfOneStepCountOnce) {
@@ -485,6 +528,30 @@ StepInput cost_step(std::int64_t step, const std::vector<double>& costs, bool wh
   return step_input(step, std::move(qs));
 }
 
+// A trainer that takes the engine's moves: from a decision's effective step on, the quantisers
+// of its BF16 layers report what-if counts (measured, not applied), the others the recipe
+// applied.
+class Trainer {
+ public:
+  explicit Trainer(std::vector<std::string> bf16 = {}) : bf16_(std::move(bf16)) {}
+  std::vector<PolicyDecision> step(PolicyEngine& engine, StepInput in) {
+    while (!pending_.empty() && pending_.front().effective_from_step <= in.step) {
+      bf16_ = pending_.front().bf16_gemms;
+      pending_.erase(pending_.begin());
+    }
+    for (QuantizerInput& q : in.quantizers) {
+      q.what_if = std::find(bf16_.begin(), bf16_.end(), q.layer) != bf16_.end();
+    }
+    std::vector<PolicyDecision> out = engine.observe(in);
+    pending_.insert(pending_.end(), out.begin(), out.end());
+    return out;
+  }
+
+ private:
+  std::vector<std::string> bf16_;
+  std::vector<PolicyDecision> pending_;
+};
+
 TEST(GemmPrecisionTest, LossCostMovesTheCostliestLayersUnderTheCap) {
   PolicyEngine engine(kRun, cost_config(), scaler());
   // Means over steps 0..3: h0.attn.qkv 3e-3, h0.mlp.fc 1.5e-3 alternating 0 and 3e-3 (standard
@@ -595,10 +662,11 @@ TEST(GemmPrecisionTest, ACostlierLayerTakesTheRoomOfACheaperOne) {
     ASSERT_EQ(engine.current_policy()->bf16_gemms, std::vector<std::string>{"h0.attn.qkv"});
     engine.observe(cost_step(5, {1.2e-3, 0, 0, 0}));
     std::vector<std::pair<std::int64_t, PolicyDecision>> decided;
+    Trainer trainer({"h0.attn.qkv"});
     for (std::int64_t step = 6; step < 30; ++step) {
-      StepInput in = cost_step(step, {-8e-4, 0, 0, waiting});
-      in.quantizers[0].what_if = in.quantizers[1].what_if = true;
-      for (auto& d : engine.observe(in)) decided.emplace_back(step, std::move(d));
+      for (auto& d : trainer.step(engine, cost_step(step, {-8e-4, 0, 0, waiting}))) {
+        decided.emplace_back(step, std::move(d));
+      }
     }
     if (waiting < 2.4e-3) {
       EXPECT_TRUE(decided.empty()) << waiting << ": " << decided.front().second.reason;

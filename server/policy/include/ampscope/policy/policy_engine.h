@@ -450,6 +450,11 @@ class PolicyEngine {
     GemmFinding cause;         // latest applied report's quantiser nearest a limit (any severity)
     int returns = 0;           // times it came back to the recipe: its dwell doubles each time
     double moved_cost = 0.0;   // its cost's lower bound (m - z se) when it last moved to BF16
+    // In BF16 but reported with the recipe applied from its move's effective step on (the agent
+    // refused the update, or the trainer cannot move it): the steps, up to apply_grace_steps.
+    StepFlags unheeded;
+    int refusals = 0;              // moves that did not take effect: its hold doubles each time
+    std::int64_t held_until = -1;  // not moved to BF16 again before this step
   };
 
   void check_input(const StepInput& input) const;
@@ -465,6 +470,7 @@ class PolicyEngine {
   void record_gemms(const StepInput& input);
   GemmTrack& gemm_track(const std::string& layer);
   bool update_bf16_set(std::vector<std::string>* why);
+  bool drop_unheeded_moves(std::vector<std::string>* why);
   bool update_delayed(PolicyDecision* recipe, std::vector<std::string>* why);
   bool overflow_explained_by_scale(double tensor_scale) const;
   PolicyDecision make_decision(const ScalerSettings& scaler, const PolicyDecision& recipe,
