@@ -324,6 +324,16 @@ fi
 begin loss_vs_cpu
 LOSS_ARGS="--precision amp-fp16 --context 64 --width 128 --heads 4 --layers 4 --batch 16 --steps 30 --warmup 5 --seed 1 --eval-every 0 --quiet"
 losses() { grep -o '"loss":[-0-9.eE+]*' "$1" | cut -d: -f2; }
+# compare_losses REF.jsonl NEW.jsonl REF_NAME NEW_NAME FIRST_TOL ANY_TOL: the two runs' losses
+# step by step as JSON: the relative difference |new - ref| / |ref| at the first step (forward
+# only) within FIRST_TOL and at every step within ANY_TOL.
+compare_losses() {
+  paste <(losses "$1") <(losses "$2") | awk -v rn="$3" -v nn="$4" -v ft="$5" -v at="$6" '
+    function abs(x) { return x < 0 ? -x : x }
+    { n++; d = abs($2 - $1) / abs($1); if (n == 1) first = d; if (d > max) max = d; r = $1; v = $2 }
+    END { ok = (n > 0 && first <= ft + 0 && max <= at + 0) ? "true" : "false";
+          printf "{\"steps\": %d, \"%s_final_loss\": %.6f, \"%s_final_loss\": %.6f, \"first_step_rel_diff\": %.3g, \"max_rel_diff\": %.3g, \"within_tolerance\": %s, \"tolerance\": {\"first_step\": %s, \"any_step\": %s}}", n, rn, r, nn, v, first, max, ok, ft, at }'
+}
 tok_per_s() { sed -n 's/.*| \([0-9.]*\) tok\/s.*/\1/p' "$1" | tail -1; }
 timeout 120 "$TRAIN" --device cuda $LOSS_ARGS --log-json "$WORK/loss_gpu.jsonl" >"$WORK/loss_gpu.txt" 2>&1
 GPU_RC=$?
@@ -334,11 +344,7 @@ if [ $GPU_RC -ne 0 ] || [ $CPU_RC -ne 0 ]; then
   end_step failed "training failed (gpu exit $GPU_RC, cpu exit $CPU_RC; outputs in $WORK)"
 else
   # Relative difference per step; tolerance: 2e-3 at step 0 (forward only), 3e-2 at any step.
-  CMP=$(paste <(losses "$WORK/loss_cpu.jsonl") <(losses "$WORK/loss_gpu.jsonl") | awk '
-    function abs(x) { return x < 0 ? -x : x }
-    { n++; d = abs($2 - $1) / abs($1); if (n == 1) first = d; if (d > max) max = d; cpu = $1; gpu = $2 }
-    END { ok = (n > 0 && first <= 2e-3 && max <= 3e-2) ? "true" : "false";
-          printf "{\"steps\": %d, \"cpu_final_loss\": %.6f, \"gpu_final_loss\": %.6f, \"first_step_rel_diff\": %.3g, \"max_rel_diff\": %.3g, \"within_tolerance\": %s, \"tolerance\": {\"first_step\": 2e-3, \"any_step\": 3e-2}}", n, cpu, gpu, first, max, ok }')
+  CMP=$(compare_losses "$WORK/loss_cpu.jsonl" "$WORK/loss_gpu.jsonl" cpu gpu 2e-3 3e-2)
   put loss_vs_cpu "{\"config\": $(jstr "$LOSS_ARGS"), \"gpu_tokens_per_s\": $(jnum "$(tok_per_s "$WORK/loss_gpu.txt")"), \"cpu_tokens_per_s\": $(jnum "$(tok_per_s "$WORK/loss_cpu.txt")"), \"comparison\": $CMP}"
   if grep -q '"within_tolerance": true' <<<"$CMP"; then
     end_step ok "$CMP"
@@ -361,11 +367,7 @@ if [ $REAL_RC -ne 0 ] || [ $EMUL_RC -ne 0 ]; then
   put fp8_gemms "{\"config\": $(jstr "$FP8_ARGS"), \"error\": $(jstr "real exit $REAL_RC: $(tail -1 "$WORK/fp8_real.txt"); emulate exit $EMUL_RC: $(tail -1 "$WORK/fp8_emul.txt")")}"
   end_step failed "training failed (real exit $REAL_RC, emulate exit $EMUL_RC; outputs in $WORK)"
 else
-  CMP=$(paste <(losses "$WORK/fp8_emul.jsonl") <(losses "$WORK/fp8_real.jsonl") | awk '
-    function abs(x) { return x < 0 ? -x : x }
-    { n++; d = abs($2 - $1) / abs($1); if (d > max) max = d; e = $1; r = $2 }
-    END { ok = (n > 0 && max <= 3e-2) ? "true" : "false";
-          printf "{\"steps\": %d, \"emulated_final_loss\": %.6f, \"real_final_loss\": %.6f, \"max_rel_diff\": %.3g, \"within_tolerance\": %s}", n, e, r, max, ok }')
+  CMP=$(compare_losses "$WORK/fp8_emul.jsonl" "$WORK/fp8_real.jsonl" emulated real 3e-2 3e-2)
   REAL_TPS=$(tok_per_s "$WORK/fp8_real.txt")
   EMUL_TPS=$(tok_per_s "$WORK/fp8_emul.txt")
   SPEEDUP=$(awk -v r="$REAL_TPS" -v e="$EMUL_TPS" 'BEGIN { if (e > 0) printf "%.3f", r / e }')
