@@ -452,9 +452,11 @@ bool Gpt::measure_loss_cost(const StepContext& ctx, Format compute) const {
 void Gpt::keep_output_error(const StepContext& ctx, const std::string& layer, const Tensor& out,
                             const Tensor& inp, const Tensor& weight, const Tensor& bias,
                             Format compute, bool quantized) {
-  const std::unique_ptr<Buffer> mem = backend_.allocate(out.bytes());
+  if (!loss_cost_other_ || loss_cost_other_->bytes() < out.bytes()) {
+    loss_cost_other_ = backend_.allocate(out.bytes());
+  }
   Tensor other = out;
-  other.data = mem->data();
+  other.data = loss_cost_other_->data();
   if (quantized) {
     backend_.matmul_forward(other, inp, weight, bias, compute);
   } else {
@@ -468,19 +470,25 @@ void Gpt::keep_output_error(const StepContext& ctx, const std::string& layer, co
   }
   // out - other in FP32, in the back end: other negated (exact), then added.
   backend_.scale(other, -1.0f);
-  OutputError kept{layer, backend_.allocate(static_cast<std::size_t>(out.numel()) * sizeof(float)),
-                   quantized ? 1.0 : -1.0};
+  const std::size_t bytes = static_cast<std::size_t>(out.numel()) * sizeof(float);
+  auto it = std::find_if(output_errors_.begin(), output_errors_.end(),
+                         [&](const OutputError& k) { return k.layer == layer; });
+  if (it == output_errors_.end()) {
+    it = output_errors_.insert(output_errors_.end(), OutputError{layer, nullptr});
+  }
+  if (!it->error || it->error->bytes() != bytes) it->error = backend_.allocate(bytes);
+  it->sign = quantized ? 1.0 : -1.0;
+  it->pending = true;
   Tensor e = out;
-  e.data = kept.error->data();
+  e.data = it->error->data();
   e.dtype = Format::kFP32;
   backend_.add(e, out, other, Format::kFP32);
-  output_errors_.push_back(std::move(kept));
 }
 
 std::optional<double> Gpt::take_loss_cost(const std::string& layer, const Tensor& dout) {
   const auto it = std::find_if(output_errors_.begin(), output_errors_.end(),
                                [&](const OutputError& k) { return k.layer == layer; });
-  if (it == output_errors_.end()) return std::nullopt;
+  if (it == output_errors_.end() || !it->pending) return std::nullopt;
   const auto n = static_cast<std::size_t>(dout.numel());
   AMPSCOPE_CHECK(it->error->bytes() == n * sizeof(float), "loss cost of ", layer, ": dout has ", n,
                  " elements, the output ", it->error->bytes() / sizeof(float));
@@ -492,7 +500,7 @@ std::optional<double> Gpt::take_loss_cost(const std::string& layer, const Tensor
   double sum = 0.0;
   backend_.copy_to_host(&sum, loss_cost_mem_->data(), sizeof sum);  // waits for the product
   sum *= it->sign;
-  output_errors_.erase(it);
+  it->pending = false;
   const double cost = sum / static_cast<double>(dloss_);
   // A non-finite dout (an overflowed step the scaler skips) measures nothing.
   return std::isfinite(cost) ? std::optional<double>(cost) : std::nullopt;
@@ -750,7 +758,8 @@ void Gpt::forward(const Batch& batch, const StepContext& ctx, double* loss_sum) 
   AMPSCOPE_CHECK(T == config_.context, "sequence length ", T, ", model context ",
                  config_.context);
   cur_batch_ = static_cast<int>(B);
-  output_errors_.clear();
+  // A forward whose backward did not run (an evaluation) leaves its errors untaken.
+  for (OutputError& k : output_errors_) k.pending = false;
   const auto bt_bytes = static_cast<std::size_t>(B * T) * sizeof(std::int32_t);
   backend_.copy_from_host(a.tokens_b->data(), batch.inputs.data(), bt_bytes);
   backend_.copy_from_host(a.targets_b->data(), batch.targets.data(), bt_bytes);

@@ -247,14 +247,17 @@ class Gpt {
   int loss_cost_every_ = 0;
   float dloss_ = 1.0f;  // the running backward's
   // A layer's output error as kept for its backward: out - other (FP32), whose sign makes it
-  // recipe minus unquantised.
+  // recipe minus unquantised. One per layer measured so far, its buffer kept from one measured
+  // step to the next (a steady-state step allocates nothing: on CUDA a free would synchronise).
   struct OutputError {
     std::string layer;
     std::unique_ptr<Buffer> error;
     double sign = 1.0;
+    bool pending = false;  // kept by this micro-step's forward, not yet taken by its backward
   };
-  std::vector<OutputError> output_errors_;  // this micro-step's
-  std::unique_ptr<Buffer> loss_cost_mem_;   // one FP64: sum_products' result
+  std::vector<OutputError> output_errors_;
+  std::unique_ptr<Buffer> loss_cost_other_;  // the other output, the largest layer's size
+  std::unique_ptr<Buffer> loss_cost_mem_;    // one FP64: sum_products' result
 };
 
 }  // namespace ampscope::trainer
