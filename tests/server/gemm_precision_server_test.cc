@@ -2,7 +2,7 @@
 // the layers it can move reports quantisers with the recipe's real counts; the layer whose
 // gradient keeps underflowing comes back as a PolicyUpdate with bf16_gemms on the stream, the
 // store keeps it (GetPolicy after a restart), and a quantiser naming a layer the Hello did not
-// list is refused alone.
+// list is refused alone; a move the agent does not take is undone.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -126,6 +126,61 @@ TEST(GemmPrecisionServerTest, HarmfulQuantisersMoveTheirLayerToBf16OnTheStream) 
   ASSERT_EQ(updates.size(), 1u);
   EXPECT_EQ(updates[0].at("bf16_gemms"), nlohmann::json::array({"h1.mlp.fc"}));
   EXPECT_FALSE(updates[0].contains("amax_history_length"));
+}
+
+// An agent that cannot take the move (no GEMM precision attached: its outcome says so) goes on
+// reporting the layer's recipe applied. Eight reported steps from the move's effective step on
+// (apply_grace_steps), the server takes the layer back out of its set: a second update on the
+// stream with an empty BF16 set and the reason, and the gauge back to 0.
+TEST(GemmPrecisionServerTest, AMoveTheAgentDidNotTakeIsUndoneOnTheStream) {
+  TempDir dir;
+  ServerProcess server(dir.path(), dir / "store.db",
+                       {"--policy", "headroom", "--gemm-precision", "--gemm-window", "4",
+                        "--gemm-min-reports", "2", "--gemm-max-bf16-share", "0.5",
+                        "--policy-lead-steps", "2"});
+  AgentStream agent(make_channel(server.address()));
+  v1::Hello hello = make_hello(kRun);
+  hello.add_bf16_capable_gemms("h0.mlp.fc");
+  hello.add_bf16_capable_gemms("h1.mlp.fc");
+  ASSERT_TRUE(agent.send_hello(hello));
+  const Recipe nvfp4 = *parse_recipe("nvfp4");
+  std::optional<v1::PolicyUpdate> moved;
+  constexpr int kSteps = 11;  // the move at step 1 (effective 3), steps 3..10 unheeded
+  for (int step = 0; step < kSteps; ++step) {
+    const std::vector<float> wide = data(true, 20 + step);
+    v1::StepReport r = make_report(kRun, 0, step + 1, step, 0);
+    *r.add_quantizers() = quantizer("h1.mlp.fc.output_grad@wgrad", "h1.mlp.fc",
+                                    fake_quantize(wide.data(), nullptr, 4, 64, nvfp4));
+    if (moved && step == moved->effective_from_step()) {
+      v1::PolicyOutcome* o = r.add_policy_outcomes();
+      o->set_policy_id(moved->policy_id());
+      o->set_applied(false);
+      o->set_reason("bf16_gemms: no GEMM precision set is attached to the agent");
+    }
+    ASSERT_TRUE(agent.send(r));
+    ASSERT_TRUE(agent.wait_ack(step + 1).has_value()) << step;
+    if (step == 1) {
+      moved = agent.wait_policy(0);
+      ASSERT_TRUE(moved.has_value());
+      ASSERT_EQ(moved->bf16_gemms_size(), 1);
+      EXPECT_EQ(moved->effective_from_step(), 3);
+    }
+  }
+  const std::optional<v1::PolicyUpdate> undone = agent.wait_policy(1);
+  ASSERT_TRUE(undone.has_value());
+  EXPECT_TRUE(undone->bf16_gemms_set());
+  EXPECT_EQ(undone->bf16_gemms_size(), 0);
+  EXPECT_EQ(undone->effective_from_step(), kSteps - 1 + 2);
+  EXPECT_TRUE(undone->reason().starts_with(
+      "recipe h1.mlp.fc: its move to BF16 from step 3 did not take effect (the recipe applied in "
+      "8 reported steps since, none in BF16"))
+      << undone->reason();
+  ASSERT_TRUE(agent.finish().ok());
+  const std::vector<Sample> samples = parse_samples(scrape(server.metrics_address()));
+  EXPECT_EQ(sample_value(samples, "ampscope_policy_bf16_gemms", {{"run", kRun}}), 0.0);
+  EXPECT_EQ(sample_value(samples, "ampscope_policy_decisions_total",
+                         {{"run", kRun}, {"mode", "headroom"}, {"kind", "gemm_precision"}}),
+            2.0);
 }
 
 }  // namespace
