@@ -49,18 +49,28 @@ v1::QuantizerStats quantizer(const std::string& name, const std::string& layer,
   return q;
 }
 
-TEST(GemmPrecisionServerTest, HarmfulQuantisersMoveTheirLayerToBf16OnTheStream) {
+// A server deciding per-layer precision (windows of 4 reports, 2 harmful ones move a layer, half
+// the layers at most, decisions effective 2 steps ahead) and one agent's stream to it, whose
+// Hello names two layers it can move.
+class GemmPrecisionServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    v1::Hello hello = make_hello(kRun);
+    hello.add_bf16_capable_gemms("h0.mlp.fc");
+    hello.add_bf16_capable_gemms("h1.mlp.fc");
+    ASSERT_TRUE(agent.send_hello(hello));
+  }
+
   TempDir dir;
-  ServerProcess server(dir.path(), dir / "store.db",
+  ServerProcess server{dir.path(), dir / "store.db",
                        {"--policy", "headroom", "--gemm-precision", "--gemm-window", "4",
                         "--gemm-min-reports", "2", "--gemm-max-bf16-share", "0.5",
-                        "--policy-lead-steps", "2"});
-  AgentStream agent(make_channel(server.address()));
-  v1::Hello hello = make_hello(kRun);
-  hello.add_bf16_capable_gemms("h0.mlp.fc");
-  hello.add_bf16_capable_gemms("h1.mlp.fc");
-  ASSERT_TRUE(agent.send_hello(hello));
+                        "--policy-lead-steps", "2"}};
+  AgentStream agent{make_channel(server.address())};
   const Recipe nvfp4 = *parse_recipe("nvfp4");
+};
+
+TEST_F(GemmPrecisionServerTest, HarmfulQuantisersMoveTheirLayerToBf16OnTheStream) {
   RecipeCounts harmful;
   for (int step = 0; step < 2; ++step) {
     const std::vector<float> gauss = data(false, 10 + step), wide = data(true, 20 + step);
@@ -132,18 +142,7 @@ TEST(GemmPrecisionServerTest, HarmfulQuantisersMoveTheirLayerToBf16OnTheStream) 
 // reporting the layer's recipe applied. Eight reported steps from the move's effective step on
 // (apply_grace_steps), the server takes the layer back out of its set: a second update on the
 // stream with an empty BF16 set and the reason, and the gauge back to 0.
-TEST(GemmPrecisionServerTest, AMoveTheAgentDidNotTakeIsUndoneOnTheStream) {
-  TempDir dir;
-  ServerProcess server(dir.path(), dir / "store.db",
-                       {"--policy", "headroom", "--gemm-precision", "--gemm-window", "4",
-                        "--gemm-min-reports", "2", "--gemm-max-bf16-share", "0.5",
-                        "--policy-lead-steps", "2"});
-  AgentStream agent(make_channel(server.address()));
-  v1::Hello hello = make_hello(kRun);
-  hello.add_bf16_capable_gemms("h0.mlp.fc");
-  hello.add_bf16_capable_gemms("h1.mlp.fc");
-  ASSERT_TRUE(agent.send_hello(hello));
-  const Recipe nvfp4 = *parse_recipe("nvfp4");
+TEST_F(GemmPrecisionServerTest, AMoveTheAgentDidNotTakeIsUndoneOnTheStream) {
   std::optional<v1::PolicyUpdate> moved;
   constexpr int kSteps = 11;  // the move at step 1 (effective 3), steps 3..10 unheeded
   for (int step = 0; step < kSteps; ++step) {
